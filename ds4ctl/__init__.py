@@ -1,0 +1,1 @@
+"""ds4ctl: admin client of the ds4d Unix socket."""

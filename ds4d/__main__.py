@@ -1,0 +1,3 @@
+from ds4d.cli import main
+
+raise SystemExit(main())

