@@ -1,0 +1,425 @@
+"""The daemon's configuration: every key, its default, where a value may come from.
+
+Precedence, lowest first: built-in default < TOML config file < overrides file (written by
+`ds4ctl config set`) < `DS4D_<KEY>` environment variables < command line. The config file
+is `--config PATH` (or `DS4D_CONFIG`), else `$XDG_CONFIG_HOME/ds4d/ds4d.toml`, else
+`/etc/ds4d/ds4d.toml`; a missing default file is simply skipped.
+
+`Config` is immutable; a reload builds a new one (see `ds4d.daemon.reload`). Keys marked
+reloadable take effect in the running daemon; any other changed key needs a restart.
+Every key is documented with its default in `etc/ds4d.toml` (a test keeps the two in step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+ENV_PREFIX = "DS4D_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class ConfigError(Exception):
+    """A bad configuration value or file; the message is one line naming key and source."""
+
+
+def _key(
+    default: Any,
+    doc: str,
+    *,
+    flags: tuple[str, ...] = (),
+    reloadable: bool = False,
+    lo: float | None = None,
+    hi: float | None = None,
+    choices: tuple[str, ...] = (),
+    metavar: str | None = None,
+) -> Any:
+    """A Config field with its documentation and validation rules in the metadata."""
+    meta = {
+        "doc": doc,
+        "flags": flags,
+        "reloadable": reloadable,
+        "lo": lo,
+        "hi": hi,
+        "choices": choices,
+        "metavar": metavar,
+    }
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Config:
+    # --- model and engine -------------------------------------------------------------
+    model: str = _key(
+        "", "GGUF model file; empty = the embedded SmolLM2-135M-Instruct Q4_1",
+        flags=("-m", "--model"), metavar="FILE")
+    ctx: int = _key(
+        0, "context size of each slot in tokens; 0 = the model's trained context",
+        flags=("-c", "--ctx"), lo=0, metavar="N")
+    slots: int = _key(2, "resident KV slots (concurrent sessions)", lo=1, hi=64, metavar="N")
+    threads: int = _key(
+        0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N")
+
+    # --- HTTP --------------------------------------------------------------------------
+    host: str = _key("127.0.0.1", "address the HTTP server binds", metavar="HOST")
+    port: int = _key(8000, "HTTP port (0 = any free port)", lo=0, hi=65535, metavar="N")
+    api_keys: list[str] = _key(
+        [], "accepted API keys (Bearer or x-api-key); empty = no authentication",
+        flags=("--api-key",), reloadable=True, metavar="KEY")
+    queue_size: int = _key(
+        16, "requests that may wait for a slot; beyond it 503 + Retry-After", lo=0, metavar="N")
+    max_body_bytes: int = _key(
+        64 * 1024 * 1024, "largest accepted request body in bytes", lo=1024, metavar="N")
+
+    # --- sampling defaults (when a request does not say) --------------------------------
+    temperature: float = _key(1.0, "default sampling temperature (0 = greedy)",
+                              reloadable=True, lo=0.0, hi=100.0, metavar="F")
+    top_p: float = _key(1.0, "default nucleus mass", reloadable=True, lo=0.0, hi=1.0, metavar="F")
+    top_k: int = _key(0, "default top-k (0 = off)", reloadable=True, lo=0, metavar="N")
+    min_p: float = _key(0.05, "default min-p relative to the best token",
+                        reloadable=True, lo=0.0, hi=1.0, metavar="F")
+    max_tokens: int = _key(
+        0, "default output token limit; 0 = until the context is full",
+        flags=("-n", "--max-tokens"), reloadable=True, lo=0, metavar="N")
+
+    # --- prompt handling ---------------------------------------------------------------
+    normalize_claude_billing_header: bool = _key(
+        True, "strip the per-request `x-anthropic-billing-header: ... cch=...;` line Claude "
+        "Code puts in its system prompt, so the prefix stays reusable", reloadable=True)
+    tool_replay: bool = _key(
+        True, "render tool calls in history with the exact text the model sampled")
+    tool_memory_max_ids: int = _key(
+        100000, "tool-call ids remembered for exact replay", lo=1, metavar="N")
+
+    # --- disk KV cache -----------------------------------------------------------------
+    kv_disk: bool = _key(True, "keep KV checkpoints on disk, across restarts")
+    kv_disk_dir: str = _key(
+        "", "KV checkpoint directory; empty = $CACHE_DIRECTORY/kv or $XDG_CACHE_HOME/ds4d/kv",
+        metavar="DIR")
+    kv_disk_space_mb: int = _key(8192, "disk budget of the KV cache in MiB",
+                                 reloadable=True, lo=1, metavar="N")
+    kv_cache_min_tokens: int = _key(
+        512, "no checkpoint is saved or loaded with fewer tokens", lo=1, metavar="N")
+    kv_cache_cold_max_tokens: int = _key(
+        30000, "cold saves only for prompts up to this many tokens (0 = no cold saves)",
+        lo=0, metavar="N")
+    kv_cache_continued_interval_tokens: int = _key(
+        4096, "spacing of `continued` checkpoints as a session grows (0 = none)",
+        lo=0, metavar="N")
+    kv_cache_boundary_trim_tokens: int = _key(
+        32, "tokens trimmed off a cold prompt's tail before its checkpoint", lo=0, metavar="N")
+    kv_cache_boundary_align_tokens: int = _key(
+        2048, "cold and continued checkpoints are aligned down to this multiple (0 = off)",
+        lo=0, metavar="N")
+    kv_cache_reject_different_quant: bool = _key(
+        False, "refuse checkpoints written by the same model in another quantisation")
+
+    # --- throttling, tracing, logging ----------------------------------------------------
+    power: int = _key(100, "target share of compute time in percent (sleeps between work "
+                      "units; output is identical at every level)", reloadable=True,
+                      lo=1, hi=100, metavar="N")
+    trace: str = _key("", "append one JSON line per request to this file; empty = off",
+                      reloadable=True, metavar="FILE")
+    trace_content: bool = _key(
+        False, "also record the rendered prompt and the output in the trace",
+        reloadable=True)
+    log_level: str = _key("info", "log level", reloadable=True, choices=LOG_LEVELS,
+                          metavar="LEVEL")
+    log_file: str = _key("", "log to this file instead of stderr", metavar="FILE")
+
+    # --- service -------------------------------------------------------------------------
+    admin_socket: str = _key(
+        "", "admin Unix socket; empty = $RUNTIME_DIRECTORY/ds4d.sock or "
+        "$XDG_RUNTIME_DIR/ds4d/ds4d.sock", metavar="PATH")
+    grace_period: float = _key(
+        10.0, "seconds in-flight requests may run after SIGTERM before being cancelled",
+        lo=0.0, metavar="SECONDS")
+
+
+def config_keys() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(Config)
+
+
+def _key_types() -> dict[str, Any]:
+    return typing.get_type_hints(Config)
+
+
+KEY_NAMES: tuple[str, ...] = tuple(f.name for f in config_keys())
+RELOADABLE: frozenset[str] = frozenset(f.name for f in config_keys() if f.metadata["reloadable"])
+
+
+# --------------------------------------------------------------------------------------
+# Command line
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add `--config`, `--config-overrides` and one flag per key (ds4-style names).
+
+    Every flag defaults to None so `load_config` can tell "not given" from a value."""
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help="TOML config file (default: $XDG_CONFIG_HOME/ds4d/ds4d.toml, "
+                             "else /etc/ds4d/ds4d.toml)")
+    parser.add_argument("--config-overrides", metavar="FILE", default=None,
+                        help="overrides file written by `ds4ctl config set` "
+                             "(default: $STATE_DIRECTORY/overrides.toml or "
+                             "$XDG_STATE_HOME/ds4d/overrides.toml)")
+    types = _key_types()
+    for f in config_keys():
+        meta = f.metadata
+        flags = meta["flags"] or ("--" + f.name.replace("_", "-"),)
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        doc = meta["doc"].replace("%", "%%")
+        help_text = f"{doc} (default: {default!r})"
+        kind = types[f.name]
+        if kind is bool:
+            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        elif kind == list[str]:
+            parser.add_argument(*flags, dest=f.name, action="append", default=None,
+                                metavar=meta["metavar"], help=help_text + "; repeatable")
+        else:
+            parser.add_argument(*flags, dest=f.name, default=None, metavar=meta["metavar"],
+                                choices=meta["choices"] or None, help=help_text)
+
+
+# --------------------------------------------------------------------------------------
+# Loading
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A loaded config plus where each value came from and which files were read."""
+
+    config: Config
+    sources: dict[str, str]          # key -> "built-in" | "<file>" | "DS4D_X" | "--flag"
+    config_file: Path | None         # the file read (or that would be read once created)
+    overrides_file: Path
+
+
+def load_config(args: argparse.Namespace | None = None,
+                environ: Mapping[str, str] | None = None) -> Config:
+    """The effective Config for `args` (from add_serve_arguments) and the environment."""
+    return resolve_config(args, environ).config
+
+
+def resolve_config(args: argparse.Namespace | None = None,
+                   environ: Mapping[str, str] | None = None) -> Resolved:
+    env = os.environ if environ is None else environ
+    ns = vars(args) if args is not None else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    config_file, must_exist = _config_file_path(ns.get("config"), env)
+    if config_file is not None and (must_exist or config_file.is_file()):
+        for key, raw in _read_toml(config_file).items():
+            values[key] = _coerce(key, raw, str(config_file))
+            sources[key] = str(config_file)
+
+    overrides_file = overrides_path(ns.get("config_overrides"), env)
+    if overrides_file.is_file():
+        for key, raw in _read_toml(overrides_file).items():
+            values[key] = _coerce(key, raw, str(overrides_file))
+            sources[key] = str(overrides_file)
+
+    for key in KEY_NAMES:
+        name = ENV_PREFIX + key.upper()
+        if name in env:
+            values[key] = _coerce(key, env[name], name)
+            sources[key] = name
+
+    for f in config_keys():
+        raw = ns.get(f.name)
+        if raw is not None:
+            flag = (f.metadata["flags"] or ("--" + f.name.replace("_", "-"),))[-1]
+            if raw is False:
+                flag = "--no-" + flag[2:]
+            values[f.name] = _coerce(f.name, raw, flag)
+            sources[f.name] = flag
+
+    config = Config(**values)
+    validate(config, sources)
+    for key in KEY_NAMES:
+        sources.setdefault(key, "built-in")
+    return Resolved(config, sources, config_file, overrides_file)
+
+
+def _config_file_path(cli: str | None, env: Mapping[str, str]) -> tuple[Path | None, bool]:
+    """(path, whether it must exist). An explicitly named file must exist."""
+    explicit = cli or env.get(ENV_PREFIX + "CONFIG")
+    if explicit:
+        return Path(explicit).expanduser(), True
+    user = _xdg(env, "XDG_CONFIG_HOME", ".config") / "ds4d" / "ds4d.toml"
+    system = Path("/etc/ds4d/ds4d.toml")
+    if not user.is_file() and system.is_file():
+        return system, False
+    return user, False
+
+
+def overrides_path(cli: str | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    explicit = cli or env.get(ENV_PREFIX + "CONFIG_OVERRIDES")
+    if explicit:
+        return Path(explicit).expanduser()
+    if env.get("STATE_DIRECTORY"):  # systemd StateDirectory= (first entry)
+        return Path(env["STATE_DIRECTORY"].split(":")[0]) / "overrides.toml"
+    return _xdg(env, "XDG_STATE_HOME", ".local/state") / "ds4d" / "overrides.toml"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: invalid TOML: {e}") from None
+    for key in data:
+        if key not in KEY_NAMES:
+            raise ConfigError(f"{path}: unknown key '{key}'")
+    return data
+
+
+def _xdg(env: Mapping[str, str], var: str, fallback: str) -> Path:
+    value = env.get(var)
+    if value and os.path.isabs(value):
+        return Path(value)
+    return Path(env.get("HOME") or Path.home()) / fallback
+
+
+# --------------------------------------------------------------------------------------
+# Types and validation
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def parse_value(key: str, raw: Any, source: str = "command line") -> Any:
+    """Convert `raw` (a TOML value, or a string from env/CLI/ds4ctl) to `key`'s type and
+    check it; raises ConfigError naming key and source."""
+    if key not in KEY_NAMES:
+        raise ConfigError(f"unknown config key '{key}' ({source})")
+    value = _coerce(key, raw, source)
+    _check_range(key, value, source)
+    return value
+
+
+def _coerce(key: str, raw: Any, source: str) -> Any:
+    kind = _key_types()[key]
+
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{key}={raw!r} ({source}): expected {expected}")
+
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+            return raw.strip().lower() in _TRUE
+        raise bad("true or false")
+    if kind is int:
+        if isinstance(raw, int) and not isinstance(raw, bool):
+            return raw
+        if isinstance(raw, str):
+            try:
+                return int(raw.strip(), 10)
+            except ValueError:
+                pass
+        raise bad("an integer")
+    if kind is float:
+        if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+            return float(raw)
+        if isinstance(raw, str):
+            try:
+                return float(raw.strip())
+            except ValueError:
+                pass
+        raise bad("a number")
+    if kind is str:
+        if isinstance(raw, str):
+            return raw
+        raise bad("a string")
+    if kind == list[str]:
+        if isinstance(raw, str):  # env / ds4ctl: comma separated
+            return [s.strip() for s in raw.split(",") if s.strip()]
+        if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
+            return list(raw)
+        raise bad("a list of strings")
+    raise AssertionError(f"unhandled config type {kind!r}")  # pragma: no cover
+
+
+def _check_range(key: str, value: Any, source: str) -> None:
+    meta = next(f.metadata for f in config_keys() if f.name == key)
+    lo, hi, choices = meta["lo"], meta["hi"], meta["choices"]
+    where = f"{key}={value!r} ({source})"
+    if lo is not None and hi is not None and not lo <= value <= hi:
+        raise ConfigError(f"{where}: must be between {lo:g} and {hi:g}")
+    if lo is not None and value < lo:
+        raise ConfigError(f"{where}: must be at least {lo:g}")
+    if hi is not None and value > hi:
+        raise ConfigError(f"{where}: must be at most {hi:g}")
+    if choices and value not in choices:
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}")
+
+
+def validate(config: Config, sources: Mapping[str, str] | None = None) -> None:
+    """Check every key's range and the rules that tie keys together."""
+    src = dict(sources or {})
+    for key in KEY_NAMES:
+        _check_range(key, getattr(config, key), src.get(key, "built-in"))
+    if not config.host:
+        raise ConfigError(f"host ({src.get('host', 'built-in')}): must not be empty")
+    cold, low = config.kv_cache_cold_max_tokens, config.kv_cache_min_tokens
+    if cold and cold < low:
+        raise ConfigError(
+            f"kv_cache_cold_max_tokens={cold} ({src.get('kv_cache_cold_max_tokens', 'built-in')})"
+            f": must be 0 or at least kv_cache_min_tokens ({low})")
+    if any(not k or k != k.strip() for k in config.api_keys):
+        raise ConfigError(f"api_keys ({src.get('api_keys', 'built-in')}): "
+                          "keys must be non-empty with no surrounding spaces")
+
+
+# --------------------------------------------------------------------------------------
+# Derived paths and helpers
+
+
+def default_kv_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    if env.get("CACHE_DIRECTORY"):  # systemd CacheDirectory=
+        return Path(env["CACHE_DIRECTORY"].split(":")[0]) / "kv"
+    return _xdg(env, "XDG_CACHE_HOME", ".cache") / "ds4d" / "kv"
+
+
+def kv_dir(config: Config, environ: Mapping[str, str] | None = None) -> Path:
+    return Path(config.kv_disk_dir).expanduser() if config.kv_disk_dir else default_kv_dir(environ)
+
+
+def model_path(config: Config) -> Path:
+    """The GGUF to load: `model`, else the embedded default model."""
+    if config.model:
+        return Path(config.model).expanduser()
+    from ds4d.engine.default_model import default_model_path
+
+    return default_model_path()
+
+
+def changed_keys(old: Config, new: Config) -> list[str]:
+    return [k for k in KEY_NAMES if getattr(old, k) != getattr(new, k)]
+
+
+def as_dict(config: Config) -> dict[str, Any]:
+    return dataclasses.asdict(config)
