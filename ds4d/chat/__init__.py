@@ -1,1 +1,1 @@
-"""ds4d.chat."""
+"""Prompt rendering, tool-call syntaxes and reasoning split: pure functions, no I/O."""

@@ -1,0 +1,167 @@
+"""Constrained decoding of a forced tool call (tool_choice "required" or a named tool).
+
+A small model left alone rarely writes a well-formed call, so the structure is not left
+to it: the markup, the tool name (a choice among the offered names), the argument keys
+(the schema's required properties, in schema order) and JSON punctuation are forced;
+the model only chooses the values, from tokens that keep the JSON valid (string bodies
+without quotes, backslashes or control characters; digits for numbers; one of the
+literals for booleans and enums). The result always parses and always carries the
+required keys.
+
+The constraint is a generator: it yields `Force(text)` (append this text, no sampling)
+or `Allow(ids)` (sample one token among these ids), and is sent the text of each
+sampled token back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ds4d.chat.types import Tool, ToolChoice
+
+MAX_STRING_TOKENS = 24  # a value this long is closed: arguments stay short and bounded
+
+
+@dataclass(frozen=True)
+class Force:
+    text: str
+
+
+@dataclass(frozen=True)
+class Allow:
+    ids: np.ndarray  # int64 token ids
+
+
+Step = Generator["Force | Allow", str, Any]
+
+
+class VocabIndex:
+    """Per-model lookup tables over the decoded text of every token.
+
+    `texts[i]` is token i's text, or None for tokens that must never be sampled inside a
+    call (special/control tokens, partial UTF-8 sequences)."""
+
+    def __init__(self, texts: Sequence[str | None]) -> None:
+        self.by_text: dict[str, list[int]] = {}
+        string_safe: list[int] = []
+        digits: list[int] = []
+        for i, t in enumerate(texts):
+            if not t or "\ufffd" in t:
+                continue
+            self.by_text.setdefault(t, []).append(i)
+            if '"' not in t and "\\" not in t and all(ord(c) >= 32 for c in t):
+                string_safe.append(i)
+            if t.isascii() and t.isdigit():
+                digits.append(i)
+        self.string_safe = np.array(string_safe, dtype=np.int64)
+        self.digits = np.array(digits, dtype=np.int64)
+        self.leading_digits = np.array(
+            [i for i in digits if texts[i][0] != "0" or texts[i] == "0"], dtype=np.int64
+        )
+        self.quote = np.array(self.by_text.get('"', []), dtype=np.int64)
+
+    def prefix_ids(self, remaining: Sequence[str]) -> np.ndarray:
+        """Tokens whose text is a non-empty prefix of one of `remaining`."""
+        ids: set[int] = set()
+        seen: set[str] = set()
+        for r in remaining:
+            for n in range(1, len(r) + 1):
+                p = r[:n]
+                if p not in seen:
+                    seen.add(p)
+                    ids.update(self.by_text.get(p, ()))
+        return np.array(sorted(ids), dtype=np.int64)
+
+
+def forced_tool_call(vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
+    """The whole `<tool_call>{"name": …, "arguments": {…}}</tool_call>` block."""
+    candidates = [t for t in tools if choice.mode != "named" or t.name == choice.name]
+    yield Force('<tool_call>\n{"name": ')
+    names = [json.dumps(t.name, ensure_ascii=False) for t in candidates]
+    picked = yield from _choose(vocab, names)
+    tool = candidates[names.index(picked)]
+    yield Force(', "arguments": ')
+    yield from _object(vocab, tool.parameters or {})
+    yield Force("}\n</tool_call>")
+
+
+def _choose(vocab: VocabIndex, options: list[str]) -> Step:
+    """One of `options`, spelled token by token; once one is left it is forced outright.
+    An option that is a prefix of another ends the choice as soon as it is spelled."""
+    done = ""
+    while True:
+        if done in options:
+            return done
+        remaining = [o[len(done) :] for o in options if o.startswith(done)]
+        ids = vocab.prefix_ids(remaining) if len(remaining) > 1 else np.empty(0, np.int64)
+        if ids.size == 0:
+            yield Force(remaining[0])
+            return done + remaining[0]
+        done += yield Allow(ids)
+
+
+def _value(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
+    if not isinstance(schema, dict):
+        schema = {}
+    if "enum" in schema and schema["enum"]:
+        yield from _choose(vocab, [json.dumps(v, ensure_ascii=False) for v in schema["enum"]])
+        return
+    if "const" in schema:
+        yield Force(json.dumps(schema["const"], ensure_ascii=False))
+        return
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    if kind is None:
+        for key in ("anyOf", "oneOf"):
+            if schema.get(key):
+                yield from _value(vocab, schema[key][0])
+                return
+    if kind == "object":
+        yield from _object(vocab, schema)
+    elif kind == "array":
+        yield Force("[")
+        yield from _value(vocab, schema.get("items") or {"type": "string"})
+        yield Force("]")
+    elif kind in ("integer", "number"):
+        yield from _number(vocab)
+    elif kind == "boolean":
+        yield from _choose(vocab, ["true", "false"])
+    elif kind == "null":
+        yield Force("null")
+    else:
+        yield from _string(vocab)
+
+
+def _object(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
+    props = schema.get("properties") or {}
+    required = [k for k in schema.get("required") or [] if isinstance(k, str)]
+    # Schema order first (what the model was shown), then required keys it lacks.
+    keys = [k for k in props if k in required] + [k for k in required if k not in props]
+    yield Force("{")
+    for n, key in enumerate(keys):
+        yield Force((", " if n else "") + json.dumps(key, ensure_ascii=False) + ": ")
+        yield from _value(vocab, props.get(key, {}))
+    yield Force("}")
+
+
+def _string(vocab: VocabIndex) -> Step:
+    yield Force('"')
+    closers = vocab.quote
+    body = vocab.string_safe
+    either = np.concatenate([body, closers])
+    for n in range(MAX_STRING_TOKENS):
+        text = yield Allow(body if n == 0 else either)  # never an empty string
+        if text == '"':
+            return
+    yield Force('"')
+
+
+def _number(vocab: VocabIndex) -> Step:
+    # One digit token: always valid JSON, and small models pick sensible small numbers.
+    yield Allow(vocab.leading_digits)

@@ -1,0 +1,260 @@
+"""Incremental parsing of generated text into events.
+
+Decoded text arrives piece by piece (a piece may end in the middle of a tag). Three
+stages, each holding back only what could still turn out to be markup:
+
+    StopMatcher  -> ThinkSplitter -> ToolCallParser (text mode, tools active only)
+
+so a stop sequence is never shown, `<think>`/`</think>` never leak into either channel,
+and `<tool_call>…</tool_call>` markup never reaches the content, however the pieces split.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+
+from ds4d.chat.types import (
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+TOOL_OPEN = "<tool_call>"
+TOOL_CLOSE = "</tool_call>"
+
+
+def partial_suffix_len(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def new_tool_call_id(prefix: str = "call_") -> str:
+    """Unguessable: 128 random bits."""
+    return prefix + secrets.token_hex(16)
+
+
+class StopMatcher:
+    """Finds client stop sequences in the generated text, holding back possible starts."""
+
+    def __init__(self, stops: list[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.buf = ""
+        self.hit = False
+
+    def feed(self, piece: str) -> str:
+        if not self.stops:
+            return piece
+        self.buf += piece
+        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit = True
+            out, self.buf = self.buf[:cut], ""
+            return out
+        n = len(self.buf) - self.hold
+        if n <= 0:
+            return ""
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def flush(self) -> str:
+        out, self.buf = self.buf, ""
+        return out
+
+
+class ThinkSplitter:
+    """Splits `<think>reasoning</think>answer` into reasoning and text pieces."""
+
+    def __init__(self, in_reasoning: bool = False) -> None:
+        self.in_reasoning = in_reasoning
+        self.at_start = True  # a leading <think> opens reasoning
+        self.after_close = False  # blank lines right after </think> are layout
+        self.buf = ""
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        """Returns (channel, text) pairs; channel is "reasoning" or "text"."""
+        self.buf += piece
+        out: list[tuple[str, str]] = []
+        while self.buf:
+            if self.in_reasoning:
+                i = self.buf.find(THINK_CLOSE)
+                if i >= 0:
+                    out.append(("reasoning", self.buf[:i]))
+                    self.buf = self.buf[i + len(THINK_CLOSE) :]
+                    self.in_reasoning = False
+                    self.at_start = False
+                    self.after_close = True
+                    continue
+                keep = partial_suffix_len(self.buf, THINK_CLOSE)
+                out.append(("reasoning", self.buf[: len(self.buf) - keep]))
+                self.buf = self.buf[len(self.buf) - keep :]
+                break
+            if self.at_start:
+                stripped = self.buf.lstrip()
+                if stripped.startswith(THINK_OPEN):
+                    self.buf = stripped[len(THINK_OPEN) :]
+                    self.in_reasoning = True
+                    self.at_start = False
+                    continue
+                if not stripped or THINK_OPEN.startswith(stripped):
+                    break  # could still become <think>
+                self.at_start = False
+            if self.after_close:
+                self.buf = self.buf.lstrip()
+                if not self.buf:
+                    break
+                self.after_close = False
+            out.append(("text", self.buf))
+            self.buf = ""
+        return [(c, t) for c, t in out if t]
+
+    def flush(self) -> list[tuple[str, str]]:
+        out, self.buf = self.buf, ""
+        if not out:
+            return []
+        return [("reasoning" if self.in_reasoning else "text", out)]
+
+
+class ToolCallParser:
+    """Hermes-style `<tool_call>{"name": …, "arguments": {…}}</tool_call>` in answer text.
+
+    Text outside the markup passes through; whitespace right before a tool call is
+    syntax, so trailing whitespace is held until something other than a tool call
+    follows. A block whose JSON does not parse is returned as text (never lost)."""
+
+    def __init__(self, id_prefix: str = "call_") -> None:
+        self.id_prefix = id_prefix
+        self.buf = ""
+        self.in_call = False
+        self.count = 0
+        self.calls: list[tuple[str, str, str]] = []  # (id, name, arguments)
+
+    def feed(self, piece: str) -> list[Event]:
+        self.buf += piece
+        out: list[Event] = []
+        while self.buf:
+            if self.in_call:
+                i = self.buf.find(TOOL_CLOSE)
+                if i < 0:
+                    break
+                body, rest = self.buf[:i], self.buf[i + len(TOOL_CLOSE) :]
+                self.in_call = False
+                self.buf = rest
+                events = self._call_events(body)
+                out.extend(events or [TextDelta(TOOL_OPEN + body + TOOL_CLOSE)])
+                continue
+            i = self.buf.find(TOOL_OPEN)
+            if i >= 0:
+                text = self.buf[:i].rstrip()
+                if text:
+                    out.append(TextDelta(text))
+                self.buf = self.buf[i + len(TOOL_OPEN) :]
+                self.in_call = True
+                continue
+            keep = partial_suffix_len(self.buf, TOOL_OPEN)
+            head = self.buf[: len(self.buf) - keep]
+            body = head.rstrip()
+            keep += len(head) - len(body)
+            if body:
+                out.append(TextDelta(body))
+            self.buf = self.buf[len(self.buf) - keep :]
+            break
+        return out
+
+    def flush(self) -> list[Event]:
+        buf, self.buf = self.buf, ""
+        if self.in_call:
+            self.in_call = False
+            # The model stopped without the closing tag: accept a complete JSON body.
+            return self._call_events(buf) or [TextDelta(TOOL_OPEN + buf)]
+        if self.count and not buf.strip():
+            return []
+        return [TextDelta(buf)] if buf else []
+
+    def _call_events(self, body: str) -> list[Event]:
+        parsed = parse_tool_call_json(body)
+        if parsed is None:
+            return []
+        name, arguments = parsed
+        call_id = new_tool_call_id(self.id_prefix)
+        index = self.count
+        self.count += 1
+        self.calls.append((call_id, name, arguments))
+        return [
+            ToolCallStart(index, call_id, name),
+            ToolCallArgsDelta(index, arguments),
+            ToolCallEnd(index, arguments),
+        ]
+
+
+def parse_tool_call_json(body: str) -> tuple[str, str] | None:
+    """(name, compact arguments JSON) from a Hermes tool-call body, or None."""
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):  # some models double-encode
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    return obj["name"], json.dumps(args, ensure_ascii=False, separators=(",", ":"))
+
+
+class OutputParser:
+    """Whole pipeline: generated text pieces in, events out."""
+
+    def __init__(
+        self,
+        *,
+        tools: bool,
+        stops: list[str] | None = None,
+        in_reasoning: bool = False,
+        id_prefix: str = "call_",
+    ) -> None:
+        self.stop = StopMatcher(stops or [])
+        self.think = ThinkSplitter(in_reasoning)
+        self.tools = ToolCallParser(id_prefix) if tools else None
+
+    @property
+    def stopped(self) -> bool:
+        """A stop sequence was generated: decoding should end."""
+        return self.stop.hit
+
+    @property
+    def tool_calls(self) -> int:
+        return self.tools.count if self.tools else 0
+
+    def feed(self, piece: str) -> list[Event]:
+        return self._route(self.think.feed(self.stop.feed(piece)))
+
+    def flush(self) -> list[Event]:
+        events = self._route(self.think.feed(self.stop.flush()) + self.think.flush())
+        if self.tools:
+            events.extend(self.tools.flush())
+        return events
+
+    def _route(self, parts: list[tuple[str, str]]) -> list[Event]:
+        out: list[Event] = []
+        for channel, text in parts:
+            if channel == "reasoning":
+                out.append(ReasoningDelta(text))
+            elif self.tools:
+                out.extend(self.tools.feed(text))
+            else:
+                out.append(TextDelta(text))
+        return out

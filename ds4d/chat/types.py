@@ -1,0 +1,130 @@
+"""Protocol-neutral chat request and generation events.
+
+Every HTTP API translates its request JSON into a `ChatRequest` and renders the stream of
+`Event`s back into its own wire format; nothing below the API layer knows which protocol
+a request came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text of an object, as the client or the model wrote it
+
+
+@dataclass
+class Message:
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    tool_call_id: str | None = None  # role "tool": the call this is the result of
+    name: str | None = None  # role "tool": the tool's name when the client sent it
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+
+
+@dataclass
+class ToolChoice:
+    mode: Literal["auto", "none", "required", "named"] = "auto"
+    name: str | None = None  # mode "named"
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("required", "named")
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.05
+    seed: int | None = None
+
+
+@dataclass
+class ChatRequest:
+    messages: list[Message]
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+    sampling: Sampling = field(default_factory=Sampling)
+    max_tokens: int | None = None  # None: up to the context
+    stop: list[str] = field(default_factory=list)
+    thinking: bool | None = None  # None: the model's default
+    model: str = ""
+    stream: bool = False
+    raw_prompt: str | None = None  # legacy completions: the text is the prompt, no template
+    tool_id_prefix: str = "call_"  # "toolu_" for Anthropic clients
+
+    @property
+    def tools_active(self) -> bool:
+        return bool(self.tools) and self.tool_choice.mode != "none"
+
+
+# ---- events, in the order a generation produces them ---------------------------------
+
+
+@dataclass
+class ReasoningDelta:
+    text: str
+
+
+@dataclass
+class TextDelta:
+    text: str
+
+
+@dataclass
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass
+class ToolCallArgsDelta:
+    index: int
+    text: str
+
+
+@dataclass
+class ToolCallEnd:
+    index: int
+    arguments: str  # the complete, valid JSON object text
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    cache_source: str = "none"
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
+@dataclass
+class Finish:
+    reason: Literal["stop", "length", "tool_calls", "error"]
+    error: str | None = None
+
+
+Event = (
+    ReasoningDelta | TextDelta | ToolCallStart | ToolCallArgsDelta | ToolCallEnd | Usage | Finish
+)
