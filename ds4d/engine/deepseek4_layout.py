@@ -1,0 +1,476 @@
+"""The DeepSeek V4 Flash GGUF layout as ds4 defines it, as data, and its validation.
+
+Everything the forward pass relies on is checked here once, so the family code can trust
+the file: the `deepseek4.*` hyper-parameters (types and values), every tensor name, its
+GGUF dims and quant type, and that each tensor's bytes lie inside the file. A problem is
+reported as one line; all problems of a file are reported together.
+
+Shapes come from metadata so that tiny synthetic models (`ds4d synth-gguf`) can exist.
+A file that does not declare itself synthetic (key `ds4d.synthetic`) must carry exactly
+the shape of the released model (`DS4_FLASH`), as ds4 requires.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from ds4d.engine.errors import ModelLoadError
+
+ARCH = "deepseek4"
+SYNTHETIC_KEY = "ds4d.synthetic"
+
+T = GGMLQuantizationType
+# The two released expert encodings: (gate/up type, down type).
+EXPERT_TYPES = {"q2": (T.IQ2_XXS, T.Q2_K), "q4": (T.Q4_K, T.Q4_K)}
+
+# Ratios and rope constants the forward pass is written for; not scaled in synthetic files.
+FIXED_RATIOS = (0, 4, 128)
+
+
+@dataclass(frozen=True)
+class DS4Params:
+    """The hyper-parameters of one deepseek4 GGUF (defaults: the released model)."""
+
+    n_layer: int = 43
+    n_embd: int = 4096
+    n_vocab: int = 129280
+    n_head: int = 64
+    n_head_kv: int = 1
+    head_dim: int = 512  # key_length == value_length: K and V are one latent row
+    n_rot: int = 64
+    q_lora_rank: int = 1024
+    o_lora_rank: int = 1024
+    o_groups: int = 8
+    n_expert: int = 256
+    n_expert_used: int = 6
+    n_ff_exp: int = 2048
+    n_expert_shared: int = 1
+    n_hash_layer: int = 3
+    window: int = 128
+    idx_n_head: int = 64
+    idx_head_dim: int = 128
+    idx_top_k: int = 512
+    n_hc: int = 4
+    sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    rms_eps: float = 1e-6
+    swiglu_clamp: float = 10.0
+    rope_base: float = 10000.0
+    compress_rope_base: float = 160000.0
+    rope_scale: float = 16.0
+    rope_orig_ctx: int = 65536
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+    expert_weight_scale: float = 1.5
+    n_ctx_train: int = 1048576
+    compress_ratios: tuple[int, ...] = ()  # filled by __post_init__ when empty
+
+    def __post_init__(self) -> None:
+        if not self.compress_ratios:
+            object.__setattr__(self, "compress_ratios", default_ratios(self.n_layer))
+
+    def ratio(self, il: int) -> int:
+        return self.compress_ratios[il]
+
+    @property
+    def hc_dim(self) -> int:
+        return self.n_hc * self.n_embd
+
+    @property
+    def hc_mix(self) -> int:
+        return 2 * self.n_hc + self.n_hc * self.n_hc
+
+    @property
+    def n_nope(self) -> int:
+        return self.head_dim - self.n_rot
+
+
+def default_ratios(n_layer: int) -> tuple[int, ...]:
+    """ds4's schedule: layers 0,1 window only; then even layers ratio 4, odd ratio 128."""
+    return tuple(0 if il < 2 else (4 if il % 2 == 0 else 128) for il in range(n_layer))
+
+
+DS4_FLASH = DS4Params()
+
+
+# ---------------------------------------------------------------------------------------
+# Metadata keys: (key, DS4Params field, kind). Kinds say which GGUF value types are taken.
+
+_INT = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)
+_FLOAT = (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.UINT32, GGUFValueType.INT32)
+
+INT_KEYS: tuple[tuple[str, str], ...] = (
+    ("block_count", "n_layer"),
+    ("embedding_length", "n_embd"),
+    ("vocab_size", "n_vocab"),
+    ("attention.head_count", "n_head"),
+    ("attention.head_count_kv", "n_head_kv"),
+    ("attention.key_length", "head_dim"),
+    ("attention.value_length", "head_dim"),
+    ("rope.dimension_count", "n_rot"),
+    ("attention.q_lora_rank", "q_lora_rank"),
+    ("attention.output_lora_rank", "o_lora_rank"),
+    ("attention.output_group_count", "o_groups"),
+    ("expert_count", "n_expert"),
+    ("expert_used_count", "n_expert_used"),
+    ("expert_feed_forward_length", "n_ff_exp"),
+    ("expert_shared_count", "n_expert_shared"),
+    ("hash_layer_count", "n_hash_layer"),
+    ("attention.sliding_window", "window"),
+    ("attention.indexer.head_count", "idx_n_head"),
+    ("attention.indexer.key_length", "idx_head_dim"),
+    ("attention.indexer.top_k", "idx_top_k"),
+    ("hyper_connection.count", "n_hc"),
+    ("hyper_connection.sinkhorn_iterations", "sinkhorn_iters"),
+    ("rope.scaling.original_context_length", "rope_orig_ctx"),
+)
+FLOAT_KEYS: tuple[tuple[str, str], ...] = (
+    ("hyper_connection.epsilon", "hc_eps"),
+    ("rope.freq_base", "rope_base"),
+    ("rope.scaling.factor", "rope_scale"),
+    ("rope.scaling.yarn_beta_fast", "yarn_beta_fast"),
+    ("rope.scaling.yarn_beta_slow", "yarn_beta_slow"),
+    ("attention.compress_rope_freq_base", "compress_rope_base"),
+    ("expert_weights_scale", "expert_weight_scale"),
+    ("attention.layer_norm_rms_epsilon", "rms_eps"),
+)
+# Keys whose value is part of the math the code implements: equal in every valid file.
+FIXED_FIELDS = (
+    "n_head_kv", "n_expert_shared", "n_hash_layer", "window", "n_hc", "sinkhorn_iters",
+    "hc_eps", "rms_eps", "swiglu_clamp", "rope_base", "compress_rope_base", "rope_scale",
+    "rope_orig_ctx", "yarn_beta_fast", "yarn_beta_slow", "expert_weight_scale", "n_rot",
+)
+OPTIONAL_ZERO_KEYS = ("expert_group_count", "expert_group_used_count")
+RATIOS_KEY = "attention.compress_ratios"
+CLAMP_KEY = "swiglu_clamp_exp"
+NORM_KEY = "expert_weights_norm"
+CTX_KEY = "context_length"
+
+
+def key(name: str) -> str:
+    return f"{ARCH}.{name}"
+
+
+# ---------------------------------------------------------------------------------------
+# Tensors
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dims: tuple[int, ...]  # GGUF order: ne0 (contiguous) first
+    types: tuple[GGMLQuantizationType, ...]
+    optional: bool = False
+
+
+def expected_tensors(p: DS4Params, expert: str | None = None) -> Iterator[TensorSpec]:
+    """Every tensor of the layout. `expert` ("q2"/"q4") fixes the routed-expert types;
+    None accepts either (the file must still be consistent, see validate)."""
+    F32, F16, Q8, I32 = (T.F32,), (T.F16,), (T.Q8_0,), (T.I32,)
+    gu_types = (EXPERT_TYPES[expert][0],) if expert else tuple(v[0] for v in EXPERT_TYPES.values())
+    dn_types = (EXPERT_TYPES[expert][1],) if expert else tuple({v[1] for v in EXPERT_TYPES.values()})
+    E, hd, hc = p.n_embd, p.head_dim, p.hc_dim
+    yield TensorSpec("token_embd.weight", (E, p.n_vocab), F16)
+    yield TensorSpec("output_hc_base.weight", (p.n_hc,), F32)
+    yield TensorSpec("output_hc_fn.weight", (hc, p.n_hc), F16)
+    yield TensorSpec("output_hc_scale.weight", (1,), F32)
+    yield TensorSpec("output_norm.weight", (E,), F32)
+    yield TensorSpec("output.weight", (E, p.n_vocab), Q8)
+    heads_per_group = p.n_head // p.o_groups
+    for il in range(p.n_layer):
+        b = f"blk.{il}."
+        r = p.ratio(il)
+        yield TensorSpec(b + "hc_attn_fn.weight", (hc, p.hc_mix), F16)
+        yield TensorSpec(b + "hc_attn_scale.weight", (3,), F32)
+        yield TensorSpec(b + "hc_attn_base.weight", (p.hc_mix,), F32)
+        yield TensorSpec(b + "attn_norm.weight", (E,), F32)
+        yield TensorSpec(b + "attn_q_a.weight", (E, p.q_lora_rank), Q8)
+        yield TensorSpec(b + "attn_q_a_norm.weight", (p.q_lora_rank,), F32)
+        yield TensorSpec(b + "attn_q_b.weight", (p.q_lora_rank, p.n_head * hd), Q8)
+        yield TensorSpec(b + "attn_kv.weight", (E, hd), Q8)
+        yield TensorSpec(b + "attn_kv_a_norm.weight", (hd,), F32)
+        yield TensorSpec(b + "attn_sinks.weight", (p.n_head,), F32)
+        yield TensorSpec(
+            b + "attn_output_a.weight", (heads_per_group * hd, p.o_groups * p.o_lora_rank), Q8
+        )
+        yield TensorSpec(b + "attn_output_b.weight", (p.o_groups * p.o_lora_rank, E), Q8)
+        if r:
+            coff = 2 if r == 4 else 1
+            yield TensorSpec(b + "attn_compressor_ape.weight", (coff * hd, r), F16)
+            yield TensorSpec(b + "attn_compressor_kv.weight", (E, coff * hd), F16)
+            yield TensorSpec(b + "attn_compressor_gate.weight", (E, coff * hd), F16)
+            yield TensorSpec(b + "attn_compressor_norm.weight", (hd,), F32)
+        if r == 4:
+            ihd = p.idx_head_dim
+            yield TensorSpec(b + "indexer.attn_q_b.weight", (p.q_lora_rank, p.idx_n_head * ihd), F16)
+            yield TensorSpec(b + "indexer.proj.weight", (E, p.idx_n_head), F16)
+            yield TensorSpec(b + "indexer_compressor_ape.weight", (2 * ihd, 4), F16)
+            yield TensorSpec(b + "indexer_compressor_kv.weight", (E, 2 * ihd), F16)
+            yield TensorSpec(b + "indexer_compressor_gate.weight", (E, 2 * ihd), F16)
+            yield TensorSpec(b + "indexer_compressor_norm.weight", (ihd,), F32)
+        yield TensorSpec(b + "hc_ffn_fn.weight", (hc, p.hc_mix), F16)
+        yield TensorSpec(b + "hc_ffn_scale.weight", (3,), F32)
+        yield TensorSpec(b + "hc_ffn_base.weight", (p.hc_mix,), F32)
+        yield TensorSpec(b + "ffn_norm.weight", (E,), F32)
+        yield TensorSpec(b + "ffn_gate_inp.weight", (E, p.n_expert), F16)
+        yield TensorSpec(b + "exp_probs_b.bias", (p.n_expert,), F32, optional=True)
+        yield TensorSpec(b + "ffn_gate_exps.weight", (E, p.n_ff_exp, p.n_expert), gu_types)
+        yield TensorSpec(b + "ffn_up_exps.weight", (E, p.n_ff_exp, p.n_expert), gu_types)
+        yield TensorSpec(b + "ffn_down_exps.weight", (p.n_ff_exp, E, p.n_expert), dn_types)
+        yield TensorSpec(b + "ffn_gate_shexp.weight", (E, p.n_ff_exp), Q8)
+        yield TensorSpec(b + "ffn_up_shexp.weight", (E, p.n_ff_exp), Q8)
+        yield TensorSpec(b + "ffn_down_shexp.weight", (p.n_ff_exp, E), Q8)
+        if il < p.n_hash_layer:
+            yield TensorSpec(b + "ffn_gate_tid2eid.weight", (p.n_expert_used, p.n_vocab), I32)
+
+
+def tensor_nbytes(qtype: int, dims: tuple[int, ...]) -> int:
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(qtype)]
+    n = math.prod(dims)
+    return n // block * size
+
+
+# ---------------------------------------------------------------------------------------
+# Validation
+
+
+class DS4LayoutError(ModelLoadError):
+    """A GGUF that claims (or must be) deepseek4 but does not fit ds4's layout."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.problems = problems
+        head = f"{path}: not a valid deepseek4 GGUF ({len(problems)} problem(s))"
+        super().__init__("\n".join([head, *problems]))
+
+
+@dataclass
+class DS4Layout:
+    """A validated file: its parameters, expert encoding and tensors (mmapped, not read)."""
+
+    params: DS4Params
+    expert: str  # "q2" or "q4"
+    synthetic: bool
+    reader: GGUFReader
+    tensors: dict = dataclasses.field(default_factory=dict)  # name -> gguf ReaderTensor
+
+    def __post_init__(self) -> None:
+        if not self.tensors:
+            self.tensors = {t.name: t for t in self.reader.tensors}
+
+    def data(self, name: str) -> np.ndarray:
+        """The tensor's bytes/values as a view on the mmap."""
+        return self.tensors[name].data
+
+
+def field_value(reader: GGUFReader, name: str):
+    """(value, value type) of a metadata key, or (None, None). Arrays come back as lists."""
+    f = reader.fields.get(name)
+    if f is None:
+        return None, None
+    vtype = f.types[0]
+    if vtype == GGUFValueType.ARRAY:
+        item = f.types[1] if len(f.types) > 1 else None
+        if item == GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data], vtype
+        return [f.parts[i].tolist()[0] for i in f.data], (vtype, item)
+    if vtype == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8", "replace"), vtype
+    return f.parts[f.data[0]].tolist()[0], vtype
+
+
+def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
+    """The parameters the metadata declares; type/absence problems appended to problems."""
+    values: dict[str, object] = {}
+    for k, fld in INT_KEYS:
+        v, t = field_value(reader, key(k))
+        if v is None:
+            problems.append(f"metadata {key(k)}: missing")
+        elif t not in _INT:
+            problems.append(f"metadata {key(k)}: type {_tname(t)}, expected an integer")
+        elif fld in values and values[fld] != v:
+            problems.append(f"metadata {key(k)}: {v} differs from key_length {values[fld]}")
+        else:
+            values[fld] = int(v)
+    for k, fld in FLOAT_KEYS:
+        v, t = field_value(reader, key(k))
+        if v is None:
+            problems.append(f"metadata {key(k)}: missing")
+        elif t not in _FLOAT:
+            problems.append(f"metadata {key(k)}: type {_tname(t)}, expected a number")
+        else:
+            values[fld] = float(v)
+    for k in OPTIONAL_ZERO_KEYS:
+        v, t = field_value(reader, key(k))
+        if v is not None and v != 0:
+            problems.append(f"metadata {key(k)}: {v}, expected 0 (no group-limited routing)")
+    v, t = field_value(reader, key(NORM_KEY))
+    if v is None:
+        problems.append(f"metadata {key(NORM_KEY)}: missing")
+    elif t != GGUFValueType.BOOL or not v:
+        problems.append(f"metadata {key(NORM_KEY)}: {v!r}, expected bool true")
+    v, t = field_value(reader, key(CTX_KEY))
+    if v is not None and t in _INT:
+        values["n_ctx_train"] = int(v)
+    n_layer = values.get("n_layer")
+    v, t = field_value(reader, key(RATIOS_KEY))
+    if v is None:
+        problems.append(f"metadata {key(RATIOS_KEY)}: missing")
+    elif not isinstance(t, tuple) or t[1] not in (GGUFValueType.UINT32, GGUFValueType.INT32):
+        problems.append(f"metadata {key(RATIOS_KEY)}: expected an array of u32/i32")
+    elif n_layer is not None and len(v) < n_layer:
+        problems.append(f"metadata {key(RATIOS_KEY)}: {len(v)} entries for {n_layer} layers")
+    elif n_layer is not None:
+        ratios = tuple(int(x) for x in v[:n_layer])  # entries past n_layer: MTP, ignored
+        want = default_ratios(n_layer)
+        bad = [il for il in range(n_layer) if ratios[il] != want[il]]
+        if bad:
+            il = bad[0]
+            problems.append(
+                f"metadata {key(RATIOS_KEY)}: layer {il} has ratio {ratios[il]}, ds4's "
+                f"schedule needs {want[il]} (0 for layers 0-1, then 4 even / 128 odd)"
+            )
+        values["compress_ratios"] = ratios
+    v, t = field_value(reader, key(CLAMP_KEY))
+    if v is None:
+        problems.append(f"metadata {key(CLAMP_KEY)}: missing")
+    elif not isinstance(t, tuple) or t[1] not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
+        problems.append(f"metadata {key(CLAMP_KEY)}: expected an array of f32/f64")
+    elif n_layer is not None and len(v) < n_layer:
+        problems.append(f"metadata {key(CLAMP_KEY)}: {len(v)} entries for {n_layer} layers")
+    elif n_layer is not None:
+        odd = {float(x) for x in v[:n_layer]} - {10.0}
+        if odd:
+            problems.append(f"metadata {key(CLAMP_KEY)}: {sorted(odd)[0]}, expected 10.0 for every layer")
+        values["swiglu_clamp"] = 10.0
+    for name in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+        tv, tt = field_value(reader, name)
+        if tv is None:
+            problems.append(f"metadata {name}: missing")
+        elif tt != GGUFValueType.ARRAY:
+            problems.append(f"metadata {name}: expected an array of strings")
+        elif name == "tokenizer.ggml.tokens" and "n_vocab" in values and len(tv) != values["n_vocab"]:
+            problems.append(f"metadata {name}: {len(tv)} tokens, vocab_size is {values['n_vocab']}")
+    if problems:
+        return None
+    return DS4Params(**values)  # type: ignore[arg-type]
+
+
+def check_params(p: DS4Params, synthetic: bool, problems: list[str]) -> None:
+    """Fixed values, the released shape (unless synthetic), and internal consistency."""
+    for fld in FIXED_FIELDS:
+        got, want = getattr(p, fld), getattr(DS4_FLASH, fld)
+        if not _close(got, want):
+            problems.append(f"hyper-parameter {fld}: {got}, ds4 requires {want}")
+    if not synthetic:
+        for f in dataclasses.fields(DS4Params):
+            if f.name in FIXED_FIELDS or f.name in ("n_ctx_train", "compress_ratios"):
+                continue
+            got, want = getattr(p, f.name), getattr(DS4_FLASH, f.name)
+            if not _close(got, want):
+                problems.append(
+                    f"hyper-parameter {f.name}: {got}, the DeepSeek V4 Flash shape is {want}"
+                )
+    rules = [
+        (p.n_layer > p.n_hash_layer, "block_count must exceed hash_layer_count"),
+        (p.n_embd % 256 == 0, "embedding_length must be a multiple of 256 (k-quant blocks)"),
+        (p.n_ff_exp % 256 == 0, "expert_feed_forward_length must be a multiple of 256"),
+        (p.head_dim % 64 == 0 and p.head_dim > p.n_rot, "key_length must be a multiple of 64 above the rope dims"),
+        (p.n_rot % 2 == 0, "rope.dimension_count must be even"),
+        (p.o_groups > 0 and p.n_head % p.o_groups == 0, "head_count must divide into output groups"),
+        (p.q_lora_rank % 32 == 0 and p.o_lora_rank % 32 == 0, "lora ranks must be multiples of 32"),
+        (p.idx_head_dim >= p.n_rot and p.idx_head_dim & (p.idx_head_dim - 1) == 0 and p.idx_head_dim % 32 == 0,
+         "indexer key_length must be a power of two >= 32 and >= the rope dims"),
+        (0 < p.n_expert_used <= p.n_expert, "expert_used_count must be in 1..expert_count"),
+        (p.idx_top_k > 0, "indexer top_k must be positive"),
+    ]
+    problems.extend(f"hyper-parameter: {msg}" for ok, msg in rules if not ok)
+
+
+def validate(reader: GGUFReader, path: str = "<gguf>") -> DS4Layout:
+    """Check a GGUF against the layout; raise DS4LayoutError listing every problem."""
+    problems: list[str] = []
+    arch, _ = field_value(reader, "general.architecture")
+    if arch != ARCH:
+        raise DS4LayoutError(path, [f"general.architecture is {arch!r}, expected {ARCH!r}"])
+    synth, _ = field_value(reader, SYNTHETIC_KEY)
+    synthetic = bool(synth)
+    p = read_params(reader, problems)
+    if p is not None:
+        check_params(p, synthetic, problems)
+    if problems or p is None:
+        raise DS4LayoutError(path, problems)
+
+    have = {t.name: t for t in reader.tensors}
+    expert_kinds = set()
+    seen = set()
+    for spec in expected_tensors(p):
+        seen.add(spec.name)
+        t = have.get(spec.name)
+        if t is None:
+            if not spec.optional:
+                problems.append(f"tensor {spec.name}: missing")
+            continue
+        dims = tuple(int(d) for d in t.shape)
+        if dims != spec.dims:
+            problems.append(f"tensor {spec.name}: dims {list(dims)}, expected {list(spec.dims)}")
+        if t.tensor_type not in spec.types:
+            want = " or ".join(x.name for x in spec.types)
+            problems.append(f"tensor {spec.name}: type {t.tensor_type.name}, expected {want}")
+        elif "_exps." in spec.name:
+            expert_kinds.add((spec.name.split(".")[-2].split("_")[1], t.tensor_type))
+        if dims == spec.dims and t.tensor_type in spec.types:
+            want_bytes = tensor_nbytes(t.tensor_type, dims)
+            if int(t.data.nbytes) != want_bytes:
+                problems.append(
+                    f"tensor {spec.name}: {int(t.data.nbytes)} bytes in file, expected {want_bytes} (truncated?)"
+                )
+    for name in have:
+        if name not in seen and not name.startswith("mtp."):
+            problems.append(f"tensor {name}: not part of the deepseek4 layout")
+    expert = _expert_kind(expert_kinds, problems)
+    if problems:
+        raise DS4LayoutError(path, problems)
+    return DS4Layout(params=p, expert=expert, synthetic=synthetic, reader=reader)
+
+
+def open_gguf(path: str) -> GGUFReader:
+    """mmap a GGUF read-only (no tensor bytes are read); unreadable files -> ModelLoadError."""
+    try:
+        return GGUFReader(path, "r")
+    except (OSError, ValueError, KeyError, IndexError) as e:
+        raise ModelLoadError(f"{path}: cannot read as GGUF: {e}") from e
+
+
+def load(path: str) -> DS4Layout:
+    return validate(open_gguf(str(path)), str(path))
+
+
+def _expert_kind(kinds: set, problems: list[str]) -> str:
+    gu = {t for role, t in kinds if role in ("gate", "up")}
+    dn = {t for role, t in kinds if role == "down"}
+    for name, (g, d) in EXPERT_TYPES.items():
+        if gu == {g} and dn == {d}:
+            return name
+    if kinds:
+        problems.append(
+            "routed experts: mixed types "
+            f"(gate/up {sorted(x.name for x in gu)}, down {sorted(x.name for x in dn)}); "
+            "expected IQ2_XXS+Q2_K or Q4_K throughout"
+        )
+    return "q2"
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return abs(float(a) - float(b)) <= 1e-6 * max(abs(float(b)), 1e-30)
+    return a == b
+
+
+def _tname(t) -> str:
+    return getattr(t, "name", str(t))

@@ -1,0 +1,109 @@
+"""deepseek4 GGUF layout: the synthetic file validates; broken layouts are refused with
+one clear line per problem; the generator is deterministic."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from ds4d.engine import deepseek4_layout as L
+from ds4d.engine.errors import ModelLoadError
+from ds4d.synth import SYNTH_PARAMS, write_deepseek4
+
+
+@pytest.fixture(scope="module")
+def synth_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ds4") / "synth.gguf"
+    write_deepseek4(path, seed=1)
+    return path
+
+
+def test_synthetic_file_validates(synth_path):
+    layout = L.load(synth_path)
+    p = layout.params
+    assert layout.synthetic and layout.expert == "q2"
+    assert p.compress_ratios == (0, 0, 4, 128, 4)
+    assert p.n_embd == SYNTH_PARAMS.n_embd and p.n_vocab == SYNTH_PARAMS.n_vocab
+    assert layout.tensors["blk.4.ffn_gate_exps.weight"].tensor_type == T.IQ2_XXS
+    assert layout.tensors["blk.4.ffn_down_exps.weight"].tensor_type == T.Q2_K
+    assert list(layout.tensors["blk.3.attn_compressor_ape.weight"].shape) == [128, 128]
+    assert list(layout.tensors["blk.2.attn_compressor_ape.weight"].shape) == [256, 4]
+    assert "blk.2.ffn_gate_tid2eid.weight" in layout.tensors
+    assert "blk.3.ffn_gate_tid2eid.weight" not in layout.tensors
+    assert "blk.3.indexer.proj.weight" not in layout.tensors
+
+
+def test_q4_expert_variant_validates(tmp_path):
+    path = tmp_path / "q4.gguf"
+    write_deepseek4(path, seed=2, experts="q4")
+    assert L.load(path).expert == "q4"
+
+
+def test_real_shape_required_without_synthetic_marker(synth_path):
+    reader = L.open_gguf(str(synth_path))
+    del reader.fields[L.SYNTHETIC_KEY]
+    with pytest.raises(L.DS4LayoutError) as e:
+        L.validate(reader, "x.gguf")
+    assert "hyper-parameter n_embd: 256, the DeepSeek V4 Flash shape is 4096" in e.value.problems
+
+
+def _broken(tmp_path, mutate) -> list[str]:
+    specs = list(L.expected_tensors(SYNTH_PARAMS, "q2"))
+    specs = [s for s in specs if not s.optional or int(s.name.split(".")[1]) >= 3]
+    path = tmp_path / "bad.gguf"
+    write_deepseek4(path, seed=3, specs=mutate(specs))
+    with pytest.raises(ModelLoadError) as e:
+        L.load(path)
+    return str(e.value).splitlines()
+
+
+def test_missing_tensor_refused(tmp_path):
+    lines = _broken(tmp_path, lambda s: [x for x in s if x.name != "blk.3.attn_kv.weight"])
+    assert lines[1:] == ["tensor blk.3.attn_kv.weight: missing"]
+
+
+def test_wrong_shape_and_type_refused(tmp_path):
+    def mutate(specs):
+        out = []
+        for s in specs:
+            if s.name == "blk.2.attn_sinks.weight":
+                s = dataclasses.replace(s, dims=(8,))
+            if s.name == "output.weight":
+                s = dataclasses.replace(s, types=(T.F16,))
+            out.append(s)
+        return out + [L.TensorSpec("blk.9.extra.weight", (4,), (T.F32,))]
+
+    lines = _broken(tmp_path, mutate)
+    assert "tensor blk.2.attn_sinks.weight: dims [8], expected [4]" in lines
+    assert "tensor output.weight: type F16, expected Q8_0" in lines
+    assert "tensor blk.9.extra.weight: not part of the deepseek4 layout" in lines
+    assert len(lines) == 4
+
+
+def test_truncated_file_refused(synth_path, tmp_path):
+    data = synth_path.read_bytes()
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[: len(data) - 4096])
+    with pytest.raises(ModelLoadError) as e:
+        L.load(bad)
+    assert "truncated" in str(e.value) or "cannot read" in str(e.value)
+
+
+def test_other_architecture_refused(model_path):
+    with pytest.raises(L.DS4LayoutError) as e:
+        L.load(model_path)
+    assert e.value.problems == ["general.architecture is 'llama', expected 'deepseek4'"]
+
+
+def test_cli_is_deterministic(tmp_path):
+    paths = [tmp_path / f"{i}.gguf" for i in range(3)]
+    for path, seed in zip(paths, (7, 7, 8)):
+        cmd = [sys.executable, "-m", "ds4d", "synth-gguf", "--family", "deepseek4", "-o", str(path), "--seed", str(seed)]
+        subprocess.run(cmd, check=True, capture_output=True)
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+    assert paths[0].read_bytes() != paths[2].read_bytes()
+    assert paths[0].stat().st_size < 10_000_000
