@@ -1,0 +1,512 @@
+"""The disk KV cache: a directory of checkpoint files, budgeted, scored, evictable.
+
+* Index: built from the headers at start; files that are corrupt, truncated or written
+  for another model are logged and moved into `quarantine/` (never a crash), stale
+  temporary files of dead writers are removed.
+* Lookup: the entry whose rendered text is the longest byte prefix of a new prompt
+  (the file name is the SHA1 of that text, so a candidate is checked by hashing the
+  prompt's prefix of the same length).
+* Load: header, text, checksum, fingerprint and context re-checked; a bad file is moved
+  aside and the caller goes on cold. On success the hit count and last-used time are
+  rewritten in place.
+* Save: size estimated first (budget and daily write budget), written atomically,
+  then the budget is enforced by evicting the lowest scores:
+      score = (decayed hits + 1) * tokens / bytes     (hits halve every 6 h)
+  doubled for anchors (cold/evict/shutdown); the file just written is protected unless
+  it alone exceeds the budget. Quarantined files count against the budget and go first.
+
+Thread-safe: saves and loads run in worker threads, `ls`/`evict`/`stats` on the admin
+channel. Large file I/O happens outside the lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ds4d.state import kvfile
+from ds4d.state.kvfile import Header, KVFileError, PayloadWriter, Reason
+
+log = logging.getLogger("ds4d.kvcache")
+
+HIT_HALF_LIFE_S = 6 * 3600
+ADMISSION_SLACK = 1.01  # a file must fit the budget with 1% to spare
+QUARANTINE_DIR = "quarantine"
+DAY_S = 86400
+
+
+@dataclass
+class Entry:
+    name: str
+    path: Path
+    header: Header
+
+    @property
+    def tokens(self) -> int:
+        return self.header.tokens
+
+    @property
+    def size(self) -> int:
+        return self.header.file_size
+
+    def score(self, now_ms: int) -> float:
+        h = self.header
+        used = h.last_used_ms or h.created_ms
+        eff_hits = 0.0
+        if used:
+            eff_hits = h.hits * 2.0 ** (-max(0, now_ms - used) / (HIT_HALF_LIFE_S * 1000))
+            if eff_hits < 0.01:
+                eff_hits = 0.0
+        score = (eff_hits + 1.0) * h.tokens / h.file_size
+        return score * 2.0 if h.reason.is_anchor else score
+
+    def describe(self, now_ms: int) -> dict:
+        h = self.header
+        return {
+            "name": self.name,
+            "reason": h.reason.name.lower(),
+            "tokens": h.tokens,
+            "text_bytes": h.text_bytes,
+            "bytes": h.file_size,
+            "hits": h.hits,
+            "ctx": h.ctx,
+            "created": h.created_ms / 1000,
+            "last_used": h.last_used_ms / 1000,
+            "tool_ids": bool(h.tool_map_bytes),
+            "score": self.score(now_ms),
+        }
+
+
+@dataclass(frozen=True)
+class DiskMatch:
+    """A lookup result: `entry`'s text is the first `text_bytes` bytes of the prompt."""
+
+    entry: Entry
+    text_bytes: int
+
+    @property
+    def tokens(self) -> int:
+        return self.entry.tokens
+
+    @property
+    def path(self) -> Path:
+        return self.entry.path
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A verified checkpoint: feed `payload` to Session.load, then tokenize only
+    `prompt_text[len(text):]`."""
+
+    entry: Entry
+    text: str
+    payload: bytes
+    tool_map: dict[str, str]
+
+
+@dataclass
+class Stats:
+    hits: int = 0
+    misses: int = 0
+    load_failures: int = 0
+    shortfalls: int = 0
+    files_written: int = 0
+    bytes_written: int = 0
+    evictions: int = 0
+    evicted_bytes: int = 0
+    quarantined: int = 0
+    skipped_budget: int = 0
+    skipped_daily_budget: int = 0
+
+
+class DiskCache:
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        *,
+        budget_bytes: int,
+        fingerprint: str | bytes,
+        ctx: int,
+        min_tokens: int = 512,
+        daily_write_bytes: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`budget_bytes` 0 means unlimited; `daily_write_bytes` (default 4x the budget,
+        None with an unlimited budget) caps bytes written in any 24 h window."""
+        self.dir = Path(directory)
+        self.budget = budget_bytes
+        self.fingerprint = kvfile.fingerprint_digest(fingerprint)
+        self.ctx = ctx
+        self.min_tokens = min_tokens
+        if daily_write_bytes is None and budget_bytes:
+            daily_write_bytes = 4 * budget_bytes
+        self.daily_write_bytes = daily_write_bytes
+        self.clock = clock
+        self.stats = Stats()
+        self._lock = threading.RLock()
+        self._entries: dict[str, Entry] = {}
+        self._writes: collections.deque[tuple[float, int]] = collections.deque()
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.dir, 0o700)
+        self.scan(startup=True)
+        self.enforce_budget()
+
+    # ---- index ----------------------------------------------------------------------
+
+    def _now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.dir / QUARANTINE_DIR
+
+    def scan(self, startup: bool = False) -> None:
+        """(Re)build the index from the directory's file headers. At startup, temporary
+        files carrying our own pid are stale too (a previous run with a recycled pid)."""
+        entries: dict[str, Entry] = {}
+        for item in sorted(os.scandir(self.dir), key=lambda d: d.name):
+            if not item.is_file(follow_symlinks=False):
+                continue
+            pid = kvfile.tmp_owner_pid(item.name)
+            if pid is not None:
+                if (startup and pid == os.getpid()) or not _pid_alive(pid):
+                    log.info("kv cache: removing unfinished write %s", item.name)
+                    Path(item.path).unlink(missing_ok=True)
+                continue
+            if not kvfile.is_kv_name(item.name):
+                continue
+            path = Path(item.path)
+            try:
+                header = kvfile.read_header(path)
+                if header.fingerprint != self.fingerprint:
+                    raise kvfile.ForeignModel(
+                        f"written for model {header.fingerprint.hex()[:12]}"
+                    )
+            except (KVFileError, OSError) as e:
+                self._quarantine(path, e)
+                continue
+            entries[item.name] = Entry(item.name, path, header)
+        with self._lock:
+            self._entries = entries
+        log.info("kv cache: %d files, %d bytes in %s", len(entries),
+                 sum(e.size for e in entries.values()), self.dir)
+
+    def _quarantine(self, path: Path, why: Exception | str) -> None:
+        log.warning("kv cache: rejected %s: %s (moved to %s/)", path.name, why, QUARANTINE_DIR)
+        self.stats.quarantined += 1
+        with self._lock:
+            self._entries.pop(path.name, None)
+        try:
+            self.quarantine_dir.mkdir(mode=0o700, exist_ok=True)
+            os.replace(path, self.quarantine_dir / path.name)
+        except FileNotFoundError:
+            pass
+        except OSError as e:  # cannot move it: do not let it be read again
+            log.warning("kv cache: cannot quarantine %s (%s); deleting it", path.name, e)
+            path.unlink(missing_ok=True)
+
+    def _quarantined(self) -> list[tuple[float, int, Path]]:
+        if not self.quarantine_dir.is_dir():
+            return []
+        out = []
+        for item in os.scandir(self.quarantine_dir):
+            if item.is_file(follow_symlinks=False):
+                st = item.stat(follow_symlinks=False)
+                out.append((st.st_mtime, st.st_size, Path(item.path)))
+        return sorted(out)
+
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def bytes_used(self) -> int:
+        with self._lock:
+            used = sum(e.size for e in self._entries.values())
+        return used + sum(size for _, size, _ in self._quarantined())
+
+    # ---- lookup and load --------------------------------------------------------------
+
+    def lookup(self, prompt_text: str) -> DiskMatch | None:
+        """The usable entry whose text is the longest byte prefix of `prompt_text`."""
+        prompt = prompt_text.encode()
+        with self._lock:
+            candidates = [
+                e for e in self._entries.values()
+                if e.header.text_bytes <= len(prompt)
+                and e.tokens >= self.min_tokens
+                and e.header.ctx <= self.ctx
+                and e.tokens < self.ctx
+            ]
+        candidates.sort(key=lambda e: e.header.text_bytes)
+        sha, fed, best = hashlib.sha1(), 0, None
+        for e in candidates:
+            n = e.header.text_bytes
+            sha.update(prompt[fed:n])
+            fed = n
+            if sha.hexdigest() + kvfile.SUFFIX == e.name:
+                if best is None or (n, e.tokens) > (best.header.text_bytes, best.tokens):
+                    best = e
+        if best is None:
+            self.stats.misses += 1
+            return None
+        return DiskMatch(best, best.header.text_bytes)
+
+    def load(self, match: DiskMatch, prompt_text: str) -> Loaded | None:
+        """Read and verify `match`'s file; None (file moved aside, logged) if unusable."""
+        entry = match.entry
+        prefix = prompt_text.encode()[: match.text_bytes]
+        try:
+            header = kvfile.read_header(entry.path)
+            kvfile.check_compatible(header, self.fingerprint, self.ctx)
+            body = kvfile.read_body(entry.path, header, expect_text=prefix)
+        except FileNotFoundError:
+            log.warning("kv cache: %s vanished before loading", entry.name)
+            with self._lock:
+                self._entries.pop(entry.name, None)
+            self.stats.load_failures += 1
+            return None
+        except (KVFileError, OSError, UnicodeDecodeError) as e:
+            self.stats.load_failures += 1
+            self._quarantine(entry.path, e)
+            return None
+        now = self._now_ms()
+        touched = Header(**{**header.__dict__, "hits": header.hits + 1, "last_used_ms": now})
+        try:
+            kvfile.touch(entry.path, touched.hits, now)
+        except OSError as e:
+            log.warning("kv cache: cannot update %s: %s", entry.name, e)
+        fresh = Entry(entry.name, entry.path, touched)
+        with self._lock:
+            if entry.name in self._entries:
+                self._entries[entry.name] = fresh
+        self.stats.hits += 1
+        return Loaded(fresh, body.text, body.payload, body.tool_map)
+
+    def reject(self, entry: Entry, why: str) -> None:
+        """The engine refused a payload that passed our checks: move the file aside."""
+        self.stats.load_failures += 1
+        self._quarantine(entry.path, why)
+
+    def check_reuse(self, promised: int, reused: int, name: str) -> bool:
+        """After a disk hit: did the session keep the tokens the entry promised?
+        A shortfall means a restore that reuses nothing — log it loudly and count it."""
+        if reused >= promised:
+            return True
+        self.stats.shortfalls += 1
+        log.error("kv cache: SHORTFALL %s promised %d tokens, reused %d", name, promised, reused)
+        return False
+
+    def tool_maps(self, wanted: set[str] | None = None) -> dict[str, str]:
+        """Tool-call ids stored in any file's tool-map section (optionally only `wanted`):
+        replay of a conversation whose live state was lost, e.g. after a restart."""
+        out: dict[str, str] = {}
+        for e in self.entries():
+            if not e.header.tool_map_bytes:
+                continue
+            try:
+                found = kvfile.read_tool_map(e.path, e.header)
+            except (KVFileError, OSError, UnicodeDecodeError):
+                continue  # the checksum check on load will deal with the file
+            out.update(found if wanted is None else
+                       {k: v for k, v in found.items() if k in wanted})
+        return out
+
+    # ---- save --------------------------------------------------------------------------
+
+    def estimate_size(self, text: str, tokens: int, tool_map: Mapping[str, str] | None) -> int:
+        """File size expected for a checkpoint, from the largest payload bytes/token seen
+        so far (0 payload bytes when nothing is known yet)."""
+        with self._lock:
+            rate = max((e.header.payload_bytes / e.tokens for e in self._entries.values()),
+                       default=0.0)
+        return (kvfile.HEADER_SIZE + len(text.encode())
+                + len(kvfile.encode_tool_map(tool_map or {})) + int(rate * tokens))
+
+    def _fits(self, size: int) -> bool:
+        return not self.budget or size * ADMISSION_SLACK <= self.budget
+
+    def _written_today(self, now: float) -> int:
+        while self._writes and self._writes[0][0] <= now - DAY_S:
+            self._writes.popleft()
+        return sum(n for _, n in self._writes)
+
+    def save(
+        self,
+        reason: Reason,
+        text: str,
+        tokens: int,
+        payload: bytes | PayloadWriter,
+        tool_map: Mapping[str, str] | None = None,
+        payload_estimate: int | None = None,
+    ) -> Entry | None:
+        """Store a checkpoint of a session holding `tokens` tokens whose detokenized text
+        is `text`; `payload` is the engine payload or Session.save. None when skipped."""
+        if tokens < self.min_tokens or tokens >= self.ctx or not text:
+            return None
+        name = kvfile.file_name(text)
+        tool_map = dict(tool_map or {})
+        existing = self._entries.get(name)
+        if existing is not None and self._refresh_existing(existing, tool_map):
+            return self._entries.get(name)
+        estimate = self.estimate_size(text, tokens, tool_map)
+        if payload_estimate is not None:
+            estimate = (kvfile.HEADER_SIZE + len(text.encode()) + payload_estimate
+                        + len(kvfile.encode_tool_map(tool_map)))
+        if not self._fits(estimate):
+            self.stats.skipped_budget += 1
+            log.info("kv cache: not saving %d tokens, ~%d bytes exceed the budget", tokens,
+                     estimate)
+            return None
+        now = self.clock()
+        with self._lock:
+            if (self.daily_write_bytes is not None
+                    and self._written_today(now) + estimate > self.daily_write_bytes):
+                self.stats.skipped_daily_budget += 1
+                log.warning("kv cache: daily write budget of %d bytes reached; not saving",
+                            self.daily_write_bytes)
+                return None
+        if self.budget:  # make room first so the directory stays within budget
+            self.enforce_budget(incoming=estimate)
+        started = time.monotonic()
+        try:
+            path, header = kvfile.write_file(
+                self.dir, text, payload, reason=reason, tokens=tokens, ctx=self.ctx,
+                fingerprint=self.fingerprint, tool_map=tool_map, now=self._now_ms(),
+                max_bytes=int(self.budget / ADMISSION_SLACK) if self.budget else None,
+            )
+        except OverflowError as e:
+            self.stats.skipped_budget += 1
+            log.info("kv cache: not saving: %s", e)
+            return None
+        except (KVFileError, OSError) as e:
+            log.warning("kv cache: save of %d tokens failed: %s", tokens, e)
+            return None
+        entry = Entry(path.name, path, header)
+        with self._lock:
+            self._entries[path.name] = entry
+            self._writes.append((now, header.file_size))
+            self.stats.files_written += 1
+            self.stats.bytes_written += header.file_size
+        log.info("kv cache stored tokens=%d reason=%s size=%d save=%.3fs file=%s", tokens,
+                 reason.name.lower(), header.file_size, time.monotonic() - started, path.name)
+        self.enforce_budget(protect=path.name)
+        return entry
+
+    def _refresh_existing(self, entry: Entry, tool_map: dict[str, str]) -> bool:
+        """Same text already stored: only refresh it. False when it must be rewritten
+        (it lacks some of `tool_map`'s ids, or it is no longer valid)."""
+        try:
+            header = kvfile.read_header(entry.path)
+            known = kvfile.read_tool_map(entry.path, header)
+        except (KVFileError, OSError, UnicodeDecodeError):
+            return False
+        if any(known.get(k) != v for k, v in tool_map.items()):
+            tool_map.update({k: v for k, v in known.items() if k not in tool_map})
+            return False
+        now = self._now_ms()
+        try:
+            kvfile.touch(entry.path, header.hits, now)
+        except OSError:
+            return False
+        with self._lock:
+            self._entries[entry.name] = Entry(
+                entry.name, entry.path, Header(**{**header.__dict__, "last_used_ms": now}))
+        return True
+
+    # ---- budget and eviction -------------------------------------------------------------
+
+    def enforce_budget(self, protect: str | None = None, incoming: int = 0) -> list[str]:
+        """Delete lowest-score files until everything (plus `incoming` bytes about to be
+        written) fits the budget. Returns the names removed."""
+        if not self.budget:
+            return []
+        removed = []
+        with self._lock:
+            quarantined = self._quarantined()
+            total = incoming + sum(s for _, s, _ in quarantined) + sum(
+                e.size for e in self._entries.values())
+            for _, size, path in quarantined:  # worthless for reuse: they go first
+                if total <= self.budget:
+                    break
+                path.unlink(missing_ok=True)
+                total -= size
+            now = self._now_ms()
+            while total > self.budget and self._entries:
+                victim = min(self._entries.values(),
+                             key=lambda e: self._eviction_key(e, now, protect))
+                if victim.name == protect and victim.size <= self.budget:
+                    break
+                try:
+                    victim.path.unlink(missing_ok=True)
+                except OSError as e:
+                    log.warning("kv cache: cannot evict %s: %s", victim.name, e)
+                    break
+                del self._entries[victim.name]
+                total -= victim.size
+                removed.append(victim.name)
+                self.stats.evictions += 1
+                self.stats.evicted_bytes += victim.size
+                log.info("kv cache evicted reason=disk-cache-full tokens=%d size=%d file=%s",
+                         victim.tokens, victim.size, victim.name)
+        return removed
+
+    def _eviction_key(self, e: Entry, now: int, protect: str | None) -> tuple:
+        protected = e.name == protect and e.size <= self.budget
+        score = float("inf") if protected else e.score(now)
+        return (score, e.header.last_used_ms or e.header.created_ms, e.name)
+
+    # ---- admin -------------------------------------------------------------------------
+
+    def ls(self) -> list[dict]:
+        now = self._now_ms()
+        return sorted((e.describe(now) for e in self.entries()),
+                      key=lambda d: d["last_used"], reverse=True)
+
+    def evict(self, prefix: str | None = None, *, everything: bool = False,
+              older_than_s: float | None = None) -> list[str]:
+        """Remove entries by name prefix, all of them, or those unused for `older_than_s`.
+        Returns the names removed."""
+        if prefix is None and not everything and older_than_s is None:
+            raise ValueError("evict needs a name prefix, everything=True or older_than_s")
+        now = self._now_ms()
+        removed = []
+        with self._lock:
+            for e in list(self._entries.values()):
+                used = e.header.last_used_ms or e.header.created_ms
+                if prefix is not None and not e.name.startswith(prefix.lower()):
+                    continue
+                if older_than_s is not None and now - used < older_than_s * 1000:
+                    continue
+                e.path.unlink(missing_ok=True)
+                del self._entries[e.name]
+                removed.append(e.name)
+                self.stats.evictions += 1
+                self.stats.evicted_bytes += e.size
+            if everything and self.quarantine_dir.is_dir():
+                shutil.rmtree(self.quarantine_dir, ignore_errors=True)
+        return removed
+
+    def stats_dict(self) -> dict:
+        with self._lock:
+            n = len(self._entries)
+        return {**self.stats.__dict__, "entries": n, "bytes_used": self.bytes_used(),
+                "budget_bytes": self.budget, "daily_write_bytes": self.daily_write_bytes,
+                "dir": str(self.dir)}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
