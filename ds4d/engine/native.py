@@ -1,0 +1,214 @@
+"""ctypes binding of native/libds4n.so: quantized kernels, thread pool, matmul (native/ds4n.h).
+
+`lib` is the loaded CDLL with every ds4n.h symbol declared; model families declare their own
+symbols on it. numpy arrays are passed by pointer, never copied: arrays given to these
+wrappers must be C-contiguous and of the stated dtype.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ds4d.engine.errors import EngineError
+
+# GGML type ids, as in the GGUF tensor headers (and enum ds4n_type).
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, BF16 = 10, 11, 12, 13, 14, 16, 30
+TYPES = {
+    "F32": F32, "F16": F16, "BF16": BF16, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0,
+    "Q5_1": Q5_1, "Q8_0": Q8_0, "Q2_K": Q2_K, "Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K,
+    "Q6_K": Q6_K, "IQ2_XXS": IQ2_XXS,
+}  # fmt: skip
+
+SIMD_AUTO, SIMD_SCALAR, SIMD_AVX2, SIMD_NEON = -1, 0, 1, 2
+SIMD_NAMES = {SIMD_SCALAR: "scalar", SIMD_AVX2: "avx2", SIMD_NEON: "neon"}
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_LIB = REPO / "native" / "build" / "libds4n.so"
+
+c_float_p = ctypes.POINTER(ctypes.c_float)
+POOL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+
+
+def library_path() -> Path:
+    return Path(os.environ.get("DS4D_NATIVE_LIB") or DEFAULT_LIB)
+
+
+def _load() -> ctypes.CDLL:
+    path = library_path()
+    if not path.is_file():
+        raise EngineError("native library not built: run `make native`")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as exc:
+        raise EngineError(f"native library {path} cannot be loaded: {exc}") from None
+    i64, vp = ctypes.c_int64, ctypes.c_void_p
+    signatures = {
+        "ds4n_set_simd": (ctypes.c_int, [ctypes.c_int]),
+        "ds4n_simd_level": (ctypes.c_int, []),
+        "ds4n_type_supported": (ctypes.c_int, [ctypes.c_int]),
+        "ds4n_type_block_size": (i64, [ctypes.c_int]),
+        "ds4n_type_block_bytes": (i64, [ctypes.c_int]),
+        "ds4n_dequantize": (None, [ctypes.c_int, vp, c_float_p, i64]),
+        "ds4n_dot": (ctypes.c_float, [ctypes.c_int, vp, c_float_p, i64]),
+        "ds4n_pool_new": (vp, [ctypes.c_int]),
+        "ds4n_pool_free": (None, [vp]),
+        "ds4n_pool_threads": (ctypes.c_int, [vp]),
+        "ds4n_pool_run": (None, [vp, POOL_FN, vp]),
+        "ds4n_matmul": (None, [vp, ctypes.c_int, vp, i64, i64, c_float_p, i64, c_float_p]),
+        "ds4n_matmul_part": (
+            None,
+            [ctypes.c_int, vp, i64, i64, c_float_p, i64, c_float_p, ctypes.c_int, ctypes.c_int],
+        ),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+lib = _load()
+
+
+def physical_cores() -> int:
+    """Physical cores this process may run on (SMT siblings counted once)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    cores = set()
+    for cpu in cpus:
+        topo = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            core = (topo / "core_id").read_text().strip()
+            package = (topo / "physical_package_id").read_text().strip()
+        except OSError:
+            core, package = str(cpu), "0"
+        cores.add((package, core))
+    return max(1, len(cores) or os.cpu_count() or 1)
+
+
+class Pool:
+    """A persistent native worker pool (the calling thread is worker 0)."""
+
+    def __init__(self, n_threads: int | None = None) -> None:
+        n = physical_cores() if n_threads is None else int(n_threads)
+        if n < 1:
+            raise ValueError(f"thread count must be at least 1, got {n}")
+        self._handle: int | None = lib.ds4n_pool_new(n)
+        if not self._handle:
+            raise EngineError(f"cannot start a pool of {n} threads")
+
+    @property
+    def handle(self) -> int:
+        """The ds4n_pool pointer, for native calls that take one."""
+        if self._handle is None:
+            raise ValueError("pool is closed")
+        return self._handle
+
+    @property
+    def threads(self) -> int:
+        return lib.ds4n_pool_threads(self.handle)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            lib.ds4n_pool_free(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def set_simd(level: int | str) -> int:
+    """Selects the kernel set (SIMD_* or 'scalar'/'avx2'/'neon'/'auto'); returns the level in force."""
+    if isinstance(level, str):
+        names = {v: k for k, v in SIMD_NAMES.items()} | {"auto": SIMD_AUTO}
+        level = names[level]
+    return lib.ds4n_set_simd(level)
+
+
+def simd_level() -> int:
+    return lib.ds4n_simd_level()
+
+
+def type_id(qtype: int | str) -> int:
+    """A GGML type id from an id, a name, or a gguf.GGMLQuantizationType."""
+    t = TYPES[qtype] if isinstance(qtype, str) else int(qtype)
+    if not lib.ds4n_type_supported(t):
+        raise EngineError(f"quant type {qtype} is not supported by the native kernels")
+    return t
+
+
+def row_bytes(qtype: int | str, n: int) -> int:
+    """Bytes of one row of n values."""
+    t = type_id(qtype)
+    bs = lib.ds4n_type_block_size(t)
+    if n % bs:
+        raise ValueError(f"row length {n} is not a multiple of the block size {bs}")
+    return n // bs * lib.ds4n_type_block_bytes(t)
+
+
+def _ptr(a: np.ndarray, dtype: type, writable: bool = False) -> int:
+    if a.dtype != dtype or not a.flags.c_contiguous or (writable and not a.flags.writeable):
+        raise ValueError(f"expected a C-contiguous {np.dtype(dtype).name} array")
+    return a.ctypes.data
+
+
+def _fptr(a: np.ndarray, writable: bool = False) -> ctypes._Pointer:
+    return ctypes.cast(_ptr(a, np.float32, writable), c_float_p)
+
+
+def _raw(qtype: int | str, raw: np.ndarray, n: int) -> tuple[int, int]:
+    t = type_id(qtype)
+    need = row_bytes(t, n)
+    if raw.nbytes < need:
+        raise ValueError(f"{need} bytes needed for {n} values, {raw.nbytes} given")
+    return t, _ptr(raw, raw.dtype)
+
+
+def dequantize(qtype: int | str, raw: np.ndarray, n: int) -> np.ndarray:
+    """The first n values of raw (bytes of qtype) as float32."""
+    t, src = _raw(qtype, raw, n)
+    out = np.empty(n, dtype=np.float32)
+    lib.ds4n_dequantize(t, src, _fptr(out, True), n)
+    return out
+
+
+def dot(qtype: int | str, raw: np.ndarray, x: np.ndarray) -> float:
+    """Σ w[i]·x[i] for the row w stored in raw (qtype) and float32 x."""
+    n = x.shape[0]
+    t, w = _raw(qtype, raw, n)
+    return float(lib.ds4n_dot(t, w, _fptr(x), n))
+
+
+def matmul(
+    pool: Pool | None,
+    qtype: int | str,
+    W_raw: np.ndarray,
+    rows: int,
+    K: int,
+    X: np.ndarray,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """X (T x K float32) times Wᵀ (W: rows x K of qtype) -> T x rows float32."""
+    t, w = _raw(qtype, W_raw, 0)
+    if W_raw.nbytes < rows * row_bytes(t, K):
+        raise ValueError(f"W needs {rows * row_bytes(t, K)} bytes, {W_raw.nbytes} given")
+    X2 = X.reshape(-1, K) if X.ndim == 1 else X
+    if X2.ndim != 2 or X2.shape[1] != K:
+        raise ValueError(f"X must be T x {K}, got {X.shape}")
+    T = X2.shape[0]
+    if out is None:
+        out = np.empty((T, rows), dtype=np.float32)
+    elif out.shape != (T, rows):
+        raise ValueError(f"out must be {(T, rows)}, got {out.shape}")
+    handle = pool.handle if pool is not None else None
+    lib.ds4n_matmul(handle, t, w, rows, K, _fptr(X2), T, _fptr(out, True))
+    return out

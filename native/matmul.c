@@ -1,0 +1,87 @@
+/* Y = X · Wᵀ for quantized W, float32 X and Y. Activations are never quantized.
+ *
+ * T == 1 (decode): one fused dequantize-dot per weight row; the rows are split across the
+ * workers, so each streams its share of the matrix from memory exactly once.
+ *
+ * T > 1 (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
+ * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into an L1-sized float buffer,
+ * and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x DS4N_TILE_COLS tokens of
+ * SIMD accumulators) over every token against it. Columns are blocked so the slice of X that
+ * all panels share (T x PANEL_K floats) stays in L2. */
+#include "quants.h"
+
+#define PANEL_ROWS 16
+#define PANEL_K 256 /* a multiple of every block size */
+
+struct matmul_job {
+    int type;
+    const void *W;
+    int64_t rows, K, T;
+    const float *X;
+    float *Y;
+};
+
+/* Rows [begin, end) of worker ith: contiguous, in whole micro-kernel tiles. */
+static void share(int64_t rows, int ith, int nth, int64_t *begin, int64_t *end) {
+    int64_t tiles = (rows + DS4N_TILE_ROWS - 1) / DS4N_TILE_ROWS;
+    *begin = tiles * ith / nth * DS4N_TILE_ROWS;
+    *end = tiles * (ith + 1) / nth * DS4N_TILE_ROWS;
+    if (*begin > rows) *begin = rows;
+    if (*end > rows) *end = rows;
+}
+
+static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    ds4n_dot_fn dot = ds4n_active_kernels(m->type)->dot;
+    int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
+    for (int64_t r = r0; r < r1; r++, w += row_bytes) m->Y[r] = dot(w, m->X, m->K);
+}
+
+static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    ds4n_dequant_fn dequantize = ds4n_active_kernels(m->type)->dequantize;
+    ds4n_tile_fn tile = ds4n_active_tile();
+    int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    _Alignas(64) float panel[PANEL_ROWS * PANEL_K];
+
+    for (int64_t k0 = 0; k0 < m->K; k0 += PANEL_K) {
+        int64_t kc = m->K - k0 < PANEL_K ? m->K - k0 : PANEL_K;
+        const uint8_t *wk = (const uint8_t *)m->W + k0 / tt->block_size * tt->block_bytes;
+        for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
+            int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
+            for (int64_t i = 0; i < nr; i++) dequantize(wk + (rp + i) * row_bytes, panel + i * kc, kc);
+            for (int64_t t = 0; t < m->T; t += DS4N_TILE_COLS) {
+                int nt = m->T - t < DS4N_TILE_COLS ? (int)(m->T - t) : DS4N_TILE_COLS;
+                const float *x = m->X + t * m->K + k0;
+                float *y = m->Y + t * m->rows + rp;
+                for (int64_t i = 0; i < nr; i += DS4N_TILE_ROWS) {
+                    int R = nr - i < DS4N_TILE_ROWS ? (int)(nr - i) : DS4N_TILE_ROWS;
+                    tile(panel + i * kc, kc, x, m->K, kc, y + i, m->rows, R, nt, k0 > 0);
+                }
+            }
+        }
+    }
+}
+
+void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const float *X, int64_t T,
+                      float *Y, int ith, int nth) {
+    if (!ds4n_traits(type) || rows <= 0 || T <= 0) return;
+    struct matmul_job m = {type, W, rows, K, T, X, Y};
+    int64_t r0, r1;
+    share(rows, ith, nth, &r0, &r1);
+    if (r0 >= r1) return;
+    if (T == 1) matvec_rows(&m, r0, r1);
+    else gemm_rows(&m, r0, r1);
+}
+
+static void matmul_task(void *ctx, int ith, int nth) {
+    const struct matmul_job *m = ctx;
+    ds4n_matmul_part(m->type, m->W, m->rows, m->K, m->X, m->T, m->Y, ith, nth);
+}
+
+void ds4n_matmul(ds4n_pool *pool, int type, const void *W, int64_t rows, int64_t K,
+                 const float *X, int64_t T, float *Y) {
+    struct matmul_job m = {type, W, rows, K, T, X, Y};
+    ds4n_pool_run(pool, matmul_task, &m);
+}

@@ -1,0 +1,52 @@
+/* AVX2+FMA GEMM micro-kernel (compiled with -mavx2 -mfma -mf16c, chosen at run time).
+ *
+ * Dot form: R weight rows x C tokens of 8-wide accumulators (4 x 3 = 12 of the 16 ymm
+ * registers), each step loads 8 floats of every row and token and issues R*C FMAs; the
+ * horizontal sums are taken once per panel. */
+#include <immintrin.h>
+
+#include "quants.h"
+#include "quants_avx2.h"
+
+static inline __attribute__((always_inline)) void tile_rc(const float *W, int64_t ldw,
+                                                          const float *X, int64_t ldx, int64_t k,
+                                                          float *Y, int64_t ldy, const int R,
+                                                          const int C, int accumulate) {
+    __m256 acc[DS4N_TILE_ROWS][DS4N_TILE_COLS];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < C; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m256 x[DS4N_TILE_COLS];
+        for (int t = 0; t < C; t++) x[t] = _mm256_loadu_ps(X + t * ldx + i);
+        for (int r = 0; r < R; r++) {
+            __m256 w = _mm256_loadu_ps(W + r * ldw + i);
+            for (int t = 0; t < C; t++) acc[r][t] = _mm256_fmadd_ps(w, x[t], acc[r][t]);
+        }
+    }
+    for (int t = 0; t < C; t++) {
+        __m256 z = _mm256_setzero_ps();
+        float s[4];
+        _mm_storeu_ps(s, ds4n_hsum4_avx2(acc[0][t], R > 1 ? acc[1][t] : z, R > 2 ? acc[2][t] : z,
+                                         R > 3 ? acc[3][t] : z));
+        for (int r = 0; r < R; r++) {
+            for (int64_t j = i; j < k; j++) s[r] += W[r * ldw + j] * X[t * ldx + j];
+            Y[t * ldy + r] = accumulate ? Y[t * ldy + r] + s[r] : s[r];
+        }
+    }
+}
+
+#define TILE(R, C)                                                                         \
+    case R * 4 + C:                                                                        \
+        tile_rc(W, ldw, X, ldx, k, Y, ldy, R, C, accumulate);                              \
+        break;
+
+void ds4n_tile_avx2(const float *W, int64_t ldw, const float *X, int64_t ldx, int64_t k,
+                    float *Y, int64_t ldy, int R, int C, int accumulate) {
+    switch (R * 4 + C) {
+        TILE(1, 1) TILE(1, 2) TILE(1, 3)
+        TILE(2, 1) TILE(2, 2) TILE(2, 3)
+        TILE(3, 1) TILE(3, 2) TILE(3, 3)
+        TILE(4, 1) TILE(4, 2) TILE(4, 3)
+    }
+}

@@ -1,0 +1,119 @@
+/* Internal to the kernel library: GGML block layouts, per-type traits, and the kernel
+ * sets each SIMD level provides. Not part of the ctypes ABI (that is ds4n.h). */
+#ifndef DS4N_QUANTS_H
+#define DS4N_QUANTS_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "ds4n.h"
+
+#define QK 32    /* values per block of the legacy types (Q4_0 .. Q8_0) */
+#define QK_K 256 /* values per super-block of the K-quants and IQ2_XXS */
+
+/* Block layouts, byte-compatible with GGML (all members are naturally aligned). */
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[QK / 2]; } block_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; } block_q5_1;
+typedef struct { uint16_t d; int8_t qs[QK]; } block_q8_0;
+typedef struct { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; } block_q2_K;
+typedef struct { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; } block_q3_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; } block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; } block_q5_K;
+typedef struct { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; } block_q6_K;
+typedef struct { uint16_t d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;
+
+/* IEEE half -> float, exact (subnormals, inf and nan included). */
+static inline float ds4n_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);
+    } else if (mant == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        exp = 113;
+        while (!(mant & 0x400)) { mant <<= 1; exp--; }
+        bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float ds4n_bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Q4_K / Q5_K pack eight 6-bit (scale, min) pairs into 12 bytes. */
+static inline void ds4n_k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Row kernels of one type at one SIMD level; n is a multiple of the block size. */
+typedef void (*ds4n_dequant_fn)(const void *src, float *dst, int64_t n);
+typedef float (*ds4n_dot_fn)(const void *w, const float *x, int64_t n);
+struct ds4n_row_kernels {
+    ds4n_dequant_fn dequantize;
+    ds4n_dot_fn dot;
+};
+
+/* GEMM micro-kernel: for r < R (1..4) and t < C (1..3), acc[r][t] = dot(W + r*ldw, X + t*ldx)
+ * over k floats; results go to Y[t*ldy + r], added to what is there when accumulate != 0. */
+typedef void (*ds4n_tile_fn)(const float *W, int64_t ldw, const float *X, int64_t ldx,
+                             int64_t k, float *Y, int64_t ldy, int R, int C, int accumulate);
+#define DS4N_TILE_ROWS 4
+#define DS4N_TILE_COLS 3
+
+/* Everything one SIMD level provides. Row-kernel slots left NULL fall back to scalar. */
+#define DS4N_TYPE_SLOTS 31 /* type ids are < 31 */
+struct ds4n_kernel_set {
+    struct ds4n_row_kernels row[DS4N_TYPE_SLOTS];
+    ds4n_dot_fn dot_f32;
+    ds4n_tile_fn tile;
+};
+
+struct ds4n_type_traits {
+    const char *name;
+    int64_t block_size, block_bytes;
+};
+
+/* NULL for a type this library cannot run. */
+const struct ds4n_type_traits *ds4n_traits(int type);
+/* The kernels in force for the current SIMD level (resolved; never NULL for a supported type). */
+const struct ds4n_row_kernels *ds4n_active_kernels(int type);
+ds4n_tile_fn ds4n_active_tile(void);
+
+/* Dot through a dequantized chunk on the stack: serves every type whose SIMD level has a
+ * fast dequantizer but no fused dot. */
+float ds4n_dot_via_dequant(ds4n_dequant_fn dequantize, ds4n_dot_fn dot_f32, int64_t block_size,
+                           int64_t block_bytes, const void *w, const float *x, int64_t n);
+
+/* Defines a static dot kernel `fname` that runs through the given dequantizer and float dot. */
+#define DS4N_DOT_VIA_DEQUANT(fname, dequant, dot_f32, block_size, block_bytes)          \
+    static float fname(const void *w, const float *x, int64_t n) {                    \
+        return ds4n_dot_via_dequant(dequant, dot_f32, block_size, block_bytes, w, x, n); \
+    }
+
+extern const struct ds4n_kernel_set ds4n_scalar_set;
+#if defined(__x86_64__) || defined(_M_X64)
+extern const struct ds4n_kernel_set ds4n_avx2_set;
+#define DS4N_HAVE_AVX2 1
+#endif
+#if defined(__aarch64__)
+extern const struct ds4n_kernel_set ds4n_neon_set;
+#define DS4N_HAVE_NEON 1
+#endif
+
+#endif

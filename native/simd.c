@@ -1,0 +1,80 @@
+/* SIMD level selection: which kernel set the whole process runs.
+ *
+ * The level is chosen once at load (best the CPU has, or DS4N_SIMD=scalar|avx2|neon) and may
+ * be changed with ds4n_set_simd() by tests. Each set may leave row kernels out; resolution
+ * fills those from the scalar set so a lookup is one table read. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "quants.h"
+
+static struct ds4n_row_kernels active[DS4N_TYPE_SLOTS];
+static ds4n_tile_fn active_tile;
+static int active_level;
+
+static int cpu_has(int level) {
+    switch (level) {
+    case DS4N_SIMD_SCALAR:
+        return 1;
+#ifdef DS4N_HAVE_AVX2
+    case DS4N_SIMD_AVX2:
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+#endif
+#ifdef DS4N_HAVE_NEON
+    case DS4N_SIMD_NEON:
+        return 1; /* baseline on aarch64 */
+#endif
+    default:
+        return 0;
+    }
+}
+
+static const struct ds4n_kernel_set *kernel_set(int level) {
+#ifdef DS4N_HAVE_AVX2
+    if (level == DS4N_SIMD_AVX2) return &ds4n_avx2_set;
+#endif
+#ifdef DS4N_HAVE_NEON
+    if (level == DS4N_SIMD_NEON) return &ds4n_neon_set;
+#endif
+    return &ds4n_scalar_set;
+}
+
+static int best_level(void) {
+    const char *env = getenv("DS4N_SIMD");
+    if (env && strcmp(env, "scalar") == 0) return DS4N_SIMD_SCALAR;
+    if (env && strcmp(env, "avx2") == 0) return DS4N_SIMD_AVX2;
+    if (env && strcmp(env, "neon") == 0) return DS4N_SIMD_NEON;
+    if (cpu_has(DS4N_SIMD_AVX2)) return DS4N_SIMD_AVX2;
+    if (cpu_has(DS4N_SIMD_NEON)) return DS4N_SIMD_NEON;
+    return DS4N_SIMD_SCALAR;
+}
+
+int ds4n_set_simd(int level) {
+    if (level == DS4N_SIMD_AUTO) level = best_level();
+    if (!cpu_has(level)) level = DS4N_SIMD_SCALAR;
+    const struct ds4n_kernel_set *set = kernel_set(level), *scalar = &ds4n_scalar_set;
+    for (int t = 0; t < DS4N_TYPE_SLOTS; t++) {
+        active[t].dequantize = set->row[t].dequantize ? set->row[t].dequantize : scalar->row[t].dequantize;
+        active[t].dot = set->row[t].dot ? set->row[t].dot : scalar->row[t].dot;
+    }
+    active_tile = set->tile;
+    active_level = level;
+    return level;
+}
+
+int ds4n_simd_level(void) {
+    return active_level;
+}
+
+const struct ds4n_row_kernels *ds4n_active_kernels(int type) {
+    return ds4n_traits(type) ? &active[type] : NULL;
+}
+
+ds4n_tile_fn ds4n_active_tile(void) {
+    return active_tile;
+}
+
+/* Chosen at load, before any kernel call (and so before any worker thread exists). */
+__attribute__((constructor)) static void choose_at_load(void) { ds4n_set_simd(DS4N_SIMD_AUTO); }

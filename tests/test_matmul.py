@@ -1,0 +1,113 @@
+"""ds4n_matmul (decode matvec and blocked prefill GEMM) against float64 numpy, over the
+types models use, token counts on and off the tile sizes, odd row counts, 1 and 2 threads."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from ds4d.engine import native
+from tests.test_kernels import LEVELS, random_weights, reference
+
+MODEL_TYPES = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32", "IQ2_XXS", "Q5_K", "BF16"]
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1thread", "2threads"])
+def pool(request: pytest.FixtureRequest):
+    with native.Pool(request.param) as p:
+        yield p
+
+
+def check(qtype: str, rows: int, K: int, T: int, pool: native.Pool | None, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    raw = random_weights(qtype, rows, K, rng)
+    W = reference(qtype, raw).reshape(rows, K).astype(np.float64)
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    got = native.matmul(pool, qtype, raw, rows, K, X)
+    exact = X.astype(np.float64) @ W.T
+    bound = 3e-6 * (np.abs(X).astype(np.float64) @ np.abs(W).T) + 1e-30
+    err = np.abs(got - exact)
+    assert (err <= bound).all(), f"max err {err.max()} (bound there {bound.flat[err.argmax()]})"
+
+
+@pytest.mark.parametrize("T", [1, 2, 5, 64, 130])
+@pytest.mark.parametrize("qtype", MODEL_TYPES)
+def test_matmul_matches_float64(qtype: str, T: int, pool: native.Pool) -> None:
+    check(qtype, rows=37, K=512, T=T, pool=pool)
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=[native.SIMD_NAMES[x] for x in LEVELS])
+@pytest.mark.parametrize("T", [1, 7])
+def test_matmul_every_simd_level(level: int, T: int, pool: native.Pool) -> None:
+    native.set_simd(level)
+    try:
+        for qtype in ("Q4_1", "Q8_0", "Q4_K"):
+            check(qtype, rows=21, K=768, T=T, pool=pool, seed=T)
+    finally:
+        native.set_simd(native.SIMD_AUTO)
+
+
+@pytest.mark.parametrize("K", [1, 7, 13, 300, 1000])
+def test_matmul_float_rows_of_any_length(K: int, pool: native.Pool) -> None:
+    for T in (1, 4):
+        check("F32", rows=5, K=K, T=T, pool=pool)
+        check("F16", rows=3, K=K, T=T, pool=pool)
+
+
+def test_matmul_long_rows_span_several_panels(pool: native.Pool) -> None:
+    check("Q4_1", rows=9, K=1536 + 32, T=11, pool=pool)
+
+
+def test_matmul_without_pool_and_fewer_rows_than_threads() -> None:
+    check("Q8_0", rows=1, K=64, T=3, pool=None)
+    with native.Pool(2) as p:
+        check("Q8_0", rows=1, K=64, T=3, pool=p)
+        check("Q8_0", rows=2, K=64, T=1, pool=p)
+
+
+def test_matmul_writes_into_out_and_checks_shapes() -> None:
+    rng = np.random.default_rng(5)
+    raw = random_weights("Q4_1", 8, 64, rng)
+    X = rng.standard_normal((3, 64)).astype(np.float32)
+    out = np.full((3, 8), np.nan, dtype=np.float32)
+    assert native.matmul(None, "Q4_1", raw, 8, 64, X, out=out) is out
+    assert np.isfinite(out).all()
+    with pytest.raises(ValueError):
+        native.matmul(None, "Q4_1", raw, 8, 64, X, out=np.empty((8, 3), np.float32))
+    with pytest.raises(ValueError):
+        native.matmul(None, "Q4_1", raw, 9, 64, X)  # W too small
+    with pytest.raises(ValueError):
+        native.matmul(None, "Q4_1", raw, 8, 64, X.astype(np.float64))
+
+
+def test_pool_runs_every_share_once() -> None:
+    calls: list[tuple[int, int]] = []
+
+    @native.POOL_FN
+    def task(ctx: int | None, ith: int, nth: int) -> None:
+        calls.append((ith, nth))
+
+    with native.Pool(2) as p:
+        assert p.threads == 2
+        for _ in range(50):
+            native.lib.ds4n_pool_run(p.handle, task, None)
+    assert sorted(calls) == sorted([(0, 2), (1, 2)] * 50)
+
+
+def test_matmul_part_covers_all_rows_once() -> None:
+    rng = np.random.default_rng(6)
+    rows, K, T = 23, 96, 4
+    raw = random_weights("Q4_1", rows, K, rng)
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    whole = native.matmul(None, "Q4_1", raw, rows, K, X)
+    parts = np.full((T, rows), np.nan, dtype=np.float32)
+    fptr = ctypes.POINTER(ctypes.c_float)
+    for nth in (3,):
+        for ith in range(nth):
+            native.lib.ds4n_matmul_part(
+                native.Q4_1, raw.ctypes.data, rows, K, X.ctypes.data_as(fptr), T,
+                parts.ctypes.data_as(fptr), ith, nth,
+            )  # fmt: skip
+    np.testing.assert_array_equal(parts, whole)
