@@ -226,13 +226,13 @@ def resolve_config(args: argparse.Namespace | None = None,
     config_file, must_exist = _config_file_path(ns.get("config"), env)
     if config_file is not None and (must_exist or config_file.is_file()):
         for key, raw in _read_toml(config_file).items():
-            values[key] = _coerce(key, raw, str(config_file))
+            values[key] = _coerce(key, raw, str(config_file), text=False)
             sources[key] = str(config_file)
 
     overrides_file = overrides_path(ns.get("config_overrides"), env)
     if overrides_file.is_file():
         for key, raw in _read_toml(overrides_file).items():
-            values[key] = _coerce(key, raw, str(overrides_file))
+            values[key] = _coerce(key, raw, str(overrides_file), text=False)
             sources[key] = str(overrides_file)
 
     for key in KEY_NAMES:
@@ -319,7 +319,9 @@ def parse_value(key: str, raw: Any, source: str = "command line") -> Any:
     return value
 
 
-def _coerce(key: str, raw: Any, source: str) -> Any:
+def _coerce(key: str, raw: Any, source: str, text: bool = True) -> Any:
+    """`raw` as `key`'s type. Strings are parsed only when `text` (environment, command
+    line, ds4ctl); a TOML file must use the right TOML type."""
     kind = _key_types()[key]
 
     def bad(expected: str) -> ConfigError:
@@ -328,13 +330,13 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
     if kind is bool:
         if isinstance(raw, bool):
             return raw
-        if isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
+        if text and isinstance(raw, str) and raw.strip().lower() in _TRUE | _FALSE:
             return raw.strip().lower() in _TRUE
         raise bad("true or false")
     if kind is int:
         if isinstance(raw, int) and not isinstance(raw, bool):
             return raw
-        if isinstance(raw, str):
+        if text and isinstance(raw, str):
             try:
                 return int(raw.strip(), 10)
             except ValueError:
@@ -343,7 +345,7 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
     if kind is float:
         if isinstance(raw, (int, float)) and not isinstance(raw, bool):
             return float(raw)
-        if isinstance(raw, str):
+        if text and isinstance(raw, str):
             try:
                 return float(raw.strip())
             except ValueError:
@@ -354,7 +356,7 @@ def _coerce(key: str, raw: Any, source: str) -> Any:
             return raw
         raise bad("a string")
     if kind == list[str]:
-        if isinstance(raw, str):  # env / ds4ctl: comma separated
+        if text and isinstance(raw, str):  # env / ds4ctl: comma separated
             return [s.strip() for s in raw.split(",") if s.strip()]
         if isinstance(raw, list) and all(isinstance(s, str) for s in raw):
             return list(raw)

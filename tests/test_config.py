@@ -1,0 +1,222 @@
+"""Config: precedence, validation messages, the documented defaults, live reloads."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import re
+import time
+from pathlib import Path
+
+import pytest
+import tomllib
+import trio
+
+from ds4d.daemon.admin import AdminError
+from ds4d.daemon.config import (
+    KEY_NAMES,
+    RELOADABLE,
+    Config,
+    ConfigError,
+    add_serve_arguments,
+    load_config,
+    resolve_config,
+)
+from ds4d.daemon.reload import LiveConfig, watch_files
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> dict[str, str]:
+    """An environment whose default config/state locations are inside tmp_path."""
+    return {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+            "XDG_STATE_HOME": str(tmp_path / "state")}
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_defaults_without_any_source(home):
+    resolved = resolve_config(parse(), home)
+    assert resolved.config == Config()
+    assert set(resolved.sources.values()) == {"built-in"}
+    assert resolved.config_file == Path(home["XDG_CONFIG_HOME"]) / "ds4d" / "ds4d.toml"
+
+
+def test_precedence_file_overrides_env_cli(home):
+    write(Path(home["XDG_CONFIG_HOME"]) / "ds4d" / "ds4d.toml",
+          "power = 10\nslots = 3\nport = 9001\nlog_level = 'debug'\n")
+    write(Path(home["XDG_STATE_HOME"]) / "ds4d" / "overrides.toml", "power = 20\nslots = 4\n")
+    env = {**home, "DS4D_POWER": "30", "DS4D_API_KEYS": "a, b"}
+    resolved = resolve_config(parse("--power", "40", "--no-kv-disk"), env)
+    c = resolved.config
+    assert (c.power, c.slots, c.port, c.log_level) == (40, 4, 9001, "debug")
+    assert c.api_keys == ["a", "b"] and c.kv_disk is False
+    src = resolved.sources
+    assert src["power"] == "--power" and src["kv_disk"] == "--no-kv-disk"
+    assert src["slots"].endswith("overrides.toml") and src["port"].endswith("ds4d.toml")
+    assert src["api_keys"] == "DS4D_API_KEYS" and src["host"] == "built-in"
+
+
+def test_explicit_config_file_and_system_fallback(home, tmp_path):
+    explicit = write(tmp_path / "mine.toml", "slots = 5\n")
+    assert load_config(parse("--config", str(explicit)), home).slots == 5
+    assert load_config(parse(), {**home, "DS4D_CONFIG": str(explicit)}).slots == 5
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(parse("--config", str(tmp_path / "missing.toml")), home)
+
+
+@pytest.mark.parametrize("argv, env, file, pattern", [
+    (["--power", "0"], {}, None, r"^power=0 \(--power\): must be between 1 and 100$"),
+    (["--port", "eighty"], {}, None, r"^port='eighty' \(--port\): expected an integer$"),
+    ([], {"DS4D_TRACE_CONTENT": "maybe"}, None,
+     r"^trace_content='maybe' \(DS4D_TRACE_CONTENT\): expected true or false$"),
+    ([], {"DS4D_SLOTS": "0"}, None, r"^slots=0 \(DS4D_SLOTS\): must be between 1 and 64$"),
+    ([], {}, "powr = 5\n", r"ds4d\.toml: unknown key 'powr'$"),
+    ([], {}, "power = '50'\n", r"^power='50' \(.*ds4d\.toml\): expected an integer$"),
+    ([], {}, "power = \n", r"ds4d\.toml: invalid TOML"),
+    ([], {}, "log_level = 'loud'\n", r"log_level='loud' .*must be one of debug, info"),
+    ([], {}, "kv_cache_min_tokens = 600\nkv_cache_cold_max_tokens = 100\n",
+     r"kv_cache_cold_max_tokens=100 .*must be 0 or at least kv_cache_min_tokens \(600\)"),
+])
+def test_invalid_values_name_key_and_source(home, argv, env, file, pattern):
+    if file is not None:
+        write(Path(home["XDG_CONFIG_HOME"]) / "ds4d" / "ds4d.toml", file)
+    with pytest.raises(ConfigError) as info:
+        load_config(parse(*argv), {**home, **env})
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.search(pattern, message), message
+
+
+def test_etc_file_documents_every_key_with_its_default():
+    text = (REPO / "etc" / "ds4d.toml").read_text()
+    assert tomllib.loads(text) == {}, "etc/ds4d.toml must set nothing (defaults only)"
+    documented = tomllib.loads("\n".join(
+        line[1:] for line in text.splitlines() if re.match(r"^#[a-z_]+ = ", line)))
+    defaults = dataclasses.asdict(Config())
+    assert sorted(documented) == sorted(KEY_NAMES)
+    assert documented == defaults
+    for key in RELOADABLE:  # the [live] marks match the code
+        block = text[:text.index(f"#{key} = ")].rsplit("\n\n", 1)[-1]
+        assert "[live]" in block, f"{key} is reloadable but not marked [live]"
+
+
+def test_every_key_has_a_flag_and_an_env_name(home):
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    dests = {a.dest for a in parser._actions}
+    assert set(KEY_NAMES) <= dests
+    env = {**home, **{f"DS4D_{k.upper()}": "1" for k in ("slots", "threads", "top_k")}}
+    c = load_config(parse(), env)
+    assert (c.slots, c.threads, c.top_k) == (1, 1, 1)
+
+
+# --- live reloads --------------------------------------------------------------------
+
+
+def live_for(home: dict[str, str], text: str) -> tuple[LiveConfig, Path, list]:
+    path = write(Path(home["XDG_CONFIG_HOME"]) / "ds4d" / "ds4d.toml", text)
+    live = LiveConfig.load(parse(), home)
+    seen: list = []
+    live.subscribe(lambda config, changed: seen.append((config, changed)))
+    return live, path, seen
+
+
+def test_reload_applies_live_keys_and_reports_the_rest(home):
+    live, path, seen = live_for(home, "power = 100\nslots = 2\n")
+    path.write_text("power = 40\nslots = 3\napi_keys = ['k1']\n")
+    outcome = live.reload()
+    assert sorted(outcome["applied"]) == ["api_keys", "power"]
+    assert outcome["restart_required"] == ["slots"]
+    assert live.current.power == 40 and live.current.slots == 2  # slots kept
+    assert seen[-1][1] == ["api_keys", "power"]
+
+
+def test_invalid_edit_is_rejected_and_logged(home, caplog):
+    live, path, seen = live_for(home, "power = 70\n")
+    path.write_text("power = 170\n")
+    with caplog.at_level(logging.ERROR, logger="ds4d.config"):
+        with pytest.raises(AdminError, match=r"power=170 .*must be between 1 and 100"):
+            live.reload()
+    assert live.current.power == 70 and not seen
+    assert "reload rejected" in caplog.text
+    path.write_text("power = 60\n")  # the next good edit still applies
+    live.reload()
+    assert live.current.power == 60
+
+
+def test_runtime_value_lasts_until_the_file_changes_that_key(home):
+    live, path, _ = live_for(home, "power = 100\nlog_level = 'info'\n")
+    live.set_runtime("power", 25)
+    path.write_text("power = 100\nlog_level = 'debug'\n")
+    live.reload()
+    assert (live.current.power, live.current.log_level) == (25, "debug")
+    path.write_text("power = 80\nlog_level = 'debug'\n")
+    live.reload()
+    assert live.current.power == 80
+    with pytest.raises(AdminError, match="restart required"):
+        live.set_runtime("slots", 4)
+    with pytest.raises(AdminError, match="must be between"):
+        live.set_runtime("power", 0)
+
+
+def test_config_set_writes_overrides_and_keeps_the_users_file(home):
+    original = "# my settings\npower = 90  # keep this comment\n"
+    live, path, _ = live_for(home, original)
+    result = live.set_persistent("power", "35")
+    assert result["value"] == 35 and result["applied"] == ["power"]
+    assert path.read_text() == original
+    overrides = Path(result["written"])
+    assert tomllib.loads(overrides.read_text()) == {"power": 35}
+    assert overrides.stat().st_mode & 0o777 == 0o600
+    live.set_persistent("api_keys", "x,y")
+    assert tomllib.loads(overrides.read_text()) == {"power": 35, "api_keys": ["x", "y"]}
+    assert live.get("power")["sources"]["power"] == str(overrides)
+    restart = live.set_persistent("slots", "3")
+    assert restart["restart_required"] == ["slots"] and live.current.slots == 2
+    with pytest.raises(AdminError, match="expected an integer"):
+        live.set_persistent("power", "lots")
+    with pytest.raises(AdminError, match="unknown config key"):
+        live.set_persistent("powr", "1")
+    assert tomllib.loads(overrides.read_text())["power"] == 35
+
+
+def test_config_set_reports_a_masking_command_line_flag(home):
+    write(Path(home["XDG_CONFIG_HOME"]) / "ds4d" / "ds4d.toml", "")
+    live = LiveConfig.load(parse("--power", "90"), home)
+    result = live.set_persistent("power", "20")
+    assert result["masked_by"] == "--power" and live.current.power == 90
+
+
+def test_file_watcher_applies_an_edit_within_two_seconds(home):
+    live, path, seen = live_for(home, "power = 100\n")
+
+    async def main() -> float:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watch_files, live)
+            await trio.sleep(0.3)  # let the watcher settle
+            start = time.monotonic()
+            tmp = path.with_suffix(".swp")
+            tmp.write_text("power = 45\n")
+            tmp.replace(path)  # how editors save: write aside, rename over
+            with trio.fail_after(2.0):
+                while live.current.power != 45:
+                    await trio.sleep(0.02)
+            elapsed = time.monotonic() - start
+            nursery.cancel_scope.cancel()
+        return elapsed
+
+    assert trio.run(main) < 2.0
+    assert seen and seen[-1][1] == ["power"]
