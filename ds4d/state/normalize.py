@@ -1,4 +1,4 @@
-"""Agent-client normalisation of prompt text before rendering (docs/agent-clients.md).
+"""Agent-client normalisation of prompt text before rendering (docs/kv-cache-format.md, "prompt normalisation").
 
 Claude Code starts its system prompt with a line like
 
@@ -7,7 +7,7 @@ Claude Code starts its system prompt with a line like
 for Anthropic's billing. `cch` changes on every request and the `cc_version` suffix per
 conversation, and the line sits at the very start of the prompt: left in, no two
 requests would share a cached prefix. It means nothing to a local model, so the whole
-line is dropped. Switchable (config `normalize_agent_headers`, on by default).
+line is dropped. Switchable (config `normalize_claude_billing_header`, on by default).
 """
 
 from __future__ import annotations
