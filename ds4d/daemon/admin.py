@@ -91,14 +91,15 @@ def error_reply(code: str, message: str) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "ok": False, "error": {"code": code, "message": message}}
 
 
-def call(path: Path, cmd: str, timeout: float = 30.0, **args: Any) -> Any:
+def call(path: Path, cmd: str, args: Mapping[str, Any] | None = None, *,
+         timeout: float = 30.0) -> Any:
     """Blocking client: send one request, return the result or raise AdminError.
 
     OSError (e.g. FileNotFoundError, ConnectionRefusedError) means no daemon there."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(encode(request(cmd, **args)))
+        sock.sendall(encode(request(cmd, **(args or {}))))
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = sock.recv(65536)

@@ -1,0 +1,261 @@
+"""ds4ctl: inspect and steer a running ds4d through its admin socket.
+
+Exit status: 0 success, 1 the daemon refused or the command failed, 2 no daemon could be
+reached (the message names the socket path tried) or bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ds4d.daemon.admin import AdminError, call, default_socket_path
+
+EXIT_FAILED = 1
+EXIT_UNREACHABLE = 2
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '15m', '6h', '2d', '1w' -> seconds."""
+    m = _DURATION.match(text.lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 15m, 6h, 2d)")
+    return float(m.group(1)) * _UNIT_SECONDS[m.group(2)]
+
+
+def _power_level(text: str) -> int:
+    try:
+        level = int(text)
+    except ValueError:
+        level = 0
+    if not 1 <= level <= 100:
+        raise argparse.ArgumentTypeError(f"power is an integer from 1 to 100, not {text!r}")
+    return level
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ds4ctl", description=__doc__.splitlines()[0])
+    parser.add_argument("--socket", metavar="PATH", type=Path, default=None,
+                        help="admin socket (default: $DS4D_ADMIN_SOCKET, else "
+                             "$XDG_RUNTIME_DIR/ds4d/ds4d.sock)")
+    parser.add_argument("--json", action="store_true", help="print the raw JSON result")
+    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sub.add_parser("status", help="model, uptime, slots, queue, power, trace, cache")
+    sub.add_parser("slots", help="the resident KV slots")
+
+    cache = sub.add_parser("cache", help="the disk KV cache").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    cache.add_parser("ls", help="list checkpoints")
+    evict = cache.add_parser("evict", help="remove checkpoints")
+    evict.add_argument("prefix", nargs="?", help="checkpoint name prefix")
+    evict.add_argument("--all", action="store_true", help="remove every checkpoint")
+    evict.add_argument("--older-than", type=parse_duration, metavar="DURATION",
+                       help="unused for longer than this (90s, 15m, 6h, 2d)")
+    cache.add_parser("stats", help="hits, misses, bytes, evictions")
+
+    trace = sub.add_parser("trace", help="per-request trace file").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    on = trace.add_parser("on", help="start tracing (to PATH, else the configured file)")
+    on.add_argument("path", nargs="?")
+    trace.add_parser("off", help="stop tracing")
+    trace.add_parser("status", help="is tracing on, and where")
+
+    power = sub.add_parser("power", help="show or set the compute share (1-100)")
+    power.add_argument("level", nargs="?", type=_power_level)
+
+    config = sub.add_parser("config", help="the running configuration").add_subparsers(
+        dest="action", metavar="ACTION", required=True)
+    get = config.add_parser("get", help="show all keys, or one")
+    get.add_argument("key", nargs="?")
+    set_ = config.add_parser("set", help="validate and persist KEY=VALUE, then reload")
+    set_.add_argument("key")
+    set_.add_argument("value")
+    config.add_parser("reload", help="re-read the config files now")
+
+    sub.add_parser("stop", help="graceful shutdown")
+    return parser
+
+
+def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    cmd, action = args.command, getattr(args, "action", None)
+    if cmd == "cache" and action == "evict":
+        return "cache.evict", {k: v for k, v in (("prefix", args.prefix), ("all", args.all),
+                                                  ("older_than", args.older_than)) if v}
+    if cmd == "trace" and action == "on":
+        path = str(Path(args.path).expanduser().absolute()) if args.path else None
+        return "trace.on", {"path": path} if path else {}
+    if cmd == "power":
+        return "power", {"level": args.level} if args.level is not None else {}
+    if cmd == "config" and action == "get":
+        return "config.get", {"key": args.key} if args.key else {}
+    if cmd == "config" and action == "set":
+        return "config.set", {"key": args.key, "value": args.value}
+    return (f"{cmd}.{action}" if action else cmd), {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.command, getattr(args, "action", None)) == ("cache", "evict") and not (
+            args.prefix or args.all or args.older_than is not None):
+        parser.error("cache evict needs a PREFIX, --all or --older-than")
+    path = args.socket or default_socket_path()
+    cmd, params = _request(args)
+    try:
+        result = call(path, cmd, params, timeout=args.timeout)
+    except (FileNotFoundError, ConnectionRefusedError):
+        print(f"ds4ctl: ds4d is not running (no daemon answers on {path})", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except PermissionError:
+        print(f"ds4ctl: permission denied on {path} (the daemon runs as another user?)",
+              file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except TimeoutError:
+        print(f"ds4ctl: no reply from {path} within {args.timeout:g}s", file=sys.stderr)
+        return EXIT_FAILED
+    except OSError as e:
+        print(f"ds4ctl: cannot reach ds4d at {path}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except AdminError as e:
+        print(f"ds4ctl: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        print(render(cmd, result))
+    return 0
+
+
+# --------------------------------------------------------------------------------------
+# Human output
+
+_SLOT_COLUMNS = ("id", "state", "tokens", "ctx", "last_used", "request")
+_CACHE_COLUMNS = ("name", "reason", "tokens", "bytes", "hits", "last_used", "score")
+
+
+def render(cmd: str, result: Any) -> str:
+    if cmd == "slots":
+        return table(result, _SLOT_COLUMNS)
+    if cmd == "cache.ls":
+        return table(result, _CACHE_COLUMNS) if result else "(no checkpoints)"
+    if cmd == "cache.evict":
+        return f"evicted {result['evicted']} checkpoint(s)"
+    if cmd in ("trace.on", "trace.off", "trace.status"):
+        if not result["enabled"]:
+            return "trace: off"
+        return f"trace: on -> {result['path']}" + (" (with prompts and output)"
+                                                   if result.get("content") else "")
+    if cmd == "power":
+        return f"power: {result['power']}%"
+    if cmd == "config.get":
+        values, sources = result["values"], result["sources"]
+        width = max(len(k) for k in values)
+        return "\n".join(f"{k:<{width}}  {json.dumps(v)}  ({sources[k]})"
+                         for k, v in values.items())
+    if cmd in ("config.set", "config.reload"):
+        lines = []
+        if cmd == "config.set":
+            lines.append(f"{result['key']} = {json.dumps(result['value'])} "
+                         f"(written to {result['written']})")
+            if result.get("masked_by"):
+                lines.append(f"note: {result['masked_by']} takes precedence over the file")
+        lines.append("applied: " + (", ".join(result["applied"]) or "nothing changed"))
+        if result["restart_required"]:
+            lines.append("restart required for: " + ", ".join(result["restart_required"]))
+        return "\n".join(lines)
+    if cmd == "stop":
+        return "ds4d is stopping"
+    return key_values(result)
+
+
+def key_values(data: Any, prefix: str = "") -> str:
+    """Nested dicts as aligned `key: value` lines (`a.b: 1`)."""
+    flat: list[tuple[str, Any]] = []
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict) and value:
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        else:
+            flat.append((key, value))
+
+    walk(data, prefix)
+    if not flat:
+        return ""
+    width = max(len(k) for k, _ in flat)
+    return "\n".join(f"{k + ':':<{width + 1}} {_cell(k, v)}" for k, v in flat)
+
+
+def table(rows: list[dict[str, Any]], preferred: tuple[str, ...] = ()) -> str:
+    if not rows:
+        return "(none)"
+    keys: list[str] = [k for k in preferred if any(k in r for r in rows)]
+    for row in rows:
+        keys += [k for k in row if k not in keys and not isinstance(row[k], (dict, list))]
+    cells = [[_cell(k, r.get(k)) for k in keys] for r in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.upper().ljust(w) for k, w in zip(keys, widths, strict=True)).rstrip()]
+    for c in cells:
+        lines.append("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)).rstrip())
+    return "\n".join(lines)
+
+
+def _cell(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    leaf = key.rsplit(".", 1)[-1]
+    if isinstance(value, (int, float)):
+        if leaf in ("created", "last_used") and value > 1e9:
+            return _ago(time.time() - value)
+        if leaf in ("bytes", "size", "budget_bytes", "bytes_used", "bytes_written",
+                    "evicted_bytes", "daily_write_bytes"):
+            return _size(value)
+        if leaf in ("uptime", "uptime_s"):
+            return _span(value)
+        if isinstance(value, float):
+            return f"{value:.3g}"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "-"
+    return str(value)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)  # pragma: no cover
+
+
+def _span(seconds: float) -> str:
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    return (f"{d}d " if d else "") + f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{max(0, int(seconds))}s ago"
+    if seconds < 5400:
+        return f"{int(seconds // 60)}m ago"
+    if seconds < 172800:
+        return f"{int(seconds // 3600)}h ago"
+    return f"{int(seconds // 86400)}d ago"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
