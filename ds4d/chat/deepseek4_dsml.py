@@ -1,0 +1,653 @@
+"""DSML, DeepSeek V4's tool-call syntax: rendering calls into a prompt, parsing them out
+of generated text incrementally, and tracking where sampling must be greedy.
+
+    <｜DSML｜tool_calls>
+    <｜DSML｜invoke name="NAME">
+    <｜DSML｜parameter name="KEY" string="true">raw text</｜DSML｜parameter>
+    <｜DSML｜parameter name="KEY" string="false">{"json": 1}</｜DSML｜parameter>
+    </｜DSML｜invoke>
+    </｜DSML｜tool_calls>
+
+The parser also accepts the two degraded spellings models sometimes produce: a "short"
+marker without the first bar (`<DSML｜tool_calls>`) and plain XML (`<tool_calls>`).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ds4d.chat.stream import new_tool_call_id, partial_suffix_len
+from ds4d.chat.types import (
+    Event,
+    TextDelta,
+    ToolCall,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+DSML = "｜DSML｜"
+# Tag-name prefixes of the three dialects, in the order ds4 prefers them.
+DIALECTS: tuple[str, ...] = (DSML, "DSML｜", "")
+PARAM_END = f"</{DSML}parameter>"
+
+_ENTITIES = {"&amp;": "&", "&lt;": "<", "&gt;": ">", "&quot;": '"', "&apos;": "'"}
+_ENTITY_RE = re.compile("|".join(_ENTITIES))
+_LONGEST_ENTITY = max(len(e) for e in _ENTITIES)
+_JSON = json.JSONDecoder()
+_WS = " \t\r\n"
+
+
+# ---- rendering (history -> prompt) -----------------------------------------------------
+
+
+def attr_escape(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+
+
+def entity_decode(s: str) -> str:
+    return _ENTITY_RE.sub(lambda m: _ENTITIES[m.group()], s)
+
+
+def minify_json(raw: str) -> str:
+    """`raw` with the whitespace outside JSON strings removed (nothing else checked)."""
+    out: list[str] = []
+    in_string = escaped = False
+    for c in raw:
+        if in_string:
+            out.append(c)
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+            out.append(c)
+        elif c not in _WS:
+            out.append(c)
+    return "".join(out)
+
+
+def json_object_members(text: str) -> list[tuple[str, str, bool]] | None:
+    """Top-level members of a JSON object, in their own order, duplicates kept:
+    (key, value, is_string) where a string value is decoded and any other value is its
+    minified JSON text. None when `text` is not a JSON object."""
+    i = _skip_ws(text, 0)
+    if i >= len(text) or text[i] != "{":
+        return None
+    members: list[tuple[str, str, bool]] = []
+    i = _skip_ws(text, i + 1)
+    try:
+        while i < len(text) and text[i] != "}":
+            key, i = _JSON.raw_decode(text, i)
+            if not isinstance(key, str):
+                return None
+            i = _skip_ws(text, i)
+            if i >= len(text) or text[i] != ":":
+                return None
+            start = _skip_ws(text, i + 1)
+            value, i = _JSON.raw_decode(text, start)
+            if isinstance(value, str):
+                members.append((key, value, True))
+            else:
+                members.append((key, minify_json(text[start:i]), False))
+            i = _skip_ws(text, i)
+            if i < len(text) and text[i] == ",":
+                i = _skip_ws(text, i + 1)
+    except ValueError:
+        return None
+    if i >= len(text) or text[i] != "}" or text[i + 1 :].strip(_WS):
+        return None
+    return members
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i] in _WS:
+        i += 1
+    return i
+
+
+def _parameter(key: str, value: str, is_string: bool) -> str:
+    if is_string:
+        body = value.replace(PARAM_END, "&lt;" + PARAM_END[1:])
+    else:
+        body = value.replace(PARAM_END, "\\u003c" + PARAM_END[1:])
+    flag = "true" if is_string else "false"
+    return f'<{DSML}parameter name="{attr_escape(key)}" string="{flag}">{body}{PARAM_END}\n'
+
+
+def render_tool_calls(calls: Sequence[ToolCall]) -> str:
+    """The canonical DSML block for an assistant turn's calls (with its leading blank
+    line); arguments keep their own key order, non-string values are minified."""
+    if not calls:
+        return ""
+    parts = [f"\n\n<{DSML}tool_calls>\n"]
+    for call in calls:
+        parts.append(f'<{DSML}invoke name="{attr_escape(call.name)}">\n')
+        members = json_object_members(call.arguments)
+        if members is None:  # not an object: keep the raw text as one string
+            parts.append(_parameter("arguments", call.arguments, True))
+        else:
+            parts.extend(_parameter(k, v, s) for k, v, s in members)
+        parts.append(f"</{DSML}invoke>\n")
+    parts.append(f"</{DSML}tool_calls>")
+    return "".join(parts)
+
+
+# ---- incremental parsing (generated text -> events) -----------------------------------
+
+
+def _tags(prefix: str) -> dict[str, str]:
+    return {
+        "start": f"<{prefix}tool_calls>",
+        "end": f"</{prefix}tool_calls>",
+        "invoke": f"<{prefix}invoke",
+        "invoke_end": f"</{prefix}invoke>",
+        "param": f"<{prefix}parameter",
+        "param_end": f"</{prefix}parameter>",
+    }
+
+
+_TAGS = {p: _tags(p) for p in DIALECTS}
+_STARTS = [(p, _TAGS[p]["start"]) for p in DIALECTS]
+
+
+def _attr(tag: str, name: str) -> str | None:
+    """Entity-decoded value of attribute `name` inside an opening tag, or None."""
+    key = f'{name}="'
+    i = tag.find(key)
+    if i < 0:
+        return None
+    j = tag.find('"', i + len(key))
+    if j < 0:
+        return None
+    return entity_decode(tag[i + len(key) : j])
+
+
+def _find_start(text: str) -> tuple[int, str] | None:
+    """Earliest tool-block start marker in `text`: (position, dialect prefix)."""
+    best: tuple[int, str] | None = None
+    for prefix, marker in _STARTS:
+        i = text.find(marker)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, prefix)
+    return best
+
+
+def _partial_start_len(text: str) -> int:
+    return max(partial_suffix_len(text, marker) for _, marker in _STARTS)
+
+
+class _Malformed(Exception):
+    pass
+
+
+@dataclass
+class _Container:
+    """An invoke's arguments, or the object of a loose nested parameter."""
+
+    index: int
+    name: str
+    members: list[tuple[str, str]] = field(default_factory=list)  # (key, JSON value)
+
+
+@dataclass
+class _Leaf:
+    key: str
+    is_string: bool
+    raw: list[str] = field(default_factory=list)
+    emitted: bool = False  # non-string: something besides whitespace was streamed
+
+
+class DSMLToolParser:
+    """Answer text in, events out: the text before a tool block, then per invoke a
+    ToolCallStart, argument fragments whose concatenation is the arguments JSON, and a
+    ToolCallEnd with the compact arguments.
+
+    However the text is split into pieces, the events carry the same text. Trailing
+    whitespace and a possible partial start marker are held back, because whitespace
+    before a block is syntax, not content. Text after a block's end tag passes through as
+    text. A malformed block is never lost: what was not parsed comes out as text (all of
+    it if no call was announced from it), as ds4 returns invalid tool calls as text.
+    """
+
+    def __init__(self, id_prefix: str = "call_") -> None:
+        self.id_prefix = id_prefix
+        self.count = 0
+        self.calls: list[tuple[str, str, str]] = []  # (id, name, arguments)
+        self.raw_blocks: list[str] = []  # exact text of each complete block, for replay
+        self.started = False  # a block start marker was seen
+        self.ended = False  # ...and a block end tag
+        self.malformed = False
+        self._buf = ""
+        self._tags: dict[str, str] | None = None  # inside a block: its dialect's tags
+        self._raw: list[str] = []  # the current block's text so far
+        self._block_calls = 0
+        self._invoke: _Container | None = None
+        self._object: _Container | None = None  # a loose nested parameter's object
+        self._leaf: _Leaf | None = None
+        self._failed = False  # after a malformed block everything is text
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [ToolCall(i, n, a) for i, n, a in self.calls]
+
+    def feed(self, piece: str) -> list[Event]:
+        self._buf += piece
+        return self._run(final=False)
+
+    def flush(self) -> list[Event]:
+        out = self._run(final=True)
+        if self._tags is not None:  # generation stopped inside the block
+            self._fail(out)
+        text, self._buf = self._buf, ""
+        if text and not (self.count and not text.strip(_WS)):
+            out.append(TextDelta(text))
+        return out
+
+    def _run(self, final: bool) -> list[Event]:
+        out: list[Event] = []
+        try:
+            while self._step(out, final):
+                pass
+        except _Malformed:
+            self._fail(out)
+        return out
+
+    # -- one step consumes some input, or returns False to wait for more --------------
+
+    def _step(self, out: list[Event], final: bool) -> bool:
+        if self._failed:
+            if self._buf:
+                out.append(TextDelta(self._buf))
+                self._buf = ""
+            return False
+        if self._tags is None:
+            return self._text_step(out, final)
+        if self._leaf is not None:
+            return self._leaf_step(out, final)
+        self._consume(len(self._buf) - len(self._buf.lstrip(_WS)))
+        if not self._buf:
+            return False
+        if self._object is not None:
+            return self._object_step(out)
+        if self._invoke is not None:
+            return self._invoke_step(out)
+        return self._block_step(out)
+
+    def _text_step(self, out: list[Event], final: bool) -> bool:
+        found = _find_start(self._buf)
+        if found is None:
+            if not final:
+                keep = _partial_start_len(self._buf)
+                body = self._buf[: len(self._buf) - keep].rstrip(_WS)
+                if body:
+                    out.append(TextDelta(body))
+                self._buf = self._buf[len(body) :]
+            return False
+        pos, prefix = found
+        before = self._buf[:pos]
+        if before.rstrip(_WS):
+            out.append(TextDelta(before.rstrip(_WS)))
+        self._tags = _TAGS[prefix]
+        start = self._tags["start"]
+        # The replayable block includes the blank line ds4's canonical form starts with.
+        self._raw = ["\n\n" + start if before.endswith("\n\n") else start]
+        self._buf = self._buf[pos + len(start) :]
+        self._block_calls = 0
+        self.started = True
+        return True
+
+    def _block_step(self, out: list[Event]) -> bool:
+        tags = self._tags
+        assert tags is not None
+        if self._buf.startswith(tags["end"]):
+            self._consume(len(tags["end"]))
+            self.raw_blocks.append("".join(self._raw))
+            self.ended = True
+            self._tags, self._raw = None, []
+            return True
+        if not self._buf.startswith(tags["invoke"]):
+            return self._wait(tags["end"], tags["invoke"])
+        tag = self._tag()
+        if tag is None:
+            return False
+        name = _attr(tag, "name")
+        if not name:
+            raise _Malformed
+        call_id = new_tool_call_id(self.id_prefix)
+        self._invoke = _Container(self.count, name)
+        self.calls.append((call_id, name, ""))
+        self.count += 1
+        self._block_calls += 1
+        out.append(ToolCallStart(self._invoke.index, call_id, name))
+        out.append(ToolCallArgsDelta(self._invoke.index, "{"))
+        return True
+
+    def _invoke_step(self, out: list[Event]) -> bool:
+        tags = self._tags
+        assert tags is not None
+        if self._buf.startswith(tags["invoke_end"]):
+            self._consume(len(tags["invoke_end"]))
+            self._end_invoke(out)
+            return True
+        if self._buf.startswith(tags["param"]):
+            return self._open_param(out)
+        return self._wait(tags["invoke_end"], tags["param"])
+
+    def _object_step(self, out: list[Event]) -> bool:
+        tags = self._tags
+        assert tags is not None
+        if self._buf.startswith(tags["param"]):
+            return self._open_param(out)
+        # The object ends at anything that is not an inner parameter; its own closing
+        # tag is optional.
+        if self._buf.startswith(tags["param_end"]):
+            self._consume(len(tags["param_end"]))
+        elif not self._buf.startswith(tags["invoke_end"]):
+            return self._wait(tags["param"], tags["param_end"], tags["invoke_end"])
+        self._close_object(out)
+        return True
+
+    def _open_param(self, out: list[Event]) -> bool:
+        tags = self._tags
+        assert tags is not None and self._invoke is not None
+        end = self._buf.find(">")
+        if end < 0:
+            return False
+        tag = self._buf[: end + 1]
+        key = _attr(tag, "name")
+        if key is None:
+            raise _Malformed
+        flag = _attr(tag, "string")
+        container = self._object or self._invoke
+        if flag is None and self._object is None:
+            # ds4's loose-XML recovery: a parameter without `string` whose body opens
+            # another parameter holds a flat object of those parameters.
+            rest = self._buf[end + 1 :].lstrip(_WS)
+            if tags["param"].startswith(rest):
+                return False  # cannot tell yet
+            if rest.startswith(tags["param"]):
+                self._consume(end + 1)
+                self._emit_key(out, container, key, "{")
+                self._object = _Container(self._invoke.index, key)
+                return True
+        self._consume(end + 1)
+        self._leaf = _Leaf(key, flag != "false")
+        self._emit_key(out, container, key, '"' if self._leaf.is_string else "")
+        return True
+
+    def _emit_key(self, out: list[Event], container: _Container, key: str, opener: str) -> None:
+        sep = "," if container.members else ""
+        frag = sep + json.dumps(key, ensure_ascii=False) + ":" + opener
+        out.append(ToolCallArgsDelta(container.index, frag))
+
+    def _leaf_step(self, out: list[Event], final: bool) -> bool:
+        leaf, tags, inv = self._leaf, self._tags, self._invoke
+        assert leaf is not None and tags is not None and inv is not None
+        end_tag = tags["param_end"]
+        i = self._buf.find(end_tag)
+        if i >= 0:
+            body = self._buf[:i]
+        else:
+            keep = 0 if final else partial_suffix_len(self._buf, end_tag)
+            body = self._buf[: len(self._buf) - keep]
+            if leaf.is_string and not final:
+                body = body[: len(body) - _partial_entity_len(body)]
+        self._consume(len(body))
+        leaf.raw.append(body)
+        if body:
+            if leaf.is_string:
+                frag = json.dumps(entity_decode(body), ensure_ascii=False)[1:-1]
+            else:
+                frag = body
+                leaf.emitted = leaf.emitted or bool(body.strip(_WS))
+            if frag:
+                out.append(ToolCallArgsDelta(inv.index, frag))
+        if i < 0:
+            return False
+        self._consume(len(end_tag))
+        self._close_leaf(out)
+        return True
+
+    def _close_leaf(self, out: list[Event]) -> None:
+        leaf, inv = self._leaf, self._invoke
+        assert leaf is not None and inv is not None
+        value = "".join(leaf.raw)
+        if leaf.is_string:
+            json_value = json.dumps(entity_decode(value), ensure_ascii=False)
+            out.append(ToolCallArgsDelta(inv.index, '"'))
+        else:
+            json_value = minify_json(value) or "null"
+            if not leaf.emitted:
+                out.append(ToolCallArgsDelta(inv.index, "null"))
+        (self._object or inv).members.append((leaf.key, json_value))
+        self._leaf = None
+
+    def _close_object(self, out: list[Event]) -> None:
+        obj, inv = self._object, self._invoke
+        assert obj is not None and inv is not None
+        pairs = ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {v}" for k, v in obj.members)
+        inv.members.append((obj.name, "{" + pairs + "}"))
+        out.append(ToolCallArgsDelta(inv.index, "}"))
+        self._object = None
+
+    def _end_invoke(self, out: list[Event]) -> None:
+        inv = self._invoke
+        assert inv is not None
+        out.append(ToolCallArgsDelta(inv.index, "}"))
+        arguments = compact_arguments(inv.members)
+        call_id, name, _ = self.calls[inv.index]
+        self.calls[inv.index] = (call_id, name, arguments)
+        out.append(ToolCallEnd(inv.index, arguments))
+        self._invoke = None
+
+    def _consume(self, n: int) -> str:
+        s, self._buf = self._buf[:n], self._buf[n:]
+        self._raw.append(s)
+        return s
+
+    def _tag(self) -> str | None:
+        """The whole opening tag at the head of the buffer, once its `>` has arrived."""
+        end = self._buf.find(">")
+        return None if end < 0 else self._consume(end + 1)
+
+    def _wait(self, *expected: str) -> bool:
+        if any(e.startswith(self._buf) for e in expected):
+            return False  # a tag still arriving
+        raise _Malformed
+
+    def _fail(self, out: list[Event]) -> None:
+        """Close what was announced (every ToolCallStart gets its ToolCallEnd), then
+        return the unparsed text as text."""
+        self.malformed = True
+        self._failed = True
+        if self._invoke is not None:
+            if self._leaf is not None:
+                if self._leaf.is_string:
+                    out.append(ToolCallArgsDelta(self._invoke.index, '"'))
+                elif not self._leaf.emitted:
+                    out.append(ToolCallArgsDelta(self._invoke.index, "null"))
+                self._leaf = None
+            if self._object is not None:
+                out.append(ToolCallArgsDelta(self._invoke.index, "}"))
+                self._object = None
+            self._end_invoke(out)
+        text = self._buf if self._block_calls else "".join(self._raw) + self._buf
+        self._buf = ""
+        self._tags, self._raw = None, []
+        if text:
+            out.append(TextDelta(text))
+
+
+def _partial_entity_len(text: str) -> int:
+    """Length of a trailing `&...` that could still become one of the five entities."""
+    amp = text.rfind("&", max(0, len(text) - _LONGEST_ENTITY + 1))
+    if amp < 0:
+        return 0
+    tail = text[amp:]
+    return len(tail) if any(e.startswith(tail) and e != tail for e in _ENTITIES) else 0
+
+
+def compact_arguments(members: Sequence[tuple[str, str]]) -> str:
+    """The client-facing arguments: compact JSON, or `{}` when a value is not valid JSON
+    (as ds4 does)."""
+    try:
+        obj = {k: json.loads(v) for k, v in members}
+    except ValueError:
+        return "{}"
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+# ---- where sampling must be greedy ------------------------------------------------------
+
+
+class DSMLState(enum.Enum):
+    OUTSIDE = "outside"  # no tool block open (or the block has ended)
+    STRUCTURAL = "structural"  # tags, attribute values, whitespace between tags
+    STRING_BODY = "string_body"  # a string="true" parameter value
+    JSON_STRUCTURAL = "json_structural"  # a JSON parameter value, outside its strings
+    JSON_STRING = "json_string"  # inside a JSON string of a JSON parameter value
+
+
+_PAYLOAD = (DSMLState.STRING_BODY, DSMLState.JSON_STRING)
+_MAX_START = max(len(m) for _, m in _STARTS)
+
+
+class DSMLTracker:
+    """Classifies the position after the text generated so far, so the generation loop
+    can sample the markup of a tool block greedily while parameter payloads keep the
+    request's sampling. A forgiving recogniser, not a validator (the parser judges the
+    block), and deliberately not gated by thinking: DSML written inside reasoning is
+    tracked too.
+    """
+
+    def __init__(self) -> None:
+        self.state = DSMLState.OUTSIDE
+        self._text = ""
+        self._pos = 0
+        self._tags: dict[str, str] | None = None
+        self._mode = "search"  # search | structural | string | json | done
+        self._in_string = self._escaped = False
+
+    @property
+    def in_block(self) -> bool:
+        return self.state is not DSMLState.OUTSIDE
+
+    @property
+    def greedy(self) -> bool:
+        """The next token is block structure: sample it with temperature 0."""
+        return self.state is not DSMLState.OUTSIDE and self.state not in _PAYLOAD
+
+    def feed(self, piece: str) -> DSMLState:
+        self._text = self._text[self._pos :] + piece
+        self._pos = 0
+        self.state = self._scan()
+        return self.state
+
+    def _scan(self) -> DSMLState:
+        text = self._text
+        while True:
+            if self._mode == "done":
+                return DSMLState.OUTSIDE
+            if self._mode == "search":
+                found = _find_start(text)
+                if found is None:
+                    self._pos = max(0, len(text) - _MAX_START)
+                    return DSMLState.OUTSIDE
+                pos, prefix = found
+                self._tags = _TAGS[prefix]
+                self._pos = pos + len(self._tags["start"])
+                self._mode = "structural"
+            tags = self._tags
+            assert tags is not None
+            if self._mode == "string":
+                i = text.find(tags["param_end"], self._pos)
+                if i < 0:
+                    self._pos = max(self._pos, len(text) - len(tags["param_end"]) + 1)
+                    if _ends_with_partial(text, tags["param_end"]):
+                        return DSMLState.STRUCTURAL
+                    return DSMLState.STRING_BODY
+                self._pos = i + len(tags["param_end"])
+                self._mode = "structural"
+            elif self._mode == "json":
+                state = self._scan_json(text, tags["param_end"])
+                if state is not None:
+                    return state
+            else:
+                state = self._scan_structure(text, tags)
+                if state is not None:
+                    return state
+
+    def _scan_json(self, text: str, end_tag: str) -> DSMLState | None:
+        while self._pos < len(text):
+            if not self._in_string and text.startswith(end_tag, self._pos):
+                self._pos += len(end_tag)
+                self._mode = "structural"
+                return None
+            c = text[self._pos]
+            if not self._in_string and end_tag.startswith(text[self._pos :]):
+                if len(text) - self._pos >= 2:
+                    return DSMLState.STRUCTURAL  # the closing tag is arriving
+                return DSMLState.JSON_STRUCTURAL
+            self._pos += 1
+            if self._in_string:
+                if self._escaped:
+                    self._escaped = False
+                elif c == "\\":
+                    self._escaped = True
+                elif c == '"':
+                    self._in_string = False
+            elif c == '"':
+                self._in_string = True
+        return DSMLState.JSON_STRING if self._in_string else DSMLState.JSON_STRUCTURAL
+
+    def _scan_structure(self, text: str, tags: dict[str, str]) -> DSMLState | None:
+        while True:
+            while self._pos < len(text) and text[self._pos] in _WS:
+                self._pos += 1
+            rest = text[self._pos :]
+            if not rest:
+                return DSMLState.STRUCTURAL
+            if rest.startswith(tags["end"]):
+                self._pos += len(tags["end"])
+                self._mode = "done"
+                return DSMLState.OUTSIDE
+            if rest.startswith(tags["invoke_end"]):
+                self._pos += len(tags["invoke_end"])
+                continue
+            opening = tags["invoke"] if rest.startswith(tags["invoke"]) else None
+            if opening is None and rest.startswith(tags["param"]):
+                opening = tags["param"]
+            if opening is not None:
+                end = rest.find(">")
+                if end < 0:
+                    return DSMLState.STRUCTURAL  # the tag is still arriving
+                self._pos += end + 1
+                if opening == tags["invoke"]:
+                    continue
+                self._mode = "string" if _attr(rest[: end + 1], "string") == "true" else "json"
+                self._in_string = self._escaped = False
+                return None
+            if any(
+                t.startswith(rest)
+                for t in (
+                    tags["end"],
+                    tags["invoke"],
+                    tags["invoke_end"],
+                    tags["param"],
+                    tags["param_end"],
+                )
+            ):
+                return DSMLState.STRUCTURAL
+            self._pos += 1  # stray text between tags: skip it
+
+
+def _ends_with_partial(text: str, marker: str, min_len: int = 2) -> bool:
+    return partial_suffix_len(text, marker) >= min_len
