@@ -1,0 +1,315 @@
+"""Engine and Session: the narrow API the rest of ds4d uses (see ds4d/engine/__init__.py).
+
+The model family is chosen from general.architecture through FAMILIES; a family module
+provides `ARCHITECTURES`, `FAMILY` and `load(gguf_file, pool) -> model`, whose model has
+n_vocab / n_ctx_train / n_embd / n_layer and `new_state(n_ctx)` (see ds4d/engine/llama.py
+for the state interface). Everything else here (chunked prefill, rewind, the session
+payload) is family-neutral.
+
+Sessions of one engine share its native thread pool, which runs one forward call at a
+time: calls are serialized by the engine's lock, so sessions may be used from different
+worker threads.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import struct
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ds4d.engine import native
+from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
+from ds4d.engine.gguf_file import GGUFFile
+
+# general.architecture -> family module. A new family is one module and one line here.
+FAMILIES = {
+    "llama": "ds4d.engine.llama",
+}
+
+# Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
+# reach full speed, small enough that on_chunk runs every second or so.
+PREFILL_CHUNK = 256
+
+PAYLOAD_MAGIC = b"DS4DSESS"
+PAYLOAD_VERSION = 1
+# magic, version, fingerprint (sha256), n_tokens, n_vocab, has_logits, kv byte count
+_HEADER = struct.Struct("<8sI32sQIIQ")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    family: str
+    name: str
+    architecture: str
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    quant: str
+    file_bytes: int
+    path: str
+    fingerprint: str
+
+
+def supported_architectures() -> list[str]:
+    return sorted(FAMILIES)
+
+
+class Engine:
+    """One GGUF loaded once (mmap), its tokenizer and chat template, and a thread pool."""
+
+    def __init__(self, gf: GGUFFile, family: Any, model: Any, pool: native.Pool,
+                 tokenizer: Any) -> None:  # fmt: skip
+        self.gguf = gf
+        self.family = family
+        self.model = model
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.chat_template: str | None = gf.chat_template
+        self.lock = threading.Lock()
+        self.info = EngineInfo(
+            family=family.FAMILY, name=gf.name, architecture=gf.architecture,
+            n_vocab=model.n_vocab, n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
+            n_layer=model.n_layer, quant=gf.file_type_name, file_bytes=gf.file_bytes,
+            path=str(gf.path), fingerprint=gf.fingerprint,
+        )  # fmt: skip
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], threads: int | None = None) -> Engine:
+        """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run."""
+        if threads is not None and threads < 1:
+            raise EngineError(f"threads must be at least 1, got {threads}")
+        gf = GGUFFile(path)
+        module = FAMILIES.get(gf.architecture)
+        if module is None:
+            raise ModelLoadError(
+                f"unsupported model architecture {gf.architecture!r} in {gf.path}"
+                f" (supported: {', '.join(supported_architectures())})"
+            )
+        family = importlib.import_module(module)
+        pool = native.Pool(threads if threads is not None else native.physical_cores())
+        try:
+            model = family.load(gf, pool)
+            tokenizer = _make_tokenizer(family, gf)
+        except BaseException:
+            pool.close()
+            raise
+        return cls(gf, family, model, pool, tokenizer)
+
+    @property
+    def threads(self) -> int:
+        return self.pool.threads
+
+    @property
+    def path(self) -> Path:
+        return self.gguf.path
+
+    def new_session(self, n_ctx: int) -> Session:
+        if n_ctx < 1:
+            raise EngineError(f"n_ctx must be at least 1, got {n_ctx}")
+        return Session(self, n_ctx)
+
+    def close(self) -> None:
+        with self.lock:
+            self.model.close()
+            self.pool.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _make_tokenizer(family: Any, gf: GGUFFile) -> Any:
+    make = getattr(family, "make_tokenizer", None)
+    if make is not None:
+        return make(gf)
+    try:
+        from ds4d.engine.tokenizer import Tokenizer
+    except ImportError:  # pragma: no cover - only while the tokenizer is being built
+        return None
+    try:
+        return Tokenizer.from_gguf(gf.reader)
+    except EngineError:
+        raise
+    except Exception as e:
+        raise ModelLoadError(f"cannot build the tokenizer from {gf.path}: {e}") from None
+
+
+class Session:
+    """The exact tokens a session holds, its KV state, and the next-token logits.
+
+    After rewind(n) the logits are those after token n-1; they are recomputed lazily (one
+    decode step over that token) only if read before the next eval."""
+
+    def __init__(self, engine: Engine, n_ctx: int) -> None:
+        self.engine = engine
+        self.n_ctx = int(n_ctx)
+        self._state = engine.model.new_state(self.n_ctx)
+        self._tokens: list[int] = []
+        self._logits: np.ndarray | None = None
+
+    # -- state ------------------------------------------------------------------------
+
+    @property
+    def tokens(self) -> list[int]:
+        """The tokens whose state the session holds (a copy)."""
+        return list(self._tokens)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def kv_bytes(self) -> int:
+        """Bytes of KV memory reserved for this session's n_ctx."""
+        return self._state.kv_bytes
+
+    @property
+    def logits(self) -> np.ndarray | None:
+        """Next-token logits (float32, n_vocab, read-only) after the last held token;
+        None for an empty session."""
+        if self._logits is None and self._tokens:
+            last = self._tokens[-1]
+            self._state.set_n_past(len(self._tokens) - 1)
+            self._forward(np.array([last], np.int32), extend=False)
+        return self._logits
+
+    # -- eval ---------------------------------------------------------------------------
+
+    def eval(self, tokens: Iterable[int],
+             on_chunk: Callable[[int, int], None] | None = None) -> None:  # fmt: skip
+        """Extends the session by tokens, prefilling in chunks. on_chunk(done, total) runs
+        between chunks; if it raises, the exception propagates and the session holds
+        exactly the tokens evaluated so far (with their logits)."""
+        toks = np.ascontiguousarray(np.fromiter(tokens, dtype=np.int64))
+        n = len(toks)
+        if n == 0:
+            return
+        if len(self._tokens) + n > self.n_ctx:
+            raise ContextFullError(
+                f"context full: {len(self._tokens)} held + {n} new tokens > n_ctx {self.n_ctx}"
+            )
+        n_vocab = self.engine.info.n_vocab
+        if toks.min() < 0 or toks.max() >= n_vocab:
+            bad = int(toks[(toks < 0) | (toks >= n_vocab)][0])
+            raise EngineError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        toks32 = toks.astype(np.int32)
+        done = 0
+        while done < n:
+            chunk = toks32[done : done + PREFILL_CHUNK]
+            self._forward(chunk)
+            done += len(chunk)
+            if on_chunk is not None and done < n:
+                on_chunk(done, n)
+
+    def _forward(self, chunk: np.ndarray, extend: bool = True) -> None:
+        logits = np.empty(self.engine.info.n_vocab, np.float32)
+        with self.engine.lock:
+            self._state.eval(chunk, logits)
+        logits.flags.writeable = False
+        if extend:
+            self._tokens.extend(chunk.tolist())
+        self._logits = logits
+
+    def eval_all_logits(self, tokens: Iterable[int]) -> np.ndarray:
+        """One forward call returning the logits at every new position (n x n_vocab).
+        For tests and scoring; no chunking."""
+        toks = np.ascontiguousarray(np.fromiter(tokens, dtype=np.int32))
+        if len(self._tokens) + len(toks) > self.n_ctx:
+            raise ContextFullError(f"context full: n_ctx {self.n_ctx}")
+        out = np.empty((len(toks), self.engine.info.n_vocab), np.float32)
+        with self.engine.lock:
+            self._state.eval(toks, out, all_logits=True)
+        self._tokens.extend(toks.tolist())
+        self._logits = out[-1].copy()
+        self._logits.flags.writeable = False
+        return out
+
+    def rewind(self, n: int) -> None:
+        """Keeps the first n tokens (exact: the KV of later positions is dropped)."""
+        if not 0 <= n <= len(self._tokens):
+            raise EngineError(f"cannot rewind to {n}: the session holds {len(self._tokens)}")
+        if n == len(self._tokens):
+            return
+        self._state.set_n_past(n)
+        del self._tokens[n:]
+        self._logits = None
+
+    # -- payload --------------------------------------------------------------------------
+
+    def save(self, fp: BinaryIO) -> int:
+        """Writes the session payload (little-endian): header, tokens (int32), logits
+        (float32), then the family's KV rows for the held tokens only. Returns bytes."""
+        n = len(self._tokens)
+        logits = self.logits
+        kv_len = self._state.kv_payload_bytes(n)
+        info = self.engine.info
+        header = _HEADER.pack(PAYLOAD_MAGIC, PAYLOAD_VERSION, bytes.fromhex(info.fingerprint),
+                              n, info.n_vocab, int(logits is not None), kv_len)  # fmt: skip
+        fp.write(header)
+        fp.write(np.asarray(self._tokens, dtype="<i4").tobytes())
+        if logits is not None:
+            fp.write(logits.astype("<f4").tobytes())
+        self._state.write_kv(fp, n)
+        return _HEADER.size + 4 * n + (4 * info.n_vocab if logits is not None else 0) + kv_len
+
+    def load(self, fp: BinaryIO) -> None:
+        """Replaces the session's state with a saved payload. EngineError for a payload of
+        another model, format or size; the session is then left empty."""
+        info = self.engine.info
+        raw = fp.read(_HEADER.size)
+        if len(raw) != _HEADER.size:
+            raise EngineError("session payload is truncated (header)")
+        magic, version, fingerprint, n, n_vocab, has_logits, kv_len = _HEADER.unpack(raw)
+        if magic != PAYLOAD_MAGIC:
+            raise EngineError("not a ds4d session payload (bad magic)")
+        if version != PAYLOAD_VERSION:
+            raise EngineError(f"session payload version {version} is not supported")
+        if fingerprint.hex() != info.fingerprint or n_vocab != info.n_vocab:
+            raise EngineError("session payload was made by a different model")
+        if n > self.n_ctx:
+            raise EngineError(f"session payload holds {n} tokens, more than n_ctx {self.n_ctx}")
+        if kv_len != self._state.kv_payload_bytes(n):
+            raise EngineError("session payload KV size does not match this model")
+        self.rewind(0)
+        tokens = _read_array(fp, "<i4", n)
+        logits = _read_array(fp, "<f4", n_vocab) if has_logits else None
+        try:
+            self._state.read_kv(fp, n)
+        except BaseException:
+            self._state.set_n_past(0)
+            raise
+        self._state.set_n_past(n)
+        self._tokens = [int(t) for t in tokens]
+        if logits is not None:
+            logits = logits.astype(np.float32)
+            logits.flags.writeable = False
+        self._logits = logits
+
+    def close(self) -> None:
+        self._state.close()
+        self._tokens = []
+        self._logits = None
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _read_array(fp: BinaryIO, dtype: str, count: int) -> np.ndarray:
+    nbytes = np.dtype(dtype).itemsize * count
+    raw = fp.read(nbytes)
+    if len(raw) != nbytes:
+        raise EngineError("session payload is truncated")
+    return np.frombuffer(raw, dtype=dtype)

@@ -1,0 +1,204 @@
+/* AVX2+FMA attention kernel: the query rows of one kv head are processed in groups of up
+ * to 6 rows against 16-key K tiles (12 accumulators), then an online-softmax step over a
+ * 64-key block with a vectorized exp, then P·V for the same group. Same results as
+ * ds4n_attn_scalar up to float rounding. */
+#include "attention.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#define RG_MAX 6
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp(x) to about 1 ulp (Cephes polynomial); exactly 0 for x below -87.3 (and -inf). */
+INLINE __m256 exp_ps(__m256 x) {
+    const __m256 zero_below = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ);
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), zero_below);
+}
+
+INLINE float hmax_ps(__m256 v) {
+    __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_max_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+INLINE float hsum_ps(__m256 v) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* S[i][0..16) = Q[i] · K tile, for rg rows of Q (stride hd) and S (stride DS4N_KBLOCK). */
+INLINE void qk_tile(const float *Q, int hd, const float *kt, float *S, int rg) {
+    __m256 acc[RG_MAX][2];
+    for (int i = 0; i < rg; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    for (int d = 0; d < hd; d++) {
+        const __m256 k0 = _mm256_loadu_ps(kt + d * DS4N_KT);
+        const __m256 k1 = _mm256_loadu_ps(kt + d * DS4N_KT + 8);
+        for (int i = 0; i < rg; i++) {
+            const __m256 qb = _mm256_broadcast_ss(Q + i * hd + d);
+            acc[i][0] = _mm256_fmadd_ps(qb, k0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(qb, k1, acc[i][1]);
+        }
+    }
+    for (int i = 0; i < rg; i++) {
+        _mm256_storeu_ps(S + i * DS4N_KBLOCK, acc[i][0]);
+        _mm256_storeu_ps(S + i * DS4N_KBLOCK + 8, acc[i][1]);
+    }
+}
+
+/* O[i] = O[i]*corr[i] + sum_j P[i][j] V[j] over nk keys, for rg rows. */
+INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
+                    const float *corr, int rg) {
+    for (int c = 0; c < hd; c += 16) {
+        __m256 acc[RG_MAX][2];
+        for (int i = 0; i < rg; i++) {
+            const __m256 cb = _mm256_broadcast_ss(corr + i);
+            acc[i][0] = _mm256_mul_ps(_mm256_loadu_ps(O + i * hd + c), cb);
+            acc[i][1] = _mm256_mul_ps(_mm256_loadu_ps(O + i * hd + c + 8), cb);
+        }
+        for (int jj = 0; jj < nk; jj++) {
+            const __m256 v0 = _mm256_loadu_ps(V + (int64_t)jj * hd + c);
+            const __m256 v1 = _mm256_loadu_ps(V + (int64_t)jj * hd + c + 8);
+            for (int i = 0; i < rg; i++) {
+                const __m256 pb = _mm256_broadcast_ss(P + i * DS4N_KBLOCK + jj);
+                acc[i][0] = _mm256_fmadd_ps(pb, v0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(pb, v1, acc[i][1]);
+            }
+        }
+        for (int i = 0; i < rg; i++) {
+            _mm256_storeu_ps(O + i * hd + c, acc[i][0]);
+            _mm256_storeu_ps(O + i * hd + c + 8, acc[i][1]);
+        }
+    }
+}
+
+/* One online-softmax step for one row: S row (n lanes, a multiple of 8; lanes >= lim are
+ * masked) becomes P, m/l are updated, corr receives the factor for the old output. */
+INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *corr) {
+    if (lim <= 0) {
+        memset(s, 0, sizeof(float) * n);
+        *corr = 1.0f;
+        return;
+    }
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 vmax = ninf;
+    for (int c = 0; c < n; c += 8) {
+        __m256 x = _mm256_loadu_ps(s + c);
+        if (c + 8 > lim) {
+            const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(c));
+            const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lim), idx));
+            x = _mm256_blendv_ps(ninf, x, keep);
+            _mm256_storeu_ps(s + c, x);
+        }
+        vmax = _mm256_max_ps(vmax, x);
+    }
+    const float mx = fmaxf(*m, hmax_ps(vmax));
+    *corr = *m == -INFINITY ? 0.0f : expf(*m - mx);
+    const __m256 vm = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int c = 0; c < n; c += 8) {
+        const __m256 p = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(s + c), vm));
+        _mm256_storeu_ps(s + c, p);
+        vsum = _mm256_add_ps(vsum, p);
+    }
+    *l = *l * *corr + hsum_ps(vsum);
+    *m = mx;
+}
+
+INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
+    const int hd = j->head_dim, G = j->n_group, R = j->n_tok * G;
+    const int Rp = (R + rg - 1) / rg * rg;
+    float *Q = scratch, *O = Q + (int64_t)Rp * hd, *S = O + (int64_t)Rp * hd;
+    float *m = S + (int64_t)Rp * DS4N_KBLOCK, *l = m + Rp, *corr = l + Rp;
+    for (int r = 0; r < Rp; r++) {
+        if (r < R)
+            memcpy(Q + (int64_t)r * hd, j->q + (r / G) * j->q_stride + (int64_t)(r % G) * hd,
+                   sizeof(float) * hd);
+        else
+            memset(Q + (int64_t)r * hd, 0, sizeof(float) * hd);
+        memset(O + (int64_t)r * hd, 0, sizeof(float) * hd);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    const int64_t last = j->pos0 + j->n_tok; /* one past the last query position */
+    const int64_t kend = j->k1 < last ? j->k1 : last;
+    for (int64_t kb = j->k0; kb < kend; kb += DS4N_KBLOCK) {
+        for (int r0 = 0; r0 < Rp; r0 += rg) {
+            /* The group's last real row sees the most keys. */
+            const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
+            int64_t gend = j->pos0 + rlast / G + 1;
+            if (gend > kend) gend = kend;
+            if (gend > kb + DS4N_KBLOCK) gend = kb + DS4N_KBLOCK;
+            const int nk = (int)(gend - kb);
+            if (nk <= 0) continue;
+            const int ntile = (nk + DS4N_KT - 1) / DS4N_KT;
+            for (int tt = 0; tt < ntile; tt++)
+                qk_tile(Q + (int64_t)r0 * hd, hd,
+                        j->k + (kb / DS4N_KT + tt) * (int64_t)hd * DS4N_KT,
+                        S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg);
+            for (int r = r0; r < r0 + rg; r++) {
+                int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
+                if (rend > gend) rend = gend;
+                softmax_step(S + (int64_t)r * DS4N_KBLOCK, ntile * DS4N_KT, (int)(rend - kb),
+                             m + r, l + r, corr + r);
+            }
+            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK, nk, j->v + kb * hd, hd,
+                    O + (int64_t)r0 * hd, corr + r0, rg);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *out = j->o + (r / G) * j->o_stride + (int64_t)(r % G) * hd;
+        const float *o = O + (int64_t)r * hd;
+        if (j->m) {
+            j->m[r] = m[r];
+            j->l[r] = l[r];
+            memcpy(out, o, sizeof(float) * hd);
+        } else {
+            const __m256 inv = _mm256_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+            for (int c = 0; c < hd; c += 8)
+                _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), inv));
+        }
+    }
+}
+
+void ds4n_attn_avx2(const ds4n_attn_job *j, float *scratch) {
+    if (j->head_dim % 16 != 0 || j->k0 % DS4N_KT != 0) {
+        ds4n_attn_scalar(j, scratch);
+        return;
+    }
+    if (j->n_tok * j->n_group <= 3)
+        attend(j, scratch, 3);
+    else
+        attend(j, scratch, 6);
+}
+
+void ds4n_swiglu_avx2(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}

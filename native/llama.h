@@ -1,0 +1,82 @@
+/* The llama-family forward pass: one C call evaluates a whole prefill chunk or one decode
+ * token (embedding, every layer, final norm, output head) against a session's KV cache.
+ *
+ * The model borrows the weight pointers (the GGUF mmap, kept alive by the caller) and
+ * copies nothing. A session owns its float32 KV cache, sized to its n_ctx, in C memory
+ * (zero pages until touched). Calls on the same model and pool must not overlap; the
+ * functions never touch Python objects.
+ */
+#ifndef DS4N_LLAMA_H
+#define DS4N_LLAMA_H
+
+#include <stdint.h>
+
+#include "ds4n.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ds4n_llama_hparams {
+    int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_rot;
+    float rope_base;       /* theta_i = pos * rope_scale * rope_base^(-2i/n_rot) / freq_factor_i */
+    float rope_scale;      /* 1 / linear scaling factor (1 when unscaled) */
+    float rms_eps;
+} ds4n_llama_hparams;
+
+/* Weight slots: tensors[] and types[] hold DS4N_LLAMA_N_GLOBAL entries, then
+ * DS4N_LLAMA_N_PER_LAYER entries per layer. Absent optional tensors are NULL.
+ * Norm weights, biases and rope factors are F32; matrices any supported type, GGUF layout
+ * (rows of ne0 = input width). */
+enum {
+    DS4N_LLAMA_TOKEN_EMBD, /* n_vocab rows of n_embd */
+    DS4N_LLAMA_OUTPUT_NORM,
+    DS4N_LLAMA_OUTPUT,     /* optional: tied to TOKEN_EMBD when NULL */
+    DS4N_LLAMA_ROPE_FREQS, /* optional: n_rot/2 frequency factors */
+    DS4N_LLAMA_N_GLOBAL
+};
+enum {
+    DS4N_LLAMA_ATTN_NORM, DS4N_LLAMA_WQ, DS4N_LLAMA_WK, DS4N_LLAMA_WV, DS4N_LLAMA_WO,
+    DS4N_LLAMA_BQ, DS4N_LLAMA_BK, DS4N_LLAMA_BV, DS4N_LLAMA_BO, /* optional biases */
+    DS4N_LLAMA_FFN_NORM, DS4N_LLAMA_W_GATE, DS4N_LLAMA_W_UP, DS4N_LLAMA_W_DOWN,
+    DS4N_LLAMA_N_PER_LAYER
+};
+
+typedef struct ds4n_llama ds4n_llama;
+typedef struct ds4n_llama_session ds4n_llama_session;
+
+/* NULL on a shape the engine cannot run (head_dim odd, n_rot > head_dim, ...) or no memory. */
+ds4n_llama *ds4n_llama_new(const ds4n_llama_hparams *hp, const void *const *tensors,
+                           const int32_t *types);
+void ds4n_llama_free(ds4n_llama *model);
+
+ds4n_llama_session *ds4n_llama_session_new(const ds4n_llama *model, int64_t n_ctx);
+void ds4n_llama_session_free(ds4n_llama_session *sess);
+int64_t ds4n_llama_session_n_past(const ds4n_llama_session *sess);
+int64_t ds4n_llama_session_n_ctx(const ds4n_llama_session *sess);
+/* Bytes of KV memory the session reserved for its n_ctx. */
+int64_t ds4n_llama_session_kv_bytes(const ds4n_llama_session *sess);
+
+/* Sets the number of held positions (n <= n_ctx): truncation (rewind), or, after
+ * ds4n_llama_kv_set of every layer, the count of a loaded state. Returns 0, or -1. */
+int ds4n_llama_session_set_n_past(ds4n_llama_session *sess, int64_t n);
+
+enum { DS4N_OK = 0, DS4N_ERR_CONTEXT_FULL = -1, DS4N_ERR_BAD_TOKEN = -2, DS4N_ERR_NO_MEMORY = -3 };
+
+/* Appends n tokens at position n_past: runs the forward pass, stores their K/V, advances
+ * n_past. logits receives n_vocab floats for the last token, or n*n_vocab (one row per
+ * token) when all_logits; logits may be NULL. On an error nothing changes. */
+int ds4n_llama_eval(const ds4n_llama *model, ds4n_llama_session *sess, ds4n_pool *pool,
+                    const int32_t *tokens, int64_t n, float *logits, int all_logits);
+
+/* K (which = 0) or V (which = 1) of one layer for positions [0, n), as
+ * [n_head_kv][n][head_dim] float32 — the session payload's row format. */
+int ds4n_llama_kv_get(const ds4n_llama_session *sess, int layer, int which, int64_t n,
+                      float *dst);
+int ds4n_llama_kv_set(ds4n_llama_session *sess, int layer, int which, int64_t n,
+                      const float *src);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

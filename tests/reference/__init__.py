@@ -1,0 +1,1 @@
+"""Plain numpy reference implementations the native code is checked against (tests only)."""
