@@ -12,6 +12,15 @@ static struct ds4n_row_kernels active[DS4N_TYPE_SLOTS];
 static ds4n_tile_fn active_tile;
 static int active_level;
 
+#ifdef DS4N_HAVE_AVX2
+#include <cpuid.h>
+/* Not every compiler's __builtin_cpu_supports knows "f16c": ask CPUID (leaf 1, ECX bit 29). */
+static int x86_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 static int cpu_has(int level) {
     switch (level) {
     case DS4N_SIMD_SCALAR:
@@ -19,8 +28,7 @@ static int cpu_has(int level) {
 #ifdef DS4N_HAVE_AVX2
     case DS4N_SIMD_AVX2:
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && x86_has_f16c();
 #endif
 #ifdef DS4N_HAVE_NEON
     case DS4N_SIMD_NEON:
