@@ -20,7 +20,15 @@ from collections.abc import Mapping, Sequence
 
 from ds4d.chat.deepseek4_dsml import render_tool_calls
 from ds4d.chat.types import ChatRequest, Message, Tool, ToolCall
-from ds4d.engine.ds4_tokenizer import ASSISTANT, BOS, EOS, THINK_CLOSE, THINK_OPEN, USER
+from ds4d.engine.ds4_tokenizer import (
+    ASSISTANT,
+    BOS,
+    EOS,
+    THINK_CLOSE,
+    THINK_OPEN,
+    USER,
+    DS4Tokenizer,
+)
 
 THINK_MAX_MIN_CONTEXT = 393216  # below this context Think Max falls back to High
 
@@ -203,15 +211,17 @@ def assistant_suffix(
     return think + content + render_tool_calls(calls) + EOS
 
 
-def encode_single_prompt(tokenizer, prompt: str, system: str = "", mode: ThinkMode = ThinkMode.NONE) -> list[int]:
+def encode_single_prompt(
+    tokenizer: DS4Tokenizer, prompt: str, system: str = "", mode: ThinkMode = ThinkMode.NONE
+) -> list[int]:
     """Token ids of a one-shot prompt as ds4's CLI builds it (each piece encoded apart, no
     merges across pieces): BOS, Think Max prefix, system, User, prompt, Assistant, think tag."""
     ids = [tokenizer.bos_id]
     if mode is ThinkMode.MAX:
         ids += tokenizer.encode(THINK_MAX_PREFIX, special=False)
     ids += tokenizer.encode(system, special=False)
-    ids.append(tokenizer.token_to_id(USER))
+    ids.append(tokenizer.user_id)
     ids += tokenizer.encode(prompt, special=False)
-    ids.append(tokenizer.token_to_id(ASSISTANT))
-    ids.append(tokenizer.token_to_id(THINK_OPEN if mode.thinking else THINK_CLOSE))
+    ids.append(tokenizer.assistant_id)
+    ids.append(tokenizer.think_open_id if mode.thinking else tokenizer.think_close_id)
     return ids

@@ -1,0 +1,69 @@
+"""DeepSeek V4 generated text -> neutral events: the thinking split and the DSML tool
+parser plugged into the shared output pipeline (stop sequences -> thinking -> tools)."""
+
+from __future__ import annotations
+
+from ds4d.chat.deepseek4_dsml import DSMLToolParser
+from ds4d.chat.stream import OutputParser, partial_suffix_len
+from ds4d.engine.ds4_tokenizer import THINK_CLOSE, THINK_OPEN
+
+
+class ThinkSplitter:
+    """Splits V4 output into reasoning and answer text.
+
+    In thinking mode the prompt already ends with `<think>`, so generation starts in
+    reasoning and the first `</think>` ends it. A leading literal `<think>` is skipped.
+    The answer after `</think>` is passed on byte for byte (nothing stripped): the client
+    sends it back in the next request, which must render exactly the tokens in the KV.
+    Same interface as `ds4d.chat.stream.ThinkSplitter`.
+    """
+
+    def __init__(self, in_reasoning: bool = False) -> None:
+        self.in_reasoning = in_reasoning
+        self.closed = False  # `</think>` was seen
+        self._at_start = True
+        self._buf = ""
+
+    def feed(self, piece: str) -> list[tuple[str, str]]:
+        """(channel, text) pairs; channel is "reasoning" or "text"."""
+        self._buf += piece
+        out: list[tuple[str, str]] = []
+        if self._at_start:
+            if THINK_OPEN.startswith(self._buf):
+                return out  # may still be a leading <think>
+            self._at_start = False
+            if self._buf.startswith(THINK_OPEN):
+                self._buf = self._buf[len(THINK_OPEN) :]
+                self.in_reasoning = True
+        if self.in_reasoning:
+            i = self._buf.find(THINK_CLOSE)
+            if i < 0:
+                keep = partial_suffix_len(self._buf, THINK_CLOSE)
+                out.append(("reasoning", self._buf[: len(self._buf) - keep]))
+                self._buf = self._buf[len(self._buf) - keep :]
+                return [p for p in out if p[1]]
+            out.append(("reasoning", self._buf[:i]))
+            self._buf = self._buf[i + len(THINK_CLOSE) :]
+            self.in_reasoning = False
+            self.closed = True
+        out.append(("text", self._buf))
+        self._buf = ""
+        return [p for p in out if p[1]]
+
+    def flush(self) -> list[tuple[str, str]]:
+        text, self._buf = self._buf, ""
+        self._at_start = False
+        if not text:
+            return []
+        return [("reasoning" if self.in_reasoning else "text", text)]
+
+
+def output_parser(
+    *, tools: bool, stops: list[str] | None, thinking: bool, id_prefix: str = "call_"
+) -> OutputParser:
+    """The shared pipeline with V4's thinking split and DSML tool parser."""
+    parser = OutputParser(tools=tools, stops=stops, in_reasoning=thinking, id_prefix=id_prefix)
+    parser.think = ThinkSplitter(thinking)
+    if tools:
+        parser.tools = DSMLToolParser(id_prefix)
+    return parser
