@@ -61,6 +61,20 @@ static inline void ds4n_k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_
     }
 }
 
+/* dequant_q4_K and dequant_q5_K over a kernel sub32(d, dmin, scales, qs, qh or NULL, y) that
+ * expands one super-block: the two types differ only in Q5_K's fifth bits. */
+#define DS4N_DEFINE_Q45_K_DEQUANT(sub32)                                      \
+    static void dequant_q4_K(const void *src, float *y, int64_t n) {         \
+        const block_q4_K *b = src;                                            \
+        for (int64_t i = 0; i < n / QK_K; i++, y += QK_K)                     \
+            sub32(b[i].d, b[i].dmin, b[i].scales, b[i].qs, NULL, y);          \
+    }                                                                         \
+    static void dequant_q5_K(const void *src, float *y, int64_t n) {         \
+        const block_q5_K *b = src;                                            \
+        for (int64_t i = 0; i < n / QK_K; i++, y += QK_K)                     \
+            sub32(b[i].d, b[i].dmin, b[i].scales, b[i].qs, b[i].qh, y);       \
+    }
+
 /* Row kernels of one type at one SIMD level; n is a multiple of the block size. */
 typedef void (*ds4n_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef float (*ds4n_dot_fn)(const void *w, const float *x, int64_t n);

@@ -193,17 +193,7 @@ static inline __attribute__((always_inline)) void dequant_k_sub32(uint16_t d16, 
     }
 }
 
-static void dequant_q4_K(const void *src, float *y, int64_t n) {
-    const block_q4_K *b = src;
-    for (int64_t i = 0; i < n / QK_K; i++, y += QK_K)
-        dequant_k_sub32(b[i].d, b[i].dmin, b[i].scales, b[i].qs, NULL, y);
-}
-
-static void dequant_q5_K(const void *src, float *y, int64_t n) {
-    const block_q5_K *b = src;
-    for (int64_t i = 0; i < n / QK_K; i++, y += QK_K)
-        dequant_k_sub32(b[i].d, b[i].dmin, b[i].scales, b[i].qs, b[i].qh, y);
-}
+DS4N_DEFINE_Q45_K_DEQUANT(dequant_k_sub32)
 
 static void dequant_q6_K(const void *src, float *y, int64_t n) {
     const block_q6_K *b = src;
