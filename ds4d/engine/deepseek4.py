@@ -1,0 +1,343 @@
+"""The deepseek4 model family (DeepSeek V4 Flash, ds4's layout): the ctypes face of
+native/deepseek4.{c,h}, plugged into engine.py's family interface (see llama.py).
+
+`load(gguf_file, pool)` validates the file against deepseek4_layout (every problem one
+line of a ModelLoadError) and binds the mmapped tensors to C; no weight is copied, so a
+file larger than RAM opens and the OS pages experts in as they are used.
+
+A session's state lives in C: the raw 128-row window, the compressed rows of the ratio-4
+and ratio-128 layers, the indexer rows and the compressor frontiers. Its payload (the
+part after the engine's tokens and logits) follows ds4's "DSV4" layout, spec section 3.4:
+
+    header: 9 x u32  magic "DSV4", version, n_layer, head_dim, idx_head_dim, window,
+                     n_tokens, raw_live = min(window, n_tokens), n_vocab
+    n_tokens x u32 token ids
+    n_layer x u32 n_comp, then n_layer x u32 n_index_comp
+    per layer: raw_live raw rows (oldest first) x head_dim f32;
+               ratio != 0: n_comp rows x head_dim, attention frontier kv, then score;
+               ratio == 4: n_index_comp rows x idx_head_dim, indexer frontier kv, score.
+
+Rewinding: the compressor frontiers and the raw window cannot be rolled back, so a
+rewind to n < held tokens resets the state and prefills the first n tokens again (exact,
+at the cost of a prefill).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from typing import BinaryIO
+
+import numpy as np
+
+from ds4d.engine import deepseek4_layout as layout
+from ds4d.engine import native
+from ds4d.engine.errors import EngineError
+from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.native import lib
+
+FAMILY = "deepseek4"
+ARCHITECTURES = (layout.ARCH,)
+
+# Slot order of native/deepseek4.h.
+GLOBAL_SLOTS = (
+    "token_embd.weight", "output_hc_base.weight", "output_hc_fn.weight",
+    "output_hc_scale.weight", "output_norm.weight", "output.weight",
+)  # fmt: skip
+LAYER_SLOTS = (
+    "hc_attn_fn.weight", "hc_attn_scale.weight", "hc_attn_base.weight", "attn_norm.weight",
+    "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight", "attn_kv.weight",
+    "attn_kv_a_norm.weight", "attn_sinks.weight", "attn_output_a.weight", "attn_output_b.weight",
+    "attn_compressor_ape.weight", "attn_compressor_kv.weight", "attn_compressor_gate.weight",
+    "attn_compressor_norm.weight",
+    "indexer.attn_q_b.weight", "indexer.proj.weight", "indexer_compressor_ape.weight",
+    "indexer_compressor_kv.weight", "indexer_compressor_gate.weight",
+    "indexer_compressor_norm.weight",
+    "hc_ffn_fn.weight", "hc_ffn_scale.weight", "hc_ffn_base.weight", "ffn_norm.weight",
+    "ffn_gate_inp.weight", "exp_probs_b.bias", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+    "ffn_down_exps.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+    "ffn_down_shexp.weight", "ffn_gate_tid2eid.weight",
+)  # fmt: skip
+
+PAYLOAD_MAGIC = 0x34565344  # "DSV4"
+PAYLOAD_VERSION = 1
+_PAYLOAD_HEADER = struct.Struct("<9I")
+
+ERRORS = {-1: "context is full", -2: "unbound tensor or out of memory", -3: "token id out of range"}
+
+_INT_FIELDS = (
+    "n_layer", "n_embd", "n_vocab", "n_head", "head_dim", "n_rot", "q_lora_rank",
+    "o_lora_rank", "o_groups", "n_expert", "n_expert_used", "n_ff_exp", "n_hash_layer",
+    "window", "idx_n_head", "idx_head_dim", "idx_top_k", "n_hc", "sinkhorn_iters",
+    "rope_orig_ctx",
+)  # fmt: skip
+_FLOAT_FIELDS = (
+    "hc_eps", "rms_eps", "swiglu_clamp", "rope_base", "compress_rope_base", "rope_scale",
+    "yarn_beta_fast", "yarn_beta_slow", "expert_weight_scale",
+)  # fmt: skip
+
+
+class Params(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in _INT_FIELDS] + [
+        (n, ctypes.c_float) for n in _FLOAT_FIELDS
+    ]
+
+
+class LayerState(ctypes.Structure):
+    _fields_ = [
+        *[(n, native.c_float_p) for n in ("raw", "comp", "icomp", "attn_kv", "attn_score",
+                                           "idx_kv", "idx_score")],
+        *[(n, ctypes.c_int64) for n in ("raw_cap", "comp_cap", "n_comp", "n_icomp", "attn_rows",
+                                         "attn_width", "idx_rows", "idx_width")],
+        *[(n, ctypes.c_int32) for n in ("ratio", "head_dim", "idx_head_dim")],
+    ]  # fmt: skip
+
+
+def _declare() -> None:
+    vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    i64p = ctypes.POINTER(i64)
+    for name, restype, argtypes in (
+        ("ds4n_dsv4_model_new", vp, [ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_int32)]),
+        ("ds4n_dsv4_model_free", None, [vp]),
+        ("ds4n_dsv4_set_tensor", c_int, [vp, c_int, c_int, vp, c_int]),
+        ("ds4n_dsv4_state_new", vp, [vp, i64]),
+        ("ds4n_dsv4_state_free", None, [vp]),
+        ("ds4n_dsv4_state_reset", None, [vp]),
+        ("ds4n_dsv4_state_pos", i64, [vp]),
+        ("ds4n_dsv4_state_layer", c_int, [vp, c_int, ctypes.POINTER(LayerState)]),
+        ("ds4n_dsv4_state_restore", c_int, [vp, i64, i64p, i64p]),
+        ("ds4n_dsv4_eval", c_int,
+         [vp, vp, vp, ctypes.POINTER(ctypes.c_int32), i64, native.c_float_p, c_int]),
+    ):  # fmt: skip
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+
+
+_declare()
+
+
+class DS4Model:
+    """A validated deepseek4 GGUF bound to the native forward pass."""
+
+    def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
+        self.gguf = gf
+        self.pool = pool
+        self.layout = layout.validate(gf.reader, str(gf.path))
+        p = self.params = self.layout.params
+        self.n_vocab, self.n_embd, self.n_layer = p.n_vocab, p.n_embd, p.n_layer
+        self.n_ctx_train = p.n_ctx_train
+        cp = Params(**{f: getattr(p, f) for f in _INT_FIELDS + _FLOAT_FIELDS})
+        ratios = (ctypes.c_int32 * p.n_layer)(*p.compress_ratios)
+        self._handle = lib.ds4n_dsv4_model_new(ctypes.byref(cp), ratios)
+        if not self._handle:
+            raise EngineError("the native deepseek4 forward rejected these parameters")
+        for slot, name in enumerate(GLOBAL_SLOTS):
+            self._bind(-1, slot, name)
+        for il in range(p.n_layer):
+            for slot, name in enumerate(LAYER_SLOTS):
+                self._bind(il, slot, f"blk.{il}.{name}")
+
+    def _bind(self, il: int, slot: int, name: str) -> None:
+        t = self.layout.tensors.get(name)
+        if t is None:  # absent optional tensor (e.g. the router bias of hash layers)
+            return
+        # tensors are numpy views on the read-only mmap: the address is all C needs
+        if lib.ds4n_dsv4_set_tensor(self._handle, il, slot, t.data.ctypes.data, int(t.tensor_type)):
+            raise EngineError(f"cannot bind tensor {name}")
+
+    @property
+    def handle(self) -> int:
+        if not self._handle:
+            raise EngineError("model is closed")
+        return self._handle
+
+    def new_state(self, n_ctx: int) -> DS4State:
+        return DS4State(self, n_ctx)
+
+    def close(self) -> None:
+        if self._handle:
+            lib.ds4n_dsv4_model_free(self._handle)
+            self._handle = None
+
+
+class DS4State:
+    """One session's deepseek4 state in C memory (see the module docstring)."""
+
+    def __init__(self, model: DS4Model, n_ctx: int) -> None:
+        self.model = model
+        self.n_ctx = int(n_ctx)
+        self._handle = lib.ds4n_dsv4_state_new(model.handle, self.n_ctx)
+        if not self._handle:
+            raise EngineError(f"cannot allocate deepseek4 state for {n_ctx} tokens")
+        self._tokens: list[int] = []  # kept to replay a prefix on rewind
+
+    @property
+    def handle(self) -> int:
+        if not self._handle:
+            raise EngineError("session is closed")
+        return self._handle
+
+    @property
+    def n_past(self) -> int:
+        return int(lib.ds4n_dsv4_state_pos(self.handle))
+
+    def set_n_past(self, n: int) -> None:
+        """Keep the first n tokens: a no-op at the current length, else reset and replay."""
+        if not 0 <= n <= self.n_past:
+            raise EngineError(f"cannot hold {n} tokens: the state has {self.n_past}")
+        if n == self.n_past:
+            return
+        keep = np.array(self._tokens[:n], np.int32)
+        lib.ds4n_dsv4_state_reset(self.handle)
+        self._tokens = []
+        if n:
+            self.eval(keep, None)
+
+    @property
+    def kv_bytes(self) -> int:
+        total = 0
+        for ls in self.layers():
+            total += ls.raw_cap * ls.head_dim + ls.comp_cap * ls.head_dim
+            total += 2 * (ls.attn_rows * ls.attn_width + ls.idx_rows * ls.idx_width)
+            if ls.ratio == 4:
+                total += ls.comp_cap * ls.idx_head_dim
+        return 4 * total
+
+    def eval(self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False) -> None:
+        """Appends tokens (int32, C-contiguous); fills logits (n_vocab, or n x n_vocab)."""
+        tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        out = None if logits is None else logits.ctypes.data_as(native.c_float_p)
+        rc = lib.ds4n_dsv4_eval(
+            self.model.handle, self.handle, self.model.pool.handle,
+            tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(tokens), out,
+            int(all_logits),
+        )  # fmt: skip
+        if rc != 0:
+            raise EngineError(f"deepseek4 eval failed: {ERRORS.get(rc, rc)}")
+        self._tokens.extend(int(t) for t in tokens)
+
+    # -- payload ------------------------------------------------------------------------
+
+    def layers(self) -> list[LayerState]:
+        out = []
+        for il in range(self.model.n_layer):
+            ls = LayerState()
+            lib.ds4n_dsv4_state_layer(self.handle, il, ctypes.byref(ls))
+            out.append(ls)
+        return out
+
+    def _counts(self, n: int) -> tuple[list[int], list[int], int]:
+        """Compressed and indexer row counts, and raw_live, after n tokens."""
+        p = self.model.params
+        n_comp = [n // r if r else 0 for r in p.compress_ratios]
+        n_icomp = [n // 4 if r == 4 else 0 for r in p.compress_ratios]
+        return n_comp, n_icomp, min(p.window, n)
+
+    def kv_payload_bytes(self, n: int) -> int:
+        p = self.model.params
+        n_comp, n_icomp, raw_live = self._counts(n)
+        size = _PAYLOAD_HEADER.size + 4 * n + 8 * p.n_layer
+        for il, r in enumerate(p.compress_ratios):
+            size += 4 * raw_live * p.head_dim
+            if r:
+                rows, width = (8, 2 * p.head_dim) if r == 4 else (r, p.head_dim)
+                size += 4 * (n_comp[il] * p.head_dim + 2 * rows * width)
+            if r == 4:
+                size += 4 * (n_icomp[il] * p.idx_head_dim + 2 * 8 * 2 * p.idx_head_dim)
+        return size
+
+    def _views(self, ls: LayerState, n: int, n_comp: int, n_icomp: int, raw_live: int):
+        """numpy views on one layer's C buffers, in payload order (raw rows in logical
+        order are a gather from the ring, returned with their ring indices)."""
+        hd, ihd = ls.head_dim, ls.idx_head_dim
+        raw = np.ctypeslib.as_array(ls.raw, (ls.raw_cap, hd))
+        ring = [p % ls.raw_cap for p in range(n - raw_live, n)]
+        parts: list[np.ndarray] = []
+        if ls.ratio:
+            parts.append(np.ctypeslib.as_array(ls.comp, (ls.comp_cap, hd))[:n_comp])
+            parts.append(np.ctypeslib.as_array(ls.attn_kv, (ls.attn_rows, ls.attn_width)))
+            parts.append(np.ctypeslib.as_array(ls.attn_score, (ls.attn_rows, ls.attn_width)))
+        if ls.ratio == 4:
+            parts.append(np.ctypeslib.as_array(ls.icomp, (ls.comp_cap, ihd))[:n_icomp])
+            parts.append(np.ctypeslib.as_array(ls.idx_kv, (ls.idx_rows, ls.idx_width)))
+            parts.append(np.ctypeslib.as_array(ls.idx_score, (ls.idx_rows, ls.idx_width)))
+        return raw, ring, parts
+
+    def write_kv(self, fp: BinaryIO, n: int) -> None:
+        if n != self.n_past:
+            raise EngineError(f"deepseek4 state holds {self.n_past} tokens, not {n}")
+        p = self.model.params
+        layers = self.layers()
+        n_comp = [int(ls.n_comp) for ls in layers]
+        n_icomp = [int(ls.n_icomp) for ls in layers]
+        raw_live = min(p.window, n)
+        fp.write(_PAYLOAD_HEADER.pack(PAYLOAD_MAGIC, PAYLOAD_VERSION, p.n_layer, p.head_dim,
+                                      p.idx_head_dim, p.window, n, raw_live, p.n_vocab))  # fmt: skip
+        fp.write(np.asarray(self._tokens, "<u4").tobytes())
+        fp.write(np.asarray(n_comp + n_icomp, "<u4").tobytes())
+        for il, ls in enumerate(layers):
+            raw, ring, parts = self._views(ls, n, n_comp[il], n_icomp[il], raw_live)
+            fp.write(np.ascontiguousarray(raw[ring]).tobytes())
+            for a in parts:
+                fp.write(np.ascontiguousarray(a).tobytes())
+
+    def read_kv(self, fp: BinaryIO, n: int) -> None:
+        """Restores a payload written by write_kv for n tokens; EngineError if it does not
+        fit this model (the state is then empty)."""
+        p = self.model.params
+        lib.ds4n_dsv4_state_reset(self.handle)
+        self._tokens = []
+        head = _read_exact(fp, _PAYLOAD_HEADER.size)
+        magic, version, n_layer, hd, ihd, window, n_tok, raw_live, n_vocab = _PAYLOAD_HEADER.unpack(head)
+        if magic != PAYLOAD_MAGIC or version != PAYLOAD_VERSION:
+            raise EngineError("not a deepseek4 (DSV4 v1) state payload")
+        if (n_layer, hd, ihd, window, n_vocab) != (p.n_layer, p.head_dim, p.idx_head_dim, p.window, p.n_vocab):
+            raise EngineError("deepseek4 state payload has another model's layout")
+        want_comp, want_icomp, want_live = self._counts(n)
+        if n_tok != n or raw_live != want_live:
+            raise EngineError("deepseek4 state payload token count does not match")
+        tokens = np.frombuffer(_read_exact(fp, 4 * n), "<u4")
+        counts = np.frombuffer(_read_exact(fp, 8 * n_layer), "<u4").astype(np.int64)
+        n_comp, n_icomp = counts[:n_layer], counts[n_layer:]
+        if list(n_comp) != want_comp or list(n_icomp) != want_icomp:
+            raise EngineError("deepseek4 state payload row counts do not match its tokens")
+        for il, ls in enumerate(self.layers()):
+            raw, ring, parts = self._views(ls, n, int(n_comp[il]), int(n_icomp[il]), raw_live)
+            rows = _read_exact(fp, 4 * raw_live * hd)
+            raw[ring] = np.frombuffer(rows, "<f4").reshape(raw_live, hd)
+            for a in parts:
+                a[...] = np.frombuffer(_read_exact(fp, a.nbytes), "<f4").reshape(a.shape)
+        if lib.ds4n_dsv4_state_restore(
+            self.handle, n,
+            n_comp.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+            n_icomp.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+        ):  # fmt: skip
+            lib.ds4n_dsv4_state_reset(self.handle)
+            raise EngineError(f"deepseek4 state payload does not fit a {self.n_ctx}-token session")
+        self._tokens = [int(t) for t in tokens]
+
+    def close(self) -> None:
+        if self._handle:
+            lib.ds4n_dsv4_state_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _read_exact(fp: BinaryIO, n: int) -> bytes:
+    data = fp.read(n)
+    if len(data) != n:
+        raise EngineError("session payload is truncated (deepseek4 state)")
+    return data
+
+
+def load(gf: GGUFFile, pool: native.Pool) -> DS4Model:
+    return DS4Model(gf, pool)
+
+
+def make_tokenizer(gf: GGUFFile):
+    """The V4 tokenizer from the GGUF's own vocabulary."""
+    from ds4d.engine.ds4_tokenizer import DS4Tokenizer
+
+    return DS4Tokenizer.from_gguf(gf.reader)

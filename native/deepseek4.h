@@ -1,0 +1,95 @@
+/* deepseek4 — the DeepSeek V4 Flash forward pass (ds4's model), over mmapped GGUF weights.
+ *
+ * One ds4n_dsv4_eval call runs a whole chunk of tokens (a prefill chunk, or one decode
+ * token) through every layer: matmuls are batched over the chunk layer by layer, while
+ * the cache updates (raw window, compressors, indexer) and the attention run token by
+ * token inside each layer, so a chunk is mathematically the same as single steps.
+ *
+ * The session state lives here in C; ds4n_dsv4_state_layer exposes its buffers so that the
+ * Python side can save and restore it (the "DSV4" payload) without copies in C.
+ * Math: ../shared/specs/dsv4-architecture.md section 2.
+ */
+#ifndef DS4N_DEEPSEEK4_H
+#define DS4N_DEEPSEEK4_H
+
+#include <stdint.h>
+
+#include "ds4n.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Hyper-parameters, read from the GGUF by Python (shapes scale down in synthetic files). */
+typedef struct {
+    int32_t n_layer, n_embd, n_vocab, n_head, head_dim, n_rot;
+    int32_t q_lora_rank, o_lora_rank, o_groups;
+    int32_t n_expert, n_expert_used, n_ff_exp, n_hash_layer;
+    int32_t window, idx_n_head, idx_head_dim, idx_top_k;
+    int32_t n_hc, sinkhorn_iters, rope_orig_ctx;
+    float hc_eps, rms_eps, swiglu_clamp;
+    float rope_base, compress_rope_base, rope_scale, yarn_beta_fast, yarn_beta_slow;
+    float expert_weight_scale;
+} ds4n_dsv4_params;
+
+/* Global tensors (set with il = -1). */
+enum {
+    DSV4_TOKEN_EMBD, DSV4_OUT_HC_BASE, DSV4_OUT_HC_FN, DSV4_OUT_HC_SCALE, DSV4_OUT_NORM,
+    DSV4_OUTPUT, DSV4_N_GLOBAL
+};
+/* Per-layer tensors. */
+enum {
+    DSV4_HC_ATTN_FN, DSV4_HC_ATTN_SCALE, DSV4_HC_ATTN_BASE, DSV4_ATTN_NORM,
+    DSV4_Q_A, DSV4_Q_A_NORM, DSV4_Q_B, DSV4_KV, DSV4_KV_NORM, DSV4_SINKS,
+    DSV4_OUT_A, DSV4_OUT_B,
+    DSV4_CMP_APE, DSV4_CMP_KV, DSV4_CMP_GATE, DSV4_CMP_NORM,
+    DSV4_IDX_Q_B, DSV4_IDX_PROJ, DSV4_IDX_CMP_APE, DSV4_IDX_CMP_KV, DSV4_IDX_CMP_GATE,
+    DSV4_IDX_CMP_NORM,
+    DSV4_HC_FFN_FN, DSV4_HC_FFN_SCALE, DSV4_HC_FFN_BASE, DSV4_FFN_NORM,
+    DSV4_GATE_INP, DSV4_EXP_BIAS, DSV4_GATE_EXPS, DSV4_UP_EXPS, DSV4_DOWN_EXPS,
+    DSV4_GATE_SH, DSV4_UP_SH, DSV4_DOWN_SH, DSV4_TID2EID,
+    DSV4_N_LAYER_SLOT
+};
+
+typedef struct ds4n_dsv4_model ds4n_dsv4_model;
+typedef struct ds4n_dsv4_state ds4n_dsv4_state;
+
+/* ratios: n_layer compression ratios (0, 4 or 128). NULL on a bad parameter set. */
+ds4n_dsv4_model *ds4n_dsv4_model_new(const ds4n_dsv4_params *p, const int32_t *ratios);
+void ds4n_dsv4_model_free(ds4n_dsv4_model *m);
+/* Binds one tensor (pointer into the mmap, GGML type). Returns 0, or -1 for a bad slot. */
+int ds4n_dsv4_set_tensor(ds4n_dsv4_model *m, int il, int slot, const void *data, int type);
+
+ds4n_dsv4_state *ds4n_dsv4_state_new(const ds4n_dsv4_model *m, int64_t n_ctx);
+void ds4n_dsv4_state_free(ds4n_dsv4_state *st);
+void ds4n_dsv4_state_reset(ds4n_dsv4_state *st);   /* empty: no tokens, fresh frontiers */
+int64_t ds4n_dsv4_state_pos(const ds4n_dsv4_state *st);
+
+/* The buffers of one layer. raw is a ring of raw_cap rows: the row of position p sits at
+ * p % raw_cap. Frontier tensors are rows x width (0 x 0 when the layer has none). */
+typedef struct {
+    float *raw, *comp, *icomp;
+    float *attn_kv, *attn_score, *idx_kv, *idx_score;
+    int64_t raw_cap, comp_cap, n_comp, n_icomp;
+    int64_t attn_rows, attn_width, idx_rows, idx_width;
+    int32_t ratio, head_dim, idx_head_dim;
+} ds4n_dsv4_layer_state;
+
+int ds4n_dsv4_state_layer(ds4n_dsv4_state *st, int il, ds4n_dsv4_layer_state *out);
+/* After writing the buffers: set the position and the per-layer row counts.
+ * Returns 0, or -1 when a count exceeds its capacity. */
+int ds4n_dsv4_state_restore(ds4n_dsv4_state *st, int64_t n_pos, const int64_t *n_comp,
+                            const int64_t *n_icomp);
+
+/* Runs tokens[0..n) at positions pos..pos+n. When logits is not NULL it receives the
+ * logits after the last token (n_vocab floats), or after every token (n x n_vocab) when
+ * all_logits is set. Returns 0; -1 when the context would overflow, -2 when a tensor is
+ * unbound or memory runs out, -3 for a token id outside the vocabulary (state untouched
+ * in all three cases). */
+int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *pool,
+                   const int32_t *tokens, int64_t n, float *logits, int all_logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
