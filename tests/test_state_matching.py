@@ -28,7 +28,7 @@ def chat(*turns):
 
 def plan(tok, live, text, **kw):
     return plan_sync(live, text, tok.encode(text), decode=tok.decode, encode=tok.encode,
-                     min_save_tokens=kw.pop("min_save_tokens", 8), **kw)
+                     min_tokens=kw.pop("min_tokens", 8), **kw)
 
 
 def test_memory_token(tok):

@@ -62,9 +62,11 @@ def plan_sync(
     encode: Encode,
     lookup: Callable[[str], DiskMatch | None] | None = None,
     can_rewind: bool = True,
-    min_save_tokens: int = 512,
+    min_tokens: int = 512,
 ) -> Plan:
-    """Decide how a slot holding `live` reaches the prompt (see the module docstring)."""
+    """Decide how a slot holding `live` reaches the prompt (see the module docstring).
+    `min_tokens` (kv-cache-min-tokens): a shorter partial reuse is not taken, and a
+    session losing fewer tokens is not saved."""
     n_live = len(live)
     if n_live:
         common = common_prefix(live, prompt_tokens)
@@ -75,8 +77,12 @@ def plan_sync(
             suffix = prompt_text[len(live_text):]
             return Plan("memory-text", n_live, list(live) + (encode(suffix) if suffix else []))
         # The next token's logits must come from an evaluation, so at least one prompt
-        # token is always left to prefill.
+        # token is always left to prefill. A short shared head (the chat template's
+        # opening tokens) is not worth keeping: it would make a complete miss look like a
+        # hit and suppress the cold checkpoint.
         keep = min(common, len(prompt_tokens) - 1) if can_rewind else 0
+        if keep < min_tokens:
+            keep = 0
         reason = ("incoming-prompt-shorter-than-live" if len(prompt_tokens) < n_live
                   and common == len(prompt_tokens) else "token-mismatch")
     else:
@@ -84,11 +90,11 @@ def plan_sync(
 
     disk = lookup(prompt_text) if lookup is not None else None
     if disk is not None and disk.tokens > keep:
-        return Plan("disk-text", 0, None, disk, n_live >= min_save_tokens, reason)
+        return Plan("disk-text", 0, None, disk, n_live >= min_tokens, reason)
     if keep > 0:
         return Plan("memory-token", keep, list(prompt_tokens), None,
-                    n_live - keep >= min_save_tokens, reason)
-    return Plan("none", 0, list(prompt_tokens), None, n_live >= min_save_tokens, reason)
+                    n_live - keep >= min_tokens, reason)
+    return Plan("none", 0, list(prompt_tokens), None, n_live >= min_tokens, reason)
 
 
 def disk_effective(loaded_tokens: Sequence[int], loaded_text: str, prompt_text: str,

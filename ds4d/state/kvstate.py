@@ -1,0 +1,254 @@
+"""The state layer wired together for the daemon: disk cache, save policy, tool memory.
+
+A slot's sync is: `plan` (matching order) -> `save_evict` when the plan throws a long
+live session away -> `begin` -> `load_disk` for a disk hit (verified, with the reuse
+shortfall check) -> prefill the rest, pausing at `stops` (cold boundary, continued
+frontiers) to `checkpoint` while the session is exactly there — a session is never
+rolled back to make an entry. The decode loop calls `after_token`; SIGTERM calls
+`shutdown`. `sync` runs all of it in one blocking call; the daemon interleaves the same
+pieces chunk by chunk with other slots.
+
+Sessions follow the engine contract: tokens, eval(tokens, on_chunk), rewind(n),
+save(fp), load(fp). Every method that touches a session or the disk blocks: run it on a
+worker thread.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ds4d.state.diskcache import DiskCache, DiskMatch
+from ds4d.state.kvfile import Reason
+from ds4d.state.matching import Plan, disk_effective, plan_sync
+from ds4d.state.savepolicy import SavePolicy
+from ds4d.state.toolmemory import ToolMemory
+from ds4d.state.trace import CacheSource
+
+log = logging.getLogger("ds4d.kvcache")
+
+OnChunk = Callable[[int, int], Any]
+
+
+@dataclass
+class SyncResult:
+    source: CacheSource
+    cached_tokens: int  # prompt tokens reused (not prefilled)
+    prompt_tokens: int  # the effective prompt's length
+    disk_file: str | None = None
+    shortfall: bool = False
+    miss_reason: str = ""
+    prefill_s: float = 0.0
+    saves: list[str] = field(default_factory=list)  # "cold", "continued", "evict"
+
+
+@dataclass
+class _SessionState:
+    last_stored: int = 0  # continued frontier already on disk
+    tool_ids: set[str] = field(default_factory=set)  # ids of the conversation it holds
+
+
+class KVState:
+    def __init__(
+        self,
+        tokenizer: Any,
+        n_ctx: int,
+        *,
+        disk: DiskCache | None = None,
+        policy: SavePolicy | None = None,
+        tool_memory: ToolMemory | None = None,
+        can_rewind: bool = True,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.n_ctx = n_ctx
+        self.disk = disk
+        self.policy = policy or SavePolicy.for_context(n_ctx)
+        if disk is not None:  # one threshold for saving and loading
+            disk.min_tokens = self.policy.min_tokens
+        self.tool_memory = tool_memory if tool_memory is not None else ToolMemory()
+        self.can_rewind = can_rewind
+        self._lock = threading.Lock()
+        self._state: dict[int, _SessionState] = {}
+
+    def _st(self, session: Any) -> _SessionState:
+        with self._lock:
+            return self._state.setdefault(id(session), _SessionState())
+
+    def encode_suffix(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, special=True)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(tokens)
+
+    # ---- the pieces a slot's sync is made of -------------------------------------------
+
+    def plan(self, session: Any, prompt_text: str, prompt_tokens: Sequence[int]) -> Plan:
+        return plan_sync(
+            list(session.tokens), prompt_text, prompt_tokens,
+            decode=self.decode, encode=self.encode_suffix, lookup=self.lookup,
+            can_rewind=self.can_rewind, min_tokens=self.policy.min_tokens,
+        )
+
+    def lookup(self, prompt_text: str) -> DiskMatch | None:
+        return self.disk.lookup(prompt_text) if self.disk is not None else None
+
+    def begin(self, session: Any, source: str, tool_ids: Iterable[str] = ()) -> None:
+        """A request starts on `session` (after any evict save): a session that did not
+        continue from its own memory starts its continued frontiers afresh."""
+        st = self._st(session)
+        if source not in ("memory-token", "memory-text"):
+            st.last_stored = 0
+        st.tool_ids = set(tool_ids)
+
+    def load_disk(self, session: Any, match: DiskMatch, prompt_text: str) -> list[int] | None:
+        """Load `match` into `session`; the effective prompt tokens, or None (file moved
+        aside, session emptied) when it cannot be used. Blocking."""
+        assert self.disk is not None
+        loaded = self.disk.load(match, prompt_text)
+        if loaded is None:
+            return None
+        try:
+            session.load(io.BytesIO(loaded.payload))
+        except Exception as e:  # the engine refused it (version, layout, ctx)
+            log.warning("kv cache: engine refused %s: %s", loaded.entry.name, e)
+            self.disk.reject(loaded.entry, str(e))
+            session.rewind(0)
+            return None
+        reused = len(session.tokens)
+        self.disk.check_reuse(match.tokens, reused, loaded.entry.name)
+        if reused != match.tokens:
+            session.rewind(0)
+            self.disk.reject(loaded.entry, f"holds {reused} tokens, header says {match.tokens}")
+            return None
+        self.tool_memory.update(loaded.tool_map)
+        self._st(session).last_stored = reused
+        log.info("kv cache hit text tokens=%d text=%d file=%s", reused,
+                 len(loaded.text.encode()), loaded.entry.name)
+        return disk_effective(list(session.tokens), loaded.text, prompt_text,
+                              self.encode_suffix)
+
+    def stops(self, start: int, total: int, cached: int) -> list[tuple[int, Reason]]:
+        """Where a prefill from `start` to `total` tokens must pause for a checkpoint:
+        the cold boundary (complete misses only) and continued frontiers."""
+        if self.disk is None:
+            return []
+        out: dict[int, Reason] = {}
+        frontier = self.policy.next_continued(start)
+        while frontier is not None and frontier <= total:
+            out[frontier] = Reason.CONTINUED
+            frontier = self.policy.next_continued(frontier)
+        cold = self.policy.cold_boundary(total, cached)
+        if cold is not None and start < cold <= total:
+            out[cold] = Reason.COLD  # a continued frontier there is not written twice
+        return sorted(out.items())
+
+    def checkpoint(self, session: Any, reason: Reason) -> bool:
+        """Save at a stop returned by `stops` (continued only if still due). Blocking."""
+        if reason == Reason.CONTINUED:
+            if not self.policy.continued_due(len(session.tokens), self._st(session).last_stored):
+                return False
+        return self._save(session, reason)
+
+    def save_evict(self, session: Any) -> bool:
+        """Save what a session is about to lose to an unrelated prompt. Blocking."""
+        return self.save_session(session, Reason.EVICT)
+
+    # ---- all in one (blocking) ------------------------------------------------------------
+
+    def sync(
+        self,
+        session: Any,
+        prompt_text: str,
+        prompt_tokens: Sequence[int],
+        on_chunk: OnChunk | None = None,
+        tool_ids: Iterable[str] = (),
+    ) -> SyncResult:
+        """Make `session` hold the prompt, with logits for its next token, in one
+        blocking call (the daemon interleaves the same pieces chunk by chunk)."""
+        started = time.monotonic()
+        plan = self.plan(session, prompt_text, prompt_tokens)
+        result = SyncResult(plan.source, plan.keep, len(prompt_tokens),
+                            miss_reason=plan.miss_reason)
+        if plan.evict_save and self.save_evict(session):
+            result.saves.append("evict")
+        self.begin(session, plan.source, tool_ids)
+        tokens = plan.tokens
+        if plan.disk is not None:
+            tokens = self.load_disk(session, plan.disk, prompt_text)
+            if tokens is None:  # unusable file: cold after all
+                result.source, result.cached_tokens = "none", 0
+                tokens = list(prompt_tokens)
+            else:
+                result.cached_tokens, result.disk_file = len(session.tokens), plan.disk.path.name
+                result.shortfall = result.cached_tokens < plan.disk.tokens
+        assert tokens is not None
+        if len(session.tokens) > result.cached_tokens:
+            self._rewind(session, result.cached_tokens)
+        result.prompt_tokens = len(tokens)
+        pos = len(session.tokens)
+        for stop, reason in self.stops(pos, len(tokens), result.cached_tokens) + [
+                (len(tokens), None)]:
+            if stop <= pos:
+                continue
+            base = pos
+
+            def progress(done: int, _n: int, base: int = base) -> Any:
+                if on_chunk is not None:
+                    return on_chunk(base - result.cached_tokens + done,
+                                    len(tokens) - result.cached_tokens)
+                return None
+
+            session.eval(tokens[pos:stop], on_chunk=progress)
+            pos = stop
+            if reason is not None and self.checkpoint(session, reason):
+                result.saves.append(reason.name.lower())
+        result.prefill_s = time.monotonic() - started
+        return result
+
+    def _rewind(self, session: Any, keep: int) -> None:
+        try:
+            session.rewind(keep)
+        except Exception:  # the family cannot rewind exactly: start over
+            if keep == 0:
+                raise
+            session.rewind(0)
+
+    # ---- saves -------------------------------------------------------------------------
+
+    def _save(self, session: Any, reason: Reason) -> bool:
+        if self.disk is None:
+            return False
+        tokens = list(session.tokens)
+        if len(tokens) < self.policy.min_tokens:
+            return False
+        st = self._st(session)
+        ids = st.tool_ids
+        entry = self.disk.save(reason, self.decode(tokens), len(tokens), session.save,
+                               tool_map=self.tool_memory.select(ids) if ids else None)
+        if entry is None:
+            return False
+        if reason in (Reason.COLD, Reason.CONTINUED):
+            st.last_stored = max(st.last_stored, len(tokens))
+        return True
+
+    def after_token(self, session: Any) -> bool:
+        """Decode-loop hook: a continued checkpoint when the session reaches a frontier."""
+        return self.disk is not None and self.checkpoint(session, Reason.CONTINUED)
+
+    def remember_tool_call(self, session: Any, call_id: str, sampled_text: str) -> None:
+        """A call the model just made: its exact text, for replay in later turns."""
+        self.tool_memory.remember(call_id, sampled_text)
+        self._st(session).tool_ids.add(call_id)
+
+    def save_session(self, session: Any, reason: Reason = Reason.SHUTDOWN) -> bool:
+        """Save the whole live session (shutdown, evict). Blocking."""
+        return self.policy.worth_saving(len(session.tokens)) and self._save(session, reason)
+
+    def shutdown(self, sessions: Iterable[Any]) -> int:
+        """SIGTERM/SIGINT: every session worth keeping goes to disk. Returns files saved."""
+        return sum(self.save_session(s, Reason.SHUTDOWN) for s in sessions)
