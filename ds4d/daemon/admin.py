@@ -363,6 +363,10 @@ class AdminCommands:
         target = str(Path(path).expanduser().absolute()) if path else current
         if not target:
             raise AdminError("trace on needs a PATH (no trace file is configured)")
+        try:  # fail here, in the reply, rather than later in the daemon's log
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        except OSError as e:
+            raise AdminError(f"cannot open trace file {target}: {e.strerror}", "io") from None
         self.live.set_runtime("trace", target)
         return self.trace_status()
 

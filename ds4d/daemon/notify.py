@@ -17,8 +17,10 @@ import sdnotify
 
 
 class Notifier:
-    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
-        env = os.environ if environ is None else environ
+    """Reads NOTIFY_SOCKET, WATCHDOG_USEC and WATCHDOG_PID from the environment."""
+
+    def __init__(self) -> None:
+        env = os.environ
         self.enabled = bool(env.get("NOTIFY_SOCKET"))
         self._notifier = sdnotify.SystemdNotifier() if self.enabled else None
         self._watchdog_usec = _watchdog_usec(env)

@@ -1,0 +1,114 @@
+"""The control plane around a running daemon, in one place for main.py to start.
+
+    control = ControlPlane.from_args(args)          # ConfigError -> exit CONFIG_ERROR
+    config = control.config                         # the effective Config at start
+    ... build the Daemon ...
+    control.attach(daemon, cache=disk_cache, trace=trace_writer)
+    await nursery.start(control.run)                # admin socket bound, watchers running
+    ... bind HTTP, load the model ...
+    control.ready(daemon)                           # READY=1
+    ... on SIGTERM: control.stopping(); control.extend_timeout(s) around shutdown saves
+
+It owns the live config (file watching, SIGHUP, `ds4ctl config reload/set`), the admin
+socket, sd_notify and its watchdog, and the power governor, and pushes every live config
+change to the parts that follow it: the daemon's `config`, the governor, the log level,
+the disk cache budget and the trace file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ds4d.daemon import admin, logs
+from ds4d.daemon.config import Config
+from ds4d.daemon.notify import Notifier, run_watchdog
+from ds4d.daemon.power import PowerGovernor
+from ds4d.daemon.reload import LiveConfig, reload_on_sighup, watch_files
+
+log = logging.getLogger("ds4d.control")
+
+
+class ControlPlane:
+    def __init__(self, live: LiveConfig, notifier: Notifier) -> None:
+        self.live = live
+        self.notifier = notifier
+        self.governor = PowerGovernor(live.current.power)
+        self.socket_path: Path = admin.socket_path_for(live.current.admin_socket)
+        self.daemon: Any = None
+        self.cache: Any = None
+        self.trace: Any = None
+        live.subscribe(self._follow)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace | None = None) -> ControlPlane:
+        """Load the config from every source (raises ConfigError) and set up logging."""
+        notifier = Notifier()
+        live = LiveConfig.load(args, notifier=notifier)
+        logs.setup_logging(live.current)
+        return cls(live, notifier)
+
+    @property
+    def config(self) -> Config:
+        return self.live.current
+
+    def attach(self, daemon: Any, cache: Any = None, trace: Any = None) -> None:
+        """Connect the daemon (`status/slots/stop`, `config`, `after_unit`), the disk cache
+        (`ls/evict/stats_dict`, `budget`) and the trace writer (`open/close`)."""
+        self.daemon, self.cache, self.trace = daemon, cache, trace
+        daemon.after_unit = self.governor.rest
+        if trace is not None and self.config.trace:
+            trace.open(self.config.trace, self.config.trace_content)
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the admin socket, ping the watchdog, watch the config; reports started
+        once the socket is bound. Raises admin.SocketInUseError (exit ADDRESS_IN_USE)."""
+        commands = admin.AdminCommands(self.daemon, self.live, self.cache)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(run_watchdog, self.notifier)
+            await nursery.start(lambda task_status: admin.serve(
+                self.socket_path, commands, log=log.warning, task_status=task_status))
+            log.info("admin socket %s", self.socket_path)
+            await nursery.start(lambda task_status: watch_files(
+                self.live, task_status=task_status))
+            await nursery.start(lambda task_status: reload_on_sighup(
+                self.live, task_status=task_status))
+            task_status.started()
+
+    # -- sd_notify milestones ---------------------------------------------------------------
+
+    def status(self, text: str) -> None:
+        self.notifier.status(text)
+
+    def ready(self, what: str = "serving") -> None:
+        self.notifier.ready(status=what)
+
+    def stopping(self, why: str = "stopping") -> None:
+        self.notifier.stopping(why)
+
+    def extend_timeout(self, seconds: float) -> None:
+        self.notifier.extend_timeout(seconds)
+
+    # -- live config ------------------------------------------------------------------------
+
+    def _follow(self, config: Config, changed: list[str]) -> None:
+        if "power" in changed:
+            self.governor.set_level(config.power)
+            log.info("power is now %d%%", config.power)
+        logs.apply_config_change(config, changed)
+        if self.daemon is not None:
+            self.daemon.config = config
+        if self.cache is not None and "kv_disk_space_mb" in changed:
+            self.cache.budget = config.kv_disk_space_mb * 1024 * 1024
+            self.cache.enforce_budget()
+        if self.trace is not None and {"trace", "trace_content"} & set(changed):
+            if config.trace:
+                self.trace.open(config.trace, config.trace_content)
+                log.info("tracing to %s", config.trace)
+            else:
+                self.trace.close()
+                log.info("tracing off")
