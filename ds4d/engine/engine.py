@@ -31,6 +31,7 @@ from ds4d.engine.gguf_file import GGUFFile
 # general.architecture -> family module. A new family is one module and one line here.
 FAMILIES = {
     "llama": "ds4d.engine.llama",
+    "deepseek4": "ds4d.engine.deepseek4",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
