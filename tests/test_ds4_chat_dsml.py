@@ -259,3 +259,30 @@ def test_tracker_is_incremental():
     assert not any(greedy[: start - 1]) and greedy[start - 1]
     body = TEXT.index("grep -n")
     assert not greedy[body] and not greedy[body + 10]
+
+
+def test_ds4_decode_policy():
+    from ds4d.chat.deepseek4 import ThinkMode
+    from ds4d.chat.deepseek4_output import DS4Decode
+    from ds4d.chat.types import ChatRequest, Message, Tool
+    from ds4d.engine.sampler import SamplingParams
+
+    base = SamplingParams(temperature=0.3, top_k=40, top_p=0.9, min_p=0.0)
+    req = ChatRequest(messages=[Message("user", "hi")], tools=[Tool("bash")])
+    block = render_tool_calls([ToolCall("a", "bash", '{"command": "pwd"}')])
+    decode = DS4Decode(req, ThinkMode.HIGH)
+    seen = []
+    for c in "hmm</think>Running." + block + "\ntrailing":
+        params = decode.sampling(base)
+        seen.append((params.temperature, params.top_k, params.min_p))
+        decode.feed(c)
+        if decode.tool_block_closed:
+            break
+    assert decode.tool_block_closed and decode.parser.tool_calls == 1
+    assert seen[0] == (1.0, 0, 0.05)  # thinking ignores the client's knobs
+    assert any(t == 0.0 for t, _, _ in seen)  # markup sampled greedily
+    body = len("hmm</think>Running.") + block.index(">pwd<") + 1
+    assert seen[body][0] == 1.0  # the payload keeps the sampling
+    plain = DS4Decode(ChatRequest(messages=[Message("user", "hi")]), ThinkMode.NONE)
+    plain.feed(block)
+    assert plain.sampling(base) is base and not plain.tool_block_closed

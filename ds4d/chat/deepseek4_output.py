@@ -3,8 +3,13 @@ parser plugged into the shared output pipeline (stop sequences -> thinking -> to
 
 from __future__ import annotations
 
-from ds4d.chat.deepseek4_dsml import DSMLToolParser
+import dataclasses
+from typing import Any, TypeVar
+
+from ds4d.chat.deepseek4 import ThinkMode
+from ds4d.chat.deepseek4_dsml import DSMLToolParser, DSMLTracker
 from ds4d.chat.stream import OutputParser, partial_suffix_len
+from ds4d.chat.types import ChatRequest, Event
 from ds4d.engine.ds4_tokenizer import THINK_CLOSE, THINK_OPEN
 
 
@@ -67,3 +72,60 @@ def output_parser(
     if tools:
         parser.tools = DSMLToolParser(id_prefix)
     return parser
+
+
+P = TypeVar("P")
+
+# Thinking modes sample with these, whatever the client asked for (as ds4 does).
+THINKING_SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.05}
+
+
+class DS4Decode:
+    """The DeepSeek V4 side of one generation, for the shared decode loop:
+
+        decode = DS4Decode(request, mode)
+        per token:  params = decode.sampling(base_params)   # before sampling it
+                    events = decode.feed(text)             # its decoded text
+                    if decode.tool_block_closed: finish "tool_calls"
+        at the end: events = decode.flush()
+
+    Sampling follows ds4: thinking modes ignore the client's knobs, and with tools active
+    the markup of a DSML block (not its parameter payloads) is sampled greedily.
+    """
+
+    def __init__(self, request: ChatRequest, mode: ThinkMode) -> None:
+        self.mode = mode
+        self.tools_active = request.tools_active
+        self.parser = output_parser(
+            tools=self.tools_active,
+            stops=request.stop,
+            thinking=mode.thinking,
+            id_prefix=request.tool_id_prefix,
+        )
+        self.tracker = DSMLTracker() if self.tools_active else None
+
+    @property
+    def greedy(self) -> bool:
+        return self.tracker is not None and self.tracker.greedy
+
+    @property
+    def tool_block_closed(self) -> bool:
+        """The end tag of a tool block was generated: stop here (no EOS follows)."""
+        tools: Any = self.parser.tools
+        return self.tools_active and tools is not None and tools.ended
+
+    def sampling(self, params: P) -> P:
+        """`params` (a dataclass with temperature/top_k/top_p/min_p) for the next token."""
+        if self.greedy:
+            return dataclasses.replace(params, temperature=0.0)  # type: ignore[type-var]
+        if self.mode.thinking:
+            return dataclasses.replace(params, **THINKING_SAMPLING)  # type: ignore[type-var]
+        return params
+
+    def feed(self, text: str) -> list[Event]:
+        if self.tracker is not None:
+            self.tracker.feed(text)
+        return self.parser.feed(text)
+
+    def flush(self) -> list[Event]:
+        return self.parser.flush()
