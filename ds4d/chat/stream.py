@@ -49,15 +49,15 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.buf = ""
-        self.hit = False
+        self.hit: str | None = None  # the stop sequence found
 
     def feed(self, piece: str) -> str:
         if not self.stops:
             return piece
         self.buf += piece
-        cut = min((i for i in (self.buf.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.hit = True
+        found = [(i, s) for s in self.stops if (i := self.buf.find(s)) >= 0]
+        if found:
+            cut, self.hit = min(found)
             out, self.buf = self.buf[:cut], ""
             return out
         n = len(self.buf) - self.hold
@@ -225,14 +225,19 @@ class OutputParser:
         stops: list[str] | None = None,
         in_reasoning: bool = False,
         id_prefix: str = "call_",
+        split_thinking: bool = True,
     ) -> None:
         self.stop = StopMatcher(stops or [])
-        self.think = ThinkSplitter(in_reasoning)
+        self.think = ThinkSplitter(in_reasoning) if split_thinking else None
         self.tools = ToolCallParser(id_prefix) if tools else None
 
     @property
     def stopped(self) -> bool:
         """A stop sequence was generated: decoding should end."""
+        return self.stop.hit is not None
+
+    @property
+    def stop_sequence(self) -> str | None:
         return self.stop.hit
 
     @property
@@ -240,13 +245,21 @@ class OutputParser:
         return self.tools.count if self.tools else 0
 
     def feed(self, piece: str) -> list[Event]:
-        return self._route(self.think.feed(self.stop.feed(piece)))
+        return self._route(self._split(self.stop.feed(piece)))
 
     def flush(self) -> list[Event]:
-        events = self._route(self.think.feed(self.stop.flush()) + self.think.flush())
+        parts = self._split(self.stop.flush())
+        if self.think is not None:
+            parts += self.think.flush()
+        events = self._route(parts)
         if self.tools:
             events.extend(self.tools.flush())
         return events
+
+    def _split(self, text: str) -> list[tuple[str, str]]:
+        if self.think is None:
+            return [("text", text)] if text else []
+        return self.think.feed(text)
 
     def _route(self, parts: list[tuple[str, str]]) -> list[Event]:
         out: list[Event] = []

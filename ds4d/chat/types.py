@@ -67,6 +67,7 @@ class ChatRequest:
     thinking: bool | None = None  # None: the model's default
     model: str = ""
     stream: bool = False
+    include_usage: bool = False  # streaming: send usage at the end (OpenAI asks for it)
     raw_prompt: str | None = None  # legacy completions: the text is the prompt, no template
     tool_id_prefix: str = "call_"  # "toolu_" for Anthropic clients
 
@@ -123,6 +124,7 @@ class Usage:
 class Finish:
     reason: Literal["stop", "length", "tool_calls", "error"]
     error: str | None = None
+    stop_sequence: str | None = None  # the client stop sequence that ended the text
 
 
 Event = (

@@ -1,0 +1,214 @@
+"""What the four protocol modules share: request validation helpers, the error type,
+collecting events into a complete reply, and SSE framing."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from ds4d.chat.types import (
+    Event,
+    Finish,
+    ReasoningDelta,
+    Sampling,
+    TextDelta,
+    ToolCall,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+_MISSING: Any = object()
+
+
+class ApiError(Exception):
+    """A request the server refuses; each protocol renders it in its own error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.param = param
+        self.code = code
+        self.extra = extra or {}
+        self.headers = headers or {}
+
+
+def bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+def random_id(prefix: str, nbytes: int = 12) -> str:
+    return prefix + secrets.token_hex(nbytes)
+
+
+# ---- validation ------------------------------------------------------------------------
+
+_TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
+               list: "an array", dict: "an object"}
+
+
+def field_of(obj: dict[str, Any], key: str, types: type | tuple[type, ...], default: Any = None,
+             *, where: str = "", required: bool = False) -> Any:
+    """obj[key] if it has one of `types` (null counts as absent), else a 400 naming it."""
+    value = obj.get(key, _MISSING)
+    path = f"{where}.{key}" if where else key
+    if value is _MISSING or value is None:
+        if required:
+            raise bad(f"'{path}' is required", path)
+        return default
+    ok_types = types if isinstance(types, tuple) else (types,)
+    if float in ok_types and int not in ok_types:
+        ok_types = (*ok_types, int)
+    if isinstance(value, bool) and bool not in ok_types:
+        ok = False
+    else:
+        ok = isinstance(value, ok_types)
+    if not ok:
+        names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in (
+            types if isinstance(types, tuple) else (types,)))
+        raise bad(f"'{path}' must be {names}", path)
+    return value
+
+
+def number(obj: dict[str, Any], key: str, lo: float, hi: float, default: Any = None,
+           *, integer: bool = False, where: str = "") -> Any:
+    value = field_of(obj, key, int if integer else float, default, where=where)
+    if value is default:
+        return value
+    if not lo <= value <= hi:
+        raise bad(f"'{key}' must be between {lo:g} and {hi:g}, got {value}", key)
+    return value
+
+
+def max_tokens_of(obj: dict[str, Any], *keys: str) -> int | None:
+    for key in keys:
+        value = field_of(obj, key, int, None)
+        if value is not None:
+            if value < 1:
+                raise bad(f"'{key}' must be at least 1, got {value}", key)
+            return value
+    return None
+
+
+def sampling_of(obj: dict[str, Any], defaults: Sampling, *, max_temperature: float = 2.0) -> Sampling:
+    seed = field_of(obj, "seed", int, None)
+    return Sampling(
+        temperature=number(obj, "temperature", 0.0, max_temperature, defaults.temperature),
+        top_p=number(obj, "top_p", 0.0, 1.0, defaults.top_p),
+        top_k=number(obj, "top_k", 0, 1 << 31, defaults.top_k, integer=True),
+        min_p=number(obj, "min_p", 0.0, 1.0, defaults.min_p),
+        seed=seed,
+    )
+
+
+def stop_list(value: Any, key: str = "stop") -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value else []
+    if isinstance(value, list) and all(isinstance(s, str) for s in value):
+        return [s for s in value if s]
+    raise bad(f"'{key}' must be a string or an array of strings", key)
+
+
+def json_text(value: Any, where: str) -> str:
+    """Tool-call arguments: clients send a JSON string or an object; keep a JSON string."""
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    raise bad(f"'{where}' must be a JSON string or an object", where)
+
+
+def effort_thinking(effort: Any, key: str) -> bool | None:
+    """reasoning_effort-style controls: "none" turns thinking off, the others on."""
+    if effort is None:
+        return None
+    if not isinstance(effort, str):
+        raise bad(f"'{key}' must be a string", key)
+    if effort in ("none",):
+        return False
+    if effort in ("minimal", "low", "medium", "high", "xhigh", "max"):
+        return True
+    raise bad(f"'{key}' must be one of none, minimal, low, medium, high, xhigh, max", key)
+
+
+# ---- collecting a whole reply ----------------------------------------------------------
+
+
+@dataclass
+class Completion:
+    """A finished generation, for non-streaming responses."""
+
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage = field(default_factory=lambda: Usage(0, 0))
+    finish: Finish = field(default_factory=lambda: Finish("stop"))
+
+    def add(self, ev: Event) -> None:
+        if isinstance(ev, TextDelta):
+            self.text += ev.text
+        elif isinstance(ev, ReasoningDelta):
+            self.reasoning += ev.text
+        elif isinstance(ev, ToolCallStart):
+            self.tool_calls.append(ToolCall(ev.id, ev.name, ""))
+        elif isinstance(ev, ToolCallEnd):
+            self.tool_calls[ev.index].arguments = ev.arguments
+        elif isinstance(ev, Usage):
+            self.usage = ev
+        elif isinstance(ev, Finish):
+            self.finish = ev
+
+
+# ---- SSE -----------------------------------------------------------------------------
+
+
+def sse(data: Any, event: str | None = None) -> str:
+    body = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {body}\n\n"
+
+
+KEEPALIVE = ": keepalive\n\n"
+
+
+def content_text(value: Any, where: str, text_types: tuple[str, ...]) -> str:
+    """A message's content: a string, null, or an array of parts whose text parts are
+    joined; other parts (images, files, ...) are dropped, since the model reads text."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise bad(f"'{where}' must be a string or an array of content parts", where)
+    out = []
+    for n, part in enumerate(value):
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, dict):
+            kind = part.get("type", "text")
+            if kind in text_types:
+                text = part.get("text")
+                if text is not None and not isinstance(text, str):
+                    raise bad(f"'{where}[{n}].text' must be a string", where)
+                out.append(text or "")
+        else:
+            raise bad(f"'{where}[{n}]' must be an object", where)
+    return "".join(out)

@@ -1,0 +1,334 @@
+"""POST /v1/responses: OpenAI Responses (stateless: the client replays the full input)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ds4d.api.common import (
+    ApiError,
+    Completion,
+    bad,
+    content_text,
+    effort_thinking,
+    field_of,
+    json_text,
+    max_tokens_of,
+    random_id,
+    sampling_of,
+    sse,
+)
+from ds4d.api.openai_chat import error_body
+from ds4d.api.openai_chat import parse_tool_choice as _chat_tool_choice
+from ds4d.chat.types import (
+    ChatRequest,
+    Event,
+    Finish,
+    Message,
+    ReasoningDelta,
+    Sampling,
+    TextDelta,
+    Tool,
+    ToolCall,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+__all__ = ["error_body", "parse", "response", "Stream"]
+
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text",
+              "refusal")
+ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+CALL_ITEMS = {"function_call", "custom_tool_call", "local_shell_call"}
+OUTPUT_ITEMS = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
+
+
+def parse_tools(value: Any) -> list[Tool]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise bad("'tools' must be an array", "tools")
+    tools = []
+    for n, t in enumerate(value):
+        if not isinstance(t, dict):
+            raise bad(f"'tools[{n}]' must be an object", "tools")
+        kind = t.get("type")
+        inner = t.get("tools") if kind == "namespace" else [t]
+        if not isinstance(inner, list):
+            raise bad(f"'tools[{n}].tools' must be an array", "tools")
+        for fn in inner:
+            if not isinstance(fn, dict) or fn.get("type", "function") != "function":
+                continue  # hosted tools (web_search, file_search...) have no local body
+            name = field_of(fn, "name", str, where=f"tools[{n}]", required=True)
+            params = field_of(fn, "parameters", dict, {"type": "object", "properties": {}},
+                              where=f"tools[{n}]")
+            tools.append(Tool(name, field_of(fn, "description", str, "", where=f"tools[{n}]"),
+                              params))
+    return tools
+
+
+def _input(value: Any, instructions: str) -> list[Message]:
+    messages: list[Message] = []
+    if instructions:
+        messages.append(Message("system", instructions))
+    if isinstance(value, str):
+        messages.append(Message("user", value))
+        return messages
+    if not isinstance(value, list):
+        raise bad("'input' must be a string or an array of items", "input")
+    pending_reasoning = ""
+    for n, item in enumerate(value):
+        where = f"input[{n}]"
+        if not isinstance(item, dict):
+            raise bad(f"'{where}' must be an object", "input")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = field_of(item, "role", str, where=where, required=True)
+            if role not in ROLES:
+                raise bad(f"'{where}.role' must be one of {', '.join(ROLES)}", "input")
+            msg = Message(ROLES[role], content_text(item.get("content"), f"{where}.content",
+                                                    TEXT_PARTS))
+            if msg.role == "assistant" and pending_reasoning:
+                msg.reasoning, pending_reasoning = pending_reasoning, ""
+            messages.append(msg)
+        elif kind == "reasoning":
+            summary = item.get("summary") or []
+            if isinstance(summary, list):
+                pending_reasoning += "".join(
+                    s.get("text", "") for s in summary if isinstance(s, dict))
+        elif kind in CALL_ITEMS:
+            name = item.get("name") or ("local_shell" if kind == "local_shell_call" else None)
+            if not isinstance(name, str):
+                raise bad(f"'{where}.name' is required", "input")
+            call_id = item.get("call_id") or item.get("id")
+            if not isinstance(call_id, str):
+                raise bad(f"'{where}.call_id' is required", "input")
+            args = item.get("arguments", item.get("input", item.get("action")))
+            call = ToolCall(call_id, name, json_text(args, f"{where}.arguments"))
+            last = messages[-1] if messages else None
+            if last is None or last.role != "assistant":
+                last = Message("assistant")
+                messages.append(last)
+            if pending_reasoning and not last.reasoning:
+                last.reasoning, pending_reasoning = pending_reasoning, ""
+            last.tool_calls.append(call)
+        elif kind in OUTPUT_ITEMS:
+            call_id = item.get("call_id") or item.get("id")
+            output = item.get("output")
+            text = output if isinstance(output, str) else content_text(
+                output if isinstance(output, list) else None, f"{where}.output", TEXT_PARTS)
+            messages.append(Message("tool", text, tool_call_id=call_id))
+        # item_reference, compaction, web_search_call...: nothing to render
+    if not any(m.role != "system" for m in messages):
+        raise bad("'input' must hold at least one message", "input")
+    return messages
+
+
+def parse(body: Any, defaults: Sampling) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    if body.get("previous_response_id") is not None or body.get("conversation") is not None:
+        raise bad("previous_response_id is not supported; replay the full input instead",
+                  "previous_response_id")
+    if "input" not in body or body["input"] is None:
+        raise bad("'input' is required", "input")
+    instructions = field_of(body, "instructions", str, "")
+    messages = _input(body["input"], instructions)
+    tools = parse_tools(body.get("tools"))
+    reasoning = field_of(body, "reasoning", dict, {})
+    req = ChatRequest(
+        messages=messages,
+        tools=tools,
+        tool_choice=_chat_tool_choice(body.get("tool_choice"), tools),
+        sampling=sampling_of(body, defaults),
+        max_tokens=max_tokens_of(body, "max_output_tokens", "max_tokens"),
+        thinking=effort_thinking(reasoning.get("effort"), "reasoning.effort"),
+        model=field_of(body, "model", str, ""),
+        stream=field_of(body, "stream", bool, False),
+    )
+    return req
+
+
+def usage_json(u: Usage) -> dict[str, Any]:
+    return {"input_tokens": u.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": u.cached_tokens},
+            "output_tokens": u.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": u.prompt_tokens + u.completion_tokens}
+
+
+def _status(f: Finish) -> str:
+    return {"length": "incomplete", "error": "failed"}.get(f.reason, "completed")
+
+
+class _Builder:
+    """Output items of one response, shared by the streaming and the plain paths."""
+
+    def __init__(self, model: str) -> None:
+        self.id = random_id("resp_")
+        self.created = int(time.time())
+        self.model = model
+        self.output: list[dict[str, Any]] = []
+
+    def envelope(self, status: str, finish: Finish | None = None,
+                 usage: Usage | None = None) -> dict[str, Any]:
+        obj: dict[str, Any] = {
+            "id": self.id, "object": "response", "created_at": self.created,
+            "status": status, "model": self.model, "output": self.output,
+            "error": None, "incomplete_details": None, "instructions": None,
+            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+        }
+        if finish is not None and finish.reason == "length":
+            obj["incomplete_details"] = {"reason": "max_output_tokens"}
+        if finish is not None and finish.reason == "error":
+            obj["error"] = {"code": "server_error",
+                            "message": finish.error or "generation failed"}
+        if usage is not None:
+            obj["usage"] = usage_json(usage)
+        return obj
+
+
+def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+
+
+def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "reasoning", "status": "completed",
+            "summary": [{"type": "summary_text", "text": text}]}
+
+
+def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
+            "name": call.name, "arguments": call.arguments}
+
+
+def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
+    b = _Builder(model)
+    status = _status(c.finish)
+    if c.reasoning:
+        b.output.append(_reasoning_item(random_id("rs_"), c.reasoning))
+    if c.text:
+        b.output.append(_message_item(random_id("msg_"), c.text, status))
+    for call in c.tool_calls:
+        b.output.append(_call_item(random_id("fc_"), call, "completed"))
+    return b.envelope(status, c.finish, c.usage)
+
+
+class Stream:
+    """response.created / in_progress, one item per output (reasoning, message, function
+    calls) with added / delta / done events, then completed, incomplete or failed."""
+
+    def __init__(self, req: ChatRequest, model: str) -> None:
+        self.req = req
+        self.b = _Builder(model)
+        self.seq = 0
+        self.item: dict[str, Any] | None = None  # the open output item
+        self.text = ""
+        self.usage: Usage | None = None
+        self.calls: dict[int, ToolCall] = {}
+
+    def _ev(self, kind: str, **data: Any) -> str:
+        ev = {"type": kind, "sequence_number": self.seq, **data}
+        self.seq += 1
+        return sse(ev, kind)
+
+    def open(self) -> list[str]:
+        env = self.b.envelope("in_progress")
+        return [self._ev("response.created", response=env),
+                self._ev("response.in_progress", response=env)]
+
+    @property
+    def _index(self) -> int:
+        return len(self.b.output) - 1
+
+    def _close(self) -> list[str]:
+        item, self.item = self.item, None
+        if item is None:
+            return []
+        i, text = self._index, self.text
+        if item["type"] == "message":
+            part = {"type": "output_text", "text": text, "annotations": []}
+            item["content"] = [part]
+            item["status"] = "completed"
+            return [self._ev("response.output_text.done", item_id=item["id"], output_index=i,
+                             content_index=0, text=text, logprobs=[]),
+                    self._ev("response.content_part.done", item_id=item["id"],
+                             output_index=i, content_index=0, part=part),
+                    self._ev("response.output_item.done", output_index=i, item=item)]
+        if item["type"] == "reasoning":
+            part = {"type": "summary_text", "text": text}
+            item["summary"] = [part]
+            item["status"] = "completed"
+            return [self._ev("response.reasoning_summary_text.done", item_id=item["id"],
+                             output_index=i, summary_index=0, text=text),
+                    self._ev("response.reasoning_summary_part.done", item_id=item["id"],
+                             output_index=i, summary_index=0, part=part),
+                    self._ev("response.output_item.done", output_index=i, item=item)]
+        item["status"] = "completed"
+        return [self._ev("response.function_call_arguments.done", item_id=item["id"],
+                         output_index=i, name=item["name"], arguments=item["arguments"]),
+                self._ev("response.output_item.done", output_index=i, item=item)]
+
+    def _open(self, item: dict[str, Any]) -> list[str]:
+        out = self._close()
+        self.item = item
+        self.text = ""
+        self.b.output.append(item)
+        out.append(self._ev("response.output_item.added", output_index=self._index,
+                            item=dict(item)))
+        return out
+
+    def feed(self, ev: Event) -> list[str]:
+        out: list[str] = []
+        if isinstance(ev, ReasoningDelta):
+            if self.item is None or self.item["type"] != "reasoning":
+                item = {"id": random_id("rs_"), "type": "reasoning", "status": "in_progress",
+                        "summary": []}
+                out += self._open(item)
+                out.append(self._ev("response.reasoning_summary_part.added",
+                                    item_id=item["id"], output_index=self._index,
+                                    summary_index=0, part={"type": "summary_text", "text": ""}))
+            self.text += ev.text
+            out.append(self._ev("response.reasoning_summary_text.delta",
+                                item_id=self.item["id"], output_index=self._index,
+                                summary_index=0, delta=ev.text))
+        elif isinstance(ev, TextDelta):
+            if self.item is None or self.item["type"] != "message":
+                item = {"id": random_id("msg_"), "type": "message", "status": "in_progress",
+                        "role": "assistant", "content": []}
+                out += self._open(item)
+                out.append(self._ev("response.content_part.added", item_id=item["id"],
+                                    output_index=self._index, content_index=0,
+                                    part={"type": "output_text", "text": "",
+                                          "annotations": []}))
+            self.text += ev.text
+            out.append(self._ev("response.output_text.delta", item_id=self.item["id"],
+                                output_index=self._index, content_index=0, delta=ev.text,
+                                logprobs=[]))
+        elif isinstance(ev, ToolCallStart):
+            out += self._open({"id": random_id("fc_"), "type": "function_call",
+                               "status": "in_progress", "call_id": ev.id, "name": ev.name,
+                               "arguments": ""})
+        elif isinstance(ev, ToolCallArgsDelta) and self.item is not None:
+            self.item["arguments"] += ev.text
+            out.append(self._ev("response.function_call_arguments.delta",
+                                item_id=self.item["id"], output_index=self._index,
+                                delta=ev.text))
+        elif isinstance(ev, ToolCallEnd) and self.item is not None:
+            self.item["arguments"] = ev.arguments
+            out += self._close()
+        elif isinstance(ev, Usage):
+            self.usage = ev
+        elif isinstance(ev, Finish):
+            out += self._close()
+            status = _status(ev)
+            kind = {"completed": "response.completed", "incomplete": "response.incomplete",
+                    "failed": "response.failed"}[status]
+            out.append(self._ev(kind, response=self.b.envelope(status, ev, self.usage)))
+        return out
+
+    def error(self, err: ApiError) -> list[str]:
+        return [self._ev("error", code=err.code or err.kind, message=err.message, param=err.param)]

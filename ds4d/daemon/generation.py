@@ -1,0 +1,281 @@
+"""One request, end to end, on one slot: render, sync the slot, decode, emit events.
+
+`Generator.prepare` runs before any response byte is sent (so context overflow is still
+a 400); `Generator.run` is the producer task: it streams neutral events into a memory
+channel, and is cancelled (within one engine step) when the client goes away.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ds4d.api.common import ApiError
+from ds4d.chat.constrain import Allow, Force, VocabIndex, forced_tool_call
+from ds4d.chat.render import render_request
+from ds4d.chat.stream import OutputParser
+from ds4d.chat.types import (
+    ChatRequest,
+    Event,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallStart,
+    Usage,
+)
+from ds4d.daemon.metrics import Metrics
+from ds4d.daemon.scheduler import EngineGate, SlotPool
+from ds4d.state.slots import Slot, SyncResult, sync_slot
+
+log = logging.getLogger("ds4d.generation")
+
+FORCED_CALL_MIN_TOKENS = 384  # a forced tool call is completed even past a tiny max_tokens
+
+
+@dataclass
+class Job:
+    request: ChatRequest
+    api: str
+    text: str  # rendered prompt
+    tokens: list[int]  # its full tokenization
+    arrived: float = field(default_factory=time.perf_counter)
+    slot: Slot | None = None
+    record: dict[str, Any] = field(default_factory=dict)  # for the trace
+
+
+class Generator:
+    def __init__(self, engine: Any, template: Any, ctx: int, pool: SlotPool, gate: EngineGate,
+                 metrics: Metrics) -> None:
+        self.engine = engine
+        self.tok = engine.tokenizer
+        self.template = template
+        self.ctx = ctx
+        self.pool = pool
+        self.gate = gate
+        self.metrics = metrics
+        self._vocab: VocabIndex | None = None
+        # Hooks for the state layer (disk cache, trace, tool memory); see sync_slot.
+        self.sync_hooks: dict[str, Any] = {}
+        self.on_finished: list[Callable[[Job, SyncResult | None], None]] = []
+        self.render: Callable[[ChatRequest], str] = self._render
+
+    # -- before the response -------------------------------------------------------------
+
+    def _render(self, req: ChatRequest) -> str:
+        return render_request(self.template, req)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text, special=True)
+
+    def tokenize_prompt(self, text: str, raw: bool = False) -> list[int]:
+        tokens = self.tok.encode(text, special=not raw)
+        bos = self.tok.bos_id
+        if self.tok.add_bos and bos is not None and (not tokens or tokens[0] != bos):
+            tokens.insert(0, bos)
+        return tokens
+
+    async def prepare(self, req: ChatRequest, api: str, param: str = "messages") -> Job:
+        """Render and tokenize (on a worker: agent prompts are large), check the context."""
+
+        def work() -> tuple[str, list[int]]:
+            text = self.render(req)
+            return text, self.tokenize_prompt(text, raw=req.raw_prompt is not None)
+
+        try:
+            text, tokens = await trio.to_thread.run_sync(work)
+        except ValueError as e:  # the chat template refused the conversation
+            raise ApiError(400, str(e), param=param) from None
+        if len(tokens) >= self.ctx:
+            self.metrics.rejected["context_length_exceeded"] += 1
+            raise ApiError(
+                400, f"Prompt has {len(tokens)} tokens, but the configured context size is "
+                f"{self.ctx} tokens", param=param, code="context_length_exceeded",
+                extra={"n_prompt_tokens": len(tokens), "n_ctx": self.ctx})
+        return Job(req, api, text, tokens)
+
+    def count_tokens(self, req: ChatRequest) -> int:
+        text = self.render(req)
+        return len(self.tokenize_prompt(text))
+
+    # -- the producer ----------------------------------------------------------------------
+
+    async def run(self, job: Job, send: trio.MemorySendChannel[Event]) -> None:
+        """Generate into `send` on `job.slot` (already acquired); releases the slot."""
+        slot = job.slot
+        assert slot is not None
+        sync: SyncResult | None = None
+        finish = Finish("error", "cancelled")
+        try:
+            async with send:
+                try:
+                    sync, finish = await self._generate(job, slot, send)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    finish = Finish("error", "client went away")
+                except Exception as e:  # an engine failure ends this request, not the daemon
+                    log.exception("generation failed")
+                    finish = Finish("error", f"generation failed: {e}")
+                    try:
+                        await send.send(finish)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        pass
+        finally:
+            self.pool.release(slot)
+            job.record.setdefault("finish", finish.reason)
+            for hook in self.on_finished:
+                try:
+                    hook(job, sync)
+                except Exception:  # a trace failure must never break serving
+                    log.exception("on_finished hook failed")
+
+    async def _generate(self, job: Job, slot: Slot,
+                        send: trio.MemorySendChannel[Event]) -> tuple[SyncResult, Finish]:
+        t0 = time.perf_counter()
+        sync = await sync_slot(
+            slot, job.text, job.tokens, encode=self.encode, decode=self.tok.decode,
+            run_engine=self.gate.run, **self.sync_hooks)
+        t1 = time.perf_counter()
+        self.metrics.prefill_seconds += t1 - t0
+        self.metrics.prompt_tokens += len(sync.tokens)
+        if sync.reused:
+            self.metrics.cached_tokens[sync.source] += sync.reused
+        job.record.update(prefill_s=t1 - t0, prompt_tokens=len(sync.tokens),
+                          cached_tokens=sync.reused, cache_source=sync.source)
+        await send.send(Usage(len(sync.tokens), 0, sync.reused, sync.source))
+        finish, generated = await self._decode(job, slot, send)
+        t2 = time.perf_counter()
+        self.metrics.decode_seconds += t2 - t1
+        job.record.update(decode_s=t2 - t1, generated_tokens=generated, finish=finish.reason)
+        await send.send(Usage(len(sync.tokens), generated, sync.reused, sync.source))
+        await send.send(finish)
+        return sync, finish
+
+    async def _decode(self, job: Job, slot: Slot,
+                      send: trio.MemorySendChannel[Event]) -> tuple[Finish, int]:
+        req = job.request
+        session = slot.session
+        tok = self.tok
+        room = slot.ctx - len(session.tokens) - 1
+        budget = req.max_tokens if req.max_tokens is not None else math.inf
+        constraint = None
+        step: Force | Allow | None = None
+        if req.tool_choice.forced and req.tools:
+            constraint = forced_tool_call(await self.vocab(), req.tools, req.tool_choice)
+            step = next(constraint)
+            budget = max(budget, FORCED_CALL_MIN_TOKENS)
+        budget = min(budget, room)
+        parser = OutputParser(
+            tools=bool(req.tools) and req.tool_choice.mode != "none",
+            stops=req.stop,
+            in_reasoning=job.text.rstrip().endswith("<think>"),
+            id_prefix=req.tool_id_prefix,
+            split_thinking=req.raw_prompt is None,
+        )
+        params = self._sampling(req)
+        rng = self._rng(req)
+        decoder = tok.incremental_decoder()
+        eog = tok.eog_ids
+        pending: list[int] = []  # sampled, not yet evaluated
+        generated = 0
+        first = True
+        reason = "length"
+
+        async def emit(events: list[Event]) -> None:
+            nonlocal first
+            for ev in events:
+                if first and isinstance(ev, TextDelta | ReasoningDelta | ToolCallStart):
+                    first = False
+                    ttft = time.perf_counter() - job.arrived
+                    self.metrics.ttft.observe(ttft)
+                    job.record["ttft_s"] = ttft
+                await send.send(ev)
+
+        while generated < budget:
+            if isinstance(step, Force):
+                ids = tok.encode(step.text, special=False)
+                await self.gate.run(session.eval, pending + ids)
+                pending = []
+                generated += len(ids)
+                await emit(parser.feed(step.text))
+                step = _advance(constraint, "")
+                if step is None:
+                    reason = "tool_calls"
+                    break
+                continue
+            allowed = step.ids if isinstance(step, Allow) else None
+            token = await self.gate.run(_eval_and_sample, session, pending, params, rng, allowed)
+            pending = []
+            if token in eog and constraint is None:
+                reason = "stop"
+                break
+            pending = [token]
+            generated += 1
+            await emit(parser.feed(decoder.feed(token)))
+            if parser.stopped:
+                reason = "stop"
+                break
+            if constraint is not None:
+                step = _advance(constraint, self._vocab_text(token))
+                if step is None:
+                    reason = "tool_calls"
+                    break
+        if pending:  # keep the KV complete: the next turn's prompt holds this token
+            await self.gate.run(session.eval, pending)
+        tail = decoder.flush()
+        if tail:
+            await emit(parser.feed(tail))
+        await emit(parser.flush())
+        self.metrics.generated_tokens += generated
+        if parser.tool_calls:
+            reason = "tool_calls"
+        return Finish(reason, stop_sequence=parser.stop_sequence), generated
+
+    def _sampling(self, req: ChatRequest) -> Any:
+        from ds4d.engine.sampler import SamplingParams
+
+        s = req.sampling
+        return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                              min_p=s.min_p, seed=s.seed)
+
+    def _rng(self, req: ChatRequest) -> Any:
+        from ds4d.engine.sampler import make_rng
+
+        return make_rng(req.sampling.seed)
+
+    async def vocab(self) -> VocabIndex:
+        if self._vocab is None:
+            self._vocab = await trio.to_thread.run_sync(self._build_vocab)
+        return self._vocab
+
+    def _build_vocab(self) -> VocabIndex:
+        n = self.engine.info.n_vocab
+        return VocabIndex([self._vocab_text(i) for i in range(n)])
+
+    def _vocab_text(self, token: int) -> str | None:
+        if self.tok.is_special(token):
+            return None
+        try:
+            return self.tok.token_bytes(token).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+
+def _eval_and_sample(session: Any, pending: list[int], params: Any, rng: Any,
+                     allowed: Any) -> int:
+    from ds4d.engine.sampler import sample
+
+    if pending:
+        session.eval(pending)
+    return sample(session.logits, params, rng, allowed)
+
+
+def _advance(constraint: Any, text: str | None) -> Force | Allow | None:
+    try:
+        return constraint.send(text or "")
+    except StopIteration:
+        return None

@@ -1,0 +1,91 @@
+"""`ds4d serve` (also plain `ds4d`): the long-running daemon.
+
+Startup order: the HTTP listener binds first (so /health can say "loading" at once), the
+model loads on a worker thread with progress in the log (outside ASGI startup, whose
+timeout a large model would exceed), then requests are served. SIGTERM/SIGINT stop
+accepting, let in-flight requests finish within the grace period, and exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+
+import trio
+
+from ds4d.daemon import exitcodes
+from ds4d.daemon.config import ConfigError, add_serve_arguments, load_config
+
+log = logging.getLogger("ds4d")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_serve_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ds4d.cli import CliError
+    from ds4d.daemon.logs import setup_logging
+
+    try:
+        config = load_config(args)
+    except ConfigError as e:
+        raise CliError(str(e), exitcodes.CONFIG_ERROR) from None
+    setup_logging(config)
+    return trio.run(serve, config)
+
+
+async def serve(config) -> int:  # noqa: ANN001 - ds4d.daemon.config.Config
+    from hypercorn.config import Config as HypercornConfig
+    from hypercorn.trio import serve as hypercorn_serve
+
+    from ds4d.daemon.server import Daemon, create_app
+
+    daemon = Daemon(config)
+    app = create_app(daemon)
+    hc = HypercornConfig()
+    host = "127.0.0.1" if config.host == "localhost" else config.host
+    hc.bind = [f"[{host}]:{config.port}" if ":" in host else f"{host}:{config.port}"]
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("ds4d.http")
+    hc.graceful_timeout = config.grace_period
+    hc.keep_alive_timeout = 75
+    exit_code = exitcodes.OK
+
+    async with trio.open_nursery() as nursery:
+        daemon.nursery = nursery
+        try:
+            await nursery.start(lambda task_status: hypercorn_serve(
+                app, hc, shutdown_trigger=daemon.shutdown.wait, task_status=task_status))
+        except OSError as e:
+            log.error("cannot listen on %s: %s", hc.bind[0], e)
+            nursery.cancel_scope.cancel()
+            return exitcodes.ADDRESS_IN_USE
+        log.info("listening on http://%s", hc.bind[0])
+        nursery.start_soon(_signals, daemon)
+
+        try:
+            await daemon.load_model()
+        except Exception as e:  # noqa: BLE001 - any load failure is fatal and reported
+            daemon.load_error = str(e)
+            log.error("cannot load the model: %s", e)
+            exit_code = exitcodes.MODEL_LOAD_FAILED
+            daemon.shutdown.set()
+        await daemon.shutdown.wait()
+        log.info("shutting down")
+        # Hypercorn drains in-flight requests (grace period) once the trigger fires;
+        # whatever still runs after it is cancelled with the nursery.
+        with trio.move_on_after(config.grace_period + 1):
+            while daemon.pool is not None and daemon.pool.busy:
+                await trio.sleep(0.05)
+        nursery.cancel_scope.cancel()
+    return exit_code
+
+
+async def _signals(daemon) -> None:  # noqa: ANN001
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s", signal.Signals(signum).name)
+            daemon.shutdown.set()
+            return

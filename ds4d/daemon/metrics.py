@@ -1,0 +1,93 @@
+"""Prometheus text exposition of the daemon's counters (no client library needed for a
+handful of series)."""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from collections.abc import Callable
+
+TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, acc = [], 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            acc += n
+            out.append(f'{name}_bucket{{le="{bound:g}"}} {acc}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum {self.sum:.6f}")
+        out.append(f"{name}_count {self.count}")
+        return out
+
+
+class Metrics:
+    """Counters updated by the scheduler and the generation loop (all on the trio loop,
+    so no locking); gauges are read live through callbacks at scrape time."""
+
+    def __init__(self) -> None:
+        self.requests: dict[tuple[str, str], int] = defaultdict(int)  # (api, status)
+        self.prompt_tokens = 0
+        self.cached_tokens: dict[str, int] = defaultdict(int)  # by cache source
+        self.generated_tokens = 0
+        self.prefill_seconds = 0.0
+        self.decode_seconds = 0.0
+        self.rejected: dict[str, int] = defaultdict(int)  # reason
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.gauges: dict[str, tuple[str, Callable[[], object]]] = {}
+        self.extra: list[Callable[[], list[str]]] = []  # other parts' series (disk cache...)
+
+    def gauge(self, name: str, help_text: str, read: Callable[[], object]) -> None:
+        self.gauges[name] = (help_text, read)
+
+    def render(self) -> str:
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_text: str) -> None:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+
+        for name, (help_text, read) in self.gauges.items():
+            value = read()
+            family(name, "gauge", help_text)
+            if isinstance(value, dict):
+                lines += [f'{name}{{{k}}} {v}' for k, v in value.items()]
+            else:
+                lines.append(f"{name} {value}")
+        family("ds4d_requests_total", "counter", "finished HTTP generation requests")
+        for (api, status), n in sorted(self.requests.items()):
+            lines.append(f'ds4d_requests_total{{api="{api}",status="{status}"}} {n}')
+        family("ds4d_requests_rejected_total", "counter", "requests refused before running")
+        for reason, n in sorted(self.rejected.items()):
+            lines.append(f'ds4d_requests_rejected_total{{reason="{reason}"}} {n}')
+        family("ds4d_prompt_tokens_total", "counter", "prompt tokens of finished prefills")
+        lines.append(f"ds4d_prompt_tokens_total {self.prompt_tokens}")
+        family("ds4d_cached_prompt_tokens_total", "counter",
+               "prompt tokens reused instead of prefilled, by where they came from")
+        for source in ("memory-token", "memory-text", "disk-text"):
+            lines.append(f'ds4d_cached_prompt_tokens_total{{source="{source}"}} '
+                         f"{self.cached_tokens[source]}")
+        family("ds4d_generated_tokens_total", "counter", "tokens generated")
+        lines.append(f"ds4d_generated_tokens_total {self.generated_tokens}")
+        family("ds4d_prefill_seconds_total", "counter", "time spent prefilling prompts")
+        lines.append(f"ds4d_prefill_seconds_total {self.prefill_seconds:.6f}")
+        family("ds4d_decode_seconds_total", "counter", "time spent generating tokens")
+        lines.append(f"ds4d_decode_seconds_total {self.decode_seconds:.6f}")
+        family("ds4d_time_to_first_token_seconds", "histogram",
+               "from request arrival to the first generated token")
+        lines += self.ttft.lines("ds4d_time_to_first_token_seconds")
+        for extra in self.extra:
+            lines += extra()
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,345 @@
+"""The daemon's state and its HTTP face (Quart on Hypercorn's trio worker).
+
+`Daemon` owns the engine, the slots, the metrics and the config; the admin channel and
+other control-plane parts read it through `status()` / `slots()` / `stop()`.
+`create_app(daemon)` builds the Quart app: one handler per route, each protocol module
+doing the translation, `ds4d.daemon.generation` doing the work.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
+from ds4d.api.common import KEEPALIVE, ApiError, Completion
+from ds4d.chat.types import Event, Sampling
+from ds4d.daemon.generation import Generator, Job
+from ds4d.daemon.metrics import Metrics
+from ds4d.daemon.scheduler import EngineGate, SlotPool
+from ds4d.state.slots import Slot
+
+log = logging.getLogger("ds4d")
+
+KEEPALIVE_S = 5.0  # an SSE comment at least this often while nothing else is sent
+CREATED = 1767225600
+
+
+class Daemon:
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.started = time.time()
+        self.engine: Any = None
+        self.generator: Generator | None = None
+        self.pool: SlotPool | None = None
+        self.metrics = Metrics()
+        self.ctx = 0
+        self.model_id = ""
+        self.load_error: str | None = None
+        self.nursery: trio.Nursery | None = None
+        self.shutdown = trio.Event()
+        self.after_unit = None  # power pacing hook (worker thread, seconds of work)
+        self.gate = EngineGate(lambda s: self.after_unit(s) if self.after_unit else None)
+        m = self.metrics
+        m.gauge("ds4d_requests_running", "requests generating on a slot",
+                lambda: self.pool.busy if self.pool else 0)
+        m.gauge("ds4d_requests_waiting", "requests queued for a slot",
+                lambda: self.pool.waiting if self.pool else 0)
+        m.gauge("ds4d_slot_busy", "1 while the slot runs a request",
+                lambda: {f'slot="{s.index}"': int(s.busy)
+                         for s in (self.pool.slots if self.pool else [])})
+        m.gauge("ds4d_slot_tokens", "tokens held in the slot's KV",
+                lambda: {f'slot="{s.index}"': len(s.tokens)
+                         for s in (self.pool.slots if self.pool else [])})
+        m.gauge("ds4d_model_loaded", "1 once the model is loaded",
+                lambda: int(self.generator is not None))
+
+    @property
+    def ready(self) -> bool:
+        return self.generator is not None
+
+    # -- model loading (outside ASGI startup: it can take longer than its timeout) --------
+
+    async def load_model(self) -> None:
+        from ds4d.chat.template import ChatTemplate
+        from ds4d.engine import Engine
+        from ds4d.engine.default_model import default_model_path
+
+        cfg = self.config
+        path = Path(cfg.model) if cfg.model else default_model_path()
+        log.info("loading model %s", path)
+        t0 = time.perf_counter()
+        threads = cfg.threads or None
+        engine = await trio.to_thread.run_sync(Engine.open, path, threads)
+        info = engine.info
+        ctx = cfg.ctx or info.n_ctx_train
+        if ctx > info.n_ctx_train:
+            log.warning("--ctx %d is above the model's trained context %d: quality may drop "
+                        "past it", ctx, info.n_ctx_train)
+        log.info("model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",
+                 info.name, info.architecture, info.quant, time.perf_counter() - t0,
+                 cfg.slots, ctx)
+        sessions = []
+        for i in range(cfg.slots):
+            sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
+            log.info("slot %d/%d ready", i + 1, cfg.slots)
+        tok = engine.tokenizer
+        template = ChatTemplate(engine.chat_template or _FALLBACK_TEMPLATE,
+                                _token_text(tok, tok.bos_id), _token_text(tok, tok.eos_id))
+        self.engine = engine
+        self.ctx = ctx
+        self.model_id = Path(info.path).stem if info.path else info.name
+        self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)],
+                             cfg.queue_size)
+        self.generator = Generator(engine, template, ctx, self.pool, self.gate, self.metrics)
+        log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
+
+    # -- what the admin channel reads ------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        info = self.engine.info if self.engine is not None else None
+        return {
+            "model": self.model_id or None,
+            "model_path": info.path if info else None,
+            "loaded": self.ready,
+            "ctx": self.ctx,
+            "uptime_s": round(time.time() - self.started, 1),
+            "pid": os.getpid(),
+            "http": f"{self.config.host}:{self.config.port}",
+            "slots": {"total": len(self.pool.slots) if self.pool else self.config.slots,
+                      "busy": self.pool.busy if self.pool else 0},
+            "queue": {"waiting": self.pool.waiting if self.pool else 0,
+                      "limit": self.config.queue_size},
+        }
+
+    def slots(self) -> list[dict[str, Any]]:
+        return [s.describe() for s in self.pool.slots] if self.pool else []
+
+    async def stop(self) -> None:
+        self.shutdown.set()
+
+    def model_object(self, model_id: str | None = None) -> dict[str, Any]:
+        return {"id": model_id or self.model_id, "object": "model", "created": CREATED,
+                "owned_by": "ds4d", "context_length": self.ctx,
+                "max_model_len": self.ctx}
+
+
+def _token_text(tok: Any, token: int | None) -> str:
+    return tok.decode([token]) if token is not None else ""
+
+
+# A plain ChatML template for GGUFs that carry none.
+_FALLBACK_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
+    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+PROTOCOLS = {
+    "chat": (openai_chat, "messages"),
+    "completions": (openai_completions, "prompt"),
+    "responses": (openai_responses, "input"),
+    "messages": (anthropic_messages, "messages"),
+}
+
+
+def _protocol_for_path(path: str) -> Any:
+    return anthropic_messages if path.startswith("/v1/messages") else openai_chat
+
+
+def error_response(err: ApiError, protocol: Any = None) -> Response:
+    protocol = protocol or _protocol_for_path(request.path)
+    resp = Response(json.dumps(protocol.error_body(err)) + "\n", status=err.status,
+                    content_type="application/json")
+    for k, v in err.headers.items():
+        resp.headers[k] = v
+    return resp
+
+
+def create_app(daemon: Daemon) -> QuartTrio:
+    app = QuartTrio("ds4d")
+    app.config["MAX_CONTENT_LENGTH"] = daemon.config.max_body_bytes
+    app.config["RESPONSE_TIMEOUT"] = None  # generations take as long as they take
+    app.config["BODY_TIMEOUT"] = 120
+
+    def defaults() -> Sampling:
+        c = daemon.config
+        return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                        min_p=c.min_p)
+
+    @app.errorhandler(ApiError)
+    async def on_api_error(err: ApiError) -> Response:
+        return error_response(err)
+
+    @app.errorhandler(HTTPException)
+    async def on_http_error(err: HTTPException) -> Response:
+        status = err.code or 500
+        message = {404: f"unknown endpoint {request.method} {request.path}",
+                   405: f"method {request.method} not allowed on {request.path}",
+                   413: f"request body larger than {daemon.config.max_body_bytes} bytes"}.get(
+            status, err.description or err.name)
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        return error_response(ApiError(status, message, kind=kind))
+
+    @app.before_request
+    async def check_api_key() -> Response | None:
+        keys = daemon.config.api_keys
+        if not keys or request.path in ("/", "/health") or request.method == "OPTIONS":
+            return None
+        auth = request.headers.get("Authorization", "")
+        given = auth[7:].strip() if auth.lower().startswith("bearer ") else None
+        given = given or request.headers.get("x-api-key")
+        if given in keys:
+            return None
+        return error_response(ApiError(401, "invalid or missing API key (send "
+                                            "'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                                       kind="authentication_error", code="invalid_api_key"))
+
+    @app.route("/", methods=["GET", "HEAD"])
+    async def root() -> Response:
+        return Response(json.dumps({"name": "ds4d", "model": daemon.model_id or None}),
+                        content_type="application/json")
+
+    @app.get("/health")
+    async def health() -> Response:
+        if daemon.ready:
+            body, status = {"status": "ok", "model": daemon.model_id}, 200
+        elif daemon.load_error:
+            body, status = {"status": "error", "error": daemon.load_error}, 503
+        else:
+            body, status = {"status": "loading"}, 503
+        return Response(json.dumps(body), status=status, content_type="application/json")
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(daemon.metrics.render(),
+                        content_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> Response:
+        data = [daemon.model_object()] if daemon.ready else []
+        return Response(json.dumps({"object": "list", "data": data}),
+                        content_type="application/json")
+
+    @app.get("/v1/models/<path:model_id>")
+    async def model(model_id: str) -> Response:
+        # Any name is an alias of the loaded model.
+        _require_ready()
+        return Response(json.dumps(daemon.model_object(model_id)),
+                        content_type="application/json")
+
+    def _require_ready() -> Generator:
+        if daemon.generator is None:
+            raise ApiError(503, "the model is still loading" if not daemon.load_error
+                           else f"the model failed to load: {daemon.load_error}",
+                           kind="server_error", headers={"Retry-After": "5"})
+        if daemon.shutdown.is_set():
+            raise ApiError(503, "server shutting down", kind="server_error")
+        return daemon.generator
+
+    async def _body() -> Any:
+        data = await request.get_data()
+        try:
+            return json.loads(data)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"invalid JSON in the request body: {e}") from None
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens() -> Response:
+        gen = _require_ready()
+        req = anthropic_messages.parse(await _body(), defaults(), count_only=True)
+        n = await trio.to_thread.run_sync(gen.count_tokens, req)
+        return Response(json.dumps({"input_tokens": n}), content_type="application/json")
+
+    async def _generate(kind: str) -> Response:
+        protocol, param = PROTOCOLS[kind]
+        try:
+            body = await _body()
+            req = protocol.parse(body, defaults())
+            gen = _require_ready()
+            if req.max_tokens is None and daemon.config.max_tokens:
+                req.max_tokens = daemon.config.max_tokens
+            job = await gen.prepare(req, kind, param)
+            job.slot = await gen.pool.acquire(job.tokens)
+        except ApiError as err:
+            daemon.metrics.requests[(kind, str(err.status))] += 1
+            return error_response(err, protocol)
+        model_name = req.model or daemon.model_id
+        send, recv = trio.open_memory_channel[Event](64)
+        scope = trio.CancelScope()
+
+        async def produce() -> None:
+            with scope:
+                await gen.run(job, send)
+
+        assert daemon.nursery is not None
+        daemon.nursery.start_soon(produce)
+        daemon.metrics.requests[(kind, "200")] += 1
+        if not req.stream:
+            completion = Completion()
+            try:
+                async with recv:
+                    async for ev in recv:
+                        completion.add(ev)
+            finally:
+                scope.cancel()
+            return Response(json.dumps(protocol.response(req, completion, model_name)),
+                            content_type="application/json")
+        encoder = protocol.Stream(req, model_name)
+        return _sse_response(encoder, recv, scope, job)
+
+    def _sse_response(encoder: Any, recv: trio.MemoryReceiveChannel[Event],
+                      scope: trio.CancelScope, job: Job) -> Response:
+        async def body():  # noqa: ANN202 - an async generator Quart iterates
+            try:
+                for chunk in encoder.open():
+                    yield chunk.encode()
+                while True:
+                    chunks = None
+                    with trio.move_on_after(KEEPALIVE_S):
+                        try:
+                            ev = await recv.receive()
+                        except trio.EndOfChannel:
+                            return
+                        chunks = encoder.feed(ev)
+                    if chunks is None:  # nothing for a while (long prefill, queue)
+                        yield KEEPALIVE.encode()
+                        continue
+                    for chunk in chunks:
+                        yield chunk.encode()
+            finally:
+                scope.cancel()
+                recv.close()
+
+        resp = Response(body(), content_type="text/event-stream")
+        resp.headers["Cache-Control"] = "no-cache"
+        resp.headers["X-Accel-Buffering"] = "no"
+        resp.timeout = None
+        return resp
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Response:
+        return await _generate("chat")
+
+    @app.post("/v1/completions")
+    async def completions() -> Response:
+        return await _generate("completions")
+
+    @app.post("/v1/responses")
+    async def responses() -> Response:
+        return await _generate("responses")
+
+    @app.post("/v1/messages")
+    async def messages() -> Response:
+        return await _generate("messages")
+
+    return app
