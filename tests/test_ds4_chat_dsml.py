@@ -286,3 +286,61 @@ def test_ds4_decode_policy():
     plain = DS4Decode(ChatRequest(messages=[Message("user", "hi")]), ThinkMode.NONE)
     plain.feed(block)
     assert plain.sampling(base) is base and not plain.tool_block_closed
+
+
+def test_exact_replay_keeps_the_next_prompt_aligned_with_the_generated_text():
+    from ds4d.chat.deepseek4_output import DS4ChatFormat
+    from ds4d.chat.types import ChatRequest, Message, Tool
+    from ds4d.state.toolmemory import ToolMemory
+
+    memory = ToolMemory()
+    fmt = DS4ChatFormat(n_ctx=65536, replay=memory)
+    tools = [Tool("bash", "Run a command", {"type": "object"})]
+    first = [Message("user", "list files")]
+    prompt = fmt.render(ChatRequest(messages=first, tools=tools))
+    # The model's own spelling: other key order and spacing than the canonical form.
+    generated = (
+        "I should run ls.</think>Listing."
+        '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="bash">\n'
+        '<｜DSML｜parameter name="timeout" string="false">[ 5 ]</｜DSML｜parameter>\n'
+        '<｜DSML｜parameter name="command" string="true">ls -la</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+    )
+    decode = fmt.decode(ChatRequest(messages=first, tools=tools))
+    events = []
+    for c in generated:
+        events += decode.feed(c)
+        assert not decode.tool_block_closed or c == ">"
+    events += decode.flush()
+    assert decode.tool_block_closed
+    memory.update(decode.replay)
+    (start,) = [e for e in events if isinstance(e, ToolCallStart)]
+    (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
+    content = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    assert (content, reasoning) == ("Listing.", "I should run ls.")
+    # The client sends the turn back re-serialized; the render reproduces the KV exactly.
+    turn = Message(
+        "assistant",
+        content,
+        reasoning=reasoning,
+        tool_calls=[ToolCall(start.id, start.name, end.arguments)],
+    )
+    second = ChatRequest(messages=[*first, turn, Message("tool", "a b c")], tools=tools)
+    assert fmt.render(second).startswith(prompt + generated + "<｜end▁of▁sentence｜>")
+    # Without the memory the canonical form is rendered instead.
+    canonical = DS4ChatFormat(n_ctx=65536).render(second)
+    assert not canonical.startswith(prompt + generated)
+    assert render_tool_calls(turn.tool_calls) in canonical
+
+
+def test_completions_render_and_keep_raw_text():
+    from ds4d.chat.deepseek4_output import DS4ChatFormat
+    from ds4d.chat.types import ChatRequest
+
+    fmt = DS4ChatFormat(n_ctx=4096)
+    req = ChatRequest(messages=[], raw_prompt="2+2=", stop=["\n\n"])
+    assert fmt.render(req).endswith("<｜User｜>2+2=<｜Assistant｜><think>")
+    decode = fmt.decode(req)
+    events = decode.feed("so 4</think>4") + decode.feed("\n\nmore") + decode.flush()
+    assert merged(events) == [TextDelta("so 4</think>4")] and decode.parser.stopped

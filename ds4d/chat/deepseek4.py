@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from ds4d.chat.deepseek4_dsml import render_tool_calls
 from ds4d.chat.types import ChatRequest, Message, Tool, ToolCall
@@ -142,7 +143,13 @@ def _uses_tool_context(request: ChatRequest) -> bool:
     )
 
 
-def _dsml_for(calls: Sequence[ToolCall], replay: Mapping[str, str] | None) -> str:
+class Replay(Protocol):
+    """Tool-call id -> the exact DSML block the model generated for it (ToolMemory)."""
+
+    def get(self, call_id: str) -> str | None: ...
+
+
+def _dsml_for(calls: Sequence[ToolCall], replay: Replay | None) -> str:
     """The exact block the model sampled for these calls when every call id maps to the
     same remembered block, else the canonical rendering."""
     if replay and calls:
@@ -152,9 +159,7 @@ def _dsml_for(calls: Sequence[ToolCall], replay: Mapping[str, str] | None) -> st
     return render_tool_calls(calls)
 
 
-def render_request(
-    request: ChatRequest, mode: ThinkMode, replay: Mapping[str, str] | None = None
-) -> str:
+def render_request(request: ChatRequest, mode: ThinkMode, replay: Replay | None = None) -> str:
     """The prompt text of a chat request. `replay` maps tool-call ids to the raw DSML
     blocks the model generated for them (exact replay keeps the KV cache aligned)."""
     messages = request.messages

@@ -221,7 +221,9 @@ class DSMLToolParser:
         self.id_prefix = id_prefix
         self.count = 0
         self.calls: list[tuple[str, str, str]] = []  # (id, name, arguments)
-        self.raw_blocks: list[str] = []  # exact text of each complete block, for replay
+        self.raw_blocks: list[str] = []  # exact text of each complete block
+        # call id -> the exact block it came from, for the tool memory (exact replay)
+        self.replay: dict[str, str] = {}
         self.started = False  # a block start marker was seen
         self.ended = False  # ...and a block end tag
         self.malformed = False
@@ -309,7 +311,10 @@ class DSMLToolParser:
         assert tags is not None
         if self._buf.startswith(tags["end"]):
             self._consume(len(tags["end"]))
-            self.raw_blocks.append("".join(self._raw))
+            raw = "".join(self._raw)
+            self.raw_blocks.append(raw)
+            for call_id, _, _ in self.calls[self.count - self._block_calls :]:
+                self.replay[call_id] = raw
             self.ended = True
             self._tags, self._raw = None, []
             return True

@@ -6,7 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from ds4d.chat.deepseek4 import ThinkMode
+from ds4d.chat.deepseek4 import (
+    Replay,
+    ThinkMode,
+    render_completion,
+    render_request,
+    think_mode,
+)
 from ds4d.chat.deepseek4_dsml import DSMLToolParser, DSMLTracker
 from ds4d.chat.stream import OutputParser, partial_suffix_len
 from ds4d.chat.types import ChatRequest, Event
@@ -95,13 +101,19 @@ class DS4Decode:
 
     def __init__(self, request: ChatRequest, mode: ThinkMode) -> None:
         self.mode = mode
-        self.tools_active = request.tools_active
-        self.parser = output_parser(
-            tools=self.tools_active,
-            stops=request.stop,
-            thinking=mode.thinking,
-            id_prefix=request.tool_id_prefix,
-        )
+        if request.raw_prompt is not None:
+            # Legacy completions return the raw text, reasoning and all; only stop
+            # sequences apply.
+            self.tools_active = False
+            self.parser = OutputParser(tools=False, stops=request.stop, split_thinking=False)
+        else:
+            self.tools_active = request.tools_active
+            self.parser = output_parser(
+                tools=self.tools_active,
+                stops=request.stop,
+                thinking=mode.thinking,
+                id_prefix=request.tool_id_prefix,
+            )
         self.tracker = DSMLTracker() if self.tools_active else None
 
     @property
@@ -122,6 +134,12 @@ class DS4Decode:
             return dataclasses.replace(params, **THINKING_SAMPLING)  # type: ignore[type-var]
         return params
 
+    @property
+    def replay(self) -> dict[str, str]:
+        """Call id -> the exact block it was sampled in: what the tool memory keeps."""
+        tools: Any = self.parser.tools
+        return dict(tools.replay) if isinstance(tools, DSMLToolParser) else {}
+
     def feed(self, text: str) -> list[Event]:
         if self.tracker is not None:
             self.tracker.feed(text)
@@ -129,3 +147,37 @@ class DS4Decode:
 
     def flush(self) -> list[Event]:
         return self.parser.flush()
+
+
+class DS4ChatFormat:
+    """Everything model-specific about chatting with a DeepSeek V4 model, behind the
+    calls the serving loop makes for any family:
+
+        text = fmt.render(request)              # tokenize with special=True, always
+        decode = fmt.decode(request)            # see DS4Decode
+
+    `replay` maps tool-call ids to the raw DSML the model generated for them (the state
+    layer's tool memory), so history renders exactly as it was sampled.
+    """
+
+    family = "deepseek4"
+
+    def __init__(self, n_ctx: int, replay: Replay | None = None) -> None:
+        self.n_ctx = n_ctx
+        self.replay = replay
+
+    def mode(self, request: ChatRequest) -> ThinkMode:
+        # `reasoning_effort` ("max" asks for Think Max) once the request type carries it.
+        effort = getattr(request, "reasoning_effort", None)
+        return think_mode(request.thinking, effort, self.n_ctx)
+
+    def render(self, request: ChatRequest) -> str:
+        """The prompt text; legacy completions get ds4's fixed wrapper around the prompt,
+        so the text always holds chat markers to be split out."""
+        mode = self.mode(request)
+        if request.raw_prompt is not None:
+            return render_completion(request.raw_prompt, mode)
+        return render_request(request, mode, self.replay)
+
+    def decode(self, request: ChatRequest) -> DS4Decode:
+        return DS4Decode(request, self.mode(request))
