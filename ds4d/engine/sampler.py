@@ -1,0 +1,160 @@
+"""Next-token sampling: temperature, top_k, top_p, min_p, seed.
+
+The filters run in llama.cpp's default order: top_k -> top_p -> min_p -> temperature ->
+draw. top_p and min_p therefore judge probabilities at temperature 1; temperature only
+reshapes the draw among the survivors. Temperature 0 is greedy (argmax).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# top_p looks at this many best candidates first and widens only if they fall short of
+# the requested mass, so a 49k-entry vocabulary is rarely sorted whole.
+_TOP_P_FIRST_LOOK = 64
+_DRAW_BLOCK = 1024
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None  # None = fresh entropy
+
+    def __post_init__(self) -> None:
+        def real(name: str, value: object) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{name} must be a number, got {value!r}")
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+            return float(value)
+
+        if real("temperature", self.temperature) < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        if not 0 < real("top_p", self.top_p) <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0 <= real("min_p", self.min_p) <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0
+        ):
+            raise ValueError(f"seed must be an integer >= 0 or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0 or self.top_k == 1
+
+
+def make_rng(seed: int | None = None) -> np.random.Generator:
+    """The generator ``sample`` draws from: reproducible for a seed, fresh for None."""
+    return np.random.default_rng(seed)
+
+
+def sample(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    allowed: np.ndarray | None = None,
+) -> int:
+    """Pick the next token id from ``logits`` (shape ``(n_vocab,)``).
+
+    ``allowed`` restricts the choice to a subset of the vocabulary: a boolean mask of
+    length n_vocab or an array of token ids. Each non-greedy call draws exactly one
+    number from ``rng``.
+    """
+    logits = np.asarray(logits)
+    if logits.ndim != 1 or logits.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+    ids = _allowed_ids(allowed, logits.size)
+    # float32 throughout: exp is an order of magnitude faster than in float64, and
+    # sums are taken in float64.
+    values = (logits if ids is None else logits[ids]).astype(np.float32, copy=False)
+
+    best = int(np.argmax(values))
+    if params.greedy or not math.isfinite(values[best]):
+        return _token(ids, best)
+
+    # Candidates as positions into `values`; None means all of them.
+    keep: np.ndarray | None = None
+    if 0 < params.top_k < values.size:
+        keep = np.argpartition(values, -params.top_k)[-params.top_k :]
+    if params.top_p < 1:
+        keep = _top_p(values, keep, params.top_p)
+    if params.min_p > 0:
+        cut = values[best] + np.float32(math.log(params.min_p))
+        keep = np.flatnonzero(values >= cut) if keep is None else keep[values[keep] >= cut]
+
+    chosen = values if keep is None else values[keep]
+    weights = np.exp((chosen - values[best]) / np.float32(params.temperature))
+    pick = _draw(weights, rng.random())
+    return _token(ids, pick if keep is None else int(keep[pick]))
+
+
+def _allowed_ids(allowed: np.ndarray | None, n_vocab: int) -> np.ndarray | None:
+    if allowed is None:
+        return None
+    allowed = np.asarray(allowed)
+    if allowed.dtype == np.bool_:
+        if allowed.shape != (n_vocab,):
+            raise ValueError(f"allowed mask must have shape ({n_vocab},), got {allowed.shape}")
+        ids = np.flatnonzero(allowed)
+    elif np.issubdtype(allowed.dtype, np.integer):
+        ids = allowed.reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= n_vocab):
+            raise ValueError(f"allowed token ids must be in [0, {n_vocab})")
+    else:
+        raise ValueError(f"allowed must be a boolean mask or token ids, got {allowed.dtype}")
+    if ids.size == 0:
+        raise ValueError("allowed selects no token")
+    return ids
+
+
+def _token(ids: np.ndarray | None, position: int) -> int:
+    return position if ids is None else int(ids[position])
+
+
+def _draw(weights: np.ndarray, u: float) -> int:
+    """The index whose cumulative-weight interval holds ``u`` x total (u in [0, 1)).
+
+    Two levels (block sums, then one block's running sum) instead of one running sum
+    over the whole vocabulary, which numpy computes serially."""
+    starts = np.arange(0, weights.size, _DRAW_BLOCK)
+    block_mass = np.cumsum(np.add.reduceat(weights, starts, dtype=np.float64))
+    target = u * block_mass[-1]
+    b = min(int(np.searchsorted(block_mass, target, side="right")), starts.size - 1)
+    block = weights[starts[b] : starts[b] + _DRAW_BLOCK]
+    inner = np.cumsum(block, dtype=np.float64)
+    i = int(np.searchsorted(inner, target - (block_mass[b - 1] if b else 0.0), side="right"))
+    if i >= block.size or block[i] == 0:  # rounding at the block's end
+        i = int(np.flatnonzero(block)[-1])
+    return int(starts[b]) + i
+
+
+def _top_p(values: np.ndarray, keep: np.ndarray | None, top_p: float) -> np.ndarray:
+    """The smallest best-first prefix of the candidates whose probability reaches top_p."""
+    pool = np.arange(values.size) if keep is None else keep
+    weights = np.exp(values[pool] - values[pool].max())
+    total = weights.sum(dtype=np.float64)
+    target = top_p * total
+    # Usually a handful of tokens carry the mass: look at the best few first.
+    head = (
+        np.argpartition(weights, -_TOP_P_FIRST_LOOK)[-_TOP_P_FIRST_LOOK:]
+        if pool.size > _TOP_P_FIRST_LOOK
+        else np.arange(pool.size)
+    )
+    if weights[head].sum() < target:
+        # Everything below tau together weighs at most (1 - top_p) of the total, so the
+        # prefix lies among the candidates at or above it.
+        tau = (1 - top_p) * total / pool.size
+        head = np.flatnonzero(weights >= tau)
+    head = head[np.argsort(-weights[head], kind="stable")]
+    mass = np.cumsum(weights[head], dtype=np.float64)
+    n = min(int(np.searchsorted(mass, target, side="left")) + 1, head.size)
+    return pool[head[:n]]

@@ -1,0 +1,464 @@
+"""The GGUF's tokenizer, rebuilt with the `tokenizers` library to match llama.cpp.
+
+Two GGUF tokenizer models are supported:
+
+- ``gpt2``: byte-level BPE. Text is split by the pre-tokenizer regexes llama.cpp uses for
+  the GGUF's ``tokenizer.ggml.pre`` (each regex splits every piece the previous one left,
+  keeping matched and unmatched spans), then mapped to the GPT-2 byte alphabet and merged
+  by the GGUF's merge ranks.
+- ``llama``: SentencePiece BPE with byte fallback. Spaces become U+2581, a space is
+  prefixed to every text span (``add_space_prefix``), and pieces merge by their score.
+
+Special tokens are matched as whole tokens before any of that, as llama.cpp does: control
+and unknown tokens only when ``special=True``, user-defined tokens always.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import gguf
+from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
+from ds4d.engine.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
+UNDEFINED, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = range(7)
+
+# ---------------------------------------------------------------------------------------
+# Pre-tokenizer regexes per tokenizer.ggml.pre, after llama.cpp's src/llama-vocab.cpp.
+# Where llama.cpp rewrote a Hugging Face regex only because std::regex lacks a feature
+# (case-insensitive groups, \p{Lu}), the original regex is used: Oniguruma has them.
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_LLAMA3 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DEEPSEEK_V3 = [
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"""
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+]
+# Cased letters; the Greek Extended and letterlike code points that Unicode normalization
+# would rewrite are spelled as escapes.
+_DEEPSEEK_LLM = [
+    r"[\r\n]",
+    r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼ\x{1FBE}ῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\x{2126}ℨ\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    r"\s?[!-/:-~！-／：-～‘-‟　-。]+",
+    r"\s+$",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}+",
+]
+_DEEPSEEK_CODER = [r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}"]
+_FALCON = [r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"]
+_BLOOM = [r" ?[^(\s|.,!?…。，、।۔،)]+"]
+# Mixed-case words with optional contractions (Mistral tekken, GPT-4o style).
+_CASED_WORDS = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+{c}"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*{c}"
+)
+_TEKKEN = (
+    _CASED_WORDS.replace("{c}", "") + r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O = (
+    _CASED_WORDS.replace("{c}", "(?i:'s|'t|'re|'ve|'m|'ll|'d)?")
+    + r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT (an explicit "default" or a missing pre type).
+_DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
+
+
+@dataclass(frozen=True)
+class _PreType:
+    regexes: Sequence[str]
+    ignore_merges: bool = False  # a piece that is itself a token is not merged further
+    add_bos: bool = False  # llama.cpp's default when the GGUF does not say
+
+
+def _table(*rows: tuple[Iterable[str], _PreType]) -> dict[str, _PreType]:
+    return {name: pre for names, pre in rows for name in names}
+
+
+# fmt: off
+_PRE_TYPES = _table(
+    (["default"], _PreType(_DEFAULT)),
+    (
+        [
+            "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+            "midm-2.0", "lfm2", "jina-v5-nano",
+        ],
+        _PreType([_LLAMA3], ignore_merges=True, add_bos=True),
+    ),
+    (["dbrx", "smaug-bpe", "glm4", "chatglm-bpe"], _PreType([_LLAMA3])),
+    (["deepseek-llm"], _PreType(_DEEPSEEK_LLM)),
+    (["deepseek-coder"], _PreType(_DEEPSEEK_CODER)),
+    (["deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"], _PreType(_DEEPSEEK_V3)),
+    (["falcon"], _PreType(_FALCON)),
+    (
+        [
+            "starcoder", "refact", "command-r", "smollm", "codeshell", "exaone",
+            "minerva-7b", "mellum2",
+        ],
+        _PreType([r"\p{N}", _GPT2]),
+    ),
+    (
+        [
+            "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de",
+            "a.x-4.0", "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe",
+            "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
+        ],
+        _PreType([_GPT2]),
+    ),
+    (
+        [
+            "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2",
+            "hunyuan", "solar-open", "grok-2",
+        ],
+        _PreType([_QWEN2]),
+    ),
+    (["qwen35"], _PreType([_QWEN35])),
+    (["poro-chat", "bloom", "gpt3-finnish"], _PreType(_BLOOM)),
+    (["viking"], _PreType([*_BLOOM, r"\p{N}"])),
+    (["tekken"], _PreType([_TEKKEN], ignore_merges=True, add_bos=True)),
+    (["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _PreType([_GPT4O])),
+    (
+        ["seed-coder"],
+        _PreType(
+            [
+                _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+            ]
+        ),
+    ),
+    (
+        ["bailingmoe", "bailingmoe2", "llada-moe"],
+        _PreType(
+            [
+                r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"
+            ]
+        ),
+    ),
+    (
+        ["minicpm5"],
+        _PreType([r"\p{N}{1,3}", _QWEN2.replace(r"|\p{N}|", r"|\p{N}+|")], ignore_merges=True),
+    ),
+)
+
+# Token texts llama.cpp treats as "end of generation" (llama-vocab.cpp, special_eog_ids).
+_EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+        "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+        "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+        "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+    }
+)
+# fmt: on
+# FIM pad/repo/file-separator tokens also end generation in llama.cpp.
+_FIM_EOG_TEXTS = (
+    ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    ("<|file_sep|>",),
+)
+
+_SPM_SPACE = "\u2581"
+
+
+def _gpt2_byte_alphabet() -> dict[str, int]:
+    """GPT-2's reversible map from bytes to printable characters, inverted."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = {b: b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    return {chr(c): b for b, c in chars.items()}
+
+
+_BYTE_OF_CHAR = _gpt2_byte_alphabet()
+# str.translate table: byte-alphabet character -> the latin-1 character of its byte.
+_BYTE_TRANSLATE = {ord(ch): b for ch, b in _BYTE_OF_CHAR.items()}
+
+
+def _field(reader: gguf.GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    try:
+        return field.contents()
+    except Exception as exc:  # a malformed field in a user's file
+        raise ModelLoadError(f"GGUF metadata {key} is unreadable: {exc}") from None
+
+
+class Tokenizer:
+    """Text <-> token ids for one GGUF vocabulary (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        pre: str | None,
+        tokens: list[str],
+        token_types: list[int],
+        merges: list[tuple[str, str]],
+        scores: list[float] | None = None,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        eot_id: int | None = None,
+        unk_id: int | None = None,
+        add_bos: bool | None = None,
+        add_space_prefix: bool | None = None,
+    ) -> None:
+        self.model = model
+        self.pre = pre
+        self.n_vocab = len(tokens)
+        self._tokens = tokens
+        self._types = list(token_types)
+        self._ids = {}
+        for i, text in enumerate(tokens):
+            self._ids.setdefault(text, i)
+
+        if model == "gpt2":
+            backend, default_bos = self._byte_level_bpe(tokens, merges, pre)
+            self.add_space_prefix = False
+        elif model == "llama":
+            if scores is None:
+                raise ModelLoadError("SentencePiece GGUF has no tokenizer.ggml.scores")
+            self.add_space_prefix = True if add_space_prefix is None else add_space_prefix
+            backend = self._sentencepiece_bpe(tokens, scores, unk_id, self.add_space_prefix)
+            default_bos = True
+        else:  # pragma: no cover - from_gguf refuses other models first
+            raise ModelLoadError(f"unsupported tokenizer model {model!r}")
+
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.add_bos = default_bos if add_bos is None else add_bos
+        self.eog_ids = self._end_of_generation_ids(eos_id, eot_id)
+        for i in self.eog_ids:  # llama.cpp promotes end-of-generation tokens to control
+            if self._types[i] not in (CONTROL, USER_DEFINED, UNKNOWN):
+                self._types[i] = CONTROL
+
+        def added(kinds: tuple[int, ...], special: bool) -> list[AddedToken]:
+            return [
+                AddedToken(text, special=special, normalized=False)
+                for text, kind in zip(tokens, self._types, strict=True)
+                if kind in kinds and text
+            ]
+
+        backend.add_special_tokens(added((CONTROL, UNKNOWN), special=True))
+        backend.add_tokens(added((USER_DEFINED,), special=False))
+        self._backend = backend
+        # Same tokenizer that leaves control tokens as plain text (special=False); a
+        # separate instance so encode stays free of shared mutable state across threads.
+        self._backend_plain = HFTokenizer.from_str(backend.to_str())
+        self._backend_plain.encode_special_tokens = True
+
+        self._bytes = [self._token_bytes(i) for i in range(self.n_vocab)]
+
+    # -- construction -------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
+        model = _field(reader, "tokenizer.ggml.model")
+        if model not in ("gpt2", "llama"):
+            raise ModelLoadError(
+                f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
+                "expected 'gpt2' (byte-level BPE) or 'llama' (SentencePiece)"
+            )
+        tokens = _field(reader, "tokenizer.ggml.tokens")
+        if not tokens:
+            raise ModelLoadError("GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
+        types = _field(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+        scores = _field(reader, "tokenizer.ggml.scores")
+        if len(types) < len(tokens) or (scores is not None and len(scores) < len(tokens)):
+            raise ModelLoadError("GGUF tokenizer arrays are shorter than its vocabulary")
+        merges = []
+        for line in _field(reader, "tokenizer.ggml.merges") or []:
+            cut = line.find(" ", 1)
+            if cut > 0:
+                merges.append((line[:cut], line[cut + 1 :]))
+        if model == "gpt2" and not merges:
+            raise ModelLoadError("byte-level BPE GGUF has no tokenizer.ggml.merges")
+
+        def token_id(key: str) -> int | None:
+            value = _field(reader, f"tokenizer.ggml.{key}")
+            return int(value) if value is not None and 0 <= int(value) < len(tokens) else None
+
+        return cls(
+            model=model,
+            pre=_field(reader, "tokenizer.ggml.pre"),
+            tokens=list(tokens),
+            token_types=list(types[: len(tokens)]),
+            merges=merges,
+            scores=list(scores) if scores is not None else None,
+            bos_id=token_id("bos_token_id"),
+            eos_id=token_id("eos_token_id"),
+            eot_id=token_id("eot_token_id"),
+            unk_id=token_id("unknown_token_id"),
+            add_bos=_field(reader, "tokenizer.ggml.add_bos_token"),
+            add_space_prefix=_field(reader, "tokenizer.ggml.add_space_prefix"),
+        )
+
+    def _byte_level_bpe(
+        self, tokens: list[str], merges: list[tuple[str, str]], pre: str | None
+    ) -> tuple[HFTokenizer, bool]:
+        pre_type = _PRE_TYPES.get(pre or "default")
+        if pre_type is None:
+            log.warning(
+                "unknown pre-tokenizer type %r (tokenizer.ggml.pre); using GPT-2's split "
+                "regex, tokenization may differ from the model's training",
+                pre,
+            )
+            pre_type = _PreType([_GPT2])
+        vocab = self._ids
+        # tokenizers refuses merges whose parts or result are not tokens; such merges
+        # could never fire in llama.cpp's BPE either.
+        usable = [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab]
+        bpe = models.BPE(vocab=vocab, merges=usable, ignore_merges=pre_type.ignore_merges)
+        backend = HFTokenizer(bpe)
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                *(pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre_type.regexes),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        return backend, pre_type.add_bos
+
+    def _sentencepiece_bpe(
+        self, tokens: list[str], scores: list[float], unk_id: int | None, space_prefix: bool
+    ) -> HFTokenizer:
+        # llama.cpp merges the adjacent pair whose concatenation is the best-scoring token;
+        # as BPE merges, that is every split of every token, ranked by the token's score.
+        vocab = self._ids
+        ranked = []
+        for i, text in enumerate(tokens):
+            if self._types[i] == BYTE or len(text) < 2:
+                continue
+            for cut in range(1, len(text)):
+                left, right = text[:cut], text[cut:]
+                if left in vocab and right in vocab:
+                    ranked.append((-scores[i], i, vocab[left], left, right))
+        ranked.sort()
+        unk = tokens[unk_id] if unk_id is not None else None
+        bpe = models.BPE(
+            vocab=vocab,
+            merges=[(left, right) for *_, left, right in ranked],
+            unk_token=unk,
+            byte_fallback=True,
+            fuse_unk=False,
+        )
+        backend = HFTokenizer(bpe)
+        # Applied to each span between special tokens, as llama.cpp prefixes every span.
+        steps = [normalizers.Prepend(_SPM_SPACE)] if space_prefix else []
+        backend.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPM_SPACE)])
+        return backend
+
+    def _end_of_generation_ids(self, eos_id: int | None, eot_id: int | None) -> frozenset[int]:
+        eog = {i for text in _EOG_TEXTS if (i := self._ids.get(text)) is not None}
+        for group in _FIM_EOG_TEXTS:
+            found = next((self._ids[t] for t in group if t in self._ids), None)
+            if found is not None:
+                eog.add(found)
+        eog.update(i for i in (eos_id, eot_id) if i is not None)
+        # gpt-oss style vocabularies: <|end|> closes a message there, not the generation.
+        has = {self._tokens[i] for i in eog}
+        if "<|end|>" in has and "<|call|>" in has and ("<|return|>" in has or "<|flush|>" in has):
+            eog.discard(self._ids["<|end|>"])
+        return frozenset(eog)
+
+    def _token_bytes(self, i: int) -> bytes:
+        text, kind = self._tokens[i], self._types[i]
+        if kind in (CONTROL, USER_DEFINED, UNKNOWN):
+            return text.encode()
+        if kind == BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            return bytes([int(text[3:5], 16)])
+        if kind != NORMAL:  # unused/undefined tokens print nothing, as in llama.cpp
+            return b""
+        if self.model == "llama":
+            return text.replace(_SPM_SPACE, " ").encode()
+        try:
+            return text.translate(_BYTE_TRANSLATE).encode("latin-1")
+        except UnicodeEncodeError:  # a character outside the byte alphabet: keep it
+            return text.encode()
+
+    # -- the interface ------------------------------------------------------------------
+
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of ``text`` (no BOS added). With ``special`` control tokens written
+        in the text are single tokens; without, they are tokenized as the plain text."""
+        if not text:
+            return []
+        backend = self._backend if special else self._backend_plain
+        return backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Iterable[int], special: bool = True) -> str:
+        """Text of ``ids``; invalid UTF-8 becomes U+FFFD. ``special=False`` drops control
+        tokens (llama.cpp's token_to_piece without special)."""
+        table = self._bytes
+        if special:
+            data = b"".join([table[i] for i in ids])
+        else:
+            data = b"".join([table[i] for i in ids if not self._is_control(i)])
+        return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token stands for (special tokens: their text)."""
+        return self._bytes[token_id]
+
+    def token_text(self, token_id: int) -> str:
+        """The token's entry in the GGUF vocabulary (e.g. 'Ġthe' for byte-level BPE)."""
+        return self._tokens[token_id]
+
+    def token_to_id(self, text: str) -> int | None:
+        """The id of the vocabulary entry ``text`` (as stored in the GGUF), or None."""
+        return self._ids.get(text)
+
+    def is_special(self, token_id: int) -> bool:
+        """True for control, user-defined and unknown tokens (matched as whole tokens)."""
+        return self._types[token_id] in (CONTROL, USER_DEFINED, UNKNOWN)
+
+    def is_eog(self, token_id: int) -> bool:
+        return token_id in self.eog_ids
+
+    def _is_control(self, token_id: int) -> bool:
+        return self._types[token_id] in (CONTROL, UNKNOWN)
+
+    def incremental_decoder(self) -> IncrementalDecoder:
+        return IncrementalDecoder(self)
+
+
+class IncrementalDecoder:
+    """Streams token ids to text, holding back an incomplete UTF-8 sequence until the
+    token that completes it arrives (a character may span several byte tokens)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token_id: int) -> str:
+        return self._utf8.decode(self._tokenizer.token_bytes(token_id))
+
+    def flush(self) -> str:
+        """Whatever is still held (an unfinished sequence becomes U+FFFD); resets."""
+        text = self._utf8.decode(b"", final=True)
+        self._utf8.reset()
+        return text

@@ -1,0 +1,142 @@
+"""Sampler: greedy paths, filters, reproducibility, and the draw's distribution."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from ds4d.engine.sampler import SamplingParams, make_rng, sample
+
+N_VOCAB = 49152
+
+
+@pytest.fixture(scope="module")
+def logits() -> np.ndarray:
+    return np.random.default_rng(7).normal(0.0, 3.0, N_VOCAB).astype(np.float32)
+
+
+def draws(
+    logits: np.ndarray,
+    params: SamplingParams,
+    n: int,
+    seed: int = 1234,
+    allowed: np.ndarray | None = None,
+) -> np.ndarray:
+    rng = make_rng(seed)
+    return np.array([sample(logits, params, rng, allowed) for _ in range(n)])
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def test_temperature_zero_is_argmax(logits: np.ndarray) -> None:
+    expected = int(np.argmax(logits))
+    assert sample(logits, SamplingParams(temperature=0), make_rng(0)) == expected
+    # Greedy ignores the other knobs and draws nothing from the generator.
+    rng = make_rng(0)
+    state = rng.bit_generator.state
+    assert sample(logits, SamplingParams(temperature=0, top_p=0.1, min_p=0.5), rng) == expected
+    assert rng.bit_generator.state == state
+
+
+def test_top_k_one_is_argmax(logits: np.ndarray) -> None:
+    assert set(draws(logits, SamplingParams(temperature=1.5, top_k=1), 50)) == {
+        int(np.argmax(logits))
+    }
+
+
+def test_seeded_draws_are_reproducible(logits: np.ndarray) -> None:
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.01)
+    first = draws(logits, params, 200, seed=42)
+    assert np.array_equal(first, draws(logits, params, 200, seed=42))
+    assert not np.array_equal(first, draws(logits, params, 200, seed=43))
+    assert len(set(first)) > 1
+
+
+def chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> bool:
+    """Pearson's chi-square against ``probs``; the bound is the 99.99th percentile
+    (Wilson-Hilferty) so a correct sampler fails about once in 10^4 seeds."""
+    n = counts.sum()
+    expected = probs * n
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    dof = len(probs) - 1
+    z = 3.719
+    bound = dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
+    return stat < bound
+
+
+def test_distribution_matches_softmax_with_temperature() -> None:
+    small = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], dtype=np.float32)
+    params = SamplingParams(temperature=0.7)
+    counts = np.bincount(draws(small, params, 20_000), minlength=small.size)
+    assert chi_square_ok(counts, softmax(small / 0.7))
+
+
+def test_top_k_top_p_min_p_then_temperature() -> None:
+    small = np.array([3.0, 2.5, 2.0, 1.0, 0.0, -1.0, -2.0, -4.0], dtype=np.float32)
+    p = softmax(small)  # filters judge probabilities at temperature 1 (llama.cpp order)
+    # top_k=6 drops the last two; top_p keeps the smallest prefix reaching 0.95 of what is
+    # left; min_p drops what is below 0.2 x the best probability.
+    k_probs = p[:6] / p[:6].sum()
+    n_top_p = int(np.searchsorted(np.cumsum(k_probs), 0.95) + 1)
+    kept = [i for i in range(n_top_p) if p[i] >= 0.2 * p[0]]
+    assert 2 <= len(kept) < n_top_p <= 5  # top_p and min_p both cut here
+    params = SamplingParams(temperature=1.3, top_k=6, top_p=0.95, min_p=0.2)
+    counts = np.bincount(draws(small, params, 20_000), minlength=small.size)
+    assert counts[len(kept) :].sum() == 0
+    assert chi_square_ok(counts[: len(kept)], softmax(small[kept] / 1.3))
+
+
+def test_top_p_on_full_vocabulary(logits: np.ndarray) -> None:
+    order = np.argsort(-logits.astype(np.float64))
+    mass = np.cumsum(softmax(logits.astype(np.float64))[order])
+    nucleus = set(order[: int(np.searchsorted(mass, 0.5) + 1)].tolist())
+    assert len(nucleus) > 64  # wider than the sampler's first look
+    got = set(draws(logits, SamplingParams(top_p=0.5), 2000).tolist())
+    assert got <= nucleus and len(got) > 64
+
+
+def test_allowed_mask_and_ids_are_respected(logits: np.ndarray) -> None:
+    ids = np.array([5, 17, 300, 4096, 49151])
+    mask = np.zeros(N_VOCAB, dtype=bool)
+    mask[ids] = True
+    for allowed in (ids, mask):
+        assert set(draws(logits, SamplingParams(temperature=2.0), 300, allowed=allowed)) <= set(
+            ids.tolist()
+        )
+        best = int(ids[np.argmax(logits[ids])])
+        greedy = SamplingParams(temperature=0)
+        assert sample(logits, greedy, make_rng(0), allowed) == best
+    with pytest.raises(ValueError, match="no token"):
+        sample(logits, SamplingParams(), make_rng(0), np.zeros(N_VOCAB, dtype=bool))
+    with pytest.raises(ValueError, match="allowed"):
+        sample(logits, SamplingParams(), make_rng(0), np.array([N_VOCAB]))
+
+
+def test_masked_logits_are_never_drawn() -> None:
+    small = np.array([-np.inf, 0.0, -np.inf, 1.0], dtype=np.float32)
+    assert set(draws(small, SamplingParams(temperature=1.0, top_p=0.99), 500)) <= {1, 3}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"min_p": -0.1}, "min_p"),
+        ({"min_p": 2}, "min_p"),
+        ({"seed": -1}, "seed"),
+        ({"seed": "7"}, "seed"),
+    ],
+)
+def test_invalid_params_are_rejected(kwargs: dict, field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**kwargs)
