@@ -1,0 +1,191 @@
+"""The state layer as the daemon uses it: built from config values, attached to the
+generator through its hooks (render, sync, on_finished, metrics).
+
+    state = StateService.create(tokenizer=..., fingerprint=..., ctx=..., kv_dir=...)
+    state.attach(generator, metrics)        # prompt normalisation, tool replay, trace
+    sync_slot(..., kv=state.kv, tool_ids=tool_call_ids(request))
+    state.kv.after_token(session)           # decode loop
+    state.shutdown(sessions)                # SIGTERM, after draining
+
+Duck-typed against the daemon's objects (this layer imports nothing above it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ds4d.state.diskcache import DiskCache
+from ds4d.state.kvstate import KVState
+from ds4d.state.normalize import strip_billing_header
+from ds4d.state.savepolicy import SavePolicy
+from ds4d.state.toolmemory import ToolMemory
+from ds4d.state.trace import TraceRecord, TraceWriter
+
+log = logging.getLogger("ds4d.kvcache")
+
+MIB = 1024 * 1024
+
+
+def tool_call_ids(request: Any) -> list[str]:
+    """Every tool-call id a conversation mentions (assistant calls and tool results)."""
+    ids: list[str] = []
+    for m in request.messages:
+        ids += [c.id for c in m.tool_calls if c.id]
+        if m.tool_call_id:
+            ids.append(m.tool_call_id)
+    return ids
+
+
+class StateService:
+    def __init__(self, kv: KVState, trace: TraceWriter | None = None, *,
+                 normalize: bool | Callable[[], bool] = True, tool_replay: bool = True) -> None:
+        self.kv = kv
+        self.disk = kv.disk
+        self.tool_memory = kv.tool_memory
+        self.trace = trace if trace is not None else TraceWriter()
+        self._normalize = normalize if callable(normalize) else (lambda: normalize)
+        self.tool_replay = tool_replay
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        tokenizer: Any,
+        fingerprint: str,
+        ctx: int,
+        kv_dir: Path | None,
+        space_mb: int = 8192,
+        policy: dict[str, int | None] | None = None,
+        tool_memory_max_ids: int = 100_000,
+        tool_replay: bool = True,
+        normalize: bool | Callable[[], bool] = True,
+        trace_path: str | None = None,
+        trace_content: bool = False,
+    ) -> StateService:
+        """`kv_dir` None turns the disk cache off; `policy` holds the kv-cache-* knobs
+        (None or missing = the default fitted to `ctx`)."""
+        pol = SavePolicy.for_context(ctx, **(policy or {}))
+        disk = None
+        if kv_dir is not None:
+            disk = DiskCache(kv_dir, budget_bytes=space_mb * MIB, fingerprint=fingerprint,
+                             ctx=ctx, min_tokens=pol.min_tokens)
+        memory = ToolMemory(tool_memory_max_ids if tool_replay else 0)
+        kv = KVState(tokenizer, ctx, disk=disk, policy=pol, tool_memory=memory)
+        trace = TraceWriter(trace_path or None, trace_content)
+        return cls(kv, trace, normalize=normalize, tool_replay=tool_replay)
+
+    # ---- before rendering --------------------------------------------------------------
+
+    def prepare_request(self, request: Any) -> Any:
+        """A copy of `request` whose history renders byte-stably: Claude Code's billing
+        line dropped from system text, earlier tool calls' arguments replaced by the
+        exact text the model sampled (looked up in the KV files after a restart)."""
+        normalize = self._normalize()
+        calls = [c for m in request.messages for c in m.tool_calls] if self.tool_replay else []
+        if not normalize and not calls:
+            return request
+        if calls and self.disk is not None:
+            missing = {c.id for c in calls if c.id and c.id not in self.tool_memory}
+            if missing:
+                self.tool_memory.update(self.disk.tool_maps(missing))
+        messages = []
+        for m in request.messages:
+            if normalize and m.role == "system" and m.content:
+                m = dataclasses.replace(m, content=_strip_billing(m.content))
+            if self.tool_replay and m.tool_calls:
+                m = dataclasses.replace(m, tool_calls=[self._replayed(c) for c in m.tool_calls])
+            messages.append(m)
+        return dataclasses.replace(request, messages=messages)
+
+    def _replayed(self, call: Any) -> Any:
+        sampled = self.tool_memory.get(call.id) if call.id else None
+        if sampled is None or sampled == call.arguments:
+            return call
+        return dataclasses.replace(call, arguments=sampled)
+
+    def remember_tool_call(self, session: Any, call_id: str, arguments: str) -> None:
+        """A call the model just produced (id handed to the client, arguments as sampled)."""
+        if self.tool_replay:
+            self.kv.remember_tool_call(session, call_id, arguments)
+
+    # ---- wiring ------------------------------------------------------------------------
+
+    def attach(self, generator: Any, metrics: Any = None) -> None:
+        """Hook into the generator: render through `prepare_request`, sync through
+        `kv`, a trace line per finished request; disk counters into /metrics."""
+        render = generator.render
+        generator.render = lambda request: render(self.prepare_request(request))
+        generator.sync_hooks["kv"] = self.kv
+        generator.on_finished.append(self.trace_finished)
+        generator.state = self
+        if metrics is not None:
+            metrics.extra.append(self.metrics_lines)
+
+    def trace_finished(self, job: Any, sync: Any) -> None:
+        if not self.trace.enabled:
+            return
+        rec = job.record
+        slot = job.slot.index if job.slot is not None else -1
+        extra = {k: rec[k] for k in ("ttft_s", "shortfall", "miss_reason") if k in rec}
+        self.trace.write(TraceRecord(
+            api=job.api, slot=slot, prompt_tokens=rec.get("prompt_tokens", len(job.tokens)),
+            cache_source=rec.get("cache_source", "none"),
+            cached_tokens=rec.get("cached_tokens", 0),
+            prefill_s=rec.get("prefill_s", 0.0), decode_s=rec.get("decode_s", 0.0),
+            generated_tokens=rec.get("generated_tokens", 0),
+            finish_reason=rec.get("finish", "error"),
+            disk_file=getattr(sync, "disk_file", None), extra=extra,
+        ), prompt=job.text, output=rec.get("output"))
+
+    def metrics_lines(self) -> list[str]:
+        lines: list[str] = []
+        memory = self.tool_memory
+        lines += _family("ds4d_tool_memory_ids", "gauge", "tool-call ids remembered for replay",
+                         [f"ds4d_tool_memory_ids {len(memory)}"])
+        if self.disk is None:
+            return lines
+        s = self.disk.stats_dict()
+        for key, kind, text in (
+            ("bytes_used", "gauge", "bytes of KV checkpoints on disk"),
+            ("budget_bytes", "gauge", "disk budget of the KV cache"),
+            ("entries", "gauge", "KV checkpoint files"),
+            ("bytes_written", "counter", "bytes of KV checkpoints written"),
+            ("files_written", "counter", "KV checkpoint files written"),
+            ("evictions", "counter", "KV checkpoint files evicted"),
+            ("evicted_bytes", "counter", "bytes of KV checkpoints evicted"),
+            ("hits", "counter", "disk KV checkpoints loaded"),
+            ("misses", "counter", "disk lookups without a usable checkpoint"),
+            ("load_failures", "counter", "checkpoints rejected when loading"),
+            ("shortfalls", "counter", "disk hits that reused fewer tokens than promised"),
+            ("quarantined", "counter", "files moved aside as corrupt or foreign"),
+            ("skipped_budget", "counter", "saves skipped: larger than the budget"),
+            ("skipped_daily_budget", "counter", "saves skipped: daily write budget reached"),
+        ):
+            name = f"ds4d_kv_disk_{key}" + ("_total" if kind == "counter" else "")
+            lines += _family(name, kind, text, [f"{name} {s[key]}"])
+        return lines
+
+    def shutdown(self, sessions: Iterable[Any]) -> int:
+        """Save every session worth keeping (SIGTERM/SIGINT, after draining); blocking."""
+        if self.disk is None:
+            return 0
+        n = self.kv.shutdown(sessions)
+        log.info("kv cache: %d shutdown checkpoint(s) written", n)
+        return n
+
+    def close(self) -> None:
+        self.trace.close()
+
+
+def _strip_billing(text: str) -> str:
+    out = strip_billing_header(text)
+    # the line usually opens the system text: do not leave the blank line after it
+    return out.lstrip("\n") if out != text and not text.startswith("\n") else out
+
+
+def _family(name: str, kind: str, text: str, samples: list[str]) -> list[str]:
+    return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples]
