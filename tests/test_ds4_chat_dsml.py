@@ -344,3 +344,24 @@ def test_completions_render_and_keep_raw_text():
     decode = fmt.decode(req)
     events = decode.feed("so 4</think>4") + decode.feed("\n\nmore") + decode.flush()
     assert merged(events) == [TextDelta("so 4</think>4")] and decode.parser.stopped
+
+
+def test_history_with_tools_parses_calls_even_with_tool_choice_none():
+    from ds4d.chat.deepseek4 import ThinkMode
+    from ds4d.chat.deepseek4_output import DS4Decode
+    from ds4d.chat.types import ChatRequest, Message, Tool, ToolChoice
+
+    call = ToolCall("c1", "bash", '{"command": "pwd"}')
+    history = [
+        Message("user", "go"),
+        Message("assistant", "", tool_calls=[call]),
+        Message("tool", "/tmp"),
+    ]
+    req = ChatRequest(messages=history, tools=[Tool("bash")], tool_choice=ToolChoice("none"))
+    decode = DS4Decode(req, ThinkMode.NONE)
+    events = decode.feed("Again." + render_tool_calls([call])) + decode.flush()
+    assert decode.parser.tool_calls == 1 and isinstance(events[-1], ToolCallEnd)
+    assert not decode.tool_block_closed and decode.tracker is None  # no stop, no greedy
+    fresh = DS4Decode(ChatRequest(messages=history[:1]), ThinkMode.NONE)
+    text = "Again." + render_tool_calls([call])
+    assert merged(fresh.feed(text) + fresh.flush()) == [TextDelta(text)]

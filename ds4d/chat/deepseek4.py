@@ -137,7 +137,8 @@ def escape_tool_result(text: str) -> str:
     return text.replace(TOOL_RESULT_CLOSE, "&lt;" + TOOL_RESULT_CLOSE[1:])
 
 
-def _uses_tool_context(request: ChatRequest) -> bool:
+def uses_tool_context(request: ChatRequest) -> bool:
+    """Tools active, or tool calls/results in the history."""
     return request.tools_active or any(
         m.role == "tool" or (m.role == "assistant" and m.tool_calls) for m in request.messages
     )
@@ -168,7 +169,7 @@ def render_request(request: ChatRequest, mode: ThinkMode, replay: Replay | None 
         if m.role == "system":
             system += ("\n\n" if system else "") + m.content
 
-    tool_context = _uses_tool_context(request)
+    tool_context = uses_tool_context(request)
     last_user = max((i for i, m in enumerate(messages) if m.role in ("user", "tool")), default=-1)
     out = [BOS, THINK_MAX_PREFIX if mode is ThinkMode.MAX else "", system]
     pending_assistant = pending_tool_result = False

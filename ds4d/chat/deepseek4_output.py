@@ -12,6 +12,7 @@ from ds4d.chat.deepseek4 import (
     render_completion,
     render_request,
     think_mode,
+    uses_tool_context,
 )
 from ds4d.chat.deepseek4_dsml import DSMLToolParser, DSMLTracker
 from ds4d.chat.stream import OutputParser, partial_suffix_len
@@ -108,8 +109,10 @@ class DS4Decode:
             self.parser = OutputParser(tools=False, stops=request.stop, split_thinking=False)
         else:
             self.tools_active = request.tools_active
+            # Calls are parsed whenever tools are in play, even with tool_choice "none"
+            # (ds4 does too); stopping at the block end and greedy markup need them active.
             self.parser = output_parser(
-                tools=self.tools_active,
+                tools=uses_tool_context(request),
                 stops=request.stop,
                 thinking=mode.thinking,
                 id_prefix=request.tool_id_prefix,
