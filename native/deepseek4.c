@@ -359,6 +359,8 @@ int ds4n_dsv4_state_restore(ds4n_dsv4_state *st, int64_t n_pos, const int64_t *n
 
 /* ---- forward pieces ------------------------------------------------------------- */
 
+struct ranked { float score; int32_t index; };
+
 /* Scratch for one eval, sized for T tokens. */
 struct scratch {
     float *X;       /* T x n_hc x E: residual streams */
@@ -385,11 +387,12 @@ struct scratch {
     float *ye;            /* T x n_used x E: each routed expert's output */
     float *ebuf, *eg, *eu; /* T x E, T x ff, T x ff */
     int32_t *etok;        /* T */
-    float *rows;          /* (raw_cap + comp rows) x hd */
-    float *scores;        /* raw_cap + comp rows */
+    float *rows;          /* max_rows x hd: the rows one token attends to */
+    float *scores;        /* n_head x max_rows */
     float *ctmp;          /* 2 x (hd + ihd): compressor pooling */
-    int32_t *order;       /* comp_cap */
-    uint8_t *mask;        /* comp_cap */
+    float *iscores;       /* idx_n_head x idx_rows: indexer dot products */
+    struct ranked *rank;  /* idx_rows */
+    uint8_t *mask;        /* idx_rows */
     void *block;
 };
 
@@ -397,9 +400,17 @@ static int scratch_alloc(struct scratch *s, const ds4n_dsv4_model *m, const ds4n
     const ds4n_dsv4_params *p = &m->p;
     int64_t E = p->n_embd, hd = p->head_dim, ihd = p->idx_head_dim, nh = p->n_hc;
     int64_t mixn = 2 * nh + nh * nh, hpg = p->n_head / p->o_groups;
-    int64_t comp_max = 0;
-    for (int il = 0; il < p->n_layer; il++)
-        if (st->L[il].comp_cap > comp_max) comp_max = st->L[il].comp_cap;
+    /* visible compressed rows: all of a ratio-128 layer, at most top_k of a ratio-4 one */
+    int64_t vis_max = 0, idx_rows = 1;
+    for (int il = 0; il < p->n_layer; il++) {
+        int64_t cap = st->L[il].comp_cap;
+        if (m->ratio[il] == 4) {
+            if (cap > idx_rows) idx_rows = cap;
+            if (cap > p->idx_top_k) cap = p->idx_top_k;
+        }
+        if (cap > vis_max) vis_max = cap;
+    }
+    int64_t max_rows = st->raw_cap + vis_max;
     int64_t ff = p->n_ff_exp > E ? p->n_ff_exp : E;
     struct { float **ptr; int64_t n; } f[] = {
         {&s->X, T * nh * E}, {&s->flat, T * nh * E}, {&s->mix, T * mixn}, {&s->hpost, T * nh},
@@ -410,13 +421,14 @@ static int scratch_alloc(struct scratch *s, const ds4n_dsv4_model *m, const ds4n
         {&s->low, T * p->o_groups * p->o_lora_rank}, {&s->glow, T * p->o_lora_rank}, {&s->o, T * E},
         {&s->rlogit, T * p->n_expert}, {&s->selw, T * p->n_expert_used},
         {&s->ye, T * p->n_expert_used * E}, {&s->ebuf, T * E}, {&s->eg, T * ff}, {&s->eu, T * ff},
-        {&s->rows, (st->raw_cap + comp_max) * hd}, {&s->scores, st->raw_cap + comp_max},
-        {&s->ctmp, 2 * (hd + ihd)},
+        {&s->rows, max_rows * hd}, {&s->scores, p->n_head * max_rows},
+        {&s->ctmp, 2 * (hd + ihd)}, {&s->iscores, p->idx_n_head * idx_rows},
+        {(float **)&s->rank, 2 * idx_rows}, /* struct ranked is two 4-byte fields */
     };
     size_t nf = sizeof f / sizeof f[0], total = 0;
     for (size_t i = 0; i < nf; i++) total += (size_t)f[i].n * sizeof(float);
-    size_t ints = (size_t)(T * p->n_expert_used + T + comp_max + 1) * sizeof(int32_t);
-    s->block = malloc(total + ints + (size_t)comp_max + 64);
+    size_t ints = (size_t)(T * p->n_expert_used + T) * sizeof(int32_t);
+    s->block = malloc(total + ints + (size_t)idx_rows + 64);
     if (!s->block) return -1;
     char *c = s->block;
     for (size_t i = 0; i < nf; i++) {
@@ -425,8 +437,7 @@ static int scratch_alloc(struct scratch *s, const ds4n_dsv4_model *m, const ds4n
     }
     s->sel = (int32_t *)c;
     s->etok = s->sel + T * p->n_expert_used;
-    s->order = s->etok + T;
-    s->mask = (uint8_t *)(s->order + comp_max + 1);
+    s->mask = (uint8_t *)(s->etok + T);
     return 0;
 }
 
@@ -529,8 +540,6 @@ static int compress_step(const ds4n_dsv4_params *p, struct frontier *f, int rati
     return 1;
 }
 
-struct ranked { float score; int32_t index; };
-
 static int by_score_desc(const void *a, const void *b) {
     const struct ranked *x = a, *y = b;
     if (x->score != y->score) return x->score > y->score ? -1 : 1;
@@ -607,15 +616,13 @@ static int attention(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *p
                 rope_tail(iq, nih, ihd, p->n_rot, c, sn, 0);
                 for (int64_t h = 0; h < nih; h++) indexer_qat(iq + h * ihd, ihd);
                 float wscale = (float)(1.0 / sqrt((double)(ihd * nih)));
-                struct ranked *rk = (struct ranked *)s->rows; /* rows is free until attention */
+                struct ranked *rk = s->rank;
+                /* iscores[h][c] = iq_h . icomp_c */
+                ds4n_matmul(pool, DS4N_F32, ls->icomp, n, ihd, iq, nih, s->iscores);
                 for (int64_t ci = 0; ci < n; ci++) {
-                    const float *krow = ls->icomp + ci * ihd;
                     float sc = 0;
-                    for (int64_t h = 0; h < nih; h++) {
-                        float d = 0;
-                        for (int64_t k = 0; k < ihd; k++) d += iq[h * ihd + k] * krow[k];
-                        sc += fmaxf(d, 0.0f) * (iw[h] * wscale);
-                    }
+                    for (int64_t h = 0; h < nih; h++)
+                        sc += fmaxf(s->iscores[h * n + ci], 0.0f) * (iw[h] * wscale);
                     rk[ci] = (struct ranked){sc, (int32_t)ci};
                 }
                 qsort(rk, (size_t)n, sizeof *rk, by_score_desc);
@@ -632,21 +639,21 @@ static int attention(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *p
             if (!select || s->mask[ci])
                 memcpy(s->rows + nr++ * hd, ls->comp + ci * hd, sizeof(float) * hd);
         float *out = s->att + t * nH * hd;
+        /* scores[h][j] = q_h . row_j for all heads at once */
+        ds4n_matmul(pool, DS4N_F32, s->rows, nr, hd, q, nH, s->scores);
         for (int64_t h = 0; h < nH; h++) {
-            const float *qh = q + h * hd;
-            float mx = sinks[h];
+            float *sc = s->scores + h * nr, mx = sinks[h];
             for (int64_t j = 0; j < nr; j++) {
-                float d = 0;
-                for (int64_t k = 0; k < hd; k++) d += qh[k] * s->rows[j * hd + k];
-                s->scores[j] = d * inv_sqrt;
-                mx = fmaxf(mx, s->scores[j]);
+                sc[j] *= inv_sqrt;
+                mx = fmaxf(mx, sc[j]);
             }
             float den = 0, *oh = out + h * hd;
             memset(oh, 0, sizeof(float) * hd);
             for (int64_t j = 0; j < nr; j++) {
-                float e = expf(s->scores[j] - mx);
+                float e = expf(sc[j] - mx);
+                const float *row = s->rows + j * hd;
                 den += e;
-                for (int64_t k = 0; k < hd; k++) oh[k] += e * s->rows[j * hd + k];
+                for (int64_t k = 0; k < hd; k++) oh[k] += e * row[k];
             }
             den += expf(sinks[h] - mx);
             for (int64_t k = 0; k < hd; k++) oh[k] /= den;
