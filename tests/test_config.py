@@ -84,6 +84,8 @@ def test_explicit_config_file_and_system_fallback(home, tmp_path):
      r"^trace_content='maybe' \(DS4D_TRACE_CONTENT\): expected true or false$"),
     ([], {"DS4D_SLOTS": "0"}, None, r"^slots=0 \(DS4D_SLOTS\): must be between 1 and 64$"),
     ([], {}, "powr = 5\n", r"ds4d\.toml: unknown key 'powr'$"),
+    (["--power", "50"], {}, "power = 300\n",  # masked by the flag, still reported
+     r"^power=300 \(.*ds4d\.toml\): must be between 1 and 100$"),
     ([], {}, "power = '50'\n", r"^power='50' \(.*ds4d\.toml\): expected an integer$"),
     ([], {}, "power = \n", r"ds4d\.toml: invalid TOML"),
     ([], {}, "log_level = 'loud'\n", r"log_level='loud' .*must be one of debug, info"),

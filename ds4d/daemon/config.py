@@ -226,19 +226,19 @@ def resolve_config(args: argparse.Namespace | None = None,
     config_file, must_exist = _config_file_path(ns.get("config"), env)
     if config_file is not None and (must_exist or config_file.is_file()):
         for key, raw in _read_toml(config_file).items():
-            values[key] = _coerce(key, raw, str(config_file), text=False)
+            values[key] = _checked(key, raw, str(config_file), text=False)
             sources[key] = str(config_file)
 
     overrides_file = overrides_path(ns.get("config_overrides"), env)
     if overrides_file.is_file():
         for key, raw in _read_toml(overrides_file).items():
-            values[key] = _coerce(key, raw, str(overrides_file), text=False)
+            values[key] = _checked(key, raw, str(overrides_file), text=False)
             sources[key] = str(overrides_file)
 
     for key in KEY_NAMES:
         name = ENV_PREFIX + key.upper()
         if name in env:
-            values[key] = _coerce(key, env[name], name)
+            values[key] = _checked(key, env[name], name)
             sources[key] = name
 
     for f in config_keys():
@@ -247,7 +247,7 @@ def resolve_config(args: argparse.Namespace | None = None,
             flag = (f.metadata["flags"] or ("--" + f.name.replace("_", "-"),))[-1]
             if raw is False:
                 flag = "--no-" + flag[2:]
-            values[f.name] = _coerce(f.name, raw, flag)
+            values[f.name] = _checked(f.name, raw, flag)
             sources[f.name] = flag
 
     config = Config(**values)
@@ -314,7 +314,13 @@ def parse_value(key: str, raw: Any, source: str = "command line") -> Any:
     check it; raises ConfigError naming key and source."""
     if key not in KEY_NAMES:
         raise ConfigError(f"unknown config key '{key}' ({source})")
-    value = _coerce(key, raw, source)
+    return _checked(key, raw, source)
+
+
+def _checked(key: str, raw: Any, source: str, text: bool = True) -> Any:
+    """Every source's value is checked on its own, so a bad value is reported even when
+    a higher-precedence source masks it."""
+    value = _coerce(key, raw, source, text)
     _check_range(key, value, source)
     return value
 

@@ -15,7 +15,7 @@ import signal
 import trio
 
 from ds4d.daemon import exitcodes
-from ds4d.daemon.config import ConfigError, add_serve_arguments, load_config
+from ds4d.daemon.config import ConfigError, add_serve_arguments
 
 log = logging.getLogger("ds4d")
 
@@ -26,23 +26,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ds4d.cli import CliError
-    from ds4d.daemon.logs import setup_logging
+    from ds4d.daemon.control import ControlPlane
 
     try:
-        config = load_config(args)
+        control = ControlPlane.from_args(args)  # config from every source, logging
     except ConfigError as e:
         raise CliError(str(e), exitcodes.CONFIG_ERROR) from None
-    setup_logging(config)
-    return trio.run(serve, config)
+    return trio.run(serve, control.config, control)
 
 
-async def serve(config) -> int:  # noqa: ANN001 - ds4d.daemon.config.Config
+async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlPlane
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.trio import serve as hypercorn_serve
 
     from ds4d.daemon.server import Daemon, create_app
 
     daemon = Daemon(config)
+    if control is not None:  # control plane: live config, power, admin socket, sd_notify
+        control.attach(daemon)
     app = create_app(daemon)
     hc = HypercornConfig()
     host = "127.0.0.1" if config.host == "localhost" else config.host
@@ -55,6 +56,16 @@ async def serve(config) -> int:  # noqa: ANN001 - ds4d.daemon.config.Config
 
     async with trio.open_nursery() as nursery:
         daemon.nursery = nursery
+        if control is not None:
+            from ds4d.daemon.admin import SocketInUseError
+
+            try:
+                await nursery.start(control.run)
+            except (SocketInUseError, OSError) as e:
+                log.error("cannot open the admin socket %s: %s", control.socket_path, e)
+                nursery.cancel_scope.cancel()
+                return exitcodes.ADDRESS_IN_USE
+            control.status("loading model")
         try:
             await nursery.start(lambda task_status: hypercorn_serve(
                 app, hc, shutdown_trigger=daemon.shutdown.wait, task_status=task_status))
@@ -72,8 +83,13 @@ async def serve(config) -> int:  # noqa: ANN001 - ds4d.daemon.config.Config
             log.error("cannot load the model: %s", e)
             exit_code = exitcodes.MODEL_LOAD_FAILED
             daemon.shutdown.set()
+        else:
+            if control is not None:  # READY=1: model loaded, HTTP and admin listening
+                control.ready(f"serving {daemon.model_id} on http://{hc.bind[0]}")
         await daemon.shutdown.wait()
         log.info("shutting down")
+        if control is not None:
+            control.stopping()
         # Hypercorn drains in-flight requests (grace period) once the trigger fires;
         # whatever still runs after it is cancelled with the nursery.
         with trio.move_on_after(config.grace_period + 1):
