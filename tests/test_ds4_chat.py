@@ -223,3 +223,26 @@ def test_completion_prompt(tok):
     )
     ids = tok.encode(render_completion("2+2=", ThinkMode.NONE))
     assert ids[-1] == tok.think_close_id
+
+
+def test_calls_carrying_their_sampled_block_render_it_verbatim():
+    # How the state layer's tool memory hands back DS4 calls: arguments = the sampled block.
+    calls = [ToolCall("c1", "bash", '{"command": "pwd"}'), ToolCall("c2", "ls", '{"dir": "/"}')]
+    raw = (
+        '\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="bash">\n'
+        '<｜DSML｜parameter name="command" string="true">pwd</｜DSML｜parameter>\n'
+        '</｜DSML｜invoke>\n<｜DSML｜invoke name="ls">\n'
+        '<｜DSML｜parameter name="dir" string="true">/</｜DSML｜parameter>\n'
+        "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+    )
+    raw = raw.replace("\n<｜DSML｜invoke", "  \n<｜DSML｜invoke")  # not the canonical spacing
+    swapped = [ToolCall(c.id, c.name, raw) for c in calls]
+
+    def render(cs):
+        msgs = [Message("user", "go"), Message("assistant", "", tool_calls=cs)]
+        return render_request(ChatRequest(messages=msgs), ThinkMode.NONE)
+
+    assert raw + EOS in render(swapped)
+    # Only one call swapped: canonical rendering, its arguments recovered from the block.
+    mixed = render([swapped[0], calls[1]])
+    assert raw not in mixed and render_tool_calls(calls) + EOS in mixed

@@ -19,7 +19,7 @@ import json
 from collections.abc import Sequence
 from typing import Protocol
 
-from ds4d.chat.deepseek4_dsml import render_tool_calls
+from ds4d.chat.deepseek4_dsml import is_dsml_block, parse_tool_calls, render_tool_calls
 from ds4d.chat.types import ChatRequest, Message, Tool, ToolCall
 from ds4d.engine.ds4_tokenizer import (
     ASSISTANT,
@@ -151,13 +151,32 @@ class Replay(Protocol):
 
 
 def _dsml_for(calls: Sequence[ToolCall], replay: Replay | None) -> str:
-    """The exact block the model sampled for these calls when every call id maps to the
-    same remembered block, else the canonical rendering."""
-    if replay and calls:
+    """The exact block the model sampled for these calls when every call maps to the
+    same remembered block, else the canonical rendering.
+
+    The block comes from `replay` by call id, or from the calls themselves: a tool memory
+    that swaps each call's arguments for "the text sampled for it" hands DS4 calls their
+    whole DSML block (that is what DS4Decode.replay gives it to remember)."""
+    if not calls:
+        return ""
+    if replay is not None:
         blocks = {replay.get(c.id) for c in calls}
         if len(blocks) == 1 and None not in blocks:
             return blocks.pop() or ""
-    return render_tool_calls(calls)
+    if len({c.arguments for c in calls}) == 1 and is_dsml_block(calls[0].arguments):
+        return calls[0].arguments
+    return render_tool_calls([_with_json_arguments(c) for c in calls])
+
+
+def _with_json_arguments(call: ToolCall) -> ToolCall:
+    """A call whose arguments were swapped for a DSML block it shares with calls this
+    message lacks: its own arguments, recovered from the block."""
+    if not is_dsml_block(call.arguments):
+        return call
+    for _, name, arguments in parse_tool_calls(call.arguments):
+        if name == call.name:
+            return ToolCall(call.id, call.name, arguments)
+    return call
 
 
 def render_request(request: ChatRequest, mode: ThinkMode, replay: Replay | None = None) -> str:

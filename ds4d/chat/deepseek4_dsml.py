@@ -500,6 +500,22 @@ def _partial_entity_len(text: str) -> int:
     return len(tail) if any(e.startswith(tail) and e != tail for e in _ENTITIES) else 0
 
 
+def parse_tool_calls(text: str) -> list[tuple[str, str, str]]:
+    """(id, name, compact arguments) of the calls in a complete text (fresh ids)."""
+    parser = DSMLToolParser()
+    parser.feed(text)
+    parser.flush()
+    return parser.calls
+
+
+def is_dsml_block(text: str) -> bool:
+    """`text` is one whole tool block (optionally after blank lines), in any dialect."""
+    body = text.lstrip("\n")
+    return any(
+        body.startswith(_TAGS[p]["start"]) and body.endswith(_TAGS[p]["end"]) for p in DIALECTS
+    )
+
+
 def compact_arguments(members: Sequence[tuple[str, str]]) -> str:
     """The client-facing arguments: compact JSON, or `{}` when a value is not valid JSON
     (as ds4 does)."""
