@@ -69,6 +69,11 @@ def test_metadata_and_special_tokens(tok: Tokenizer) -> None:
     assert tok.is_special(1) and not tok.is_special(tok.encode("Hello")[0])
     assert tok.token_bytes(1) == b"<|im_start|>"
     assert tok.token_bytes(tok.encode(" the")[0]) == b" the"
+    for bad in (-1, tok.n_vocab):
+        with pytest.raises(ValueError, match="out of range"):
+            tok.token_bytes(bad)
+        with pytest.raises(ValueError, match="out of range"):
+            tok.decode([5, bad])
 
 
 def test_special_false_tokenizes_control_text_as_plain_text(tok: Tokenizer) -> None:

@@ -414,6 +414,9 @@ class Tokenizer:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD. ``special=False`` drops control
         tokens (llama.cpp's token_to_piece without special)."""
         table = self._bytes
+        ids = list(ids)
+        if ids and not 0 <= min(ids) <= max(ids) < self.n_vocab:
+            raise ValueError(f"token id out of range [0, {self.n_vocab}): {min(ids)}..{max(ids)}")
         if special:
             data = b"".join([table[i] for i in ids])
         else:
@@ -422,6 +425,8 @@ class Tokenizer:
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes a token stands for (special tokens: their text)."""
+        if not 0 <= token_id < self.n_vocab:
+            raise ValueError(f"token id {token_id} out of range [0, {self.n_vocab})")
         return self._bytes[token_id]
 
     def token_text(self, token_id: int) -> str:
