@@ -278,7 +278,7 @@ def test_ds4_decode_policy():
         decode.feed(c)
         if decode.tool_block_closed:
             break
-    assert decode.tool_block_closed and decode.parser.tool_calls == 1
+    assert decode.tool_block_closed and decode.tool_calls == 1 and not decode.stopped
     assert seen[0] == (1.0, 0, 0.05)  # thinking ignores the client's knobs
     assert any(t == 0.0 for t, _, _ in seen)  # markup sampled greedily
     body = len("hmm</think>Running.") + block.index(">pwd<") + 1

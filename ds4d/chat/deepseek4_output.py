@@ -119,6 +119,19 @@ class DS4Decode:
             )
         self.tracker = DSMLTracker() if self.tools_active else None
 
+    # The OutputParser face, so the decode loop can hold either.
+    @property
+    def stopped(self) -> bool:
+        return self.parser.stopped
+
+    @property
+    def stop_sequence(self) -> str | None:
+        return self.parser.stop_sequence
+
+    @property
+    def tool_calls(self) -> int:
+        return self.parser.tool_calls
+
     @property
     def greedy(self) -> bool:
         return self.tracker is not None and self.tracker.greedy
