@@ -231,6 +231,8 @@ class Tokenizer:
         self.model = model
         self.pre = pre
         self.n_vocab = len(tokens)
+        # llama.cpp names empty entries so that every token has a distinct text.
+        tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(tokens)]
         self._tokens = tokens
         self._types = list(token_types)
         self._ids = {}
@@ -261,7 +263,7 @@ class Tokenizer:
             return [
                 AddedToken(text, special=special, normalized=False)
                 for text, kind in zip(tokens, self._types, strict=True)
-                if kind in kinds and text
+                if kind in kinds
             ]
 
         backend.add_special_tokens(added((CONTROL, UNKNOWN), special=True))
