@@ -8,10 +8,8 @@
 #include "quants.h"
 #include "quants_avx2.h"
 
-static inline __attribute__((always_inline)) void tile_rc(const float *W, int64_t ldw,
-                                                          const float *X, int64_t ldx, int64_t k,
-                                                          float *Y, int64_t ldy, const int R,
-                                                          const int C, int accumulate) {
+DS4N_INLINE void tile_rc(const float *W, int64_t ldw, const float *X, int64_t ldx, int64_t k,
+                         float *Y, int64_t ldy, const int R, const int C, int accumulate) {
     __m256 acc[DS4N_TILE_ROWS][DS4N_TILE_COLS];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < C; t++) acc[r][t] = _mm256_setzero_ps();
@@ -36,17 +34,4 @@ static inline __attribute__((always_inline)) void tile_rc(const float *W, int64_
     }
 }
 
-#define TILE(R, C)                                                                         \
-    case R * 4 + C:                                                                        \
-        tile_rc(W, ldw, X, ldx, k, Y, ldy, R, C, accumulate);                              \
-        break;
-
-void ds4n_tile_avx2(const float *W, int64_t ldw, const float *X, int64_t ldx, int64_t k,
-                    float *Y, int64_t ldy, int R, int C, int accumulate) {
-    switch (R * 4 + C) {
-        TILE(1, 1) TILE(1, 2) TILE(1, 3)
-        TILE(2, 1) TILE(2, 2) TILE(2, 3)
-        TILE(3, 1) TILE(3, 2) TILE(3, 3)
-        TILE(4, 1) TILE(4, 2) TILE(4, 3)
-    }
-}
+DS4N_DEFINE_TILE(ds4n_tile_avx2)

@@ -61,6 +61,12 @@ float ds4n_dot_via_dequant(ds4n_dequant_fn dequantize, ds4n_dot_fn dot_f32, int6
     return sum;
 }
 
+float ds4n_dot_via_scalar_dequant(int type, ds4n_dot_fn dot_f32, const void *w, const float *x,
+                                  int64_t n) {
+    return ds4n_dot_via_dequant(ds4n_scalar_set.row[type].dequantize, dot_f32,
+                                traits[type].block_size, traits[type].block_bytes, w, x, n);
+}
+
 /* ---- float types --------------------------------------------------------------------- */
 
 static float dot_f32(const void *w, const float *x, int64_t n) {

@@ -114,10 +114,19 @@ ds4n_tile_fn ds4n_active_tile(void);
 float ds4n_dot_via_dequant(ds4n_dequant_fn dequantize, ds4n_dot_fn dot_f32, int64_t block_size,
                            int64_t block_bytes, const void *w, const float *x, int64_t n);
 
+/* The same through the scalar dequantizer of a type: for SIMD levels without their own. */
+float ds4n_dot_via_scalar_dequant(int type, ds4n_dot_fn dot_f32, const void *w, const float *x,
+                                  int64_t n);
+
 /* Defines a static dot kernel `fname` that runs through the given dequantizer and float dot. */
 #define DS4N_DOT_VIA_DEQUANT(fname, dequant, dot_f32, block_size, block_bytes)          \
     static float fname(const void *w, const float *x, int64_t n) {                    \
         return ds4n_dot_via_dequant(dequant, dot_f32, block_size, block_bytes, w, x, n); \
+    }
+
+#define DS4N_DOT_VIA_SCALAR_DEQUANT(fname, type, dot_f32)                    \
+    static float fname(const void *w, const float *x, int64_t n) {          \
+        return ds4n_dot_via_scalar_dequant(type, dot_f32, w, x, n);         \
     }
 
 extern const struct ds4n_kernel_set ds4n_scalar_set;

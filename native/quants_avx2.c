@@ -16,7 +16,7 @@ static inline __m128i load8(const uint8_t *p) { return _mm_loadl_epi64((const __
 
 /* ---- float types ---------------------------------------------------------------------- */
 
-static inline __attribute__((always_inline)) __m256 load_float8(int type, const void *p, int64_t i) {
+DS4N_INLINE __m256 load_float8(int type, const void *p, int64_t i) {
     switch (type) {
     case DS4N_F16:
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
@@ -29,23 +29,13 @@ static inline __attribute__((always_inline)) __m256 load_float8(int type, const 
     }
 }
 
-static inline __attribute__((always_inline)) float load_float1(int type, const void *p, int64_t i) {
-    switch (type) {
-    case DS4N_F16: return f16(((const uint16_t *)p)[i]);
-    case DS4N_BF16: return ds4n_bf16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-
-static inline __attribute__((always_inline)) void dequant_float(int type, const void *src, float *y,
-                                                                int64_t n) {
+DS4N_INLINE void dequant_float(int type, const void *src, float *y, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, load_float8(type, src, i));
     for (; i < n; i++) y[i] = load_float1(type, src, i);
 }
 
-static inline __attribute__((always_inline)) float dot_float(int type, const void *w, const float *x,
-                                                             int64_t n) {
+DS4N_INLINE float dot_float(int type, const void *w, const float *x, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
@@ -74,9 +64,7 @@ static inline __m128i fifth_bits(uint32_t bits) {
 }
 
 /* Codes j (low nibbles) and j+16 (high nibbles) of qs, with bit 4 from qh if given. */
-static inline __attribute__((always_inline)) void unpack_nibbles(const uint8_t *qs,
-                                                                 const uint8_t *qh, int offset,
-                                                                 __m256 q[4]) {
+DS4N_INLINE void unpack_nibbles(const uint8_t *qs, const uint8_t *qh, int offset, __m256 q[4]) {
     __m128i bytes = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
     __m128i lo = _mm_and_si128(bytes, m4), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), m4);
     if (qh) {
@@ -93,47 +81,15 @@ static inline __attribute__((always_inline)) void unpack_nibbles(const uint8_t *
     q[3] = i8x8(_mm_srli_si128(hi, 8));
 }
 
-static inline __attribute__((always_inline)) void load_legacy(int type, const void *blk,
-                                                              struct legacy_block *b) {
-    b->m = 0.0f;
-    switch (type) {
-    case DS4N_Q4_0: {
-        const block_q4_0 *p = blk;
-        b->d = f16(p->d);
-        unpack_nibbles(p->qs, NULL, 8, b->q);
-        break;
-    }
-    case DS4N_Q4_1: {
-        const block_q4_1 *p = blk;
-        b->d = f16(p->d), b->m = f16(p->m);
-        unpack_nibbles(p->qs, NULL, 0, b->q);
-        break;
-    }
-    case DS4N_Q5_0: {
-        const block_q5_0 *p = blk;
-        b->d = f16(p->d);
-        unpack_nibbles(p->qs, p->qh, 16, b->q);
-        break;
-    }
-    case DS4N_Q5_1: {
-        const block_q5_1 *p = blk;
-        b->d = f16(p->d), b->m = f16(p->m);
-        unpack_nibbles(p->qs, p->qh, 0, b->q);
-        break;
-    }
-    default: { /* DS4N_Q8_0 */
-        const block_q8_0 *p = blk;
-        b->d = f16(p->d);
-        for (int k = 0; k < 4; k++) b->q[k] = i8x8(load8((const uint8_t *)p->qs + 8 * k));
-    }
-    }
+static inline void unpack_q8(const int8_t *qs, __m256 q[4]) {
+    for (int k = 0; k < 4; k++) q[k] = i8x8(load8((const uint8_t *)qs + 8 * k));
 }
 
-static inline int is_affine(int type) { return type == DS4N_Q4_1 || type == DS4N_Q5_1; }
+DS4N_DEFINE_LOAD_LEGACY
 
-static inline __attribute__((always_inline)) void dequant_legacy(int type, int64_t block_bytes,
-                                                                 const void *src, float *y,
-                                                                 int64_t n) {
+
+DS4N_INLINE void dequant_legacy(int type, int64_t block_bytes, const void *src, float *y,
+                                int64_t n) {
     const uint8_t *p = src;
     struct legacy_block b;
     for (int64_t i = 0; i < n / QK; i++, p += block_bytes, y += QK) {
@@ -146,9 +102,8 @@ static inline __attribute__((always_inline)) void dequant_legacy(int type, int64
     }
 }
 
-static inline __attribute__((always_inline)) float dot_legacy(int type, int64_t block_bytes,
-                                                              const void *w, const float *x,
-                                                              int64_t n) {
+DS4N_INLINE float dot_legacy(int type, int64_t block_bytes, const void *w, const float *x,
+                             int64_t n) {
     const uint8_t *p = w;
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     struct legacy_block b;
@@ -172,10 +127,8 @@ static inline __attribute__((always_inline)) float dot_legacy(int type, int64_t 
 /* ---- K-quants and IQ2_XXS: dequantizers (their dots go through them) --------------------- */
 
 /* Q4_K / Q5_K: sub-block s of 32 is nibble s%2 of qs[s/2*32 ..], bit s of qh[..] (Q5_K). */
-static inline __attribute__((always_inline)) void dequant_k_sub32(uint16_t d16, uint16_t dmin16,
-                                                                  const uint8_t *scales,
-                                                                  const uint8_t *qs,
-                                                                  const uint8_t *qh, float *y) {
+DS4N_INLINE void dequant_k_sub32(uint16_t d16, uint16_t dmin16, const uint8_t *scales,
+                                 const uint8_t *qs, const uint8_t *qh, float *y) {
     float d = f16(d16), dmin = f16(dmin16);
     const __m128i m4 = _mm_set1_epi8(0x0f), one = _mm_set1_epi8(1);
     for (int s = 0; s < 8; s++) {
@@ -235,26 +188,7 @@ static void dequant_iq2_xxs(const void *src, float *y, int64_t n) {
 
 /* ---- the AVX2 kernel set --------------------------------------------------------------- */
 
-static float dot_f32(const void *w, const float *x, int64_t n) { return dot_float(DS4N_F32, w, x, n); }
-
-#define FLOAT_KERNELS(name, T)                                                                  \
-    static void dequant_##name(const void *s, float *y, int64_t n) { dequant_float(T, s, y, n); } \
-    static float dot_##name(const void *w, const float *x, int64_t n) { return dot_float(T, w, x, n); }
-FLOAT_KERNELS(f16, DS4N_F16)
-FLOAT_KERNELS(bf16, DS4N_BF16)
-
-#define LEGACY_KERNELS(name, T, block)                                                  \
-    static void dequant_##name(const void *s, float *y, int64_t n) {                   \
-        dequant_legacy(T, sizeof(block), s, y, n);                                      \
-    }                                                                                   \
-    static float dot_##name(const void *w, const float *x, int64_t n) {                \
-        return dot_legacy(T, sizeof(block), w, x, n);                                   \
-    }
-LEGACY_KERNELS(q4_0, DS4N_Q4_0, block_q4_0)
-LEGACY_KERNELS(q4_1, DS4N_Q4_1, block_q4_1)
-LEGACY_KERNELS(q5_0, DS4N_Q5_0, block_q5_0)
-LEGACY_KERNELS(q5_1, DS4N_Q5_1, block_q5_1)
-LEGACY_KERNELS(q8_0, DS4N_Q8_0, block_q8_0)
+DS4N_DEFINE_FLOAT_AND_LEGACY_KERNELS
 
 #define DOT_VIA(name, block) DS4N_DOT_VIA_DEQUANT(dot_##name, dequant_##name, dot_f32, QK_K, sizeof(block))
 DOT_VIA(q4_K, block_q4_K)
@@ -263,22 +197,15 @@ DOT_VIA(q6_K, block_q6_K)
 DOT_VIA(iq2_xxs, block_iq2_xxs)
 
 /* Q2_K and Q3_K keep the scalar dequantizer but get the vector dot. */
-static float dot_q2_K(const void *w, const float *x, int64_t n) {
-    return ds4n_dot_via_dequant(ds4n_scalar_set.row[DS4N_Q2_K].dequantize, dot_f32, QK_K,
-                                sizeof(block_q2_K), w, x, n);
-}
-static float dot_q3_K(const void *w, const float *x, int64_t n) {
-    return ds4n_dot_via_dequant(ds4n_scalar_set.row[DS4N_Q3_K].dequantize, dot_f32, QK_K,
-                                sizeof(block_q3_K), w, x, n);
-}
+DS4N_DOT_VIA_SCALAR_DEQUANT(dot_q2_K, DS4N_Q2_K, dot_f32)
+DS4N_DOT_VIA_SCALAR_DEQUANT(dot_q3_K, DS4N_Q3_K, dot_f32)
 
-#define ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name}
 const struct ds4n_kernel_set ds4n_avx2_set = {
     .row = {
-        [DS4N_F32] = {NULL, dot_f32}, ROW(F16, f16), ROW(BF16, bf16),
-        ROW(Q4_0, q4_0), ROW(Q4_1, q4_1), ROW(Q5_0, q5_0), ROW(Q5_1, q5_1), ROW(Q8_0, q8_0),
-        [DS4N_Q2_K] = {NULL, dot_q2_K}, [DS4N_Q3_K] = {NULL, dot_q3_K},
-        ROW(Q4_K, q4_K), ROW(Q5_K, q5_K), ROW(Q6_K, q6_K), ROW(IQ2_XXS, iq2_xxs),
+        DS4N_DOT(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),
+        DS4N_ROW(Q4_0, q4_0), DS4N_ROW(Q4_1, q4_1), DS4N_ROW(Q5_0, q5_0), DS4N_ROW(Q5_1, q5_1), DS4N_ROW(Q8_0, q8_0),
+        DS4N_DOT(Q2_K, q2_K), DS4N_DOT(Q3_K, q3_K),
+        DS4N_ROW(Q4_K, q4_K), DS4N_ROW(Q5_K, q5_K), DS4N_ROW(Q6_K, q6_K), DS4N_ROW(IQ2_XXS, iq2_xxs),
     },
     .dot_f32 = dot_f32,
     .tile = ds4n_tile_avx2,

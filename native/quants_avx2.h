@@ -4,7 +4,7 @@
 
 #include <immintrin.h>
 
-#include "quants.h"
+#include "quants_simd.h"
 
 static inline float ds4n_hsum_avx2(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

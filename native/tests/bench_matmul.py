@@ -28,21 +28,21 @@ def weights(qtype: str, rows: int, K: int, rng: np.random.Generator) -> np.ndarr
     bb = native.lib.ds4n_type_block_bytes(native.TYPES[qtype])
     blocks = raw.reshape(-1, bb)
     scale_fields = 2 if qtype in ("Q4_1", "Q5_1") else 1
-    blocks[:, : 2 * scale_fields] = (
-        np.full((len(blocks), scale_fields), 0.01, np.float16).view(np.uint8)
+    blocks[:, : 2 * scale_fields] = np.full((len(blocks), scale_fields), 0.01, np.float16).view(
+        np.uint8
     )
     return raw
 
 
-def rate(fn, seconds: float) -> float:
-    """Calls per second of fn: the best of short batches over about `seconds`, so that
+def rate(fn, args: tuple, seconds: float) -> float:
+    """Calls per second of fn(*args): the best of short batches over about `seconds`, so that
     other processes on the shared cores disturb the figure as little as possible."""
-    fn()
+    fn(*args)
     best, start = float("inf"), time.perf_counter()
     while time.perf_counter() - start < seconds:
         t0 = time.perf_counter()
         for _ in range(5):
-            fn()
+            fn(*args)
         best = min(best, (time.perf_counter() - t0) / 5)
     return 1 / best
 
@@ -61,7 +61,7 @@ def main() -> None:
             W = weights(qtype, rows, K, rng)
             x = rng.standard_normal((1, K)).astype(np.float32)
             out = np.empty((1, rows), np.float32)
-            r = rate(lambda: native.matmul(pool, qtype, W, rows, K, x, out), args.seconds)
+            r = rate(native.matmul, (pool, qtype, W, rows, K, x, out), args.seconds)
             print(f"decode {qtype} {rows:5d}x{K:<5d} {2 * rows * K * r / 1e9:7.1f} GFLOP/s "
                   f"{W.nbytes * r / 1e9:6.1f} GB/s  {1e6 / r:8.1f} us")  # fmt: skip
         for T in (int(t) for t in args.tokens.split(",")):
@@ -69,7 +69,7 @@ def main() -> None:
                 W = weights(qtype, rows, K, rng)
                 X = rng.standard_normal((T, K)).astype(np.float32)
                 out = np.empty((T, rows), np.float32)
-                r = rate(lambda: native.matmul(pool, qtype, W, rows, K, X, out), args.seconds)
+                r = rate(native.matmul, (pool, qtype, W, rows, K, X, out), args.seconds)
                 print(f"gemm T={T:<4d} {qtype} {rows:5d}x{K:<5d} "
                       f"{2 * rows * K * T * r / 1e9:7.1f} GFLOP/s")  # fmt: skip
 

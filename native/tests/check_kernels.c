@@ -1,0 +1,156 @@
+/* Checks the best SIMD kernel set of this CPU against the scalar one, for every type:
+ * dequantize must be bit-identical, dot and matmul (decode and prefill shapes, 1 and 2
+ * threads) equal within float32 rounding. Built natively (AVX2) and cross-compiled for
+ * aarch64 and run under qemu (NEON) by `make -C native check-neon`. Exit status 1 on any
+ * mismatch. Uses only the public ds4n.h API. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ds4n.h"
+
+static const struct {
+    const char *name;
+    int type;
+    int scale_offsets[2]; /* f16 scale fields in a block; -1: none (float types) */
+} TYPES[] = {
+    {"F32", DS4N_F32, {-1, -1}},      {"F16", DS4N_F16, {-1, -1}},
+    {"BF16", DS4N_BF16, {-1, -1}},    {"Q4_0", DS4N_Q4_0, {0, -1}},
+    {"Q4_1", DS4N_Q4_1, {0, 2}},      {"Q5_0", DS4N_Q5_0, {0, -1}},
+    {"Q5_1", DS4N_Q5_1, {0, 2}},      {"Q8_0", DS4N_Q8_0, {0, -1}},
+    {"Q2_K", DS4N_Q2_K, {80, 82}},    {"Q3_K", DS4N_Q3_K, {108, -1}},
+    {"Q4_K", DS4N_Q4_K, {0, 2}},      {"Q5_K", DS4N_Q5_K, {0, 2}},
+    {"Q6_K", DS4N_Q6_K, {208, -1}},   {"IQ2_XXS", DS4N_IQ2_XXS, {0, -1}},
+};
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (uint32_t)(rng_state >> 16);
+}
+static float rnd_float(void) { return ((float)(rnd() % 20001) - 10000.0f) / 10000.0f; }
+
+/* An f16 of magnitude in [2^-9, 2^-5), random sign: a sane block scale. */
+static uint16_t rnd_scale(void) { return (uint16_t)((rnd() & 0x8000) | ((6 + rnd() % 4) << 10) | (rnd() & 0x3ff)); }
+
+/* rows x K weights of TYPES[i], random codes with sane scales. */
+static uint8_t *random_weights(int i, int64_t rows, int64_t K, int64_t *row_bytes) {
+    int type = TYPES[i].type;
+    int64_t bs = ds4n_type_block_size(type), bb = ds4n_type_block_bytes(type);
+    *row_bytes = K / bs * bb;
+    int64_t blocks = rows * K / bs, bytes = rows * *row_bytes;
+    uint8_t *w = malloc((size_t)bytes);
+    for (int64_t j = 0; j < bytes; j++) w[j] = (uint8_t)rnd();
+    for (int64_t b = 0; b < blocks; b++) {
+        uint8_t *blk = w + b * bb;
+        if (type == DS4N_F32) {
+            float f = rnd_float();
+            memcpy(blk, &f, 4);
+        } else if (type == DS4N_F16) {
+            uint16_t h = (uint16_t)((rnd() & 0x8000) | ((10 + rnd() % 8) << 10) | (rnd() & 0x3ff));
+            memcpy(blk, &h, 2);
+        } else if (type == DS4N_BF16) {
+            uint16_t h = (uint16_t)((rnd() & 0x8000) | ((120 + rnd() % 8) << 7) | (rnd() & 0x7f));
+            memcpy(blk, &h, 2);
+        }
+        for (int s = 0; s < 2; s++) {
+            if (TYPES[i].scale_offsets[s] < 0) continue;
+            uint16_t h = rnd_scale();
+            memcpy(blk + TYPES[i].scale_offsets[s], &h, 2);
+        }
+    }
+    return w;
+}
+
+static int failures;
+
+static void fail(const char *what, const char *type, double got, double want) {
+    printf("MISMATCH %s %s: %.9g vs scalar %.9g\n", what, type, got, want);
+    failures++;
+}
+
+/* Σ|w||x| of a dequantized row: the scale float32 rounding errors are measured against. */
+static double abs_dot(const float *w, const float *x, int64_t n) {
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += fabs((double)w[i] * x[i]);
+    return s;
+}
+
+static void check_rows(int i, int simd) {
+    enum { K = 1280, ROWS = 3 };
+    int64_t row_bytes;
+    uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
+    float x[K], scalar[K], fast[K];
+    for (int k = 0; k < K; k++) x[k] = rnd_float();
+    for (int r = 0; r < ROWS; r++) {
+        const uint8_t *row = w + r * row_bytes;
+        ds4n_set_simd(DS4N_SIMD_SCALAR);
+        ds4n_dequantize(TYPES[i].type, row, scalar, K);
+        float dot_scalar = ds4n_dot(TYPES[i].type, row, x, K);
+        ds4n_set_simd(simd);
+        ds4n_dequantize(TYPES[i].type, row, fast, K);
+        float dot_fast = ds4n_dot(TYPES[i].type, row, x, K);
+        for (int k = 0; k < K; k++)
+            if (memcmp(&fast[k], &scalar[k], 4) != 0 && !(fast[k] == 0 && scalar[k] == 0)) {
+                fail("dequantize", TYPES[i].name, fast[k], scalar[k]);
+                break;
+            }
+        if (fabs((double)dot_fast - dot_scalar) > 2e-6 * abs_dot(scalar, x, K))
+            fail("dot", TYPES[i].name, dot_fast, dot_scalar);
+    }
+    free(w);
+}
+
+static void check_matmul(int i, int simd, ds4n_pool *pool) {
+    enum { K = 512, ROWS = 13, TMAX = 17 };
+    static const int64_t token_counts[] = {1, 2, 5, TMAX};
+    int64_t row_bytes;
+    uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
+    float *X = malloc(sizeof(float) * TMAX * K), *W = malloc(sizeof(float) * ROWS * K);
+    float Ys[TMAX * ROWS], Yf[TMAX * ROWS];
+    for (int64_t k = 0; k < TMAX * K; k++) X[k] = rnd_float();
+    ds4n_set_simd(DS4N_SIMD_SCALAR);
+    ds4n_dequantize(TYPES[i].type, w, W, ROWS * K);
+    for (size_t c = 0; c < sizeof token_counts / sizeof *token_counts; c++) {
+        int64_t T = token_counts[c];
+        ds4n_set_simd(DS4N_SIMD_SCALAR);
+        ds4n_matmul(NULL, TYPES[i].type, w, ROWS, K, X, T, Ys);
+        ds4n_set_simd(simd);
+        ds4n_matmul(pool, TYPES[i].type, w, ROWS, K, X, T, Yf);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t r = 0; r < ROWS; r++) {
+                double tol = 3e-6 * abs_dot(W + r * K, X + t * K, K);
+                if (fabs((double)Yf[t * ROWS + r] - Ys[t * ROWS + r]) > tol) {
+                    fail(T == 1 ? "matvec" : "gemm", TYPES[i].name, Yf[t * ROWS + r], Ys[t * ROWS + r]);
+                    t = T;
+                    break;
+                }
+            }
+    }
+    free(X);
+    free(W);
+    free(w);
+}
+
+int main(void) {
+    int simd = ds4n_set_simd(DS4N_SIMD_AUTO);
+    const char *names[] = {"scalar", "avx2", "neon"};
+    if (simd == DS4N_SIMD_SCALAR) {
+        printf("check_kernels: this CPU has no SIMD kernel set; nothing to compare\n");
+        return 0;
+    }
+    ds4n_pool *pool = ds4n_pool_new(2);
+    int n_types = (int)(sizeof TYPES / sizeof *TYPES);
+    for (int i = 0; i < n_types; i++) {
+        check_rows(i, simd);
+        check_matmul(i, simd, NULL);
+        check_matmul(i, simd, pool);
+    }
+    ds4n_pool_free(pool);
+    printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
+           failures ? "FAILED" : "ok");
+    return failures ? 1 : 0;
+}
