@@ -80,6 +80,9 @@ def test_special_ids_and_generation_end(tok):
     assert tok.token_text(tok.bos_id) == "<｜begin▁of▁sentence｜>"
     assert tok.eog_ids == {tok.eos_id} and tok.is_eog(tok.eos_id)
     assert tok.token_to_id("｜DSML｜") == tok.dsml_id
+    for bad in (-1, tok.n_vocab):
+        with pytest.raises(ValueError, match="out of range"):
+            tok.decode([5, bad])
 
 
 def test_token_bytes_cover_the_official_api_tokens(shared_dir, tok):

@@ -225,6 +225,9 @@ class DS4Tokenizer:
         return self._bpe.encode(text, add_special_tokens=False).ids
 
     def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes a token stands for (the chat markers: their text)."""
+        if not 0 <= token_id < self.n_vocab:
+            raise ValueError(f"token id {token_id} out of range [0, {self.n_vocab})")
         cached = self._bytes[token_id]
         if cached is None:
             cached = self._bytes[token_id] = token_string_bytes(self._tokens[token_id])
