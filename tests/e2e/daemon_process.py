@@ -1,0 +1,87 @@
+"""Start a real `ds4d serve` process for end-to-end tests: ephemeral port, private tmp
+dirs, waits for /health 200, SIGTERM on teardown."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+LOAD_TIMEOUT_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Daemon:
+    url: str
+    proc: subprocess.Popen
+    log_path: Path
+    api_key: str | None = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {'name{labels}': value}."""
+        headers = {"x-api-key": self.api_key} if self.api_key else {}
+        text = httpx.get(f"{self.url}/metrics", headers=headers, timeout=10).text
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+
+@contextmanager
+def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
+    port = free_port()
+    env = dict(os.environ)
+    for var in ("XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_STATE_HOME"):
+        d = tmp / var.lower()
+        d.mkdir(mode=0o700, exist_ok=True)
+        env[var] = str(d)
+    env.pop("NOTIFY_SOCKET", None)
+    log_path = tmp / "ds4d.log"
+    cmd = [sys.executable, "-m", "ds4d", "serve", "--host", "127.0.0.1", "--port", str(port),
+           "--no-kv-disk", *args]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    key = args[args.index("--api-key") + 1] if "--api-key" in args else None
+    daemon = Daemon(f"http://127.0.0.1:{port}", proc, log_path, key)
+    try:
+        deadline = time.monotonic() + LOAD_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
+            try:
+                if httpx.get(f"{daemon.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ds4d did not become healthy:\n{daemon.log()}")
+            time.sleep(0.2)
+        yield daemon
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
