@@ -35,7 +35,6 @@ def run(args: argparse.Namespace) -> int:
     from ds4d.engine import Engine, EngineError, SamplingParams, sample
     from ds4d.engine.default_model import resolve_model_path
     from ds4d.engine.sampler import make_rng
-    from ds4d.engine.tokenizer import IncrementalDecoder
 
     try:
         params = SamplingParams(temperature=args.temperature, top_k=args.top_k,
@@ -56,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
         messages = [{"role": "user", "content": args.prompt}]
         if args.system:
             messages.insert(0, {"role": "system", "content": args.system})
-        bos, eos = tok.bos_text or "", tok.eos_text or ""
+        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
         try:
             text = ChatTemplate(engine.chat_template, bos, eos).render(messages)
         except TemplateError as e:
@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     session.eval(prompt)
     t1 = time.perf_counter()
     rng = make_rng(params.seed)
-    decoder = IncrementalDecoder(tok)
+    decoder = tok.incremental_decoder()
     stop = set(tok.eog_ids)
     generated = 0
     for _ in range(args.max_tokens):
