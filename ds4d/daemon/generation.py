@@ -26,11 +26,13 @@ from ds4d.chat.types import (
     Finish,
     ReasoningDelta,
     TextDelta,
+    ToolCallEnd,
     ToolCallStart,
     Usage,
 )
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool
+from ds4d.state.service import tool_call_ids
 from ds4d.state.slots import Slot, SyncResult, sync_slot
 
 log = logging.getLogger("ds4d.generation")
@@ -64,6 +66,7 @@ class Generator:
         self.sync_hooks: dict[str, Any] = {}
         self.on_finished: list[Callable[[Job, SyncResult | None], None]] = []
         self.render: Callable[[ChatRequest], str] = self._render
+        self.state: Any = None  # ds4d.state.service.StateService, set by its attach()
 
     # -- before the response -------------------------------------------------------------
 
@@ -138,7 +141,7 @@ class Generator:
         t0 = time.perf_counter()
         sync = await sync_slot(
             slot, job.text, job.tokens, encode=self.encode, decode=self.tok.decode,
-            run_engine=self.gate.run, **self.sync_hooks)
+            run_engine=self.gate.run, tool_ids=tool_call_ids(job.request), **self.sync_hooks)
         t1 = time.perf_counter()
         self.metrics.prefill_seconds += t1 - t0
         self.metrics.prompt_tokens += len(sync.tokens)
@@ -185,9 +188,18 @@ class Generator:
         first = True
         reason = "length"
 
+        call_ids: dict[int, str] = {}
+        kv = self.state.kv if self.state is not None else None
+
         async def emit(events: list[Event]) -> None:
             nonlocal first
             for ev in events:
+                if self.state is not None:  # exact replay of this call in later turns
+                    if isinstance(ev, ToolCallStart):
+                        call_ids[ev.index] = ev.id
+                    elif isinstance(ev, ToolCallEnd) and ev.index in call_ids:
+                        self.state.remember_tool_call(session, call_ids[ev.index],
+                                                      ev.arguments)
                 if first and isinstance(ev, TextDelta | ReasoningDelta | ToolCallStart):
                     first = False
                     ttft = time.perf_counter() - job.arrived
@@ -208,7 +220,8 @@ class Generator:
                     break
                 continue
             allowed = step.ids if isinstance(step, Allow) else None
-            token = await self.gate.run(_eval_and_sample, session, pending, params, rng, allowed)
+            token = await self.gate.run(_eval_and_sample, session, pending, params, rng, allowed,
+                                        kv)
             pending = []
             if token in eog and constraint is None:
                 reason = "stop"
@@ -266,11 +279,13 @@ class Generator:
 
 
 def _eval_and_sample(session: Any, pending: list[int], params: Any, rng: Any,
-                     allowed: Any) -> int:
+                     allowed: Any, kv: Any = None) -> int:
     from ds4d.engine.sampler import sample
 
     if pending:
         session.eval(pending)
+        if kv is not None:  # a continued checkpoint when decoding reaches a frontier
+            kv.after_token(session)
     return sample(session.logits, params, rng, allowed)
 
 

@@ -43,7 +43,7 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
 
     daemon = Daemon(config)
     if control is not None:  # control plane: live config, power, admin socket, sd_notify
-        control.attach(daemon)
+        control.attach(daemon, cache=daemon.cache_view, trace=daemon.trace)
     app = create_app(daemon)
     hc = HypercornConfig()
     host = "127.0.0.1" if config.host == "localhost" else config.host
@@ -96,6 +96,13 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
             while daemon.pool is not None and daemon.pool.busy:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
+    # Every engine call has returned: the slots' sessions are still, save them.
+    if control is not None:
+        control.extend_timeout(60)
+    saved = daemon.save_on_shutdown()
+    if saved:
+        log.info("saved %d slot(s) to the disk KV cache", saved)
+    daemon.trace.close()
     return exit_code
 
 

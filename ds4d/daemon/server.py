@@ -23,10 +23,14 @@ from werkzeug.exceptions import HTTPException
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
 from ds4d.api.common import KEEPALIVE, ApiError, Completion
 from ds4d.chat.types import Event, Sampling
+from ds4d.daemon.config import kv_dir
 from ds4d.daemon.generation import Generator, Job
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool
+from ds4d.state.service import CacheView, StateService
+from ds4d.state.service import from_config as state_from_config
 from ds4d.state.slots import Slot
+from ds4d.state.trace import TraceWriter
 
 log = logging.getLogger("ds4d")
 
@@ -49,6 +53,11 @@ class Daemon:
         self.shutdown = trio.Event()
         self.after_unit = None  # power pacing hook (worker thread, seconds of work)
         self.gate = EngineGate(lambda s: self.after_unit(s) if self.after_unit else None)
+        # State layer (disk KV cache, tool replay, trace): built once the model is known;
+        # the trace writer and the cache view exist earlier for the control plane.
+        self.state: StateService | None = None
+        self.trace = TraceWriter()
+        self.cache_view = CacheView(lambda: self.state.disk if self.state else None)
         m = self.metrics
         m.gauge("ds4d_requests_running", "requests generating on a slot",
                 lambda: self.pool.busy if self.pool else 0)
@@ -100,7 +109,11 @@ class Daemon:
         self.model_id = Path(info.path).stem if info.path else info.name
         self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)],
                              cfg.queue_size)
-        self.generator = Generator(engine, template, ctx, self.pool, self.gate, self.metrics)
+        generator = Generator(engine, template, ctx, self.pool, self.gate, self.metrics)
+        self.state = await trio.to_thread.run_sync(lambda: state_from_config(
+            cfg, engine=engine, ctx=ctx, kv_dir=kv_dir(cfg), trace=self.trace))
+        self.state.attach(generator, self.metrics)
+        self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
 
     # -- what the admin channel reads ------------------------------------------------------
@@ -126,6 +139,12 @@ class Daemon:
 
     async def stop(self) -> None:
         self.shutdown.set()
+
+    def save_on_shutdown(self) -> int:
+        """After draining: every slot worth keeping becomes a `shutdown` KV checkpoint."""
+        if self.state is None or self.pool is None:
+            return 0
+        return self.state.shutdown([s.session for s in self.pool.slots])
 
     def model_object(self, model_id: str | None = None) -> dict[str, Any]:
         return {"id": model_id or self.model_id, "object": "model", "created": CREATED,

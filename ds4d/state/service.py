@@ -189,3 +189,71 @@ def _strip_billing(text: str) -> str:
 
 def _family(name: str, kind: str, text: str, samples: list[str]) -> list[str]:
     return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples]
+
+
+def from_config(config: Any, *, engine: Any, ctx: int, kv_dir: Path,
+                trace: TraceWriter | None = None) -> StateService:
+    """A StateService for the daemon's Config (duck-typed: the kv_*/tool_* keys). A
+    kv-cache knob left at its built-in value is fitted to the context instead."""
+    defaults = {f.name: f.default for f in dataclasses.fields(config)}
+
+    def knob(key: str) -> int | None:
+        value = getattr(config, key)
+        return None if value == defaults.get(key) else value
+
+    policy = {
+        "min_tokens": knob("kv_cache_min_tokens"),
+        "cold_max_tokens": knob("kv_cache_cold_max_tokens"),
+        "continued_interval_tokens": knob("kv_cache_continued_interval_tokens"),
+        "boundary_trim_tokens": knob("kv_cache_boundary_trim_tokens"),
+        "boundary_align_tokens": knob("kv_cache_boundary_align_tokens"),
+    }
+    service = StateService.create(
+        tokenizer=engine.tokenizer, fingerprint=engine.info.fingerprint, ctx=ctx,
+        kv_dir=kv_dir if config.kv_disk else None, space_mb=config.kv_disk_space_mb,
+        policy=policy, tool_memory_max_ids=config.tool_memory_max_ids,
+        tool_replay=config.tool_replay,
+        normalize=lambda: bool(getattr(config, "normalize_claude_billing_header", True)),
+    )
+    if trace is not None:  # the writer the control plane switches at runtime
+        service.trace = trace
+    return service
+
+
+class CacheView:
+    """The disk cache's admin surface before (and after) the model is loaded: the cache
+    needs the model's fingerprint, the admin socket is up earlier."""
+
+    def __init__(self, get: Callable[[], DiskCache | None]) -> None:
+        self._get = get
+        self._budget: int | None = None
+
+    def _cache(self) -> DiskCache:
+        cache = self._get()
+        if cache is None:
+            raise RuntimeError("the disk KV cache is not available (model loading or "
+                               "kv_disk = false)")
+        return cache
+
+    def ls(self) -> list[dict]:
+        return self._cache().ls()
+
+    def evict(self, prefix: str | None = None, *, everything: bool = False,
+              older_than_s: float | None = None) -> list[str]:
+        return self._cache().evict(prefix, everything=everything, older_than_s=older_than_s)
+
+    def stats_dict(self) -> dict:
+        return self._cache().stats_dict()
+
+    @property
+    def budget(self) -> int:
+        cache = self._get()
+        return cache.budget if cache is not None else (self._budget or 0)
+
+    @budget.setter
+    def budget(self, value: int) -> None:
+        cache = self._get()
+        if cache is not None:
+            cache.budget = value
+            cache.enforce_budget()
+        self._budget = value

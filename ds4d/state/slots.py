@@ -10,10 +10,11 @@ engine lock, power pacing), so this module stays free of any event-loop choice.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ds4d.state.kvstate import KVState
 from ds4d.state.matching import Decode, Encode, Plan, plan_sync
 
 RunEngine = Callable[..., Awaitable[Any]]  # run_engine(fn, *args) -> fn(*args) on a worker
@@ -47,6 +48,7 @@ class SyncResult:
     reused: int  # prompt tokens kept from before (cached)
     source: str  # memory-token | memory-text | disk-text | none
     plan: Plan
+    disk_file: str | None = None  # the KV file a disk-text hit loaded
 
 
 async def sync_slot(
@@ -57,44 +59,52 @@ async def sync_slot(
     encode: Encode,
     decode: Decode,
     run_engine: RunEngine,
-    lookup: Callable[[str], Any] | None = None,
-    load_disk: Callable[[Slot, Any], list[int] | None] | None = None,
-    save_evict: Callable[[Slot], None] | None = None,
+    kv: KVState | None = None,
+    tool_ids: Iterable[str] = (),
     on_progress: Callable[[int, int], None] | None = None,
     chunk: int = PREFILL_CHUNK,
 ) -> SyncResult:
     """Make `slot.session` hold the prompt (and its next-token logits).
 
-    `lookup`/`load_disk`/`save_evict` plug in the disk cache: lookup(text) finds a
-    checkpoint, load_disk(slot, match) loads it into the session (run on a worker) and
-    returns the effective prompt tokens or None on failure, save_evict(slot) saves what
-    the slot is about to lose."""
+    `kv` plugs in the disk cache (ds4d.state.kvstate): the plan includes a disk lookup,
+    a long live session about to be replaced is saved first (evict), a disk hit is
+    loaded on a worker, and the prefill pauses at the cold boundary and at continued
+    frontiers to write those checkpoints. `tool_ids`: the conversation's tool-call ids,
+    stored with its checkpoints for exact replay after a restart."""
     session = slot.session
     live = list(session.tokens)
-    plan = plan_sync(live, prompt_text, prompt_tokens, decode=decode, encode=encode,
-                     lookup=lookup if load_disk is not None else None)
-    if plan.evict_save and save_evict is not None:
-        await run_engine(save_evict, slot)
+    if kv is not None:
+        plan = kv.plan(session, prompt_text, prompt_tokens)
+        if plan.evict_save:
+            await run_engine(kv.save_evict, session)
+        kv.begin(session, plan.source, tool_ids)
+    else:
+        plan = plan_sync(live, prompt_text, prompt_tokens, decode=decode, encode=encode)
 
     tokens: list[int] | None = plan.tokens
-    reused, source = plan.keep, plan.source
-    if plan.disk is not None and load_disk is not None:
-        tokens = await run_engine(load_disk, slot, plan.disk)
+    reused, source, disk_file = plan.keep, plan.source, None
+    if plan.disk is not None and kv is not None:
+        tokens = await run_engine(kv.load_disk, session, plan.disk, prompt_text)
         if tokens is None:  # a bad file: logged by the cache, the request goes on cold
             tokens, reused, source = list(prompt_tokens), 0, "none"
             await run_engine(session.rewind, 0)
         else:
-            reused = len(session.tokens)
+            reused, disk_file = len(session.tokens), plan.disk.path.name
     elif plan.keep < len(live):
         await run_engine(session.rewind, plan.keep)
     assert tokens is not None
 
     done = len(session.tokens)
     total = len(tokens)
+    stops = kv.stops(done, total, reused) if kv is not None else []
     while done < total:
-        step = tokens[done : done + chunk]
+        limit = next((p for p, _ in stops if p > done), total)
+        step = tokens[done : min(done + chunk, limit)]
         await run_engine(session.eval, step)
         done += len(step)
+        for position, reason in stops:
+            if position == done:
+                await run_engine(kv.checkpoint, session, reason)
         if on_progress is not None:
             on_progress(done, total)
-    return SyncResult(tokens, min(reused, total), source, plan)
+    return SyncResult(tokens, min(reused, total), source, plan, disk_file)
