@@ -1,0 +1,165 @@
+"""Anthropic Messages translation: parsing (system blocks, tool_use / tool_result,
+thinking controls), error shape, and the streaming event sequence."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4d.api import anthropic_messages as am
+from ds4d.api.common import ApiError, Completion
+from ds4d.chat.types import (
+    Finish,
+    ReasoningDelta,
+    Sampling,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+D = Sampling()
+TOOL = {"name": "Bash", "description": "run", "input_schema": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+
+
+def test_parse_blocks_and_tools():
+    req = am.parse({
+        "model": "claude", "max_tokens": 100, "stop_sequences": ["###"],
+        "system": [{"type": "text", "text": "You are a"}, {"type": "text", "text": "bot."}],
+        "tools": [TOOL, {"type": "web_search_20250305", "name": "web_search"}],
+        "tool_choice": {"type": "tool", "name": "Bash"},
+        "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
+        "metadata": {"user_id": "u"},
+        "messages": [
+            {"role": "user", "content": "list files"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "use ls", "signature": "s"},
+                {"type": "text", "text": "Running."},
+                {"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                 "input": {"command": "ls"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1",
+                 "content": [{"type": "text", "text": "a.txt"}]},
+                {"type": "text", "text": "thanks"}]},
+            {"role": "system", "content": "late system text"},
+        ]}, D)
+    roles = [m.role for m in req.messages]
+    assert roles == ["system", "user", "assistant", "tool", "user", "system"]
+    assert req.messages[0].content == "You are a\nbot."
+    asst = req.messages[2]
+    assert asst.reasoning == "use ls" and asst.content == "Running."
+    assert asst.tool_calls[0].id == "toolu_1"
+    assert json.loads(asst.tool_calls[0].arguments) == {"command": "ls"}
+    assert req.messages[3].content == "a.txt" and req.messages[3].tool_call_id == "toolu_1"
+    assert [t.name for t in req.tools] == ["Bash"]
+    assert (req.tool_choice.mode, req.tool_choice.name) == ("named", "Bash")
+    assert req.thinking is True and req.stop == ["###"] and req.tool_id_prefix == "toolu_"
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+    ({"max_tokens": 5, "messages": []}, "empty"),
+    ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "role"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": 3}]}, "content"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5},
+     "temperature"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+      "thinking": {"type": "sometimes"}}, "thinking"),
+    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+      "tool_choice": {"type": "any"}}, "tool"),
+])
+def test_bad_requests_in_anthropic_shape(body, needle):
+    with pytest.raises(ApiError) as e:
+        am.parse(body, D)
+    assert needle in e.value.message
+    shape = am.error_body(e.value)
+    assert shape["type"] == "error" and shape["error"]["type"] == "invalid_request_error"
+
+
+def test_count_tokens_needs_no_max_tokens():
+    req = am.parse({"messages": [{"role": "user", "content": "x"}]}, D, count_only=True)
+    assert req.max_tokens is None
+
+
+def test_error_types_by_status():
+    assert am.error_body(ApiError(503, "busy"))["error"]["type"] == "overloaded_error"
+    assert am.error_body(ApiError(413, "big"))["error"]["type"] == "request_too_large"
+
+
+EVENTS = [
+    Usage(100, 0, 90, "memory-token"),
+    ReasoningDelta("think"),
+    TextDelta("Hello"),
+    ToolCallStart(0, "toolu_x", "Bash"),
+    ToolCallArgsDelta(0, '{"command":"ls"}'),
+    ToolCallEnd(0, '{"command":"ls"}'),
+    Usage(100, 5, 90, "memory-token"),
+    Finish("tool_calls"),
+]
+
+
+def _events(frames):
+    out = []
+    for f in frames:
+        name, data = f.split("\n")[0], f.split("\n")[1]
+        assert name.startswith("event: ") and data.startswith("data: ")
+        body = json.loads(data[6:])
+        assert body["type"] == name[7:]
+        out.append(body)
+    return out
+
+
+def test_stream_sequence():
+    req = am.parse({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, D)
+    s = am.Stream(req, "c")
+    frames = s.open()
+    for ev in EVENTS:
+        frames += s.feed(ev)
+    evs = _events(frames)
+    types = [e["type"] for e in evs]
+    assert types == ["message_start", "ping",
+                     "content_block_start", "content_block_delta", "content_block_delta",
+                     "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_stop",
+                     "content_block_start", "content_block_delta", "content_block_stop",
+                     "message_delta", "message_stop"]
+    assert evs[0]["message"]["usage"]["cache_read_input_tokens"] == 90
+    assert evs[2]["content_block"]["type"] == "thinking"
+    assert evs[4]["delta"]["type"] == "signature_delta"
+    assert evs[9]["content_block"] == {"type": "tool_use", "id": "toolu_x", "name": "Bash",
+                                       "input": {}}
+    assert evs[10]["delta"] == {"type": "input_json_delta", "partial_json": '{"command":"ls"}'}
+    assert [e["index"] for e in evs if "index" in e] == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert evs[-2]["delta"]["stop_reason"] == "tool_use"
+    assert evs[-2]["usage"]["output_tokens"] == 5
+
+
+def test_stream_of_thinking_only_still_has_a_text_block():
+    req = am.parse({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, D)
+    s = am.Stream(req, "c")
+    frames = s.feed(Usage(3, 0)) + s.feed(ReasoningDelta("hm")) + s.feed(Finish("length"))
+    evs = _events(frames)
+    starts = [e["content_block"]["type"] for e in evs if e["type"] == "content_block_start"]
+    assert starts == ["thinking", "text"]
+    assert evs[-2]["delta"]["stop_reason"] == "max_tokens"
+
+
+def test_response_json_and_stop_sequence():
+    c = Completion()
+    for ev in EVENTS:
+        c.add(ev)
+    req = am.parse({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, D)
+    r = am.response(req, c, "c")
+    assert [b["type"] for b in r["content"]] == ["thinking", "text", "tool_use"]
+    assert r["content"][2]["input"] == {"command": "ls"}
+    assert r["stop_reason"] == "tool_use"
+    assert r["usage"] == {"input_tokens": 0, "output_tokens": 5,
+                          "cache_read_input_tokens": 90, "cache_creation_input_tokens": 10}
+    c2 = Completion()
+    c2.add(Finish("stop", stop_sequence="###"))
+    r2 = am.response(req, c2, "c")
+    assert (r2["stop_reason"], r2["stop_sequence"]) == ("stop_sequence", "###")
+    assert r2["content"] == [{"type": "text", "text": ""}]

@@ -1,0 +1,128 @@
+"""OpenAI Responses translation: input items, tools (namespaces, hosted tools skipped),
+stateless checks, and the lifecycle event sequence with sequence numbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ds4d.api import openai_responses as rs
+from ds4d.api.common import ApiError, Completion
+from ds4d.chat.types import (
+    Finish,
+    ReasoningDelta,
+    Sampling,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+
+D = Sampling()
+
+
+def test_input_items_and_tools():
+    req = rs.parse({
+        "model": "gpt-5", "instructions": "be kind", "max_output_tokens": 50,
+        "reasoning": {"effort": "low", "summary": "auto"}, "store": False,
+        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
+        "tools": [
+            {"type": "function", "name": "exec", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "ns", "tools": [
+                {"type": "function", "name": "inner", "description": "d"}]},
+            {"type": "web_search", "external_web_access": False},
+        ],
+        "input": [
+            {"type": "message", "role": "developer",
+             "content": [{"type": "input_text", "text": "dev"}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "go"},
+                                         {"type": "input_image", "image_url": "x"}]},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "exec",
+             "arguments": "{\"cmd\":\"ls\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "a b"},
+            {"type": "item_reference", "id": "x"},
+        ]}, D)
+    assert [m.role for m in req.messages] == ["system", "system", "user", "assistant", "tool"]
+    assert req.messages[0].content == "be kind" and req.messages[2].content == "go"
+    asst = req.messages[3]
+    assert asst.reasoning == "plan" and asst.tool_calls[0].id == "call_1"
+    assert req.messages[4].content == "a b" and req.messages[4].tool_call_id == "call_1"
+    assert [t.name for t in req.tools] == ["exec", "inner"]
+    assert req.max_tokens == 50 and req.thinking is True
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({}, "input"),
+    ({"input": 5}, "input"),
+    ({"input": []}, "at least one message"),
+    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": [{"role": "critic", "content": "x"}]}, "role"),
+    ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+    ({"input": "x", "reasoning": {"effort": "galactic"}}, "reasoning.effort"),
+    ({"input": "x", "tool_choice": "required"}, "tool"),
+])
+def test_bad_requests(body, needle):
+    with pytest.raises(ApiError) as e:
+        rs.parse(body, D)
+    assert needle in e.value.message and e.value.status == 400
+    assert rs.error_body(e.value)["error"]["type"] == "invalid_request_error"
+
+
+EVENTS = [
+    Usage(20, 0, 12, "memory-text"),
+    ReasoningDelta("r"),
+    TextDelta("Hel"),
+    TextDelta("lo"),
+    ToolCallStart(0, "call_z", "exec"),
+    ToolCallArgsDelta(0, "{}"),
+    ToolCallEnd(0, "{}"),
+    Usage(20, 4, 12, "memory-text"),
+    Finish("tool_calls"),
+]
+
+
+def test_stream_lifecycle():
+    req = rs.parse({"input": "x", "stream": True}, D)
+    s = rs.Stream(req, "m")
+    frames = s.open()
+    for ev in EVENTS:
+        frames += s.feed(ev)
+    evs = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
+    types = [e["type"] for e in evs]
+    assert types == [
+        "response.created", "response.in_progress",
+        "response.output_item.added", "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+        "response.output_item.done",
+        "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta",
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    final = evs[-1]["response"]
+    assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"]
+    assert final["output"][1]["content"][0]["text"] == "Hello"
+    assert final["output"][2]["call_id"] == "call_z"
+    assert final["usage"]["input_tokens_details"] == {"cached_tokens": 12}
+    assert [e.get("output_index") for e in evs if e["type"] == "response.output_item.added"] \
+        == [0, 1, 2]
+
+
+def test_incomplete_and_failed():
+    c = Completion()
+    for ev in (TextDelta("x"), Usage(3, 3), Finish("length")):
+        c.add(ev)
+    req = rs.parse({"input": "x"}, D)
+    r = rs.response(req, c, "m")
+    assert r["status"] == "incomplete"
+    assert r["incomplete_details"] == {"reason": "max_output_tokens"}
+    s = rs.Stream(req, "m")
+    frames = s.open() + s.feed(Finish("error", "boom"))
+    last = json.loads(frames[-1].split("data: ", 1)[1])
+    assert last["type"] == "response.failed" and last["response"]["error"]["message"] == "boom"
