@@ -9,8 +9,10 @@ A session's state lives in C: the raw 128-row window, the compressed rows of the
 and ratio-128 layers, the indexer rows and the compressor frontiers. Its payload (the
 part after the engine's tokens and logits) follows ds4's "DSV4" layout, spec section 3.4:
 
-    header: 9 x u32  magic "DSV4", version, n_layer, head_dim, idx_head_dim, window,
-                     n_tokens, raw_live = min(window, n_tokens), n_vocab
+    header: 13 x u32  magic "DSV4", version 1, ctx_size, prefill_cap (0: no fixed cap),
+                      raw_cap = min(window, ctx), raw_window, comp_cap = ctx/4 + 2,
+                      n_tokens, n_layer, head_dim, idx_head_dim, n_vocab,
+                      raw_live = min(raw_cap, n_tokens)
     n_tokens x u32 token ids
     n_layer x u32 n_comp, then n_layer x u32 n_index_comp
     per layer: raw_live raw rows (oldest first) x head_dim f32;
@@ -61,7 +63,7 @@ LAYER_SLOTS = (
 
 PAYLOAD_MAGIC = 0x34565344  # "DSV4"
 PAYLOAD_VERSION = 1
-_PAYLOAD_HEADER = struct.Struct("<9I")
+_PAYLOAD_HEADER = struct.Struct("<13I")
 
 ERRORS = {-1: "context is full", -2: "unbound tensor or out of memory", -3: "token id out of range"}
 
@@ -272,8 +274,10 @@ class DS4State:
         n_comp = [int(ls.n_comp) for ls in layers]
         n_icomp = [int(ls.n_icomp) for ls in layers]
         raw_live = min(p.window, n)
-        fp.write(_PAYLOAD_HEADER.pack(PAYLOAD_MAGIC, PAYLOAD_VERSION, p.n_layer, p.head_dim,
-                                      p.idx_head_dim, p.window, n, raw_live, p.n_vocab))  # fmt: skip
+        fp.write(_PAYLOAD_HEADER.pack(
+            PAYLOAD_MAGIC, PAYLOAD_VERSION, self.n_ctx, 0, min(p.window, self.n_ctx), p.window,
+            self.n_ctx // 4 + 2, n, p.n_layer, p.head_dim, p.idx_head_dim, p.n_vocab, raw_live,
+        ))  # fmt: skip
         fp.write(np.asarray(self._tokens, "<u4").tobytes())
         fp.write(np.asarray(n_comp + n_icomp, "<u4").tobytes())
         for il, ls in enumerate(layers):
@@ -289,11 +293,14 @@ class DS4State:
         lib.ds4n_dsv4_state_reset(self.handle)
         self._tokens = []
         head = _read_exact(fp, _PAYLOAD_HEADER.size)
-        magic, version, n_layer, hd, ihd, window, n_tok, raw_live, n_vocab = _PAYLOAD_HEADER.unpack(head)
+        (magic, version, ctx, _prefill_cap, _raw_cap, window, _comp_cap, n_tok, n_layer, hd, ihd,
+         n_vocab, raw_live) = _PAYLOAD_HEADER.unpack(head)  # fmt: skip
         if magic != PAYLOAD_MAGIC or version != PAYLOAD_VERSION:
             raise EngineError("not a deepseek4 (DSV4 v1) state payload")
         if (n_layer, hd, ihd, window, n_vocab) != (p.n_layer, p.head_dim, p.idx_head_dim, p.window, p.n_vocab):
             raise EngineError("deepseek4 state payload has another model's layout")
+        if n_tok > self.n_ctx:
+            raise EngineError(f"deepseek4 state of {n_tok} tokens (ctx {ctx}) exceeds n_ctx {self.n_ctx}")
         want_comp, want_icomp, want_live = self._counts(n)
         if n_tok != n or raw_live != want_live:
             raise EngineError("deepseek4 state payload token count does not match")
