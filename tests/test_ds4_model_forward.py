@@ -137,3 +137,17 @@ def test_q4_experts_match_reference(tmp_path):
         st = ref.new_state()
         want = np.array([ref.step(st, t) for t in toks])
     assert np.abs(got - want).max() <= 1e-3 * float(want.std())
+
+
+def test_indexer_selection_changes_attention(engine, tokens):
+    """The reference's top-k selection is live: with top_k large enough to keep every
+    ratio-4 row, logits agree until the 17th row appears (pos 67), then differ."""
+    import dataclasses
+
+    lay = engine.model.layout
+    wide = dataclasses.replace(lay, params=dataclasses.replace(lay.params, idx_top_k=10**6))
+    a, b = DS4Reference(lay), DS4Reference(wide)
+    sa, sb = a.new_state(), b.new_state()
+    diffs = [float(np.abs(a.step(sa, t) - b.step(sb, t)).max()) for t in tokens[:80]]
+    assert max(diffs[:67]) == 0.0
+    assert min(diffs[67:]) > 0.0
