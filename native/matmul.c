@@ -4,14 +4,15 @@
  * workers, so each streams its share of the matrix from memory exactly once.
  *
  * T > 1 (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
- * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into an L1-sized float buffer,
- * and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x DS4N_TILE_COLS tokens of
- * SIMD accumulators) over every token against it. Columns are blocked so the slice of X that
- * all panels share (T x PANEL_K floats) stays in L2. */
+ * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into a float buffer (64 KB,
+ * L2-resident) and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x
+ * DS4N_TILE_COLS tokens of SIMD accumulators) over every token against it; each micro-kernel
+ * call streams its 3 token rows from L1. Long panels measured best (fewer horizontal sums and
+ * partial-sum passes over Y); the typical model row (K <= 1024) is a single panel. */
 #include "quants.h"
 
 #define PANEL_ROWS 16
-#define PANEL_K 256 /* a multiple of every block size */
+#define PANEL_K 1024 /* a multiple of every block size */
 
 struct matmul_job {
     int type;
