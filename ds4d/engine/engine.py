@@ -99,6 +99,7 @@ class Engine:
         try:
             model = family.load(gf, pool)
             tokenizer = _make_tokenizer(family, gf)
+            gf.release_reader()
         except BaseException:
             pool.close()
             raise

@@ -8,6 +8,8 @@ is a ModelLoadError with one line that names what was expected.
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import hashlib
 import os
 from dataclasses import dataclass
@@ -20,6 +22,9 @@ from ds4d.engine.errors import ModelLoadError
 
 GGUF_MAGIC = b"GGUF"
 _MISSING = object()
+# Metadata arrays longer than this (the tokenizer's vocabulary and merges) are not kept
+# once the reader is released: their per-element objects cost more than the weights.
+_KEEP_ARRAY_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -65,11 +70,16 @@ class GGUFFile:
         if magic != GGUF_MAGIC:
             raise ModelLoadError(f"not a GGUF file (bad magic {magic!r}): {self.path}")
         try:
-            self.reader = gguf.GGUFReader(self.path, "r")
+            self._reader: gguf.GGUFReader | None = gguf.GGUFReader(self.path, "r")
         except Exception as e:  # the reader's errors are plain ValueError/IndexError/...
             detail = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise ModelLoadError(f"truncated or corrupt GGUF {self.path}: {detail}") from None
+        self._metadata: dict[str, Any] | None = None
         self._tensors: dict[str, Tensor] = {}
+        # The fingerprint names this model's exact shape: every tensor's name, type, shape
+        # and offset, the architecture and the file size. Cheap (no weight bytes hashed);
+        # used to refuse KV state made by another model.
+        fp = hashlib.sha256(f"ds4d-model-v1\0{self.file_bytes}\0".encode())
         for t in self.reader.tensors:
             end = int(t.data_offset) + int(t.n_bytes)
             if end > self.file_bytes or t.data.nbytes != t.n_bytes:
@@ -84,12 +94,41 @@ class GGUFFile:
                 shape=tuple(int(d) for d in t.shape),
                 data=t.data,
             )
+            fp.update(f"{t.name}\0{int(t.tensor_type)}\0{self._tensors[t.name].shape}"
+                      f"\0{int(t.data_offset)}\n".encode())
         self.architecture = str(self.require("general.architecture"))
-        self._fingerprint: str | None = None
+        fp.update(self.architecture.encode())
+        self.fingerprint = fp.hexdigest()
 
+    def release_reader(self) -> None:
+        """Drops the GGUFReader (and its per-element objects for the tokenizer arrays,
+        which weigh more than a small model) once the tokenizer is built. Tensor views
+        stay valid: they hold the mmap itself. Small metadata stays readable."""
+        if self._reader is None:
+            return
+        meta: dict[str, Any] = {}
+        for key, field in self._reader.fields.items():
+            if len(field.data) <= _KEEP_ARRAY_MAX:
+                try:
+                    meta[key] = field.contents()
+                except Exception:
+                    continue
+        self._metadata = meta
+        self._reader = None
+        gc.collect()
+        _malloc_trim()
+
+    @property
+    def reader(self) -> Any:
+        """The gguf.GGUFReader (until release_reader)."""
+        if self._reader is None:
+            raise RuntimeError("the GGUF reader was released after loading")
+        return self._reader
     # -- metadata ---------------------------------------------------------------------
 
     def get(self, key: str, default: Any = None) -> Any:
+        if self._metadata is not None:
+            return self._metadata.get(key, default)
         field = self.reader.get_field(key)
         if field is None:
             return default
@@ -144,18 +183,10 @@ class GGUFFile:
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
 
-    @property
-    def fingerprint(self) -> str:
-        """A hex digest naming this model's exact shape: architecture, every tensor's name,
-        type, shape and offset, and the file size. Cheap (no weight bytes are hashed);
-        used to refuse KV state made by another model."""
-        if self._fingerprint is None:
-            h = hashlib.sha256()
-            h.update(f"ds4d-model-v1\0{self.architecture}\0{self.file_bytes}\0".encode())
-            for t in self.reader.tensors:
-                h.update(
-                    f"{t.name}\0{int(t.tensor_type)}\0{tuple(int(d) for d in t.shape)}"
-                    f"\0{int(t.data_offset)}\n".encode()
-                )
-            self._fingerprint = h.hexdigest()
-        return self._fingerprint
+
+def _malloc_trim() -> None:
+    """Returns freed heap pages to the OS (glibc); a no-op elsewhere."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
