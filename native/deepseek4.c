@@ -546,6 +546,37 @@ static int by_score_desc(const void *a, const void *b) {
     return (x->index > y->index) - (x->index < y->index);
 }
 
+/* Softmax over [sink, scores] and the weighted sum of the rows, for a share of heads. */
+struct sink_softmax {
+    const float *rows;
+    float *scores; /* n_head x n_rows, unscaled dots */
+    const float *sinks;
+    float *out; /* n_head x hd */
+    int64_t n_rows, hd, n_head;
+    float scale;
+};
+
+static void sink_softmax_heads(void *ctx, int ith, int nth) {
+    const struct sink_softmax *j = ctx;
+    for (int64_t h = ith; h < j->n_head; h += nth) {
+        float *sc = j->scores + h * j->n_rows, mx = j->sinks[h];
+        for (int64_t r = 0; r < j->n_rows; r++) {
+            sc[r] *= j->scale;
+            mx = fmaxf(mx, sc[r]);
+        }
+        float den = 0, *oh = j->out + h * j->hd;
+        memset(oh, 0, sizeof(float) * j->hd);
+        for (int64_t r = 0; r < j->n_rows; r++) {
+            float e = expf(sc[r] - mx);
+            const float *row = j->rows + r * j->hd;
+            den += e;
+            for (int64_t k = 0; k < j->hd; k++) oh[k] += e * row[k];
+        }
+        den += expf(j->sinks[h] - mx);
+        for (int64_t k = 0; k < j->hd; k++) oh[k] /= den;
+    }
+}
+
 /* Attention sublayer for one layer over the chunk. */
 static int attention(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *pool,
                      struct scratch *s, int il, int64_t T, int64_t pos0) {
@@ -639,25 +670,11 @@ static int attention(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *p
             if (!select || s->mask[ci])
                 memcpy(s->rows + nr++ * hd, ls->comp + ci * hd, sizeof(float) * hd);
         float *out = s->att + t * nH * hd;
-        /* scores[h][j] = q_h . row_j for all heads at once */
+        /* scores[h][j] = q_h . row_j for all heads at once, then softmax and values */
         ds4n_matmul(pool, DS4N_F32, s->rows, nr, hd, q, nH, s->scores);
-        for (int64_t h = 0; h < nH; h++) {
-            float *sc = s->scores + h * nr, mx = sinks[h];
-            for (int64_t j = 0; j < nr; j++) {
-                sc[j] *= inv_sqrt;
-                mx = fmaxf(mx, sc[j]);
-            }
-            float den = 0, *oh = out + h * hd;
-            memset(oh, 0, sizeof(float) * hd);
-            for (int64_t j = 0; j < nr; j++) {
-                float e = expf(sc[j] - mx);
-                const float *row = s->rows + j * hd;
-                den += e;
-                for (int64_t k = 0; k < hd; k++) oh[k] += e * row[k];
-            }
-            den += expf(sinks[h] - mx);
-            for (int64_t k = 0; k < hd; k++) oh[k] /= den;
-        }
+        struct sink_softmax job = {s->rows, s->scores, sinks, out, nr, hd, nH, inv_sqrt};
+        if (pool) ds4n_pool_run(pool, sink_softmax_heads, &job);
+        else sink_softmax_heads(&job, 0, 1);
         rope_tail(out, nH, hd, p->n_rot, c, sn, 1);
     }
     /* grouped output projection, then the shared down-projection */
