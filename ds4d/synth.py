@@ -56,7 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-o", "--output", required=True, type=Path, help="GGUF file to write")
     parser.add_argument("--seed", type=int, default=0, help="weights are a function of the seed")
     parser.add_argument(
-        "--experts", choices=sorted(L.EXPERT_TYPES), default="q2",
+        "--experts",
+        choices=sorted(L.EXPERT_TYPES),
+        default="q2",
         help="routed-expert encoding: q2 = IQ2_XXS gate/up + Q2_K down, q4 = Q4_K",
     )
 

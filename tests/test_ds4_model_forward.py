@@ -151,3 +151,10 @@ def test_indexer_selection_changes_attention(engine, tokens):
     diffs = [float(np.abs(a.step(sa, t) - b.step(sb, t)).max()) for t in tokens[:80]]
     assert max(diffs[:67]) == 0.0
     assert min(diffs[67:]) > 0.0
+
+
+def test_two_threads_match_one(synth_path, engine, decoded, tokens):
+    want, _ = decoded
+    with Engine.open(synth_path, threads=2) as e2:
+        got = e2.new_session(N_CTX).eval_all_logits(tokens[:200])
+    assert np.abs(got - want[:200]).max() <= 1e-4 * float(want.std())

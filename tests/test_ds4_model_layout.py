@@ -102,7 +102,18 @@ def test_other_architecture_refused(model_path):
 def test_cli_is_deterministic(tmp_path):
     paths = [tmp_path / f"{i}.gguf" for i in range(3)]
     for path, seed in zip(paths, (7, 7, 8), strict=True):
-        cmd = [sys.executable, "-m", "ds4d", "synth-gguf", "--family", "deepseek4", "-o", str(path), "--seed", str(seed)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "ds4d",
+            "synth-gguf",
+            "--family",
+            "deepseek4",
+            "-o",
+            str(path),
+            "--seed",
+            str(seed),
+        ]
         subprocess.run(cmd, check=True, capture_output=True)
     assert paths[0].read_bytes() == paths[1].read_bytes()
     assert paths[0].read_bytes() != paths[2].read_bytes()

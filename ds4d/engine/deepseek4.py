@@ -297,10 +297,18 @@ class DS4State:
          n_vocab, raw_live) = _PAYLOAD_HEADER.unpack(head)  # fmt: skip
         if magic != PAYLOAD_MAGIC or version != PAYLOAD_VERSION:
             raise EngineError("not a deepseek4 (DSV4 v1) state payload")
-        if (n_layer, hd, ihd, window, n_vocab) != (p.n_layer, p.head_dim, p.idx_head_dim, p.window, p.n_vocab):
+        if (n_layer, hd, ihd, window, n_vocab) != (
+            p.n_layer,
+            p.head_dim,
+            p.idx_head_dim,
+            p.window,
+            p.n_vocab,
+        ):
             raise EngineError("deepseek4 state payload has another model's layout")
         if n_tok > self.n_ctx:
-            raise EngineError(f"deepseek4 state of {n_tok} tokens (ctx {ctx}) exceeds n_ctx {self.n_ctx}")
+            raise EngineError(
+                f"deepseek4 state of {n_tok} tokens (ctx {ctx}) exceeds n_ctx {self.n_ctx}"
+            )
         want_comp, want_icomp, want_live = self._counts(n)
         if n_tok != n or raw_live != want_live:
             raise EngineError("deepseek4 state payload token count does not match")

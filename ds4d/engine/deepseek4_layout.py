@@ -142,9 +142,23 @@ FLOAT_KEYS: tuple[tuple[str, str], ...] = (
 )
 # Keys whose value is part of the math the code implements: equal in every valid file.
 FIXED_FIELDS = (
-    "n_head_kv", "n_expert_shared", "n_hash_layer", "window", "n_hc", "sinkhorn_iters",
-    "hc_eps", "rms_eps", "swiglu_clamp", "rope_base", "compress_rope_base", "rope_scale",
-    "rope_orig_ctx", "yarn_beta_fast", "yarn_beta_slow", "expert_weight_scale", "n_rot",
+    "n_head_kv",
+    "n_expert_shared",
+    "n_hash_layer",
+    "window",
+    "n_hc",
+    "sinkhorn_iters",
+    "hc_eps",
+    "rms_eps",
+    "swiglu_clamp",
+    "rope_base",
+    "compress_rope_base",
+    "rope_scale",
+    "rope_orig_ctx",
+    "yarn_beta_fast",
+    "yarn_beta_slow",
+    "expert_weight_scale",
+    "n_rot",
 )
 OPTIONAL_ZERO_KEYS = ("expert_group_count", "expert_group_used_count")
 RATIOS_KEY = "attention.compress_ratios"
@@ -174,7 +188,9 @@ def expected_tensors(p: DS4Params, expert: str | None = None) -> Iterator[Tensor
     None accepts either (the file must still be consistent, see validate)."""
     F32, F16, Q8, I32 = (T.F32,), (T.F16,), (T.Q8_0,), (T.I32,)
     gu_types = (EXPERT_TYPES[expert][0],) if expert else tuple(v[0] for v in EXPERT_TYPES.values())
-    dn_types = (EXPERT_TYPES[expert][1],) if expert else tuple({v[1] for v in EXPERT_TYPES.values()})
+    dn_types = (
+        (EXPERT_TYPES[expert][1],) if expert else tuple({v[1] for v in EXPERT_TYPES.values()})
+    )
     E, hd, hc = p.n_embd, p.head_dim, p.hc_dim
     yield TensorSpec("token_embd.weight", (E, p.n_vocab), F16)
     yield TensorSpec("output_hc_base.weight", (p.n_hc,), F32)
@@ -208,7 +224,9 @@ def expected_tensors(p: DS4Params, expert: str | None = None) -> Iterator[Tensor
             yield TensorSpec(b + "attn_compressor_norm.weight", (hd,), F32)
         if r == 4:
             ihd = p.idx_head_dim
-            yield TensorSpec(b + "indexer.attn_q_b.weight", (p.q_lora_rank, p.idx_n_head * ihd), F16)
+            yield TensorSpec(
+                b + "indexer.attn_q_b.weight", (p.q_lora_rank, p.idx_n_head * ihd), F16
+            )
             yield TensorSpec(b + "indexer.proj.weight", (E, p.idx_n_head), F16)
             yield TensorSpec(b + "indexer_compressor_ape.weight", (2 * ihd, 4), F16)
             yield TensorSpec(b + "indexer_compressor_kv.weight", (E, 2 * ihd), F16)
@@ -346,7 +364,9 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
     elif n_layer is not None:
         odd = {float(x) for x in v[:n_layer]} - {10.0}
         if odd:
-            problems.append(f"metadata {key(CLAMP_KEY)}: {sorted(odd)[0]}, expected 10.0 for every layer")
+            problems.append(
+                f"metadata {key(CLAMP_KEY)}: {sorted(odd)[0]}, expected 10.0 for every layer"
+            )
         values["swiglu_clamp"] = 10.0
     for name in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
         tv, tt = field_value(reader, name)
@@ -354,7 +374,9 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
             problems.append(f"metadata {name}: missing")
         elif tt != GGUFValueType.ARRAY:
             problems.append(f"metadata {name}: expected an array of strings")
-        elif name == "tokenizer.ggml.tokens" and "n_vocab" in values and len(tv) != values["n_vocab"]:
+        elif (
+            name == "tokenizer.ggml.tokens" and "n_vocab" in values and len(tv) != values["n_vocab"]
+        ):
             problems.append(f"metadata {name}: {len(tv)} tokens, vocab_size is {values['n_vocab']}")
     if problems:
         return None
@@ -380,12 +402,22 @@ def check_params(p: DS4Params, synthetic: bool, problems: list[str]) -> None:
         (p.n_layer > p.n_hash_layer, "block_count must exceed hash_layer_count"),
         (p.n_embd % 256 == 0, "embedding_length must be a multiple of 256 (k-quant blocks)"),
         (p.n_ff_exp % 256 == 0, "expert_feed_forward_length must be a multiple of 256"),
-        (p.head_dim % 64 == 0 and p.head_dim > p.n_rot, "key_length must be a multiple of 64 above the rope dims"),
+        (
+            p.head_dim % 64 == 0 and p.head_dim > p.n_rot,
+            "key_length must be a multiple of 64 above the rope dims",
+        ),
         (p.n_rot % 2 == 0, "rope.dimension_count must be even"),
-        (p.o_groups > 0 and p.n_head % p.o_groups == 0, "head_count must divide into output groups"),
+        (
+            p.o_groups > 0 and p.n_head % p.o_groups == 0,
+            "head_count must divide into output groups",
+        ),
         (p.q_lora_rank % 32 == 0 and p.o_lora_rank % 32 == 0, "lora ranks must be multiples of 32"),
-        (p.idx_head_dim >= p.n_rot and p.idx_head_dim & (p.idx_head_dim - 1) == 0 and p.idx_head_dim % 32 == 0,
-         "indexer key_length must be a power of two >= 32 and >= the rope dims"),
+        (
+            p.idx_head_dim >= p.n_rot
+            and p.idx_head_dim & (p.idx_head_dim - 1) == 0
+            and p.idx_head_dim % 32 == 0,
+            "indexer key_length must be a power of two >= 32 and >= the rope dims",
+        ),
         (0 < p.n_expert_used <= p.n_expert, "expert_used_count must be in 1..expert_count"),
         (p.idx_top_k > 0, "indexer top_k must be positive"),
     ]

@@ -124,6 +124,7 @@ def rope_angles(p: DS4Params, pos: int, compressed: bool) -> tuple[np.ndarray, n
     base = p.compress_rope_base if compressed else p.rope_base
     theta = pos * base ** (-2.0 * k / p.n_rot)
     if compressed:
+
         def corr(r):
             return p.n_rot * math.log(p.rope_orig_ctx / (r * 2 * math.pi)) / (2 * math.log(base))
 
@@ -263,7 +264,10 @@ class DS4Reference:
         r = p.ratio(il)
         hd = p.head_dim
         cur, post, C = self.hc_pre(
-            X, w(b + "hc_attn_fn.weight"), w(b + "hc_attn_scale.weight"), w(b + "hc_attn_base.weight")
+            X,
+            w(b + "hc_attn_fn.weight"),
+            w(b + "hc_attn_scale.weight"),
+            w(b + "hc_attn_base.weight"),
         )
         xn = rmsnorm(cur, w(b + "attn_norm.weight"), p.rms_eps)
         cs = rope_angles(p, pos, compressed=r != 0)
@@ -303,7 +307,8 @@ class DS4Reference:
         wa = w(b + "attn_output_a.weight")
         low = np.concatenate(
             [
-                wa[g * p.o_lora_rank : (g + 1) * p.o_lora_rank] @ out[g * hpg : (g + 1) * hpg].reshape(-1)
+                wa[g * p.o_lora_rank : (g + 1) * p.o_lora_rank]
+                @ out[g * hpg : (g + 1) * hpg].reshape(-1)
                 for g in range(p.o_groups)
             ]
         )
@@ -382,7 +387,9 @@ class DS4Reference:
         p, w = self.p, self.w
         flat = rmsnorm(X.reshape(-1), None, p.rms_eps)
         mix = w("output_hc_fn.weight") @ flat
-        wts = sigmoid(mix * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + f32(p.hc_eps)
+        wts = sigmoid(mix * w("output_hc_scale.weight")[0] + w("output_hc_base.weight")) + f32(
+            p.hc_eps
+        )
         h = (wts[:, None] * X).sum(axis=0).astype(np.float32)
         hn = rmsnorm(h, w("output_norm.weight"), p.rms_eps)
         return (w("output.weight") @ hn).astype(np.float32)
