@@ -61,6 +61,9 @@ LAYER_SLOTS = (
     "ffn_down_shexp.weight", "ffn_gate_tid2eid.weight",
 )  # fmt: skip
 
+# Tokens per forward call when a rewind replays the kept prefix.
+REPLAY_CHUNK = 256
+
 PAYLOAD_MAGIC = 0x34565344  # "DSV4"
 PAYLOAD_VERSION = 1
 _PAYLOAD_HEADER = struct.Struct("<13I")
@@ -193,8 +196,8 @@ class DS4State:
         keep = np.array(self._tokens[:n], np.int32)
         lib.ds4n_dsv4_state_reset(self.handle)
         self._tokens = []
-        if n:
-            self.eval(keep, None)
+        for start in range(0, n, REPLAY_CHUNK):  # chunked: scratch memory grows with a call
+            self.eval(keep[start : start + REPLAY_CHUNK], None)
 
     @property
     def kv_bytes(self) -> int:
