@@ -38,7 +38,8 @@ struct layer_state {
 };
 
 struct ds4n_dsv4_state {
-    const ds4n_dsv4_model *m;
+    const ds4n_dsv4_model *m; /* only while evaluating: the state may outlive the model */
+    int n_layer;
     int64_t n_ctx, pos, raw_cap;
     struct layer_state *L;
 };
@@ -262,7 +263,7 @@ static void frontier_clear(struct frontier *f) {
 
 void ds4n_dsv4_state_free(ds4n_dsv4_state *st) {
     if (!st) return;
-    for (int il = 0; st->L && il < st->m->p.n_layer; il++) {
+    for (int il = 0; st->L && il < st->n_layer; il++) {
         struct layer_state *ls = &st->L[il];
         free(ls->raw);
         free(ls->comp);
@@ -292,6 +293,7 @@ ds4n_dsv4_state *ds4n_dsv4_state_new(const ds4n_dsv4_model *m, int64_t n_ctx) {
     ds4n_dsv4_state *st = calloc(1, sizeof *st);
     if (!st) return NULL;
     st->m = m;
+    st->n_layer = p->n_layer;
     st->n_ctx = n_ctx;
     st->raw_cap = n_ctx < p->window ? n_ctx : p->window;
     st->L = calloc((size_t)p->n_layer, sizeof *st->L);

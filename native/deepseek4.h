@@ -60,6 +60,8 @@ void ds4n_dsv4_model_free(ds4n_dsv4_model *m);
 /* Binds one tensor (pointer into the mmap, GGML type). Returns 0, or -1 for a bad slot. */
 int ds4n_dsv4_set_tensor(ds4n_dsv4_model *m, int il, int slot, const void *data, int type);
 
+/* A state belongs to its model: every call on it needs the model alive, except
+ * ds4n_dsv4_state_free, which may come after ds4n_dsv4_model_free. */
 ds4n_dsv4_state *ds4n_dsv4_state_new(const ds4n_dsv4_model *m, int64_t n_ctx);
 void ds4n_dsv4_state_free(ds4n_dsv4_state *st);
 void ds4n_dsv4_state_reset(ds4n_dsv4_state *st);   /* empty: no tokens, fresh frontiers */

@@ -181,6 +181,7 @@ class DS4State:
     def handle(self) -> int:
         if not self._handle:
             raise EngineError("session is closed")
+        self.model.handle  # noqa: B018 - raises once the model is closed (the C state reads it)
         return self._handle
 
     @property
