@@ -51,7 +51,8 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
         const uint8_t *wk = (const uint8_t *)m->W + k0 / tt->block_size * tt->block_bytes;
         for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
             int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
-            for (int64_t i = 0; i < nr; i++) dequantize(wk + (rp + i) * row_bytes, panel + i * kc, kc);
+            for (int64_t i = 0; i < nr; i++)
+                dequantize(wk + (rp + i) * row_bytes, panel + i * kc, kc);
             for (int64_t t = 0; t < m->T; t += DS4N_TILE_COLS) {
                 int nt = m->T - t < DS4N_TILE_COLS ? (int)(m->T - t) : DS4N_TILE_COLS;
                 const float *x = m->X + t * m->K + k0;

@@ -158,34 +158,39 @@ static void dequant_q8_0(const void *src, float *y, int64_t n) {
 
 /* ---- K-quants: 256-value super-blocks with per-16 or per-32 sub-block scales ------------ */
 
+/* Q2_K and Q3_K: sixteen groups of 16; group g holds 2-bit plane (g%8)/2 of bytes
+ * qs[g/8*32 + g%2*16 ..], i.e. value e = 16g + l comes from byte e/128*32 + e%32. */
+static const uint8_t *k_plane(const uint8_t *qs, int g, int *shift) {
+    *shift = 2 * ((g % 8) / 2);
+    return qs + g / 8 * 32 + g % 2 * 16;
+}
+
 static void dequant_q2_K(const void *src, float *y, int64_t n) {
     const block_q2_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = ds4n_f16_to_f32(b[i].d), dmin = ds4n_f16_to_f32(b[i].dmin);
-        for (int e = 0; e < QK_K; e++) {
-            /* value e: 32-byte half e/128, 2-bit plane (e%128)/32, byte e%32 */
-            int q = (b[i].qs[e / 128 * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3;
-            uint8_t sc = b[i].scales[e / 16];
-            *y++ = d * (float)(sc & 0x0f) * (float)q - dmin * (float)(sc >> 4);
+        for (int g = 0; g < 16; g++, y += 16) {
+            int shift;
+            const uint8_t *q = k_plane(b[i].qs, g, &shift);
+            float dl = d * (float)(b[i].scales[g] & 0x0f), ml = dmin * (float)(b[i].scales[g] >> 4);
+            for (int l = 0; l < 16; l++) y[l] = dl * (float)((q[l] >> shift) & 3) - ml;
         }
     }
 }
 
-static int q3_K_scale(const uint8_t *s, int g) {
-    int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
-    int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
+/* Q3_K adds a high bit per value: bit g/2 of hmask[e%32]; a clear bit subtracts 4. */
 static void dequant_q3_K(const void *src, float *y, int64_t n) {
     const block_q3_K *b = src;
     for (int64_t i = 0; i < n / QK_K; i++) {
         float d = ds4n_f16_to_f32(b[i].d);
-        for (int e = 0; e < QK_K; e++) {
-            int plane = e / 32; /* 0..7: half plane/4, 2-bit shift plane%4, hmask bit plane */
-            int lo = (b[i].qs[plane / 4 * 32 + e % 32] >> (2 * (plane % 4))) & 3;
-            int q = lo - (((b[i].hmask[e % 32] >> plane) & 1) ? 0 : 4);
-            *y++ = d * (float)q3_K_scale(b[i].scales, e / 16) * (float)q;
+        for (int g = 0; g < 16; g++, y += 16) {
+            int shift;
+            const uint8_t *q = k_plane(b[i].qs, g, &shift), *hm = b[i].hmask + g % 2 * 16;
+            float dl = d * (float)ds4n_q3_K_scale(b[i].scales, g);
+            for (int l = 0; l < 16; l++) {
+                int v = ((q[l] >> shift) & 3) - (((hm[l] >> (g / 2)) & 1) ? 0 : 4);
+                y[l] = dl * (float)v;
+            }
         }
     }
 }

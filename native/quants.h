@@ -75,6 +75,13 @@ static inline void ds4n_k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_
             sub32(b[i].d, b[i].dmin, b[i].scales, b[i].qs, b[i].qh, y);       \
     }
 
+/* Q3_K packs sixteen 6-bit signed scales into 12 bytes. */
+static inline int ds4n_q3_K_scale(const uint8_t *s, int g) {
+    int lo = g < 8 ? s[g] & 0x0f : s[g - 8] >> 4;
+    int hi = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 /* Row kernels of one type at one SIMD level; n is a multiple of the block size. */
 typedef void (*ds4n_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef float (*ds4n_dot_fn)(const void *w, const float *x, int64_t n);

@@ -133,8 +133,10 @@ DS4N_DOT_VIA_SCALAR_DEQUANT(dot_iq2_xxs, DS4N_IQ2_XXS, dot_f32)
 const struct ds4n_kernel_set ds4n_neon_set = {
     .row = {
         DS4N_DOT(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),
-        DS4N_ROW(Q4_0, q4_0), DS4N_ROW(Q4_1, q4_1), DS4N_ROW(Q5_0, q5_0), DS4N_ROW(Q5_1, q5_1), DS4N_ROW(Q8_0, q8_0),
-        DS4N_DOT(Q2_K, q2_K), DS4N_DOT(Q3_K, q3_K), DS4N_DOT(Q4_K, q4_K), DS4N_DOT(Q5_K, q5_K), DS4N_DOT(Q6_K, q6_K),
+        DS4N_ROW(Q4_0, q4_0), DS4N_ROW(Q4_1, q4_1), DS4N_ROW(Q5_0, q5_0),
+        DS4N_ROW(Q5_1, q5_1), DS4N_ROW(Q8_0, q8_0),
+        DS4N_DOT(Q2_K, q2_K), DS4N_DOT(Q3_K, q3_K), DS4N_DOT(Q4_K, q4_K),
+        DS4N_DOT(Q5_K, q5_K), DS4N_DOT(Q6_K, q6_K),
         DS4N_DOT(IQ2_XXS, iq2_xxs),
     },
     .dot_f32 = dot_f32,

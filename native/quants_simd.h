@@ -61,19 +61,25 @@ static inline int is_affine(int type) { return type == DS4N_Q4_1 || type == DS4N
 
 /* dot_f32 and the dequantize/dot kernels of the float and legacy types, named dequant_<t>
  * and dot_<t> as the ROW() table entries expect. */
-#define DS4N_DEFINE_FLOAT_AND_LEGACY_KERNELS                                                        \
-    static float dot_f32(const void *w, const float *x, int64_t n) { return dot_float(DS4N_F32, w, x, n); } \
-    DS4N_FLOAT_KERNELS(f16, DS4N_F16)                                                               \
-    DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)                                                             \
-    DS4N_LEGACY_KERNELS(q4_0, DS4N_Q4_0, block_q4_0)                                                \
-    DS4N_LEGACY_KERNELS(q4_1, DS4N_Q4_1, block_q4_1)                                                \
-    DS4N_LEGACY_KERNELS(q5_0, DS4N_Q5_0, block_q5_0)                                                \
-    DS4N_LEGACY_KERNELS(q5_1, DS4N_Q5_1, block_q5_1)                                                \
+#define DS4N_DEFINE_FLOAT_AND_LEGACY_KERNELS                                  \
+    static float dot_f32(const void *w, const float *x, int64_t n) {         \
+        return dot_float(DS4N_F32, w, x, n);                                  \
+    }                                                                         \
+    DS4N_FLOAT_KERNELS(f16, DS4N_F16)                                         \
+    DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)                                       \
+    DS4N_LEGACY_KERNELS(q4_0, DS4N_Q4_0, block_q4_0)                          \
+    DS4N_LEGACY_KERNELS(q4_1, DS4N_Q4_1, block_q4_1)                          \
+    DS4N_LEGACY_KERNELS(q5_0, DS4N_Q5_0, block_q5_0)                          \
+    DS4N_LEGACY_KERNELS(q5_1, DS4N_Q5_1, block_q5_1)                          \
     DS4N_LEGACY_KERNELS(q8_0, DS4N_Q8_0, block_q8_0)
 
-#define DS4N_FLOAT_KERNELS(name, T)                                                               \
-    static void dequant_##name(const void *s, float *y, int64_t n) { dequant_float(T, s, y, n); } \
-    static float dot_##name(const void *w, const float *x, int64_t n) { return dot_float(T, w, x, n); }
+#define DS4N_FLOAT_KERNELS(name, T)                                           \
+    static void dequant_##name(const void *s, float *y, int64_t n) {         \
+        dequant_float(T, s, y, n);                                            \
+    }                                                                         \
+    static float dot_##name(const void *w, const float *x, int64_t n) {      \
+        return dot_float(T, w, x, n);                                         \
+    }
 
 #define DS4N_LEGACY_KERNELS(name, T, block)                                        \
     static void dequant_##name(const void *s, float *y, int64_t n) {              \

@@ -64,8 +64,9 @@ int ds4n_set_simd(int level) {
     if (!cpu_has(level)) level = DS4N_SIMD_SCALAR;
     const struct ds4n_kernel_set *set = kernel_set(level), *scalar = &ds4n_scalar_set;
     for (int t = 0; t < DS4N_TYPE_SLOTS; t++) {
-        active[t].dequantize = set->row[t].dequantize ? set->row[t].dequantize : scalar->row[t].dequantize;
-        active[t].dot = set->row[t].dot ? set->row[t].dot : scalar->row[t].dot;
+        const struct ds4n_row_kernels *own = &set->row[t], *fallback = &scalar->row[t];
+        active[t].dequantize = own->dequantize ? own->dequantize : fallback->dequantize;
+        active[t].dot = own->dot ? own->dot : fallback->dot;
     }
     active_tile = set->tile;
     active_level = level;

@@ -69,7 +69,8 @@ static void *worker_main(void *p) {
         if (g == seen) {
             pthread_mutex_lock(&pool->mutex);
             atomic_fetch_add(&pool->sleepers, 1);
-            while ((g = atomic_load(&pool->generation)) == seen) pthread_cond_wait(&pool->wake, &pool->mutex);
+            while ((g = atomic_load(&pool->generation)) == seen)
+                pthread_cond_wait(&pool->wake, &pool->mutex);
             atomic_fetch_sub(&pool->sleepers, 1);
             pthread_mutex_unlock(&pool->mutex);
         }

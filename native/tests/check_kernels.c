@@ -34,7 +34,9 @@ static uint32_t rnd(void) {
 static float rnd_float(void) { return ((float)(rnd() % 20001) - 10000.0f) / 10000.0f; }
 
 /* An f16 of magnitude in [2^-9, 2^-5), random sign: a sane block scale. */
-static uint16_t rnd_scale(void) { return (uint16_t)((rnd() & 0x8000) | ((6 + rnd() % 4) << 10) | (rnd() & 0x3ff)); }
+static uint16_t rnd_scale(void) {
+    return (uint16_t)((rnd() & 0x8000) | ((6 + rnd() % 4) << 10) | (rnd() & 0x3ff));
+}
 
 /* rows x K weights of TYPES[i], random codes with sane scales. */
 static uint8_t *random_weights(int i, int64_t rows, int64_t K, int64_t *row_bytes) {
@@ -124,7 +126,8 @@ static void check_matmul(int i, int simd, ds4n_pool *pool) {
             for (int64_t r = 0; r < ROWS; r++) {
                 double tol = 3e-6 * abs_dot(W + r * K, X + t * K, K);
                 if (fabs((double)Yf[t * ROWS + r] - Ys[t * ROWS + r]) > tol) {
-                    fail(T == 1 ? "matvec" : "gemm", TYPES[i].name, Yf[t * ROWS + r], Ys[t * ROWS + r]);
+                    const char *what = T == 1 ? "matvec" : "gemm";
+                    fail(what, TYPES[i].name, Yf[t * ROWS + r], Ys[t * ROWS + r]);
                     t = T;
                     break;
                 }
