@@ -150,7 +150,8 @@ class Session:
     """The exact tokens a session holds, its KV state, and the next-token logits.
 
     After rewind(n) the logits are those after token n-1; they are recomputed lazily (one
-    decode step over that token) only if read before the next eval."""
+    decode step over that token, which rewrites its KV row up to float rounding) only if
+    read before the next eval."""
 
     def __init__(self, engine: Engine, n_ctx: int) -> None:
         self.engine = engine

@@ -1,0 +1,168 @@
+"""Session semantics: exact rewind, save/load payloads, chunk callbacks, limits."""
+
+from __future__ import annotations
+
+import io
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ds4d.engine import ContextFullError, Engine, EngineError
+
+
+class Cancelled(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def engine(model_path: Path):
+    e = Engine.open(model_path, threads=2)
+    yield e
+    e.close()
+
+
+@pytest.fixture(scope="module")
+def tokens(shared_dir: Path) -> list[int]:
+    case = json.loads((shared_dir / "vectors/smollm2/chat_redis.json").read_text())
+    return case["prompt_tokens"] + [s["token"] for s in case["steps"]]
+
+
+def test_info_and_empty_session(engine) -> None:
+    info = engine.info
+    assert (info.family, info.architecture, info.n_vocab, info.n_layer) == (
+        "llama", "llama", 49152, 30)
+    assert info.n_ctx_train == 8192 and info.quant == "Q4_1" and len(info.fingerprint) == 64
+    assert engine.chat_template and "<|im_start|>" in engine.chat_template
+    assert engine.tokenizer is not None
+    session = engine.new_session(100)
+    assert session.tokens == [] and session.logits is None
+    session.eval([])
+    assert session.tokens == []
+    # 30 layers x (K + V) x 3 kv heads x 64 dims x float32, for 100 positions (padded to 128)
+    assert session.kv_bytes == 30 * 2 * 3 * 64 * 4 * 128
+
+
+def test_rewind_then_eval_equals_fresh(engine, tokens) -> None:
+    a, b, c = tokens[:30], tokens[30:50], [28, 4521, 349]
+    session = engine.new_session(64)
+    session.eval(a)
+    session.eval(b)
+    session.rewind(len(a))
+    assert session.tokens == a
+    session.eval(c)
+    fresh = engine.new_session(64)
+    fresh.eval(a)
+    fresh.eval(c)
+    assert session.tokens == fresh.tokens == a + c
+    np.testing.assert_array_equal(session.logits, fresh.logits)
+
+
+def test_logits_after_rewind_are_recomputed(engine, tokens) -> None:
+    session = engine.new_session(64)
+    session.eval(tokens[:30])
+    after = session.logits.copy()
+    session.eval(tokens[30:40])
+    session.rewind(30)
+    # One decode step over the last kept token: equal up to float rounding.
+    assert np.abs(session.logits - after).max() < 5e-3
+    assert session.tokens == tokens[:30]
+
+
+def test_rewind_bounds(engine, tokens) -> None:
+    session = engine.new_session(64)
+    session.eval(tokens[:5])
+    with pytest.raises(EngineError):
+        session.rewind(6)
+    session.rewind(5)  # a no-op keeps the logits
+    session.rewind(0)
+    assert session.tokens == [] and session.logits is None
+
+
+def test_save_load_continue_is_identical(engine, tokens, tmp_path: Path) -> None:
+    session = engine.new_session(128)
+    session.eval(tokens[:70])
+    path = tmp_path / "s.bin"
+    with path.open("wb") as f:
+        written = session.save(f)
+    assert path.stat().st_size == written
+    loaded = engine.new_session(100)
+    with path.open("rb") as f:
+        loaded.load(f)
+    assert loaded.tokens == session.tokens
+    np.testing.assert_array_equal(loaded.logits, session.logits)
+    session.eval(tokens[70:80])
+    loaded.eval(tokens[70:80])
+    np.testing.assert_array_equal(loaded.logits, session.logits)
+
+
+def payload(engine, tokens: list[int]) -> bytes:
+    session = engine.new_session(len(tokens))
+    session.eval(tokens)
+    buf = io.BytesIO()
+    session.save(buf)
+    return buf.getvalue()
+
+
+def test_load_refuses_foreign_oversized_and_truncated_payloads(engine, tokens) -> None:
+    data = payload(engine, tokens[:40])
+    session = engine.new_session(64)
+    session.eval(tokens[:3])
+    foreign = bytearray(data)
+    foreign[12] ^= 0xFF  # inside the model fingerprint
+    cases = {
+        "different model": bytes(foreign),
+        "bad magic": b"X" + data[1:],
+        "truncated": data[: len(data) // 2],
+    }
+    for expected, blob in cases.items():
+        with pytest.raises(EngineError, match=expected):
+            session.load(io.BytesIO(blob))
+    small = engine.new_session(39)
+    with pytest.raises(EngineError, match="more than n_ctx"):
+        small.load(io.BytesIO(data))
+    assert small.tokens == []
+    # The header is little-endian: magic, version, then the fingerprint.
+    magic, version = struct.unpack_from("<8sI", data)
+    assert (magic, version) == (b"DS4DSESS", 1)
+
+
+def test_on_chunk_can_stop_a_prefill_cleanly(engine, tokens) -> None:
+    long = (tokens * 20)[:600]
+    assert len(long) == 600
+    calls: list[tuple[int, int]] = []
+
+    def stop(done: int, total: int) -> None:
+        calls.append((done, total))
+        raise Cancelled
+
+    session = engine.new_session(600)
+    with pytest.raises(Cancelled):
+        session.eval(long, on_chunk=stop)
+    assert calls == [(256, 600)]
+    assert session.tokens == long[:256]
+    fresh = engine.new_session(600)
+    fresh.eval(long[:256])
+    np.testing.assert_array_equal(session.logits, fresh.logits)
+    # ... and the session goes on from there.
+    seen: list[tuple[int, int]] = []
+    session.eval(long[256:], on_chunk=lambda d, t: seen.append((d, t)))
+    assert seen == [(256, 344)] and session.tokens == long
+
+
+def test_context_full_and_bad_tokens_leave_the_session_unchanged(engine, tokens) -> None:
+    session = engine.new_session(8)
+    session.eval(tokens[:5])
+    before = session.logits.copy()
+    with pytest.raises(ContextFullError):
+        session.eval(tokens[5:9])
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        session.eval([1, 49152])
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        session.eval([-1])
+    assert session.tokens == tokens[:5]
+    np.testing.assert_array_equal(session.logits, before)
+    session.eval(tokens[5:8])
+    assert session.tokens == tokens[:8]
