@@ -1,16 +1,22 @@
 /* Persistent worker pool. A forward pass dispatches hundreds of jobs per token, so a dispatch
- * must cost well under a microsecond while the workers are hot: workers spin on a generation
- * counter for a short while after each job, and only then sleep on a condition variable.
- * The caller runs share 0 itself. */
+ * must cost well under a microsecond while the workers are hot: idle workers spin on a job
+ * word for a short while after each job, and only then sleep on a condition variable.
+ *
+ * Shares are claimed, not assigned: the caller and the workers take share indices from one
+ * atomic counter. When every worker is awake each takes one share, as with a static split;
+ * when the machine is oversubscribed and a worker is not running, the caller takes its share
+ * instead of waiting for the scheduler to bring that worker back. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "ds4n.h"
 
-#define SPIN_NS 200000 /* how long an idle worker (or the waiting caller) spins before resting */
+#define SPIN_NS 200000 /* how long an idle worker spins before sleeping */
+#define CLAIM_BITS 16  /* job word: generation << CLAIM_BITS | next share to claim */
 
 struct ds4n_pool {
     int n_threads;
@@ -19,15 +25,10 @@ struct ds4n_pool {
     pthread_cond_t wake;
     void (*fn)(void *ctx, int ith, int nth);
     void *ctx;
-    atomic_uint generation; /* bumped once per run (and once to stop) */
-    atomic_int pending;     /* workers still running the current job */
-    atomic_int sleepers;    /* workers waiting on `wake` */
+    _Alignas(64) atomic_uint_fast64_t job; /* bumped by CLAIM_BITS per run; low bits claimed */
+    _Alignas(64) atomic_int done;          /* shares of the current job finished */
+    atomic_int sleepers;                   /* workers waiting on `wake` */
     atomic_int stop;
-};
-
-struct worker_arg {
-    ds4n_pool *pool;
-    int ith;
 };
 
 static inline void cpu_relax(void) {
@@ -44,72 +45,86 @@ static int64_t now_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* Spins until generation differs from seen or SPIN_NS pass; returns the last value read. */
-static unsigned spin_for_change(ds4n_pool *pool, unsigned seen) {
-    int64_t deadline = 0;
-    for (unsigned i = 0;; i++) {
-        unsigned g = atomic_load_explicit(&pool->generation, memory_order_acquire);
-        if (g != seen) return g;
-        if ((i & 255) == 0) {
-            int64_t t = now_ns();
-            if (deadline == 0) deadline = t + SPIN_NS;
-            else if (t > deadline) return g;
-        }
-        cpu_relax();
+static inline uint64_t generation(uint64_t job) { return job >> CLAIM_BITS; }
+
+/* Claims and runs shares of job generation gen until none is left. */
+static void run_shares(ds4n_pool *pool, uint64_t gen) {
+    const int nth = pool->n_threads;
+    uint64_t job = atomic_load(&pool->job);
+    while (generation(job) == gen && (int)(job & ((1u << CLAIM_BITS) - 1)) < nth) {
+        if (!atomic_compare_exchange_weak(&pool->job, &job, job + 1)) continue;
+        /* The job cannot finish while we hold a share, so fn and ctx are this job's. */
+        pool->fn(pool->ctx, (int)(job & ((1u << CLAIM_BITS) - 1)), nth);
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+        job = atomic_load(&pool->job);
     }
 }
 
-static void *worker_main(void *p) {
-    struct worker_arg arg = *(struct worker_arg *)p;
-    free(p);
-    ds4n_pool *pool = arg.pool;
-    unsigned seen = 0;
-    for (;;) {
-        unsigned g = spin_for_change(pool, seen);
-        if (g == seen) {
-            pthread_mutex_lock(&pool->mutex);
-            atomic_fetch_add(&pool->sleepers, 1);
-            while ((g = atomic_load(&pool->generation)) == seen)
-                pthread_cond_wait(&pool->wake, &pool->mutex);
-            atomic_fetch_sub(&pool->sleepers, 1);
-            pthread_mutex_unlock(&pool->mutex);
+/* Waits for a generation other than seen: spins (yielding the core to anyone runnable) for
+ * SPIN_NS, then sleeps. */
+static uint64_t wait_for_job(ds4n_pool *pool, uint64_t seen) {
+    int64_t deadline = 0;
+    for (unsigned i = 0;; i++) {
+        uint64_t gen = generation(atomic_load_explicit(&pool->job, memory_order_acquire));
+        if (gen != seen) return gen;
+        if ((i & 63) == 63) {
+            int64_t t = now_ns();
+            if (deadline == 0) deadline = t + SPIN_NS;
+            else if (t > deadline) break;
+            sched_yield();
         }
-        seen = g;
+        cpu_relax();
+    }
+    uint64_t gen;
+    pthread_mutex_lock(&pool->mutex);
+    atomic_fetch_add(&pool->sleepers, 1);
+    while ((gen = generation(atomic_load(&pool->job))) == seen)
+        pthread_cond_wait(&pool->wake, &pool->mutex);
+    atomic_fetch_sub(&pool->sleepers, 1);
+    pthread_mutex_unlock(&pool->mutex);
+    return gen;
+}
+
+static void *worker_main(void *arg) {
+    ds4n_pool *pool = arg;
+    uint64_t seen = 0;
+    for (;;) {
+        seen = wait_for_job(pool, seen);
         if (atomic_load(&pool->stop)) break;
-        pool->fn(pool->ctx, arg.ith, pool->n_threads);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_release);
+        run_shares(pool, seen);
     }
     return NULL;
 }
 
-/* Publishes a new generation; wakes sleeping workers only if there are any. Together with
- * the worker's "sleepers++ then re-check generation" (both seq_cst) no wake-up is lost. */
-static void publish(ds4n_pool *pool) {
-    atomic_fetch_add(&pool->generation, 1);
+/* Starts a new generation with no share claimed; wakes sleeping workers only if there are
+ * any. With the worker's "sleepers++ then re-check" (both seq_cst) no wake-up is lost. */
+static uint64_t publish(ds4n_pool *pool) {
+    uint64_t job = atomic_load(&pool->job);
+    uint64_t next = (generation(job) + 1) << CLAIM_BITS;
+    atomic_store(&pool->job, next);
     if (atomic_load(&pool->sleepers) > 0) {
         pthread_mutex_lock(&pool->mutex);
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mutex);
     }
+    return generation(next);
 }
 
 ds4n_pool *ds4n_pool_new(int n_threads) {
     if (n_threads < 1) n_threads = 1;
+    if (n_threads > 1024) n_threads = 1024; /* shares must fit the claim bits */
     ds4n_pool *pool = calloc(1, sizeof *pool);
     if (!pool) return NULL;
-    pool->n_threads = n_threads;
-    pthread_mutex_init(&pool->mutex, NULL);
-    pthread_cond_init(&pool->wake, NULL);
     pool->threads = calloc((size_t)n_threads, sizeof *pool->threads);
     if (!pool->threads) {
         free(pool);
         return NULL;
     }
+    pthread_mutex_init(&pool->mutex, NULL);
+    pthread_cond_init(&pool->wake, NULL);
+    pool->n_threads = n_threads;
     for (int i = 1; i < n_threads; i++) {
-        struct worker_arg *arg = malloc(sizeof *arg);
-        if (arg) *arg = (struct worker_arg){pool, i};
-        if (!arg || pthread_create(&pool->threads[i], NULL, worker_main, arg) != 0) {
-            free(arg);
+        if (pthread_create(&pool->threads[i], NULL, worker_main, pool) != 0) {
             pool->n_threads = i; /* run with the workers we have */
             break;
         }
@@ -137,13 +152,11 @@ void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), voi
     }
     pool->fn = fn;
     pool->ctx = ctx;
-    atomic_store(&pool->pending, pool->n_threads - 1);
-    publish(pool);
-    fn(ctx, 0, pool->n_threads);
-    /* Workers finish about when we do; if one was preempted, stop burning the core. */
-    int64_t deadline = now_ns() + SPIN_NS;
-    for (unsigned i = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; i++) {
-        if ((i & 255) == 255 && now_ns() > deadline) sched_yield();
+    atomic_store(&pool->done, 0);
+    run_shares(pool, publish(pool));
+    /* Every share is claimed; wait for those workers took (they are running them now). */
+    for (unsigned i = 0; atomic_load_explicit(&pool->done, memory_order_acquire) < pool->n_threads; i++) {
+        if ((i & 255) == 255) sched_yield();
         else cpu_relax();
     }
 }
