@@ -118,13 +118,27 @@ def test_truncated_payload_refused(engine, tokens):
 
 def test_rewind_replays_exactly(engine, decoded, tokens):
     want, _ = decoded
+    tol = 1e-4 * float(want.std())
     s = engine.new_session(N_CTX)
-    s.eval(tokens[:260])
+    s.eval(tokens[:150])
+    s.eval(tokens[150:260])  # a prefill call: the state snapshots its start (150)
+    for t in tokens[260:300]:  # decode
+        s.eval([t])
     s.rewind(200)
     assert s.tokens == tokens[:200]
-    assert np.allclose(s.logits, want[199], atol=1e-4 * float(want.std()), rtol=0)
+    assert s._state.replayed == 50  # from the snapshot at 150, not from 0
+    assert np.abs(s.logits - want[199]).max() <= tol
     s.eval(tokens[200:230])
-    assert np.allclose(s.logits, want[229], atol=1e-4 * float(want.std()), rtol=0)
+    assert np.abs(s.logits - want[229]).max() <= tol
+    s.eval(tokens[230:400])  # snapshot at 230; the replay below crosses pos 383 (ratio 128)
+    s.rewind(390)
+    assert s._state.replayed == 160
+    s.eval(tokens[390:420])
+    assert np.abs(s.logits - want[419]).max() <= tol
+    s.rewind(100)  # before every snapshot but the one at 0
+    assert s._state.replayed == 100
+    s.eval(tokens[100:101])
+    assert np.abs(s.logits - want[100]).max() <= tol
 
 
 def test_q4_experts_match_reference(tmp_path):

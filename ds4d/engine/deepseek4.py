@@ -19,9 +19,13 @@ part after the engine's tokens and logits) follows ds4's "DSV4" layout, spec sec
                ratio != 0: n_comp rows x head_dim, attention frontier kv, then score;
                ratio == 4: n_index_comp rows x idx_head_dim, indexer frontier kv, score.
 
-Rewinding: the compressor frontiers and the raw window cannot be rolled back, so a
-rewind to n < held tokens resets the state and prefills the first n tokens again (exact,
-at the cost of a prefill).
+Rewinding: the compressor frontiers and the raw window cannot be rolled back in place.
+Compressed and indexer rows are append-only, so only the window ring and the frontiers
+need a copy: the state snapshots them at the start of every prefill call (every chunk),
+keeping the last few. A rewind to n restores the latest snapshot at or before n, cuts
+the row counts, and replays the tokens from there to n; with no snapshot it replays from
+the start. Exact either way; an agent's next turn typically diverges near the end of the
+previous prompt, so the replay is at most a chunk plus the generated reply.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ LAYER_SLOTS = (
 
 # Tokens per forward call when a rewind replays the kept prefix.
 REPLAY_CHUNK = 256
+# Rewind snapshots kept per session (each: the raw ring and frontiers, ~23 MB at full size).
+MAX_SNAPSHOTS = 8
 
 PAYLOAD_MAGIC = 0x34565344  # "DSV4"
 PAYLOAD_VERSION = 1
@@ -176,6 +182,8 @@ class DS4State:
         if not self._handle:
             raise EngineError(f"cannot allocate deepseek4 state for {n_ctx} tokens")
         self._tokens: list[int] = []  # kept to replay a prefix on rewind
+        self._snapshots: list[tuple[int, list[np.ndarray]]] = []  # (pos, buffers), ascending
+        self.replayed = 0  # tokens the last rewind had to evaluate again
 
     @property
     def handle(self) -> int:
@@ -195,10 +203,50 @@ class DS4State:
         if n == self.n_past:
             return
         keep = np.array(self._tokens[:n], np.int32)
-        lib.ds4n_dsv4_state_reset(self.handle)
-        self._tokens = []
-        for start in range(0, n, REPLAY_CHUNK):  # chunked: scratch memory grows with a call
-            self.eval(keep[start : start + REPLAY_CHUNK], None)
+        self._snapshots = [snap for snap in self._snapshots if snap[0] <= n]
+        start = self._restore_snapshot() if self._snapshots else 0
+        if not start:
+            lib.ds4n_dsv4_state_reset(self.handle)
+        self._tokens = self._tokens[:start]
+        self.replayed = n - start
+        for a in range(start, n, REPLAY_CHUNK):  # chunked: scratch memory grows with a call
+            self.eval(keep[a : min(n, a + REPLAY_CHUNK)], None)
+
+    def _buffers(self) -> list[np.ndarray]:
+        """Views on the state that is not append-only: raw rings and frontiers."""
+        out = []
+        for ls in self.layers():
+            out.append(np.ctypeslib.as_array(ls.raw, (ls.raw_cap, ls.head_dim)))
+            for ptr, rows, width in (
+                (ls.attn_kv, ls.attn_rows, ls.attn_width), (ls.attn_score, ls.attn_rows, ls.attn_width),
+                (ls.idx_kv, ls.idx_rows, ls.idx_width), (ls.idx_score, ls.idx_rows, ls.idx_width),
+            ):  # fmt: skip
+                if rows:
+                    out.append(np.ctypeslib.as_array(ptr, (rows, width)))
+        return out
+
+    def _take_snapshot(self) -> None:
+        pos = self.n_past
+        if self._snapshots and self._snapshots[-1][0] == pos:
+            return
+        self._snapshots.append((pos, [b.copy() for b in self._buffers()]))
+        del self._snapshots[:-MAX_SNAPSHOTS]
+
+    def _restore_snapshot(self) -> int:
+        """Back to the latest snapshot; returns its position."""
+        pos, saved = self._snapshots[-1]
+        for view, copy in zip(self._buffers(), saved, strict=True):
+            view[...] = copy
+        n_comp, n_icomp, _ = self._counts(pos)
+        counts = [np.asarray(c, np.int64) for c in (n_comp, n_icomp)]
+        i64p = ctypes.POINTER(ctypes.c_int64)
+        rc = lib.ds4n_dsv4_state_restore(
+            self.handle, pos, counts[0].ctypes.data_as(i64p), counts[1].ctypes.data_as(i64p)
+        )
+        if rc:  # cannot happen for a snapshot of this state; be safe: start over
+            self._snapshots = []
+            return 0
+        return pos
 
     @property
     def kv_bytes(self) -> int:
@@ -213,6 +261,8 @@ class DS4State:
     def eval(self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False) -> None:
         """Appends tokens (int32, C-contiguous); fills logits (n_vocab, or n x n_vocab)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        if len(tokens) > 1:  # a prefill call: remember where it started, for rewinds
+            self._take_snapshot()
         out = None if logits is None else logits.ctypes.data_as(native.c_float_p)
         rc = lib.ds4n_dsv4_eval(
             self.model.handle, self.handle, self.model.pool.handle,
@@ -296,6 +346,7 @@ class DS4State:
         p = self.model.params
         lib.ds4n_dsv4_state_reset(self.handle)
         self._tokens = []
+        self._snapshots = []
         head = _read_exact(fp, _PAYLOAD_HEADER.size)
         (magic, version, ctx, _prefill_cap, _raw_cap, window, _comp_cap, n_tok, n_layer, hd, ihd,
          n_vocab, raw_live) = _PAYLOAD_HEADER.unpack(head)  # fmt: skip
