@@ -425,18 +425,20 @@ static int scratch_alloc(struct scratch *s, const ds4n_dsv4_model *m, const ds4n
         {&s->ye, T * p->n_expert_used * E}, {&s->ebuf, T * E}, {&s->eg, T * ff}, {&s->eu, T * ff},
         {&s->rows, max_rows * hd}, {&s->scores, p->n_head * max_rows},
         {&s->ctmp, 2 * (hd + ihd)}, {&s->iscores, p->idx_n_head * idx_rows},
-        {(float **)&s->rank, 2 * idx_rows}, /* struct ranked is two 4-byte fields */
     };
     size_t nf = sizeof f / sizeof f[0], total = 0;
     for (size_t i = 0; i < nf; i++) total += (size_t)f[i].n * sizeof(float);
+    size_t ranks = (size_t)idx_rows * sizeof(struct ranked);
     size_t ints = (size_t)(T * p->n_expert_used + T) * sizeof(int32_t);
-    s->block = malloc(total + ints + (size_t)idx_rows + 64);
+    s->block = malloc(total + ranks + ints + (size_t)idx_rows);
     if (!s->block) return -1;
     char *c = s->block;
     for (size_t i = 0; i < nf; i++) {
         *f[i].ptr = (float *)c;
         c += (size_t)f[i].n * sizeof(float);
     }
+    s->rank = (struct ranked *)c;
+    c += ranks;
     s->sel = (int32_t *)c;
     s->etok = s->sel + T * p->n_expert_used;
     s->mask = (uint8_t *)(s->etok + T);
