@@ -111,7 +111,8 @@ class Daemon:
                              cfg.queue_size)
         generator = Generator(engine, template, ctx, self.pool, self.gate, self.metrics)
         self.state = await trio.to_thread.run_sync(lambda: state_from_config(
-            cfg, engine=engine, ctx=ctx, kv_dir=kv_dir(cfg), trace=self.trace))
+            cfg, engine=engine, ctx=ctx, kv_dir=kv_dir(cfg), trace=self.trace,
+            current=lambda: self.config))
         self.state.attach(generator, self.metrics)
         self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from ds4d.chat.types import ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart
 from ds4d.state.diskcache import DiskCache
 from ds4d.state.kvstate import KVState
 from ds4d.state.normalize import strip_billing_header
@@ -125,6 +126,20 @@ class StateService:
         if metrics is not None:
             metrics.extra.append(self.metrics_lines)
 
+    def record_output(self, job: Any, event: Any) -> None:
+        """Collect a request's output for the trace, only when text tracing is on."""
+        if not (self.trace.enabled and self.trace.include_text):
+            return
+        if isinstance(event, TextDelta | ReasoningDelta):
+            piece = event.text
+        elif isinstance(event, ToolCallStart):
+            piece = f"\n[tool call {event.id} {event.name}] "
+        elif isinstance(event, ToolCallEnd):
+            piece = event.arguments
+        else:
+            return
+        job.record["output"] = job.record.get("output", "") + piece
+
     def trace_finished(self, job: Any, sync: Any) -> None:
         if not self.trace.enabled:
             return
@@ -192,9 +207,12 @@ def _family(name: str, kind: str, text: str, samples: list[str]) -> list[str]:
 
 
 def from_config(config: Any, *, engine: Any, ctx: int, kv_dir: Path,
-                trace: TraceWriter | None = None) -> StateService:
+                trace: TraceWriter | None = None,
+                current: Callable[[], Any] | None = None) -> StateService:
     """A StateService for the daemon's Config (duck-typed: the kv_*/tool_* keys). A
-    kv-cache knob left at its built-in value is fitted to the context instead."""
+    kv-cache knob left at its built-in value is fitted to the context instead.
+    `current` returns the live config (reloadable keys: the billing-line switch)."""
+    live = current or (lambda: config)
     defaults = {f.name: f.default for f in dataclasses.fields(config)}
 
     def knob(key: str) -> int | None:
@@ -213,7 +231,7 @@ def from_config(config: Any, *, engine: Any, ctx: int, kv_dir: Path,
         kv_dir=kv_dir if config.kv_disk else None, space_mb=config.kv_disk_space_mb,
         policy=policy, tool_memory_max_ids=config.tool_memory_max_ids,
         tool_replay=config.tool_replay,
-        normalize=lambda: bool(getattr(config, "normalize_claude_billing_header", True)),
+        normalize=lambda: bool(getattr(live(), "normalize_claude_billing_header", True)),
     )
     if trace is not None:  # the writer the control plane switches at runtime
         service.trace = trace
