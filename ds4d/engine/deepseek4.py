@@ -197,7 +197,8 @@ class DS4State:
         return int(lib.ds4n_dsv4_state_pos(self.handle))
 
     def set_n_past(self, n: int) -> None:
-        """Keep the first n tokens: a no-op at the current length, else reset and replay."""
+        """Keep the first n tokens: restore the latest snapshot at or before n (or reset)
+        and replay the tokens from there to n."""
         if not 0 <= n <= self.n_past:
             raise EngineError(f"cannot hold {n} tokens: the state has {self.n_past}")
         if n == self.n_past:
@@ -250,13 +251,16 @@ class DS4State:
 
     @property
     def kv_bytes(self) -> int:
-        total = 0
+        """Bytes reserved for n_ctx (compressed rows are committed as they fill), with
+        room for the rewind snapshots."""
+        rows, ring = 0, 0
         for ls in self.layers():
-            total += ls.raw_cap * ls.head_dim + ls.comp_cap * ls.head_dim
-            total += 2 * (ls.attn_rows * ls.attn_width + ls.idx_rows * ls.idx_width)
+            ring += ls.raw_cap * ls.head_dim
+            ring += 2 * (ls.attn_rows * ls.attn_width + ls.idx_rows * ls.idx_width)
+            rows += ls.comp_cap * ls.head_dim
             if ls.ratio == 4:
-                total += ls.comp_cap * ls.idx_head_dim
-        return 4 * total
+                rows += ls.comp_cap * ls.idx_head_dim
+        return 4 * (rows + (1 + MAX_SNAPSHOTS) * ring)
 
     def eval(self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False) -> None:
         """Appends tokens (int32, C-contiguous); fills logits (n_vocab, or n x n_vocab)."""
