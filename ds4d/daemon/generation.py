@@ -195,6 +195,7 @@ class Generator:
             nonlocal first
             for ev in events:
                 if self.state is not None:  # exact replay of this call in later turns
+                    self.state.record_output(job, ev)
                     if isinstance(ev, ToolCallStart):
                         call_ids[ev.index] = ev.id
                     elif isinstance(ev, ToolCallEnd) and ev.index in call_ids:
