@@ -85,10 +85,14 @@ def test_tool_replay_with_reserialized_arguments_survives_restart(tmp_path):
     trace = tmp_path / "trace.jsonl"
     messages = [{"role": "system", "content": "You are a weather bot. " * 60},
                 {"role": "user", "content": "Weather in Rome for 3 days in celsius?"}]
-    with start(tmp_path, "--slots", "1", "--ctx", "2048") as d:
+    with start(tmp_path, "--slots", "1", "--ctx", "2048", "--trace-content") as d:
         c = client(d)
         first = ask(c, messages, max_tokens=80, tools=[WEATHER], tool_choice="required")
         (call,) = first.choices[0].message.tool_calls
+        (record,) = traces(trace)  # opted in: the rendered prompt and the output
+        assert record["prompt"].startswith("<|im_start|>system") and "weather bot" in record[
+            "prompt"]
+        assert call.id in record["output"] and record["finish_reason"] == "tool_calls"
         assert reserialized(call.function.arguments) != call.function.arguments
         history = messages + [
             {"role": "assistant", "content": None, "tool_calls": [{
