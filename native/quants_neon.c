@@ -1,11 +1,45 @@
-/* NEON row kernels (aarch64). Dequantizers are bit-identical to the scalar ones (separate
- * multiply and add, as there); dots are fused with d·Σq·x + m·Σx for affine blocks. Types
- * without a NEON dequantizer here use the scalar one with the NEON float dot. */
+/* NEON row kernels (aarch64): the vector primitives and code unpackers quants_generic.h
+ * builds every type's kernels from. */
 #include "quants_neon.h"
+#include "iq2xxs_tables.h"
 
 static inline float f16(uint16_t h) { return ds4n_f16_to_f32(h); }
 
-/* ---- float types ---------------------------------------------------------------------- */
+/* ---- primitives ------------------------------------------------------------------------ */
+
+typedef float32x4_t vacc;
+typedef struct {
+    float32x4_t v[4];
+} v16;
+
+static inline vacc vzero(void) { return vdupq_n_f32(0.0f); }
+static inline vacc vadd(vacc a, vacc b) { return vaddq_f32(a, b); }
+static inline vacc vsub(vacc a, vacc b) { return vsubq_f32(a, b); }
+static inline float vhsum(vacc a) { return vaddvq_f32(a); }
+static inline vacc vfma_s(vacc acc, float s, vacc v) { return vfmaq_n_f32(acc, v, s); }
+
+static inline vacc v16_dot(v16 q, const float *x) {
+    float32x4_t a = vmulq_f32(q.v[0], vld1q_f32(x)), b = vmulq_f32(q.v[1], vld1q_f32(x + 4));
+    a = vfmaq_f32(a, q.v[2], vld1q_f32(x + 8));
+    b = vfmaq_f32(b, q.v[3], vld1q_f32(x + 12));
+    return vaddq_f32(a, b);
+}
+
+static inline vacc v16_sum(const float *x) {
+    return vaddq_f32(vaddq_f32(vld1q_f32(x), vld1q_f32(x + 4)),
+                     vaddq_f32(vld1q_f32(x + 8), vld1q_f32(x + 12)));
+}
+
+static inline void v16_store(float *y, v16 q, float d) {
+    for (int k = 0; k < 4; k++) vst1q_f32(y + 4 * k, vmulq_n_f32(q.v[k], d));
+}
+
+static inline void v16_store_affine(float *y, v16 q, float d, float m) {
+    for (int k = 0; k < 4; k++)
+        vst1q_f32(y + 4 * k, vaddq_f32(vmulq_n_f32(q.v[k], d), vdupq_n_f32(m)));
+}
+
+/* ---- float rows ------------------------------------------------------------------------ */
 
 DS4N_INLINE float32x4_t load_float4(int type, const void *p, int64_t i) {
     switch (type) {
@@ -39,30 +73,32 @@ DS4N_INLINE float dot_float(int type, const void *w, const float *x, int64_t n) 
     return s;
 }
 
-/* ---- legacy 32-value blocks ------------------------------------------------------------ */
+/* ---- code unpackers -------------------------------------------------------------------- */
 
-struct legacy_block {
-    float d, m;
-    float32x4_t q[8]; /* the 32 codes, offset removed */
-};
+/* 16 signed bytes as floats. */
+static inline v16 widen16(int8x16_t b) {
+    int16x8_t lo = vmovl_s8(vget_low_s8(b)), hi = vmovl_s8(vget_high_s8(b));
+    v16 q = {{vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo))), vcvtq_f32_s32(vmovl_high_s16(lo)),
+              vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi))), vcvtq_f32_s32(vmovl_high_s16(hi))}};
+    return q;
+}
+
+static inline v16 widen16u(uint8x16_t b) { return widen16(vreinterpretq_s8_u8(b)); }
+
+/* Byte-wise right shift by a run-time count. */
+static inline uint8x16_t shr(uint8x16_t v, int count) {
+    return vshlq_u8(v, vdupq_n_s8((int8_t)-count));
+}
 
 /* 16 bits -> 16 bytes, 0x10 where the bit is set (the 5th bit of Q5 codes). */
 static inline uint8x16_t fifth_bits(uint32_t bits) {
-    static const uint8_t mask_bytes[16] = {1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128};
+    static const uint8_t mask_bytes[16] = {1, 2, 4, 8, 16, 32, 64, 128,
+                                           1, 2, 4, 8, 16, 32, 64, 128};
     uint8x16_t v = vcombine_u8(vdup_n_u8((uint8_t)bits), vdup_n_u8((uint8_t)(bits >> 8)));
     return vandq_u8(vtstq_u8(v, vld1q_u8(mask_bytes)), vdupq_n_u8(0x10));
 }
 
-static inline void widen(int8x16_t v, float32x4_t *q) {
-    int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_s8(vget_high_s8(v));
-    q[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
-    q[1] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(lo)));
-    q[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
-    q[3] = vcvtq_f32_s32(vmovl_s16(vget_high_s16(hi)));
-}
-
-DS4N_INLINE void unpack_nibbles(const uint8_t *qs, const uint8_t *qh, int offset,
-                                float32x4_t q[8]) {
+DS4N_INLINE void legacy_codes(const uint8_t *qs, const uint8_t *qh, int offset, v16 q[2]) {
     uint8x16_t bytes = vld1q_u8(qs);
     uint8x16_t lo = vandq_u8(bytes, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(bytes, 4);
     if (qh) {
@@ -71,74 +107,63 @@ DS4N_INLINE void unpack_nibbles(const uint8_t *qs, const uint8_t *qh, int offset
         lo = vorrq_u8(lo, fifth_bits(h & 0xffff));
         hi = vorrq_u8(hi, fifth_bits(h >> 16));
     }
-    int8x16_t off = vdupq_n_s8((int8_t)offset);
-    widen(vsubq_s8(vreinterpretq_s8_u8(lo), off), q);
-    widen(vsubq_s8(vreinterpretq_s8_u8(hi), off), q + 4);
+    q[0] = widen16u(vsubq_u8(lo, vdupq_n_u8((uint8_t)offset)));
+    q[1] = widen16u(vsubq_u8(hi, vdupq_n_u8((uint8_t)offset)));
 }
 
-static inline void unpack_q8(const int8_t *qs, float32x4_t q[8]) {
-    widen(vld1q_s8(qs), q);
-    widen(vld1q_s8(qs + 16), q + 4);
+static inline void q8_codes(const int8_t *qs, v16 q[2]) {
+    q[0] = widen16(vld1q_s8(qs));
+    q[1] = widen16(vld1q_s8(qs + 16));
 }
 
-DS4N_DEFINE_LOAD_LEGACY
-
-
-DS4N_INLINE void dequant_legacy(int type, int64_t block_bytes, const void *src, float *y,
-                                int64_t n) {
-    const uint8_t *p = src;
-    struct legacy_block b;
-    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, y += QK) {
-        load_legacy(type, p, &b);
-        float32x4_t d = vdupq_n_f32(b.d), m = vdupq_n_f32(b.m);
-        for (int k = 0; k < 8; k++) {
-            float32x4_t v = vmulq_f32(d, b.q[k]);
-            vst1q_f32(y + 4 * k, is_affine(type) ? vaddq_f32(v, m) : v);
+DS4N_INLINE void k45_codes(const uint8_t *qs, const uint8_t *qh, int s, v16 q[2]) {
+    for (int c = 0; c < 2; c++) {
+        uint8x16_t v = shr(vld1q_u8(qs + s / 2 * 32 + 16 * c), 4 * (s % 2));
+        v = vandq_u8(v, vdupq_n_u8(0x0f));
+        if (qh) {
+            uint8x16_t h = vandq_u8(shr(vld1q_u8(qh + 16 * c), s), vdupq_n_u8(1));
+            v = vorrq_u8(v, vshlq_n_u8(h, 4));
         }
+        q[c] = widen16u(v);
     }
 }
 
-DS4N_INLINE float dot_legacy(int type, int64_t block_bytes, const void *w, const float *x,
-                             int64_t n) {
-    const uint8_t *p = w;
-    float32x4_t acc = vdupq_n_f32(0.0f), accm = acc;
-    struct legacy_block b;
-    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK) {
-        load_legacy(type, p, &b);
-        float32x4_t qx0 = vmulq_f32(b.q[0], vld1q_f32(x)), qx1 = vmulq_f32(b.q[1], vld1q_f32(x + 4));
-        float32x4_t xs = vaddq_f32(vld1q_f32(x), vld1q_f32(x + 4));
-        for (int k = 2; k < 8; k += 2) {
-            float32x4_t x0 = vld1q_f32(x + 4 * k), x1 = vld1q_f32(x + 4 * k + 4);
-            qx0 = vfmaq_f32(qx0, b.q[k], x0);
-            qx1 = vfmaq_f32(qx1, b.q[k + 1], x1);
-            if (is_affine(type)) xs = vaddq_f32(xs, vaddq_f32(x0, x1));
-        }
-        acc = vfmaq_n_f32(acc, vaddq_f32(qx0, qx1), b.d);
-        if (is_affine(type)) accm = vfmaq_n_f32(accm, xs, b.m);
+DS4N_INLINE void q6_codes(const block_q6_K *b, int h, int r, v16 q[2]) {
+    for (int c = 0; c < 2; c++) {
+        uint8x16_t lo = shr(vld1q_u8(b->ql + h * 64 + (r % 2) * 32 + 16 * c), 4 * (r / 2));
+        uint8x16_t hi = shr(vld1q_u8(b->qh + h * 32 + 16 * c), 2 * r);
+        lo = vandq_u8(lo, vdupq_n_u8(0x0f));
+        hi = vandq_u8(hi, vdupq_n_u8(3));
+        q[c] = widen16u(vsubq_u8(vorrq_u8(lo, vshlq_n_u8(hi, 4)), vdupq_n_u8(32)));
     }
-    return vaddvq_f32(vaddq_f32(acc, accm));
 }
 
-/* ---- the NEON kernel set --------------------------------------------------------------- */
+/* Q3_K: a clear high bit (bit 4h + j of hmask) subtracts 4, i.e. code = (lo | hbit << 2) - 4. */
+DS4N_INLINE void k23_codes(const uint8_t *qs, const uint8_t *hmask, int h, int j, v16 q[2]) {
+    for (int c = 0; c < 2; c++) {
+        uint8x16_t v = vandq_u8(shr(vld1q_u8(qs + 32 * h + 16 * c), 2 * j), vdupq_n_u8(3));
+        if (hmask) {
+            uint8x16_t hb = vandq_u8(shr(vld1q_u8(hmask + 16 * c), 4 * h + j), vdupq_n_u8(1));
+            v = vsubq_u8(vorrq_u8(v, vshlq_n_u8(hb, 2)), vdupq_n_u8(4));
+        }
+        q[c] = widen16u(v);
+    }
+}
 
-DS4N_DEFINE_FLOAT_AND_LEGACY_KERNELS
+/* Lattice point l (byte l of idx) with sign pattern l (7 bits of meta), as 8 signed bytes;
+ * the magnitudes are below 64, so negation stays in range. */
+static inline int8x8_t iq2_point(uint32_t idx, uint32_t meta, int l) {
+    static const uint8_t bits[8] = {1, 2, 4, 8, 16, 32, 64, 128};
+    int8x8_t grid = vreinterpret_s8_u8(vld1_u8(ds4n_iq2xxs_grid[(idx >> (8 * l)) & 0xff]));
+    uint8x8_t neg = vtst_u8(vdup_n_u8(ds4n_iq2xxs_ksigns[(meta >> (7 * l)) & 127]), vld1_u8(bits));
+    return vbsl_s8(neg, vneg_s8(grid), grid);
+}
 
-DS4N_DOT_VIA_SCALAR_DEQUANT(dot_q2_K, DS4N_Q2_K, dot_f32)
-DS4N_DOT_VIA_SCALAR_DEQUANT(dot_q3_K, DS4N_Q3_K, dot_f32)
-DS4N_DOT_VIA_SCALAR_DEQUANT(dot_q4_K, DS4N_Q4_K, dot_f32)
-DS4N_DOT_VIA_SCALAR_DEQUANT(dot_q5_K, DS4N_Q5_K, dot_f32)
-DS4N_DOT_VIA_SCALAR_DEQUANT(dot_q6_K, DS4N_Q6_K, dot_f32)
-DS4N_DOT_VIA_SCALAR_DEQUANT(dot_iq2_xxs, DS4N_IQ2_XXS, dot_f32)
+static inline void iq2_codes(uint32_t idx, uint32_t meta, v16 q[2]) {
+    q[0] = widen16(vcombine_s8(iq2_point(idx, meta, 0), iq2_point(idx, meta, 1)));
+    q[1] = widen16(vcombine_s8(iq2_point(idx, meta, 2), iq2_point(idx, meta, 3)));
+}
 
-const struct ds4n_kernel_set ds4n_neon_set = {
-    .row = {
-        DS4N_DOT(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),
-        DS4N_ROW(Q4_0, q4_0), DS4N_ROW(Q4_1, q4_1), DS4N_ROW(Q5_0, q5_0),
-        DS4N_ROW(Q5_1, q5_1), DS4N_ROW(Q8_0, q8_0),
-        DS4N_DOT(Q2_K, q2_K), DS4N_DOT(Q3_K, q3_K), DS4N_DOT(Q4_K, q4_K),
-        DS4N_DOT(Q5_K, q5_K), DS4N_DOT(Q6_K, q6_K),
-        DS4N_DOT(IQ2_XXS, iq2_xxs),
-    },
-    .dot_f32 = dot_f32,
-    .tile = ds4n_tile_neon,
-};
+#include "quants_generic.h"
+
+DS4N_DEFINE_KERNEL_SET(ds4n_neon_set, ds4n_tile_neon)

@@ -1,0 +1,298 @@
+/* Type-generic SIMD row kernels, written once for every vector ISA. Included by each SIMD
+ * kernel file (quants_avx2.c, quants_neon.c) after it defines, for its vector type:
+ *
+ *   vacc                  an accumulator vector;  vzero(), vadd(), vsub(), vhsum()
+ *   vfma_s(acc, s, v)     acc + s·v (s a float)
+ *   v16                   16 floats in registers
+ *   v16_dot(q, x)         Σ q·x over x[0..16), as a vector;   v16_sum(x)  Σ x, as a vector
+ *   v16_store(y, q, d)    y = d·q;   v16_store_affine(y, q, d, m)  y = d·q + m (no FMA)
+ *   f16(h)                half -> float
+ *   dequant_float(), dot_float()   for F32/F16/BF16 rows
+ *   codes producers, 32 codes (as 2 x v16) of:
+ *     legacy_codes(qs, qh or NULL, offset, q)  Q4_0/Q4_1/Q5_0/Q5_1;  q8_codes(qs, q)
+ *     k45_codes(qs, qh or NULL, s, q)          sub-block s of Q4_K/Q5_K
+ *     q6_codes(block, h, r, q)                 32-group r of half h of Q6_K, offset removed
+ *     k23_codes(qs, hmask or NULL, h, j, q)    plane j of half h of Q2_K/Q3_K
+ *     iq2_codes(idx, meta, q)                  a 32-group of IQ2_XXS, signs applied
+ *
+ * Dequantizers do the scalar kernels' products in the same order without fusing, so they
+ * are bit-identical to them; dots apply each block's scales once to Σq·x (and its min to Σx). */
+#ifndef DS4N_QUANTS_GENERIC_H
+#define DS4N_QUANTS_GENERIC_H
+
+/* ---- legacy 32-value blocks ------------------------------------------------------------ */
+
+struct legacy_block {
+    float d, m;
+    v16 q[2];
+};
+
+static inline int is_affine(int type) { return type == DS4N_Q4_1 || type == DS4N_Q5_1; }
+
+DS4N_INLINE void load_legacy(int type, const void *blk, struct legacy_block *b) {
+    b->m = 0.0f;
+    switch (type) {
+    case DS4N_Q4_0: {
+        const block_q4_0 *p = blk;
+        b->d = f16(p->d);
+        legacy_codes(p->qs, NULL, 8, b->q);
+        break;
+    }
+    case DS4N_Q4_1: {
+        const block_q4_1 *p = blk;
+        b->d = f16(p->d), b->m = f16(p->m);
+        legacy_codes(p->qs, NULL, 0, b->q);
+        break;
+    }
+    case DS4N_Q5_0: {
+        const block_q5_0 *p = blk;
+        b->d = f16(p->d);
+        legacy_codes(p->qs, p->qh, 16, b->q);
+        break;
+    }
+    case DS4N_Q5_1: {
+        const block_q5_1 *p = blk;
+        b->d = f16(p->d), b->m = f16(p->m);
+        legacy_codes(p->qs, p->qh, 0, b->q);
+        break;
+    }
+    default: { /* DS4N_Q8_0 */
+        const block_q8_0 *p = blk;
+        b->d = f16(p->d);
+        q8_codes(p->qs, b->q);
+    }
+    }
+}
+
+DS4N_INLINE void dequant_legacy(int type, int64_t block_bytes, const void *src, float *y,
+                                int64_t n) {
+    const uint8_t *p = src;
+    struct legacy_block b;
+    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, y += QK) {
+        load_legacy(type, p, &b);
+        for (int h = 0; h < 2; h++) {
+            if (is_affine(type)) v16_store_affine(y + 16 * h, b.q[h], b.d, b.m);
+            else v16_store(y + 16 * h, b.q[h], b.d);
+        }
+    }
+}
+
+DS4N_INLINE float dot_legacy(int type, int64_t block_bytes, const void *w, const float *x,
+                             int64_t n) {
+    const uint8_t *p = w;
+    vacc acc = vzero(), accm = vzero();
+    struct legacy_block b;
+    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK) {
+        load_legacy(type, p, &b);
+        acc = vfma_s(acc, b.d, vadd(v16_dot(b.q[0], x), v16_dot(b.q[1], x + 16)));
+        if (is_affine(type)) accm = vfma_s(accm, b.m, vadd(v16_sum(x), v16_sum(x + 16)));
+    }
+    return vhsum(vadd(acc, accm));
+}
+
+/* ---- Q4_K / Q5_K: eight sub-blocks of 32, y = d·sc·q - dmin·m ---------------------------- */
+
+DS4N_INLINE void dequant_k_sub32(uint16_t d16, uint16_t dmin16, const uint8_t *scales,
+                                 const uint8_t *qs, const uint8_t *qh, float *y) {
+    float d = f16(d16), dmin = f16(dmin16);
+    v16 q[2];
+    for (int s = 0; s < 8; s++, y += 32) {
+        uint8_t sc, m;
+        ds4n_k_scale_min(scales, s, &sc, &m);
+        k45_codes(qs, qh, s, q);
+        v16_store_affine(y, q[0], d * (float)sc, -(dmin * (float)m));
+        v16_store_affine(y + 16, q[1], d * (float)sc, -(dmin * (float)m));
+    }
+}
+
+DS4N_DEFINE_Q45_K_DEQUANT(dequant_k_sub32)
+
+DS4N_INLINE float dot_q45_K(const void *w, const float *x, int64_t n, int five) {
+    const uint8_t *p = w;
+    vacc acc = vzero(), accm = vzero();
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const block_q4_K *b4 = (const block_q4_K *)p;
+        const block_q5_K *b5 = (const block_q5_K *)p;
+        const uint8_t *qs = five ? b5->qs : b4->qs, *qh = five ? b5->qh : NULL;
+        float d = f16(b4->d), dmin = f16(b4->dmin); /* same offsets in both layouts */
+        p += five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+        for (int s = 0; s < 8; s++, x += 32) {
+            uint8_t sc, m;
+            ds4n_k_scale_min(b4->scales, s, &sc, &m);
+            k45_codes(qs, qh, s, q);
+            acc = vfma_s(acc, d * (float)sc, vadd(v16_dot(q[0], x), v16_dot(q[1], x + 16)));
+            accm = vfma_s(accm, dmin * (float)m, vadd(v16_sum(x), v16_sum(x + 16)));
+        }
+    }
+    return vhsum(vsub(acc, accm));
+}
+
+static float dot_q4_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 0); }
+static float dot_q5_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 1); }
+
+/* ---- Q6_K: sixteen groups of 16 with signed 8-bit scales --------------------------------- */
+
+static void dequant_q6_K(const void *src, float *y, int64_t n) {
+    const block_q6_K *b = src;
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = f16(b[i].d);
+        for (int g = 0; g < 8; g++, y += 32) { /* g: 32-group r = g%4 of half g/4 */
+            q6_codes(&b[i], g / 4, g % 4, q);
+            v16_store(y, q[0], d * (float)b[i].scales[2 * g]);
+            v16_store(y + 16, q[1], d * (float)b[i].scales[2 * g + 1]);
+        }
+    }
+}
+
+static float dot_q6_K(const void *w, const float *x, int64_t n) {
+    const block_q6_K *b = w;
+    vacc acc = vzero();
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = f16(b[i].d);
+        for (int g = 0; g < 8; g++, x += 32) {
+            q6_codes(&b[i], g / 4, g % 4, q);
+            acc = vfma_s(acc, d * (float)b[i].scales[2 * g], v16_dot(q[0], x));
+            acc = vfma_s(acc, d * (float)b[i].scales[2 * g + 1], v16_dot(q[1], x + 16));
+        }
+    }
+    return vhsum(acc);
+}
+
+/* ---- Q2_K / Q3_K: sixteen groups of 16 ---------------------------------------------------- */
+
+/* Scale (and Q2_K's min) of 16-group g, computed as the scalar dequantizers do. */
+DS4N_INLINE void k23_scales(int type, const void *blk, int g, float *dl, float *ml) {
+    if (type == DS4N_Q2_K) {
+        const block_q2_K *b = blk;
+        *dl = f16(b->d) * (float)(b->scales[g] & 0x0f);
+        *ml = f16(b->dmin) * (float)(b->scales[g] >> 4);
+    } else {
+        const block_q3_K *b = blk;
+        *dl = f16(b->d) * (float)ds4n_q3_K_scale(b->scales, g);
+        *ml = 0.0f;
+    }
+}
+
+/* The 32 codes of 16-groups g and g+1 (g even). */
+DS4N_INLINE void k23_group_codes(int type, const void *blk, int g, v16 q[2]) {
+    const block_q2_K *b2 = blk;
+    const block_q3_K *b3 = blk;
+    if (type == DS4N_Q2_K) k23_codes(b2->qs, NULL, g / 8, (g % 8) / 2, q);
+    else k23_codes(b3->qs, b3->hmask, g / 8, (g % 8) / 2, q);
+}
+
+DS4N_INLINE void dequant_k23(int type, int64_t block_bytes, const void *src, float *y, int64_t n) {
+    const uint8_t *p = src;
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++, p += block_bytes)
+        for (int g = 0; g < 16; g += 2) {
+            k23_group_codes(type, p, g, q);
+            for (int h = 0; h < 2; h++, y += 16) {
+                float dl, ml;
+                k23_scales(type, p, g + h, &dl, &ml);
+                if (type == DS4N_Q2_K) v16_store_affine(y, q[h], dl, -ml);
+                else v16_store(y, q[h], dl);
+            }
+        }
+}
+
+DS4N_INLINE float dot_k23(int type, int64_t block_bytes, const void *w, const float *x, int64_t n) {
+    const uint8_t *p = w;
+    vacc acc = vzero(), accm = vzero();
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++, p += block_bytes)
+        for (int g = 0; g < 16; g += 2) {
+            k23_group_codes(type, p, g, q);
+            for (int h = 0; h < 2; h++, x += 16) {
+                float dl, ml;
+                k23_scales(type, p, g + h, &dl, &ml);
+                acc = vfma_s(acc, dl, v16_dot(q[h], x));
+                if (type == DS4N_Q2_K) accm = vfma_s(accm, ml, v16_sum(x));
+            }
+        }
+    return vhsum(vsub(acc, accm));
+}
+
+/* ---- IQ2_XXS: eight groups of 32, four signed lattice points each ----------------------- */
+
+/* Group g: the 4 lattice indices and the signs + 4-bit scale word; returns the scale. */
+DS4N_INLINE float iq2_group(const block_iq2_xxs *b, int g, uint32_t *idx, uint32_t *meta) {
+    memcpy(idx, &b->qs[4 * g], 4);
+    memcpy(meta, &b->qs[4 * g + 2], 4);
+    return f16(b->d) * (0.5f + (float)(*meta >> 28)) * 0.25f;
+}
+
+static void dequant_iq2_xxs(const void *src, float *y, int64_t n) {
+    const block_iq2_xxs *b = src;
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int g = 0; g < 8; g++, y += 32) {
+            uint32_t idx, meta;
+            float db = iq2_group(&b[i], g, &idx, &meta);
+            iq2_codes(idx, meta, q);
+            v16_store(y, q[0], db);
+            v16_store(y + 16, q[1], db);
+        }
+}
+
+static float dot_iq2_xxs(const void *w, const float *x, int64_t n) {
+    const block_iq2_xxs *b = w;
+    vacc acc = vzero();
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++)
+        for (int g = 0; g < 8; g++, x += 32) {
+            uint32_t idx, meta;
+            float db = iq2_group(&b[i], g, &idx, &meta);
+            iq2_codes(idx, meta, q);
+            acc = vfma_s(acc, db, vadd(v16_dot(q[0], x), v16_dot(q[1], x + 16)));
+        }
+    return vhsum(acc);
+}
+
+/* ---- the kernel set ------------------------------------------------------------------- */
+
+#define DS4N_GENERIC_KERNELS(name, T, block, kind)                             \
+    static void dequant_##name(const void *s, float *y, int64_t n) {          \
+        dequant_##kind(T, sizeof(block), s, y, n);                             \
+    }                                                                          \
+    static float dot_##name(const void *w, const float *x, int64_t n) {       \
+        return dot_##kind(T, sizeof(block), w, x, n);                          \
+    }
+DS4N_GENERIC_KERNELS(q4_0, DS4N_Q4_0, block_q4_0, legacy)
+DS4N_GENERIC_KERNELS(q4_1, DS4N_Q4_1, block_q4_1, legacy)
+DS4N_GENERIC_KERNELS(q5_0, DS4N_Q5_0, block_q5_0, legacy)
+DS4N_GENERIC_KERNELS(q5_1, DS4N_Q5_1, block_q5_1, legacy)
+DS4N_GENERIC_KERNELS(q8_0, DS4N_Q8_0, block_q8_0, legacy)
+DS4N_GENERIC_KERNELS(q2_K, DS4N_Q2_K, block_q2_K, k23)
+DS4N_GENERIC_KERNELS(q3_K, DS4N_Q3_K, block_q3_K, k23)
+
+#define DS4N_FLOAT_KERNELS(name, T)                                            \
+    static void dequant_##name(const void *s, float *y, int64_t n) {          \
+        dequant_float(T, s, y, n);                                             \
+    }                                                                          \
+    static float dot_##name(const void *w, const float *x, int64_t n) {       \
+        return dot_float(T, w, x, n);                                          \
+    }
+DS4N_FLOAT_KERNELS(f32, DS4N_F32)
+DS4N_FLOAT_KERNELS(f16, DS4N_F16)
+DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
+
+/* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn`. */
+#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name}
+#define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn)                                        \
+    const struct ds4n_kernel_set set_name = {                                            \
+        .row = {                                                                         \
+            DS4N_ROW(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),                \
+            DS4N_ROW(Q4_0, q4_0), DS4N_ROW(Q4_1, q4_1), DS4N_ROW(Q5_0, q5_0),            \
+            DS4N_ROW(Q5_1, q5_1), DS4N_ROW(Q8_0, q8_0),                                  \
+            DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW(Q4_K, q4_K),            \
+            DS4N_ROW(Q5_K, q5_K), DS4N_ROW(Q6_K, q6_K), DS4N_ROW(IQ2_XXS, iq2_xxs),      \
+        },                                                                               \
+        .dot_f32 = dot_f32,                                                              \
+        .tile = tile_fn,                                                                 \
+    };
+
+#endif
