@@ -67,6 +67,12 @@ void ds4n_attn_run(const ds4n_attn_job *job, float *scratch) {
         return;
     }
 #endif
+#if defined(__aarch64__)
+    if (ds4n_simd_level() == DS4N_SIMD_NEON) {
+        ds4n_attn_neon(job, scratch);
+        return;
+    }
+#endif
     ds4n_attn_scalar(job, scratch);
 }
 
@@ -78,6 +84,12 @@ void ds4n_swiglu(float *g, const float *u, int64_t n) {
 #if defined(__x86_64__) || defined(_M_X64)
     if (ds4n_simd_level() == DS4N_SIMD_AVX2) {
         ds4n_swiglu_avx2(g, u, n);
+        return;
+    }
+#endif
+#if defined(__aarch64__)
+    if (ds4n_simd_level() == DS4N_SIMD_NEON) {
+        ds4n_swiglu_neon(g, u, n);
         return;
     }
 #endif

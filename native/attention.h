@@ -46,12 +46,18 @@ void ds4n_attn_scalar(const ds4n_attn_job *job, float *scratch);
 #if defined(__x86_64__) || defined(_M_X64)
 void ds4n_attn_avx2(const ds4n_attn_job *job, float *scratch);
 #endif
+#if defined(__aarch64__)
+void ds4n_attn_neon(const ds4n_attn_job *job, float *scratch);
+#endif
 
 /* g[i] = silu(g[i]) * u[i] (the SwiGLU gate), with the best kernel set in force. */
 void ds4n_swiglu(float *g, const float *u, int64_t n);
 void ds4n_swiglu_scalar(float *g, const float *u, int64_t n);
 #if defined(__x86_64__) || defined(_M_X64)
 void ds4n_swiglu_avx2(float *g, const float *u, int64_t n);
+#endif
+#if defined(__aarch64__)
+void ds4n_swiglu_neon(float *g, const float *u, int64_t n);
 #endif
 
 #endif

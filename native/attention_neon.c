@@ -1,0 +1,174 @@
+/* NEON attention kernel (AArch64): the AVX2 kernel's structure with 4-lane vectors — up to
+ * 6 query rows against 16-key K tiles (24 accumulators of the 32 registers), an online-
+ * softmax step over 64-key blocks with a vectorized exp, then P·V. Checked against
+ * ds4n_attn_scalar under qemu by tests/test_llama_forward.py. */
+#include "attention.h"
+
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#define RG_MAX 6
+#define INLINE static inline __attribute__((always_inline))
+
+/* exp(x) to about 1 ulp (Cephes polynomial); exactly 0 for x below -87.3 (and -inf). */
+INLINE float32x4_t exp_ps(float32x4_t x) {
+    const uint32x4_t keep = vcgeq_f32(x, vdupq_n_f32(-87.3f));
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-87.3f)), vdupq_n_f32(88.3f));
+    const float32x4_t fx = vrndnq_f32(vmulq_n_f32(x, 1.44269504088896341f));
+    float32x4_t r = vfmsq_f32(x, fx, vdupq_n_f32(0.693359375f));
+    r = vfmsq_f32(r, fx, vdupq_n_f32(-2.12194440e-4f));
+    float32x4_t p = vdupq_n_f32(1.9875691500e-4f);
+    p = vfmaq_f32(vdupq_n_f32(1.3981999507e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(8.3334519073e-3f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(4.1665795894e-2f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.6666665459e-1f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(5.0000001201e-1f), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), vmulq_f32(p, r), r);
+    const int32x4_t e = vshlq_n_s32(vaddq_s32(vcvtq_s32_f32(fx), vdupq_n_s32(127)), 23);
+    const float32x4_t y = vmulq_f32(p, vreinterpretq_f32_s32(e));
+    return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(y), keep));
+}
+
+INLINE void qk_tile(const float *Q, int hd, const float *kt, float *S, int rg) {
+    float32x4_t acc[RG_MAX][4];
+    for (int i = 0; i < rg; i++)
+        for (int c = 0; c < 4; c++) acc[i][c] = vdupq_n_f32(0.0f);
+    for (int d = 0; d < hd; d++) {
+        float32x4_t k[4];
+        for (int c = 0; c < 4; c++) k[c] = vld1q_f32(kt + d * DS4N_KT + 4 * c);
+        for (int i = 0; i < rg; i++) {
+            const float32x4_t qb = vdupq_n_f32(Q[i * hd + d]);
+            for (int c = 0; c < 4; c++) acc[i][c] = vfmaq_f32(acc[i][c], qb, k[c]);
+        }
+    }
+    for (int i = 0; i < rg; i++)
+        for (int c = 0; c < 4; c++) vst1q_f32(S + i * DS4N_KBLOCK + 4 * c, acc[i][c]);
+}
+
+INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
+                    const float *corr, int rg) {
+    for (int c0 = 0; c0 < hd; c0 += 16) {
+        float32x4_t acc[RG_MAX][4];
+        for (int i = 0; i < rg; i++)
+            for (int c = 0; c < 4; c++)
+                acc[i][c] = vmulq_n_f32(vld1q_f32(O + i * hd + c0 + 4 * c), corr[i]);
+        for (int jj = 0; jj < nk; jj++) {
+            float32x4_t v[4];
+            for (int c = 0; c < 4; c++) v[c] = vld1q_f32(V + (int64_t)jj * hd + c0 + 4 * c);
+            for (int i = 0; i < rg; i++) {
+                const float32x4_t pb = vdupq_n_f32(P[i * DS4N_KBLOCK + jj]);
+                for (int c = 0; c < 4; c++) acc[i][c] = vfmaq_f32(acc[i][c], pb, v[c]);
+            }
+        }
+        for (int i = 0; i < rg; i++)
+            for (int c = 0; c < 4; c++) vst1q_f32(O + i * hd + c0 + 4 * c, acc[i][c]);
+    }
+}
+
+INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *corr) {
+    if (lim <= 0) {
+        memset(s, 0, sizeof(float) * n);
+        *corr = 1.0f;
+        return;
+    }
+    const float32x4_t ninf = vdupq_n_f32(-INFINITY);
+    const uint32x4_t lane = {0, 1, 2, 3};
+    float32x4_t vmax = ninf;
+    for (int c = 0; c < n; c += 4) {
+        float32x4_t x = vld1q_f32(s + c);
+        if (c + 4 > lim) {
+            const uint32x4_t in = vcltq_u32(vaddq_u32(lane, vdupq_n_u32((uint32_t)c)),
+                                            vdupq_n_u32((uint32_t)lim));
+            x = vbslq_f32(in, x, ninf);
+            vst1q_f32(s + c, x);
+        }
+        vmax = vmaxq_f32(vmax, x);
+    }
+    const float mx = fmaxf(*m, vmaxvq_f32(vmax));
+    *corr = *m == -INFINITY ? 0.0f : expf(*m - mx);
+    const float32x4_t vm = vdupq_n_f32(mx);
+    float32x4_t vsum = vdupq_n_f32(0.0f);
+    for (int c = 0; c < n; c += 4) {
+        const float32x4_t p = exp_ps(vsubq_f32(vld1q_f32(s + c), vm));
+        vst1q_f32(s + c, p);
+        vsum = vaddq_f32(vsum, p);
+    }
+    *l = *l * *corr + vaddvq_f32(vsum);
+    *m = mx;
+}
+
+INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
+    const int hd = j->head_dim, G = j->n_group, R = j->n_tok * G;
+    const int Rp = (R + rg - 1) / rg * rg;
+    float *Q = scratch, *O = Q + (int64_t)Rp * hd, *S = O + (int64_t)Rp * hd;
+    float *m = S + (int64_t)Rp * DS4N_KBLOCK, *l = m + Rp, *corr = l + Rp;
+    for (int r = 0; r < Rp; r++) {
+        if (r < R)
+            memcpy(Q + (int64_t)r * hd, j->q + (r / G) * j->q_stride + (int64_t)(r % G) * hd,
+                   sizeof(float) * hd);
+        else
+            memset(Q + (int64_t)r * hd, 0, sizeof(float) * hd);
+        memset(O + (int64_t)r * hd, 0, sizeof(float) * hd);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    const int64_t last = j->pos0 + j->n_tok;
+    const int64_t kend = j->k1 < last ? j->k1 : last;
+    for (int64_t kb = j->k0; kb < kend; kb += DS4N_KBLOCK) {
+        for (int r0 = 0; r0 < Rp; r0 += rg) {
+            const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
+            int64_t gend = j->pos0 + rlast / G + 1;
+            if (gend > kend) gend = kend;
+            if (gend > kb + DS4N_KBLOCK) gend = kb + DS4N_KBLOCK;
+            const int nk = (int)(gend - kb);
+            if (nk <= 0) continue;
+            const int ntile = (nk + DS4N_KT - 1) / DS4N_KT;
+            for (int tt = 0; tt < ntile; tt++)
+                qk_tile(Q + (int64_t)r0 * hd, hd,
+                        j->k + (kb / DS4N_KT + tt) * (int64_t)hd * DS4N_KT,
+                        S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg);
+            for (int r = r0; r < r0 + rg; r++) {
+                int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
+                if (rend > gend) rend = gend;
+                softmax_step(S + (int64_t)r * DS4N_KBLOCK, ntile * DS4N_KT, (int)(rend - kb),
+                             m + r, l + r, corr + r);
+            }
+            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK, nk, j->v + kb * hd, hd,
+                    O + (int64_t)r0 * hd, corr + r0, rg);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *out = j->o + (r / G) * j->o_stride + (int64_t)(r % G) * hd;
+        const float *o = O + (int64_t)r * hd;
+        if (j->m) {
+            j->m[r] = m[r];
+            j->l[r] = l[r];
+            memcpy(out, o, sizeof(float) * hd);
+        } else {
+            const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+            for (int c = 0; c < hd; c += 4) vst1q_f32(out + c, vmulq_n_f32(vld1q_f32(o + c), inv));
+        }
+    }
+}
+
+void ds4n_attn_neon(const ds4n_attn_job *j, float *scratch) {
+    if (j->head_dim % 16 != 0 || j->k0 % DS4N_KT != 0) {
+        ds4n_attn_scalar(j, scratch);
+        return;
+    }
+    if (j->n_tok * j->n_group <= 3)
+        attend(j, scratch, 3);
+    else
+        attend(j, scratch, 6);
+}
+
+void ds4n_swiglu_neon(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t x = vld1q_f32(g + i);
+        const float32x4_t y = vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), exp_ps(vnegq_f32(x))));
+        vst1q_f32(g + i, vmulq_f32(y, vld1q_f32(u + i)));
+    }
+    for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
