@@ -42,7 +42,9 @@ void ds4n_dequantize(int type, const void *src, float *dst, int64_t n);
 float ds4n_dot(int type, const void *w, const float *x, int64_t n);
 
 /* Thread pool: n_threads workers including the caller. run() calls fn(ctx, ith, nth)
- * once for every ith in [0, nth) and returns when all are done. Not reentrant. */
+ * once for every ith in [0, nth) and returns when all are done. Not reentrant: one thread
+ * at a time runs jobs on a pool. Shares are claimed, not assigned, so any ith may run on any
+ * of the pool's threads (the caller included); nth is always the pool's thread count. */
 typedef struct ds4n_pool ds4n_pool;
 ds4n_pool *ds4n_pool_new(int n_threads);
 void ds4n_pool_free(ds4n_pool *pool);

@@ -90,7 +90,9 @@ def physical_cores() -> int:
 
 
 class Pool:
-    """A persistent native worker pool (the calling thread is worker 0)."""
+    """A persistent native worker pool; the thread that runs a job takes part in it.
+
+    One thread at a time may run jobs on a pool (ds4n_pool_run is not reentrant)."""
 
     def __init__(self, n_threads: int | None = None) -> None:
         n = physical_cores() if n_threads is None else int(n_threads)
