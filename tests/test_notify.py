@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,14 @@ def test_watchdog_task_pings_at_its_period(notify_socket, monkeypatch):
     pings = received(sock)
     assert pings and set(pings) == {"WATCHDOG=1"}
     assert 5 <= len(pings) <= 7  # at 0, 0.1, ... 0.5 s
+
+
+def test_a_receiver_that_does_not_read_never_blocks_the_sender(notify_socket, monkeypatch):
+    """The watchdog runs on the event loop: a full queue must drop, not block."""
+    path, _ = notify_socket
+    n = notifier(monkeypatch, NOTIFY_SOCKET=str(path))
+
+    sender = threading.Thread(target=lambda: [n.watchdog() for _ in range(1000)], daemon=True)
+    sender.start()
+    sender.join(5)
+    assert not sender.is_alive(), "sending blocked on a full notify socket"

@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import inspect
 import json
+import logging
 import os
 import socket
 import stat
@@ -32,6 +33,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
+
+log = logging.getLogger("ds4d.admin")
 
 PROTOCOL_VERSION = 1
 MAX_LINE_BYTES = 1 << 20
@@ -243,7 +246,9 @@ class DaemonView(Protocol):
 
 
 class CacheView(Protocol):
-    """The disk KV cache's admin surface (ds4d.state.diskcache.DiskCache)."""
+    """The disk KV cache's admin surface (ds4d.state.service.CacheView, DiskCache).
+
+    Setting `budget` (bytes) applies a new size limit, evicting beyond it."""
 
     def ls(self) -> list[dict[str, Any]]:
         """One dict per checkpoint (name, tokens, size, hits, reason, last_used...)."""
@@ -321,6 +326,9 @@ class AdminCommands:
                 result = await result
         except AdminError as e:
             return error_reply(e.code, str(e))
+        except Exception as e:  # a failing command must not take the admin socket down
+            log.warning("admin: %s failed: %s", cmd, e, exc_info=not isinstance(e, RuntimeError))
+            return error_reply("failed", f"{cmd}: {e}")
         return ok_reply(result)
 
     # -- individual commands -----------------------------------------------------------
@@ -330,15 +338,15 @@ class AdminCommands:
         out = dict(self.daemon.status())
         out["power"] = settings["power"]
         out["trace"] = settings["trace"] or None
-        if self.cache is not None:
-            out["cache"] = self.cache.stats_dict()
-        else:
+        try:
+            out["cache"] = self.cache.stats_dict() if self.cache is not None else None
+        except Exception:  # not available yet (model loading) or disabled
             out["cache"] = None
         return out
 
     def _need_cache(self) -> CacheView:
         if self.cache is None:
-            raise AdminError("the disk KV cache is disabled (kv_disk = false)", "unavailable")
+            raise AdminError("this daemon has no disk KV cache (kv_disk is off)", "unavailable")
         return self.cache
 
     def cache_ls(self) -> list[dict[str, Any]]:

@@ -103,8 +103,7 @@ class ControlPlane:
         if self.daemon is not None:
             self.daemon.config = config
         if self.cache is not None and "kv_disk_space_mb" in changed:
-            self.cache.budget = config.kv_disk_space_mb * 1024 * 1024
-            self.cache.enforce_budget()
+            self.cache.budget = config.kv_disk_space_mb * 1024 * 1024  # evicts beyond it
         if self.trace is not None and {"trace", "trace_content"} & set(changed):
             if config.trace:
                 self.trace.open(config.trace, config.trace_content)

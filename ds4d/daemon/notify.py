@@ -23,6 +23,10 @@ class Notifier:
         env = os.environ
         self.enabled = bool(env.get("NOTIFY_SOCKET"))
         self._notifier = sdnotify.SystemdNotifier() if self.enabled else None
+        if self._notifier is not None and self._notifier.socket is not None:
+            # Never block the event loop on a receiver that does not read: a full queue
+            # drops the message (sdnotify ignores send errors) instead.
+            self._notifier.socket.setblocking(False)
         self._watchdog_usec = _watchdog_usec(env)
         self._ready = False
 
