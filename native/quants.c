@@ -48,25 +48,6 @@ float ds4n_dot(int type, const void *w, const float *x, int64_t n) {
     return k ? k->dot(w, x, n) : 0.0f;
 }
 
-float ds4n_dot_via_dequant(ds4n_dequant_fn dequantize, ds4n_dot_fn dot_f32, int64_t block_size,
-                           int64_t block_bytes, const void *w, const float *x, int64_t n) {
-    enum { CHUNK = 512 }; /* a multiple of every block size */
-    float buf[CHUNK], sum = 0.0f;
-    const uint8_t *src = w;
-    for (int64_t i = 0; i < n; i += CHUNK) {
-        int64_t len = n - i < CHUNK ? n - i : CHUNK;
-        dequantize(src + i / block_size * block_bytes, buf, len);
-        sum += dot_f32(buf, x + i, len);
-    }
-    return sum;
-}
-
-float ds4n_dot_via_scalar_dequant(int type, ds4n_dot_fn dot_f32, const void *w, const float *x,
-                                  int64_t n) {
-    return ds4n_dot_via_dequant(ds4n_scalar_set.row[type].dequantize, dot_f32,
-                                traits[type].block_size, traits[type].block_bytes, w, x, n);
-}
-
 /* ---- float types --------------------------------------------------------------------- */
 
 static float dot_f32(const void *w, const float *x, int64_t n) {
@@ -250,7 +231,23 @@ static void dequant_iq2_xxs(const void *src, float *y, int64_t n) {
 /* ---- the scalar kernel set ------------------------------------------------------------- */
 
 /* Scalar dots all go through the dequantizer: one obviously-right definition per type. */
-#define DOT_VIA(name, bs, bb) DS4N_DOT_VIA_DEQUANT(dot_##name, dequant_##name, dot_f32, bs, bb)
+static float dot_via_dequant(ds4n_dequant_fn dequantize, int64_t block_size, int64_t block_bytes,
+                             const void *w, const float *x, int64_t n) {
+    enum { CHUNK = 512 }; /* a multiple of every block size */
+    float buf[CHUNK], sum = 0.0f;
+    const uint8_t *src = w;
+    for (int64_t i = 0; i < n; i += CHUNK) {
+        int64_t len = n - i < CHUNK ? n - i : CHUNK;
+        dequantize(src + i / block_size * block_bytes, buf, len);
+        sum += dot_f32(buf, x + i, len);
+    }
+    return sum;
+}
+
+#define DOT_VIA(name, bs, bb)                                                          \
+    static float dot_##name(const void *w, const float *x, int64_t n) {               \
+        return dot_via_dequant(dequant_##name, bs, bb, w, x, n);                       \
+    }
 DOT_VIA(f16, 1, 2)
 DOT_VIA(bf16, 1, 2)
 DOT_VIA(q4_0, QK, sizeof(block_q4_0))
@@ -282,6 +279,5 @@ const struct ds4n_kernel_set ds4n_scalar_set = {
         ROW(Q2_K, q2_K), ROW(Q3_K, q3_K), ROW(Q4_K, q4_K), ROW(Q5_K, q5_K), ROW(Q6_K, q6_K),
         ROW(IQ2_XXS, iq2_xxs),
     },
-    .dot_f32 = dot_f32,
     .tile = tile_scalar,
 };

@@ -107,7 +107,6 @@ typedef void (*ds4n_tile_fn)(const float *W, int64_t ldw, const float *X, int64_
 #define DS4N_TYPE_SLOTS 31 /* type ids are < 31 */
 struct ds4n_kernel_set {
     struct ds4n_row_kernels row[DS4N_TYPE_SLOTS];
-    ds4n_dot_fn dot_f32;
     ds4n_tile_fn tile;
 };
 
@@ -121,26 +120,6 @@ const struct ds4n_type_traits *ds4n_traits(int type);
 /* The kernels in force for the current SIMD level (resolved; never NULL for a supported type). */
 const struct ds4n_row_kernels *ds4n_active_kernels(int type);
 ds4n_tile_fn ds4n_active_tile(void);
-
-/* Dot through a dequantized chunk on the stack: serves every type whose SIMD level has a
- * fast dequantizer but no fused dot. */
-float ds4n_dot_via_dequant(ds4n_dequant_fn dequantize, ds4n_dot_fn dot_f32, int64_t block_size,
-                           int64_t block_bytes, const void *w, const float *x, int64_t n);
-
-/* The same through the scalar dequantizer of a type: for SIMD levels without their own. */
-float ds4n_dot_via_scalar_dequant(int type, ds4n_dot_fn dot_f32, const void *w, const float *x,
-                                  int64_t n);
-
-/* Defines a static dot kernel `fname` that runs through the given dequantizer and float dot. */
-#define DS4N_DOT_VIA_DEQUANT(fname, dequant, dot_f32, block_size, block_bytes)          \
-    static float fname(const void *w, const float *x, int64_t n) {                    \
-        return ds4n_dot_via_dequant(dequant, dot_f32, block_size, block_bytes, w, x, n); \
-    }
-
-#define DS4N_DOT_VIA_SCALAR_DEQUANT(fname, type, dot_f32)                    \
-    static float fname(const void *w, const float *x, int64_t n) {          \
-        return ds4n_dot_via_scalar_dequant(type, dot_f32, w, x, n);         \
-    }
 
 extern const struct ds4n_kernel_set ds4n_scalar_set;
 #if defined(__x86_64__) || defined(_M_X64)

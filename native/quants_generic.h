@@ -291,7 +291,6 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
             DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW(Q4_K, q4_K),            \
             DS4N_ROW(Q5_K, q5_K), DS4N_ROW(Q6_K, q6_K), DS4N_ROW(IQ2_XXS, iq2_xxs),      \
         },                                                                               \
-        .dot_f32 = dot_f32,                                                              \
         .tile = tile_fn,                                                                 \
     };
 
