@@ -25,7 +25,7 @@ struct ds4n_pool {
     pthread_cond_t wake;
     void (*fn)(void *ctx, int ith, int nth);
     void *ctx;
-    _Alignas(64) atomic_uint_fast64_t job; /* bumped by CLAIM_BITS per run; low bits claimed */
+    _Alignas(64) _Atomic uint64_t job; /* generation << CLAIM_BITS | shares claimed */
     _Alignas(64) atomic_int done;          /* shares of the current job finished */
     atomic_int sleepers;                   /* workers waiting on `wake` */
     atomic_int stop;

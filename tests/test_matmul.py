@@ -82,18 +82,28 @@ def test_matmul_writes_into_out_and_checks_shapes() -> None:
         native.matmul(None, "Q4_1", raw, 8, 64, X.astype(np.float64))
 
 
-def test_pool_runs_every_share_once() -> None:
+@pytest.mark.parametrize("threads", [2, 5])
+def test_pool_runs_every_share_once(threads: int) -> None:
+    """Shares are claimed by whichever pool thread is free; each runs exactly once per job,
+    also with more threads than cores."""
     calls: list[tuple[int, int]] = []
 
     @native.POOL_FN
     def task(ctx: int | None, ith: int, nth: int) -> None:
         calls.append((ith, nth))
 
-    with native.Pool(2) as p:
-        assert p.threads == 2
-        for _ in range(50):
+    with native.Pool(threads) as p:
+        assert p.threads == threads
+        for job in range(50):
             native.lib.ds4n_pool_run(p.handle, task, None)
-    assert sorted(calls) == sorted([(0, 2), (1, 2)] * 50)
+            assert sorted(calls) == [(i, threads) for i in range(threads)], job
+            calls.clear()
+
+
+def test_matmul_on_an_oversubscribed_pool() -> None:
+    with native.Pool(5) as p:
+        for T in (1, 9):
+            check("Q4_1", rows=45, K=256, T=T, pool=p)
 
 
 def test_matmul_part_covers_all_rows_once() -> None:
