@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -143,7 +145,26 @@ def test_evicted_conversations_come_back_from_disk_within_budget(tmp_path, book)
         r = ask(c, again)
         assert dir_bytes(kv) <= budget_mb * 2**20
         metrics = d.metrics()
-    last = traces(tmp_path / "trace.jsonl")[-1]
+        last = traces(tmp_path / "trace.jsonl")[-1]
+
+        # the admin channel sees the same cache, and can empty it
+        stats = ds4ctl(tmp_path, "cache", "stats")
+        assert stats["entries"] == len(list(kv.glob("*.kv"))) > 0
+        assert stats["bytes_written"] == metrics["ds4d_kv_disk_bytes_written_total"]
+        listing = ds4ctl(tmp_path, "cache", "ls")
+        assert {e["name"] for e in listing} == {p.name for p in kv.glob("*.kv")}
+        assert listing[0]["reason"] in ("cold", "continued", "evict")
+        ds4ctl(tmp_path, "cache", "evict", "--all")
+        assert list(kv.glob("*.kv")) == []
+
+        # tracing switched off and on at runtime
+        n = len(traces(tmp_path / "trace.jsonl"))
+        ds4ctl(tmp_path, "trace", "off")
+        ask(c, again)
+        assert len(traces(tmp_path / "trace.jsonl")) == n
+        ds4ctl(tmp_path, "trace", "on", str(tmp_path / "trace.jsonl"))
+        ask(c, again)
+        assert len(traces(tmp_path / "trace.jsonl")) == n + 1
     assert last["cache_source"] == "disk-text"
     first_prompt = replies[0].usage.prompt_tokens
     assert r.usage.prompt_tokens_details.cached_tokens >= 0.9 * first_prompt
@@ -198,6 +219,16 @@ def test_kill_9_mid_write_and_damaged_files_never_accepted(tmp_path, book):
     assert traces(tmp_path / "trace.jsonl")[-1]["cache_source"] == "none"
     assert log.count("rejected") == len(files)
     assert sorted(p.name for p in (kv / "quarantine").iterdir()) == sorted(p.name for p in files)
+
+
+def ds4ctl(tmp: Path, *args: str):
+    """Run the real ds4ctl against the daemon started in `tmp`; its JSON result."""
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp / "xdg_runtime_dir"))
+    out = subprocess.run([sys.executable, "-c", "import sys; from ds4ctl.cli import main; "
+                          "sys.exit(main(sys.argv[1:]))", "--json", *args],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
 
 
 def _swallow(fn, *args):
