@@ -19,6 +19,7 @@ import io
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,7 +42,6 @@ class SyncResult:
     cached_tokens: int  # prompt tokens reused (not prefilled)
     prompt_tokens: int  # the effective prompt's length
     disk_file: str | None = None
-    shortfall: bool = False
     miss_reason: str = ""
     prefill_s: float = 0.0
     saves: list[str] = field(default_factory=list)  # "cold", "continued", "evict"
@@ -73,11 +73,12 @@ class KVState:
         self.tool_memory = tool_memory if tool_memory is not None else ToolMemory()
         self.can_rewind = can_rewind
         self._lock = threading.Lock()
-        self._state: dict[int, _SessionState] = {}
+        self._state: weakref.WeakKeyDictionary[Any, _SessionState] = (
+            weakref.WeakKeyDictionary())
 
     def _st(self, session: Any) -> _SessionState:
         with self._lock:
-            return self._state.setdefault(id(session), _SessionState())
+            return self._state.setdefault(session, _SessionState())
 
     def encode_suffix(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, special=True)
@@ -185,10 +186,9 @@ class KVState:
                 tokens = list(prompt_tokens)
             else:
                 result.cached_tokens, result.disk_file = len(session.tokens), plan.disk.path.name
-                result.shortfall = result.cached_tokens < plan.disk.tokens
         assert tokens is not None
         if len(session.tokens) > result.cached_tokens:
-            self._rewind(session, result.cached_tokens)
+            session.rewind(result.cached_tokens)
         result.prompt_tokens = len(tokens)
         pos = len(session.tokens)
         for stop, reason in self.stops(pos, len(tokens), result.cached_tokens) + [
@@ -209,14 +209,6 @@ class KVState:
                 result.saves.append(reason.name.lower())
         result.prefill_s = time.monotonic() - started
         return result
-
-    def _rewind(self, session: Any, keep: int) -> None:
-        try:
-            session.rewind(keep)
-        except Exception:  # the family cannot rewind exactly: start over
-            if keep == 0:
-                raise
-            session.rewind(0)
 
     # ---- saves -------------------------------------------------------------------------
 
