@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import logging
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 import tomllib
 import trio
 
+from ds4d.daemon import exitcodes
 from ds4d.daemon.admin import AdminError
 from ds4d.daemon.config import (
     KEY_NAMES,
@@ -222,3 +224,71 @@ def test_file_watcher_applies_an_edit_within_two_seconds(home):
 
     assert trio.run(main) < 2.0
     assert seen and seen[-1][1] == ["power"]
+
+
+# --- exit codes of a real `ds4d serve` ---------------------------------------------------
+
+
+def _serve(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    import os
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DS4D_")}
+    env.update(XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"),
+               XDG_RUNTIME_DIR=str(tmp_path / "run"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    ds4d = Path(sys.executable).parent / "ds4d"
+    return subprocess.run([str(ds4d), "serve", "--no-kv-disk", *argv], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_exit_code_config_error(tmp_path):
+    done = _serve(tmp_path, "--power", "0")
+    assert done.returncode == exitcodes.CONFIG_ERROR
+    assert done.stderr.strip() == "ds4d: power=0 (--power): must be between 1 and 100"
+
+
+def test_exit_code_model_load_failure(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    done = _serve(tmp_path, "--port", str(port), "-m", str(tmp_path / "missing.gguf"))
+    assert done.returncode == exitcodes.MODEL_LOAD_FAILED, done.stderr
+    assert "cannot load the model" in done.stderr
+
+
+def test_exit_code_address_in_use(tmp_path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        done = _serve(tmp_path, "--port", str(taken.getsockname()[1]))
+    assert done.returncode == exitcodes.ADDRESS_IN_USE, done.stderr
+    assert "cannot listen" in done.stderr
+    # A live daemon's admin socket is an address in use too.
+    sock_path = tmp_path / "run" / "ds4d" / "ds4d.sock"
+    sock_path.parent.mkdir(parents=True, mode=0o700, exist_ok=True)
+    with socket.socket(socket.AF_UNIX) as other:
+        other.bind(str(sock_path))
+        other.listen()
+        done = _serve(tmp_path, "--port", "0")
+    assert done.returncode == exitcodes.ADDRESS_IN_USE, done.stderr
+    assert "another ds4d is listening" in done.stderr
+
+
+def test_log_file_is_private_and_gets_the_log(tmp_path):
+    from ds4d.daemon.logs import setup_logging
+
+    log_file = tmp_path / "logs" / "ds4d.log"
+    logger = setup_logging(dataclasses.replace(Config(), log_file=str(log_file),
+                                               log_level="debug"))
+    try:
+        logging.getLogger("ds4d.test").debug("hello %s", "file")
+        assert "D ds4d.test: hello file" in log_file.read_text()
+        assert log_file.stat().st_mode & 0o777 == 0o600
+    finally:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()

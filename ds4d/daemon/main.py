@@ -61,7 +61,10 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
 
             try:
                 await nursery.start(control.run)
-            except (SocketInUseError, OSError) as e:
+            except Exception as e:  # noqa: BLE001 - only a bind failure is handled here
+                e = _sole_cause(e)
+                if not isinstance(e, (SocketInUseError, OSError)):
+                    raise
                 log.error("cannot open the admin socket %s: %s", control.socket_path, e)
                 nursery.cancel_scope.cancel()
                 return exitcodes.ADDRESS_IN_USE
@@ -69,7 +72,10 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
         try:
             await nursery.start(lambda task_status: hypercorn_serve(
                 app, hc, shutdown_trigger=daemon.shutdown.wait, task_status=task_status))
-        except OSError as e:
+        except Exception as e:  # noqa: BLE001 - only a bind failure is handled here
+            e = _sole_cause(e)
+            if not isinstance(e, OSError):
+                raise
             log.error("cannot listen on %s: %s", hc.bind[0], e)
             nursery.cancel_scope.cancel()
             return exitcodes.ADDRESS_IN_USE
@@ -104,6 +110,13 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
         log.info("saved %d slot(s) to the disk KV cache", saved)
     daemon.trace.close()
     return exit_code
+
+
+def _sole_cause(error: BaseException) -> BaseException:
+    """The error a child task raised: trio's nursery.start wraps it in an ExceptionGroup."""
+    while isinstance(getattr(error, "exceptions", None), tuple) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 async def _signals(daemon) -> None:  # noqa: ANN001
