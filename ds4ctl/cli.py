@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -103,13 +104,24 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return (f"{cmd}.{action}" if action else cmd), {}
 
 
+SYSTEM_SOCKET = Path("/run/ds4d/ds4d.sock")  # the system unit's RuntimeDirectory
+
+
+def _default_path() -> Path:
+    """The user's daemon, else the system service's when only that one exists."""
+    path = default_socket_path()
+    if not path.exists() and "DS4D_ADMIN_SOCKET" not in os.environ and SYSTEM_SOCKET.exists():
+        return SYSTEM_SOCKET
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if (args.command, getattr(args, "action", None)) == ("cache", "evict") and not (
             args.prefix or args.all or args.older_than is not None):
         parser.error("cache evict needs a PREFIX, --all or --older-than")
-    path = args.socket or default_socket_path()
+    path = args.socket or _default_path()
     cmd, params = _request(args)
     try:
         result = call(path, cmd, params, timeout=args.timeout)

@@ -310,3 +310,18 @@ def test_sigterm_sends_stopping_and_exits_0(daemon):
     assert daemon.proc.wait(timeout=60) == 0
     assert daemon.wait_notify("STOPPING=1", 1.0)
     assert not daemon.socket.exists()
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("15m", 900),
+                                           ("6h", 21600), ("2d", 172800), ("1.5h", 5400)])
+def test_durations(text, seconds):
+    from ds4ctl.cli import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+def test_bad_usage_exits_2(tmp_path):
+    for argv in (["power", "0"], ["cache", "evict", "--older-than", "soon"], ["fly"]):
+        done = subprocess.run([str(BIN / "ds4ctl"), "--socket", str(tmp_path / "s"), *argv],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and done.stderr.startswith("usage: ds4ctl"), argv
