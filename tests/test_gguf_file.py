@@ -22,7 +22,12 @@ def refused(path: Path) -> str:
     return message
 
 
-def test_embedded_model_opens_with_its_metadata(model_path: Path) -> None:
+@pytest.fixture(scope="module")
+def fingerprint(model_path: Path) -> str:
+    return GGUFFile(model_path).fingerprint
+
+
+def test_embedded_model_opens_with_its_metadata(model_path: Path, fingerprint: str) -> None:
     gf = GGUFFile(model_path)
     assert gf.architecture == "llama"
     assert gf.file_type_name == "Q4_1"
@@ -30,7 +35,7 @@ def test_embedded_model_opens_with_its_metadata(model_path: Path) -> None:
     assert embd.shape == (576, 49152) and embd.type_name == "Q8_0"
     # Weights are views of the file's mmap, not copies.
     assert isinstance(embd.data.base, np.memmap) or isinstance(embd.data, np.memmap)
-    assert gf.fingerprint == GGUFFile(model_path).fingerprint
+    assert gf.fingerprint == fingerprint  # stable across opens
     gf.release_reader()
     assert gf.get("llama.block_count") == 30  # small metadata survives the release
 
@@ -90,11 +95,11 @@ def test_missing_tensor(tmp_path: Path) -> None:
 
 
 def test_copy_has_a_different_fingerprint_only_if_the_shape_differs(
-    model_path: Path, tmp_path: Path
+    model_path: Path, tmp_path: Path, fingerprint: str
 ) -> None:
     copy = tmp_path / "copy.gguf"
     shutil.copyfile(model_path, copy)
-    assert GGUFFile(copy).fingerprint == GGUFFile(model_path).fingerprint
+    assert GGUFFile(copy).fingerprint == fingerprint
     a = GGUFFile(write_tiny_llama(tmp_path / "a.gguf")).fingerprint
     b = GGUFFile(write_tiny_llama(tmp_path / "b.gguf", matrix_type=Q.Q4_0)).fingerprint
     assert a != b
