@@ -94,11 +94,13 @@ class Pool:
 
     One thread at a time may run jobs on a pool (ds4n_pool_run is not reentrant)."""
 
+    _handle: int | None = None
+
     def __init__(self, n_threads: int | None = None) -> None:
         n = physical_cores() if n_threads is None else int(n_threads)
         if n < 1:
             raise ValueError(f"thread count must be at least 1, got {n}")
-        self._handle: int | None = lib.ds4n_pool_new(n)
+        self._handle = lib.ds4n_pool_new(n)
         if not self._handle:
             raise EngineError(f"cannot start a pool of {n} threads")
 
