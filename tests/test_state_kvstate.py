@@ -141,3 +141,17 @@ def test_foreign_payload_refused_by_engine(engine, tmp_path):
         r = kv.sync(s, TALK_A, tok.encode(TALK_A))
         assert r.source == "none" and s.tokens == tok.encode(TALK_A)
     assert kv.disk.stats.load_failures == 1
+
+
+def test_no_checkpoint_ends_inside_a_character(engine, tmp_path):
+    """A key ending inside a UTF-8 sequence could never prefix a prompt: not written."""
+    tok = engine.tokenizer
+    kv = make(engine, tmp_path)
+    crab = tok.encode("🦀")
+    assert len(crab) > 1  # byte-level pieces of one character
+    with engine.new_session(CTX) as s:
+        s.eval(tok.encode(TALK_A) + crab[:-1])
+        assert kv.key_text(s.tokens) is None and not kv.save_session(s)
+        s.eval(crab[-1:])
+        assert kv.key_text(s.tokens).endswith("🦀") and kv.save_session(s)
+    assert [e.tokens for e in kv.disk.entries()] == [len(tok.encode(TALK_A)) + len(crab)]

@@ -86,6 +86,15 @@ class KVState:
     def decode(self, tokens: Sequence[int]) -> str:
         return self.tokenizer.decode(tokens)
 
+    def key_text(self, tokens: Sequence[int]) -> str | None:
+        """The exact text of `tokens`, or None when their bytes are not valid UTF-8 (a
+        boundary inside a character): such a key could never be a prompt's prefix."""
+        token_bytes = self.tokenizer.token_bytes
+        try:
+            return b"".join([token_bytes(t) for t in tokens]).decode()
+        except UnicodeDecodeError:
+            return None
+
     # ---- the pieces a slot's sync is made of -------------------------------------------
 
     def plan(self, session: Any, prompt_text: str, prompt_tokens: Sequence[int]) -> Plan:
@@ -218,9 +227,13 @@ class KVState:
         tokens = list(session.tokens)
         if len(tokens) < self.policy.min_tokens:
             return False
+        text = self.key_text(tokens)
+        if text is None:
+            log.debug("kv cache: not saving %d tokens ending inside a character", len(tokens))
+            return False
         st = self._st(session)
         ids = st.tool_ids
-        entry = self.disk.save(reason, self.decode(tokens), len(tokens), session.save,
+        entry = self.disk.save(reason, text, len(tokens), session.save,
                                tool_map=self.tool_memory.select(ids) if ids else None)
         if entry is None:
             return False
