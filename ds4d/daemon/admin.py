@@ -102,7 +102,10 @@ def call(path: Path, cmd: str, args: Mapping[str, Any] | None = None, *,
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(encode(request(cmd, **(args or {}))))
+        try:
+            sock.sendall(encode(request(cmd, **(args or {}))))
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before reading: the reply saying why may still be there
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = sock.recv(65536)
@@ -451,14 +454,14 @@ async def _handle_connection(stream: Any, commands: AdminCommands,
         if not peer_allowed(uid, allowed):
             if log:
                 log(f"admin: refused connection: {why}")
-            await _send(stream, error_reply("forbidden", why))
+            await _refuse(stream, error_reply("forbidden", why))
             return
         buf = b""
         try:
             while True:
                 while b"\n" not in buf:
                     if len(buf) > MAX_LINE_BYTES:
-                        await _send(stream, error_reply("bad_request", "request line too long"))
+                        await _refuse(stream, error_reply("bad_request", "request line too long"))
                         return
                     chunk = await stream.receive_some(65536)
                     if not chunk:
@@ -480,3 +483,18 @@ async def _handle_connection(stream: Any, commands: AdminCommands,
 
 async def _send(stream: Any, message: Mapping[str, Any]) -> None:
     await stream.send_all(encode(message))
+
+
+async def _refuse(stream: Any, message: Mapping[str, Any]) -> None:
+    """Reply, then read (and drop) what the peer sends for a moment before closing:
+    closing on unread data would reset the connection and lose the reply."""
+    import trio
+
+    try:
+        await _send(stream, message)
+        await stream.send_eof()
+        with trio.move_on_after(1.0):
+            while await stream.receive_some(65536):
+                pass
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
