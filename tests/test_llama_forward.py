@@ -142,4 +142,4 @@ def test_attention_simd_kernels_match_scalar(arch: str, tmp_path: Path) -> None:
                    check=True)  # fmt: skip
     result = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "max |diff|" in result.stdout
+    assert "SIMD vs scalar: max |diff|" in result.stdout

@@ -1,4 +1,4 @@
-/* Checks a SIMD attention kernel against ds4n_attn_scalar on random jobs: prefill blocks,
+/* Checks the SIMD attention and SwiGLU kernels against the scalar ones on random jobs: prefill blocks,
  * decode rows, split key ranges, grouped heads of several sizes. Built and run by
  * tests/test_llama_forward.py (natively for AVX2, under qemu for NEON).
  * Prints the largest difference; exits 1 when it exceeds the bound. */
@@ -13,8 +13,10 @@ int ds4n_simd_level(void) { return 0; } /* the kernels are called directly */
 
 #if defined(__aarch64__)
 #define SIMD ds4n_attn_neon
+#define SWIGLU ds4n_swiglu_neon
 #else
 #define SIMD ds4n_attn_avx2
+#define SWIGLU ds4n_swiglu_avx2
 #endif
 
 static float frand(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
@@ -58,6 +60,16 @@ int main(void) {
             }
         free(q); free(o1); free(o2);
     }
-    printf("attention SIMD vs scalar: max |diff| %.3g\n", worst);
+    /* SwiGLU over a range that reaches both saturated ends of the sigmoid. */
+    enum { NG = 1003 };
+    float g1[NG], g2[NG], u[NG];
+    for (int i = 0; i < NG; i++) {
+        g1[i] = g2[i] = (i - NG / 2) * 0.2f;
+        u[i] = frand();
+    }
+    ds4n_swiglu_scalar(g1, u, NG);
+    SWIGLU(g2, u, NG);
+    for (int i = 0; i < NG; i++) worst = fmaxf(worst, fabsf(g1[i] - g2[i]) / fmaxf(1.0f, fabsf(g1[i])));
+    printf("attention and SwiGLU SIMD vs scalar: max |diff| %.3g\n", worst);
     return worst < 1e-4f ? 0 : 1;
 }
