@@ -130,6 +130,16 @@ def test_best_simd_level_is_chosen_by_default() -> None:
     assert native.simd_level() == max(LEVELS)
 
 
+def test_unavailable_simd_level_falls_back_to_scalar() -> None:
+    try:
+        assert native.set_simd(7) == native.SIMD_SCALAR
+        assert native.simd_level() == native.SIMD_SCALAR
+        with pytest.raises(ValueError, match="unknown SIMD level"):
+            native.set_simd("sse9")
+    finally:
+        native.set_simd(native.SIMD_AUTO)
+
+
 def test_simd_level_from_environment() -> None:
     code = "from ds4d.engine import native; print(native.simd_level())"
     env = dict(os.environ, DS4N_SIMD="scalar")

@@ -134,6 +134,8 @@ def set_simd(level: int | str) -> int:
     """Selects the kernel set (SIMD_* or 'scalar'/'avx2'/'neon'/'auto'); returns the level in force."""
     if isinstance(level, str):
         names = {v: k for k, v in SIMD_NAMES.items()} | {"auto": SIMD_AUTO}
+        if level not in names:
+            raise ValueError(f"unknown SIMD level {level!r}: expected one of {sorted(names)}")
         level = names[level]
     return lib.ds4n_set_simd(level)
 
