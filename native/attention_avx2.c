@@ -105,7 +105,8 @@ INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *co
         __m256 x = _mm256_loadu_ps(s + c);
         if (c + 8 > lim) {
             const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(c));
-            const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lim), idx));
+            const __m256 keep =
+                _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lim), idx));
             x = _mm256_blendv_ps(ninf, x, keep);
             _mm256_storeu_ps(s + c, x);
         }

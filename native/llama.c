@@ -35,10 +35,10 @@ struct ds4n_llama_session {
     float *part;              /* split-key partials: outputs, then m, then l */
 };
 
-static const void *W(const ds4n_llama *m, int il, int slot) {
+static const void *weight(const ds4n_llama *m, int il, int slot) {
     return m->w[DS4N_LLAMA_N_GLOBAL + il * DS4N_LLAMA_N_PER_LAYER + slot];
 }
-static int T_(const ds4n_llama *m, int il, int slot) {
+static int wtype(const ds4n_llama *m, int il, int slot) {
     return m->type[DS4N_LLAMA_N_GLOBAL + il * DS4N_LLAMA_N_PER_LAYER + slot];
 }
 
@@ -243,11 +243,11 @@ static void qkv_task(void *p, int ith, int nth) {
     const layer_ctx *c = p;
     const ds4n_llama *m = c->m;
     const int E = m->hp.n_embd;
-    ds4n_matmul_part(T_(m, c->il, DS4N_LLAMA_WQ), W(m, c->il, DS4N_LLAMA_WQ), m->n_q, E,
+    ds4n_matmul_part(wtype(m, c->il, DS4N_LLAMA_WQ), weight(m, c->il, DS4N_LLAMA_WQ), m->n_q, E,
                      c->s->xn, c->T, c->s->q, ith, nth);
-    ds4n_matmul_part(T_(m, c->il, DS4N_LLAMA_WK), W(m, c->il, DS4N_LLAMA_WK), m->n_kv, E,
+    ds4n_matmul_part(wtype(m, c->il, DS4N_LLAMA_WK), weight(m, c->il, DS4N_LLAMA_WK), m->n_kv, E,
                      c->s->xn, c->T, c->s->kx, ith, nth);
-    ds4n_matmul_part(T_(m, c->il, DS4N_LLAMA_WV), W(m, c->il, DS4N_LLAMA_WV), m->n_kv, E,
+    ds4n_matmul_part(wtype(m, c->il, DS4N_LLAMA_WV), weight(m, c->il, DS4N_LLAMA_WV), m->n_kv, E,
                      c->s->xn, c->T, c->s->vx, ith, nth);
 }
 
@@ -255,9 +255,9 @@ static void gate_up_task(void *p, int ith, int nth) {
     const layer_ctx *c = p;
     const ds4n_llama *m = c->m;
     const int E = m->hp.n_embd, F = m->hp.n_ff;
-    ds4n_matmul_part(T_(m, c->il, DS4N_LLAMA_W_GATE), W(m, c->il, DS4N_LLAMA_W_GATE), F, E,
+    ds4n_matmul_part(wtype(m, c->il, DS4N_LLAMA_W_GATE), weight(m, c->il, DS4N_LLAMA_W_GATE), F, E,
                      c->s->xn, c->T, c->s->gate, ith, nth);
-    ds4n_matmul_part(T_(m, c->il, DS4N_LLAMA_W_UP), W(m, c->il, DS4N_LLAMA_W_UP), F, E,
+    ds4n_matmul_part(wtype(m, c->il, DS4N_LLAMA_W_UP), weight(m, c->il, DS4N_LLAMA_W_UP), F, E,
                      c->s->xn, c->T, c->s->up, ith, nth);
 }
 
@@ -419,10 +419,10 @@ int ds4n_llama_eval(const ds4n_llama *m, ds4n_llama_session *s, ds4n_pool *pool,
 
     for (int il = 0; il < hp->n_layer; il++) {
         layer_ctx lc = {.m = m, .s = s, .il = il, .T = T};
-        rms_norm(s->x, W(m, il, DS4N_LLAMA_ATTN_NORM), s->xn, T, E, hp->rms_eps);
+        rms_norm(s->x, weight(m, il, DS4N_LLAMA_ATTN_NORM), s->xn, T, E, hp->rms_eps);
         run(pool, qkv_task, &lc);
-        const float *bq = W(m, il, DS4N_LLAMA_BQ), *bk = W(m, il, DS4N_LLAMA_BK),
-                    *bv = W(m, il, DS4N_LLAMA_BV);
+        const float *bq = weight(m, il, DS4N_LLAMA_BQ), *bk = weight(m, il, DS4N_LLAMA_BK),
+                    *bv = weight(m, il, DS4N_LLAMA_BV);
         for (int64_t t = 0; t < T; t++) {
             float *q = s->q + t * m->n_q, *k = s->kx + t * m->n_kv, *v = s->vx + t * m->n_kv;
             if (bq) for (int i = 0; i < m->n_q; i++) q[i] += bq[i];
@@ -441,18 +441,18 @@ int ds4n_llama_eval(const ds4n_llama *m, ds4n_llama_session *s, ds4n_pool *pool,
         atomic_store(&ac.next, 0);
         run(pool, attn_task, &ac);
         if (ac.n_split > 1) attn_merge(&ac);
-        ds4n_matmul(pool, T_(m, il, DS4N_LLAMA_WO), W(m, il, DS4N_LLAMA_WO), E, m->n_q, s->att,
-                    T, s->tmp);
-        add_rows(s->x, s->tmp, W(m, il, DS4N_LLAMA_BO), T, E);
+        ds4n_matmul(pool, wtype(m, il, DS4N_LLAMA_WO), weight(m, il, DS4N_LLAMA_WO), E, m->n_q,
+                    s->att, T, s->tmp);
+        add_rows(s->x, s->tmp, weight(m, il, DS4N_LLAMA_BO), T, E);
 
-        rms_norm(s->x, W(m, il, DS4N_LLAMA_FFN_NORM), s->xn, T, E, hp->rms_eps);
+        rms_norm(s->x, weight(m, il, DS4N_LLAMA_FFN_NORM), s->xn, T, E, hp->rms_eps);
         run(pool, gate_up_task, &lc);
         swiglu_ctx sc = {.g = s->gate, .u = s->up, .n = T * hp->n_ff};
         if (T == 1)
             swiglu_task(&sc, 0, 1);
         else
             run(pool, swiglu_task, &sc);
-        ds4n_matmul(pool, T_(m, il, DS4N_LLAMA_W_DOWN), W(m, il, DS4N_LLAMA_W_DOWN), E,
+        ds4n_matmul(pool, wtype(m, il, DS4N_LLAMA_W_DOWN), weight(m, il, DS4N_LLAMA_W_DOWN), E,
                     hp->n_ff, s->gate, T, s->tmp);
         add_rows(s->x, s->tmp, NULL, T, E);
     }
@@ -469,6 +469,11 @@ int ds4n_llama_eval(const ds4n_llama *m, ds4n_llama_session *s, ds4n_pool *pool,
 
 /* ---- KV rows for save/load ------------------------------------------------------------ */
 
+/* Offset of (position p, dim d) in a head's K tiles. */
+static int64_t k_index(int64_t p, int d, int hd) {
+    return (p / DS4N_KT) * hd * DS4N_KT + (int64_t)d * DS4N_KT + p % DS4N_KT;
+}
+
 int ds4n_llama_kv_get(const ds4n_llama_session *s, int il, int which, int64_t n, float *dst) {
     const int hd = s->model->hp.head_dim;
     if (il < 0 || il >= s->model->hp.n_layer || n < 0 || n > s->n_ctx) return -1;
@@ -481,7 +486,7 @@ int ds4n_llama_kv_get(const ds4n_llama_session *s, int il, int which, int64_t n,
         const float *k = k_head(s, il, h);
         for (int64_t p = 0; p < n; p++)
             for (int d = 0; d < hd; d++)
-                out[p * hd + d] = k[(p / DS4N_KT) * hd * DS4N_KT + (int64_t)d * DS4N_KT + p % DS4N_KT];
+                out[p * hd + d] = k[k_index(p, d, hd)];
     }
     return 0;
 }
@@ -498,7 +503,7 @@ int ds4n_llama_kv_set(ds4n_llama_session *s, int il, int which, int64_t n, const
         float *k = k_head(s, il, h);
         for (int64_t p = 0; p < n; p++)
             for (int d = 0; d < hd; d++)
-                k[(p / DS4N_KT) * hd * DS4N_KT + (int64_t)d * DS4N_KT + p % DS4N_KT] = in[p * hd + d];
+                k[k_index(p, d, hd)] = in[p * hd + d];
     }
     return 0;
 }

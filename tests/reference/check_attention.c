@@ -1,5 +1,5 @@
-/* Checks the SIMD attention and SwiGLU kernels against the scalar ones on random jobs: prefill blocks,
- * decode rows, split key ranges, grouped heads of several sizes. Built and run by
+/* Checks the SIMD attention and SwiGLU kernels against the scalar ones on random jobs:
+ * prefill blocks, decode rows, split key ranges, grouped heads of several sizes. Built and run by
  * tests/test_llama_forward.py (natively for AVX2, under qemu for NEON).
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>
@@ -40,7 +40,8 @@ int main(void) {
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         const int R = cases[c].n_tok * cases[c].G;
         float *q = malloc(sizeof(float) * R * hd);
-        float *o1 = calloc((size_t)R * hd, sizeof(float)), *o2 = calloc((size_t)R * hd, sizeof(float));
+        float *o1 = calloc((size_t)R * hd, sizeof(float));
+        float *o2 = calloc((size_t)R * hd, sizeof(float));
         float m1[64], l1[64], m2[64], l2[64];
         for (int i = 0; i < R * hd; i++) q[i] = frand() * 0.5f;
         ds4n_attn_job j = {.q = q, .q_stride = (int64_t)cases[c].G * hd, .o = o1,
@@ -69,7 +70,8 @@ int main(void) {
     }
     ds4n_swiglu_scalar(g1, u, NG);
     SWIGLU(g2, u, NG);
-    for (int i = 0; i < NG; i++) worst = fmaxf(worst, fabsf(g1[i] - g2[i]) / fmaxf(1.0f, fabsf(g1[i])));
+    for (int i = 0; i < NG; i++)
+        worst = fmaxf(worst, fabsf(g1[i] - g2[i]) / fmaxf(1.0f, fabsf(g1[i])));
     printf("attention and SwiGLU SIMD vs scalar: max |diff| %.3g\n", worst);
     return worst < 1e-4f ? 0 : 1;
 }
