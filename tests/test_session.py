@@ -166,3 +166,44 @@ def test_context_full_and_bad_tokens_leave_the_session_unchanged(engine, tokens)
     np.testing.assert_array_equal(session.logits, before)
     session.eval(tokens[5:8])
     assert session.tokens == tokens[:8]
+
+
+def test_sessions_in_parallel_threads_match_sequential(engine, tokens) -> None:
+    """Worker threads (as the daemon uses) share the engine: calls are serialized."""
+    import threading
+
+    halves = [tokens[:40], tokens[20:60]]
+    sequential = []
+    for part in halves:
+        s = engine.new_session(64)
+        s.eval(part)
+        for _ in range(3):
+            s.eval([int(np.argmax(s.logits))])
+        sequential.append((s.tokens, s.logits.copy()))
+    results: list = [None, None]
+
+    def work(i: int) -> None:
+        s = engine.new_session(64)
+        s.eval(halves[i])
+        for _ in range(3):
+            s.eval([int(np.argmax(s.logits))])
+        results[i] = (s.tokens, s.logits.copy())
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for (want_tokens, want_logits), (got_tokens, got_logits) in zip(sequential, results, strict=True):
+        assert got_tokens == want_tokens
+        np.testing.assert_array_equal(got_logits, want_logits)
+
+
+def test_closed_engine_refuses_work(model_path: Path) -> None:
+    e = Engine.open(model_path, threads=1)
+    session = e.new_session(16)
+    session.eval([1, 2, 3])
+    e.close()
+    with pytest.raises(EngineError, match="closed"):
+        session.eval([4])
+    session.close()
