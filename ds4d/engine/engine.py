@@ -181,9 +181,12 @@ class Session:
         """Next-token logits (float32, n_vocab, read-only) after the last held token;
         None for an empty session."""
         if self._logits is None and self._tokens:
-            last = self._tokens[-1]
-            self._state.set_n_past(len(self._tokens) - 1)
-            self._forward(np.array([last], np.int32), extend=False)
+            n = len(self._tokens)
+            self._state.set_n_past(n - 1)
+            try:
+                self._forward(np.array([self._tokens[-1]], np.int32), extend=False)
+            finally:
+                self._state.set_n_past(n)
         return self._logits
 
     # -- eval ---------------------------------------------------------------------------
