@@ -153,6 +153,12 @@ def test_watchdog_pings_at_half_the_timeout(daemon):
     assert median == pytest.approx(WATCHDOG_USEC / 2e6, abs=0.15)
 
 
+def test_status_line_while_running(daemon):
+    assert daemon.wait_notify("STATUS=serving", 5.0)
+    line = next(m for _, m in daemon.messages if m.startswith("STATUS=serving"))
+    assert "slots busy 0/1" in line and "power 100%" in line
+
+
 # --- ds4ctl ---------------------------------------------------------------------------
 
 

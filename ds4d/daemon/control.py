@@ -32,6 +32,8 @@ from ds4d.daemon.reload import LiveConfig, reload_on_sighup, watch_files
 
 log = logging.getLogger("ds4d.control")
 
+STATUS_EVERY_S = 2.0
+
 
 class ControlPlane:
     def __init__(self, live: LiveConfig, notifier: Notifier) -> None:
@@ -42,6 +44,7 @@ class ControlPlane:
         self.daemon: Any = None
         self.cache: Any = None
         self.trace: Any = None
+        self._serving: str | None = None  # the READY status line, once ready
         live.subscribe(self._follow)
 
     @classmethod
@@ -70,6 +73,8 @@ class ControlPlane:
         commands = admin.AdminCommands(self.daemon, self.live, self.cache)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run_watchdog, self.notifier)
+            if self.notifier.enabled:
+                nursery.start_soon(self._report_status)
             await nursery.start(lambda task_status: admin.serve(
                 self.socket_path, commands, log=log.warning, task_status=task_status))
             log.info("admin socket %s", self.socket_path)
@@ -86,6 +91,25 @@ class ControlPlane:
 
     def ready(self, what: str = "serving") -> None:
         self.notifier.ready(status=what)
+        self._serving = what
+
+    async def _report_status(self) -> None:
+        """Keep `systemctl status` current: what is served, slots busy, queue, power."""
+        last = None
+        while True:
+            await trio.sleep(STATUS_EVERY_S)
+            if self._serving is None or self.daemon is None:
+                continue
+            try:
+                s = self.daemon.status()
+                text = (f"{self._serving}; slots busy {s['slots']['busy']}/"
+                        f"{s['slots']['total']}, queued {s['queue']['waiting']}, "
+                        f"power {self.config.power}%")
+            except Exception:  # a status line is never worth a crash
+                continue
+            if text != last:
+                self.notifier.status(text)
+                last = text
 
     def stopping(self, why: str = "stopping") -> None:
         self.notifier.stopping(why)
