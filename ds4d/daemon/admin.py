@@ -329,8 +329,10 @@ class AdminCommands:
                 result = await result
         except AdminError as e:
             return error_reply(e.code, str(e))
+        except RuntimeError as e:  # a part that is not available (yet): say so
+            return error_reply("unavailable", f"{cmd}: {e}")
         except Exception as e:  # a failing command must not take the admin socket down
-            log.warning("admin: %s failed: %s", cmd, e, exc_info=not isinstance(e, RuntimeError))
+            log.exception("admin: %s failed", cmd)
             return error_reply("failed", f"{cmd}: {e}")
         return ok_reply(result)
 

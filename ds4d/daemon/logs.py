@@ -13,6 +13,7 @@ from ds4d.daemon.config import Config
 ROOT = "ds4d"
 _FORMAT = "%(asctime)s %(levelname).1s %(name)s: %(message)s"
 _DATEFMT = "%m%d %H:%M:%S"
+_JOURNAL_FORMAT = "%(levelname).1s %(name)s: %(message)s"
 
 
 def setup_logging(config: Config) -> logging.Logger:
@@ -27,9 +28,13 @@ def setup_logging(config: Config) -> logging.Logger:
         # Logs may quote prompts: create the file private.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         handler: logging.Handler = logging.StreamHandler(os.fdopen(fd, "a", buffering=1))
+        handler.setFormatter(logging.Formatter(_FORMAT, _DATEFMT))
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(_FORMAT, _DATEFMT))
+        # Under systemd stderr goes to the journal, which stamps the time itself.
+        to_journal = bool(os.environ.get("JOURNAL_STREAM"))
+        handler.setFormatter(logging.Formatter(_JOURNAL_FORMAT if to_journal else _FORMAT,
+                                               _DATEFMT))
     logger.addHandler(handler)
     logger.propagate = False
     set_level(config.log_level)
