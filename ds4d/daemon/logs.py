@@ -32,13 +32,22 @@ def setup_logging(config: Config) -> logging.Logger:
     else:
         handler = logging.StreamHandler(sys.stderr)
         # Under systemd stderr goes to the journal, which stamps the time itself.
-        to_journal = bool(os.environ.get("JOURNAL_STREAM"))
-        handler.setFormatter(logging.Formatter(_JOURNAL_FORMAT if to_journal else _FORMAT,
-                                               _DATEFMT))
+        handler.setFormatter(logging.Formatter(
+            _JOURNAL_FORMAT if stderr_is_journal() else _FORMAT, _DATEFMT))
     logger.addHandler(handler)
     logger.propagate = False
     set_level(config.log_level)
     return logger
+
+
+def stderr_is_journal() -> bool:
+    """systemd's documented check: JOURNAL_STREAM names stderr's device and inode."""
+    try:
+        dev, ino = (int(x) for x in os.environ.get("JOURNAL_STREAM", "").split(":"))
+        st = os.fstat(sys.stderr.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+    return (st.st_dev, st.st_ino) == (dev, ino)
 
 
 def set_level(level: str) -> None:
