@@ -292,3 +292,17 @@ def test_log_file_is_private_and_gets_the_log(tmp_path):
         for handler in list(logger.handlers):
             logger.removeHandler(handler)
             handler.close()
+
+
+def test_journal_detection_follows_systemds_rule(tmp_path):
+    import sys
+
+    script = ("import os; from ds4d.daemon.logs import stderr_is_journal as j; "
+              "st = os.fstat(2); print(j(), end=' '); "
+              "os.environ['JOURNAL_STREAM'] = f'{st.st_dev}:{st.st_ino}'; print(j(), end=' '); "
+              "os.environ['JOURNAL_STREAM'] = '1:2'; print(j())")
+    with open(tmp_path / "err", "w") as err:
+        done = subprocess.run([sys.executable, "-c", script], stderr=err, text=True,
+                              stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
+                              timeout=60)
+    assert done.stdout == "False True False"
