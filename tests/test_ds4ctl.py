@@ -207,6 +207,7 @@ def test_cache_ls_and_evict(daemon):
     assert table[0].split()[0] == "NAME" and len(table) == len(entries) + 1
     stats = daemon.ctl_json("cache", "stats")
     assert stats["entries"] == len(entries)
+    assert daemon.ctl_json("cache", "evict", "--older-than", "1d")["evicted"] == 0
     name = entries[0]["name"]
     out = daemon.ctl("cache", "evict", name[:8]).stdout
     assert out.startswith("evicted 1 ")
