@@ -31,13 +31,14 @@ from ds4d.chat.types import (
     Usage,
 )
 from ds4d.daemon.metrics import Metrics
-from ds4d.daemon.scheduler import EngineGate, SlotPool
+from ds4d.daemon.scheduler import EngineGate, SlotPool, Ticket
 from ds4d.state.service import tool_call_ids
 from ds4d.state.slots import Slot, SyncResult, sync_slot
 
 log = logging.getLogger("ds4d.generation")
 
-FORCED_CALL_MIN_TOKENS = 384  # a forced tool call is completed even past a tiny max_tokens
+FORCED_CALL_MIN_TOKENS = 384
+PROGRESS_LOG_S = 10.0  # a forced tool call is completed even past a tiny max_tokens
 
 
 @dataclass
@@ -47,6 +48,7 @@ class Job:
     text: str  # rendered prompt
     tokens: list[int]  # its full tokenization
     arrived: float = field(default_factory=time.perf_counter)
+    ticket: Ticket | None = None  # its place in the slot queue
     slot: Slot | None = None
     record: dict[str, Any] = field(default_factory=dict)  # for the trace
 
@@ -109,9 +111,12 @@ class Generator:
     # -- the producer ----------------------------------------------------------------------
 
     async def run(self, job: Job, send: trio.MemorySendChannel[Event]) -> None:
-        """Generate into `send` on `job.slot` (already acquired); releases the slot."""
-        slot = job.slot
-        assert slot is not None
+        """Generate into `send` once `job.ticket` grants a slot; releases the slot."""
+        try:
+            slot = job.slot = await job.ticket.wait()
+        except BaseException:
+            send.close()  # the consumer sees the end; the ticket has left the queue
+            raise
         sync: SyncResult | None = None
         finish = Finish("error", "cancelled")
         try:
@@ -130,6 +135,13 @@ class Generator:
         finally:
             self.pool.release(slot)
             job.record.setdefault("finish", finish.reason)
+            r = job.record
+            log.info("%s slot %d: prompt %s tokens (%s cached, %s), prefill %.2fs, "
+                     "%s generated in %.2fs, finish %s", job.api, slot.index,
+                     r.get("prompt_tokens", len(job.tokens)), r.get("cached_tokens", 0),
+                     r.get("cache_source", "-"), r.get("prefill_s", 0.0),
+                     r.get("generated_tokens", 0), r.get("decode_s", 0.0),
+                     finish.error if finish.reason == "error" and finish.error else r["finish"])
             for hook in self.on_finished:
                 try:
                     hook(job, sync)
@@ -139,9 +151,19 @@ class Generator:
     async def _generate(self, job: Job, slot: Slot,
                         send: trio.MemorySendChannel[Event]) -> tuple[SyncResult, Finish]:
         t0 = time.perf_counter()
+        logged = [t0]
+
+        def progress(done: int, total: int) -> None:  # long prefills say how far they are
+            now = time.perf_counter()
+            if now - logged[0] >= PROGRESS_LOG_S:
+                logged[0] = now
+                log.info("slot %d: prefill %d/%d tokens (%.0f tokens/s)", slot.index, done,
+                         total, done / (now - t0))
+
+        hooks = {"on_progress": progress, **self.sync_hooks}
         sync = await sync_slot(
             slot, job.text, job.tokens, encode=self.encode, decode=self.tok.decode,
-            run_engine=self.gate.run, tool_ids=tool_call_ids(job.request), **self.sync_hooks)
+            run_engine=self.gate.run, tool_ids=tool_call_ids(job.request), **hooks)
         t1 = time.perf_counter()
         self.metrics.prefill_seconds += t1 - t0
         self.metrics.prompt_tokens += len(sync.tokens)
@@ -240,7 +262,9 @@ class Generator:
                     break
         if pending:  # keep the KV complete: the next turn's prompt holds this token
             await self.gate.run(session.eval, pending)
-        tail = decoder.flush()
+        # A character cut off by the token limit is dropped, not sent as U+FFFD: a client
+        # would store the replacement and the next turn's prompt would no longer match.
+        tail = decoder.flush().rstrip("\ufffd")
         if tail:
             await emit(parser.feed(tail))
         await emit(parser.flush())

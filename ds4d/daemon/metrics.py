@@ -66,7 +66,7 @@ class Metrics:
                 lines += [f'{name}{{{k}}} {v}' for k, v in value.items()]
             else:
                 lines.append(f"{name} {value}")
-        family("ds4d_requests_total", "counter", "finished HTTP generation requests")
+        family("ds4d_requests_total", "counter", "HTTP generation requests by API and status")
         for (api, status), n in sorted(self.requests.items()):
             lines.append(f'ds4d_requests_total{{api="{api}",status="{status}"}} {n}')
         family("ds4d_requests_rejected_total", "counter", "requests refused before running")

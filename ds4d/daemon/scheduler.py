@@ -17,11 +17,45 @@ from ds4d.state.slots import Slot
 RETRY_AFTER_S = 2
 
 
+class Ticket:
+    """A request's place in line: holds its slot at once, or waits its turn (FIFO)."""
+
+    def __init__(self, pool: SlotPool, slot: Slot | None) -> None:
+        self.pool = pool
+        self.slot = slot
+        self._ready = trio.Event()
+        if slot is not None:
+            self._ready.set()
+
+    def _grant(self, slot: Slot) -> None:
+        self.slot = slot
+        self._ready.set()
+
+    async def wait(self) -> Slot:
+        """The slot, once it is this request's turn. Cancelled while waiting, the
+        ticket leaves the line (or hands on a slot granted in the meantime)."""
+        try:
+            await self._ready.wait()
+        except BaseException:
+            self.cancel()
+            raise
+        assert self.slot is not None
+        return self.slot
+
+    def cancel(self) -> None:
+        """Give up the place in line, or the slot if one was granted but never used."""
+        if self.slot is not None:
+            slot, self.slot = self.slot, None
+            self.pool.release(slot)
+        elif self in self.pool._waiters:
+            self.pool._waiters.remove(self)
+
+
 class SlotPool:
     def __init__(self, slots: list[Slot], queue_size: int) -> None:
         self.slots = slots
         self.queue_size = queue_size
-        self._waiters: deque[tuple[trio.Event, list[Slot | None]]] = deque()
+        self._waiters: deque[Ticket] = deque()
 
     @property
     def busy(self) -> int:
@@ -41,32 +75,25 @@ class SlotPool:
             return best
         return min(idle, key=lambda s: s.last_used)
 
-    async def acquire(self, prompt: Sequence[int]) -> Slot:
-        """A slot for this prompt: at once if one is idle (the one sharing most, else the
-        least recently used), else after the requests queued before this one. A full
-        queue is refused with 503 and Retry-After."""
+    def request(self, prompt: Sequence[int]) -> Ticket:
+        """A place for this prompt, decided at once: a slot if one is idle (the one
+        sharing most with the prompt, else the least recently used), else a place in the
+        queue behind the requests already waiting. A full queue is refused with 503 and
+        Retry-After."""
         if not self._waiters:
             slot = self.best_idle(prompt)
             if slot is not None:
-                return self._take(slot)
+                return Ticket(self, self._take(slot))
         if len(self._waiters) >= self.queue_size:
             raise ApiError(503, "all slots are busy and the queue is full; retry later",
                            kind="server_error", code="overloaded",
                            headers={"Retry-After": str(RETRY_AFTER_S)})
-        event = trio.Event()
-        box: list[Slot | None] = [None]
-        entry = (event, box)
-        self._waiters.append(entry)
-        try:
-            await event.wait()
-        except BaseException:
-            if box[0] is not None:  # handed a slot just as we were cancelled
-                self.release(box[0])
-            else:
-                self._waiters.remove(entry)
-            raise
-        assert box[0] is not None
-        return box[0]
+        ticket = Ticket(self, None)
+        self._waiters.append(ticket)
+        return ticket
+
+    async def acquire(self, prompt: Sequence[int]) -> Slot:
+        return await self.request(prompt).wait()
 
     def _take(self, slot: Slot) -> Slot:
         slot.busy = True
@@ -77,9 +104,7 @@ class SlotPool:
         slot.last_used = time.monotonic()
         slot.busy = False
         if self._waiters:
-            event, box = self._waiters.popleft()
-            box[0] = self._take(slot)
-            event.set()
+            self._waiters.popleft()._grant(self._take(slot))
 
 
 class EngineGate:

@@ -24,7 +24,7 @@ from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai
 from ds4d.api.common import KEEPALIVE, ApiError, Completion
 from ds4d.chat.types import Event, Sampling
 from ds4d.daemon.config import kv_dir
-from ds4d.daemon.generation import Generator, Job
+from ds4d.daemon.generation import Generator
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool
 from ds4d.state.service import CacheView, StateService
@@ -289,7 +289,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
             job = await gen.prepare(req, kind, param)
-            job.slot = await gen.pool.acquire(job.tokens)
+            job.ticket = gen.pool.request(job.tokens)
         except ApiError as err:
             daemon.metrics.requests[(kind, str(err.status))] += 1
             return error_response(err, protocol)
@@ -315,10 +315,10 @@ def create_app(daemon: Daemon) -> QuartTrio:
             return Response(json.dumps(protocol.response(req, completion, model_name)),
                             content_type="application/json")
         encoder = protocol.Stream(req, model_name)
-        return _sse_response(encoder, recv, scope, job)
+        return _sse_response(encoder, recv, scope)
 
     def _sse_response(encoder: Any, recv: trio.MemoryReceiveChannel[Event],
-                      scope: trio.CancelScope, job: Job) -> Response:
+                      scope: trio.CancelScope) -> Response:
         async def body():  # noqa: ANN202 - an async generator Quart iterates
             try:
                 for chunk in encoder.open():

@@ -276,6 +276,56 @@ def test_killed_client_frees_its_slot_within_a_second(daemon):
         time.sleep(0.02)
 
 
+def test_full_queue_is_503_with_retry_after(daemon):
+    """3 slots busy, 4 requests queued (the limit): the next is refused at once; the
+    queued ones run, in turn, once the slots come free."""
+    stop = threading.Event()
+    auth = {"Authorization": f"Bearer {KEY}"}
+    statuses: list[int] = []
+
+    def long_stream() -> None:
+        body = {"model": "m", "stream": True, "max_tokens": 3000,
+                "messages": [{"role": "user", "content": "Write a long story."}]}
+        with httpx.stream("POST", f"{daemon.url}/v1/chat/completions", json=body,
+                          headers=auth, timeout=60) as r:
+            for _ in r.iter_lines():
+                if stop.is_set():
+                    break
+
+    def queued() -> None:
+        r = httpx.post(f"{daemon.url}/v1/chat/completions", headers=auth, timeout=120,
+                       json={"model": "m", "max_tokens": 1,
+                             "messages": [{"role": "user", "content": "hi"}]})
+        statuses.append(r.status_code)
+
+    def wait_for(name: str, value: float) -> None:
+        deadline = time.monotonic() + 30
+        while daemon.metrics()[name] != value:
+            assert time.monotonic() < deadline, f"{name} never reached {value}"
+            time.sleep(0.05)
+
+    runners = [threading.Thread(target=long_stream) for _ in range(3)]
+    waiters = [threading.Thread(target=queued) for _ in range(4)]
+    try:
+        for t in runners:
+            t.start()
+        wait_for("ds4d_requests_running", 3)
+        for t in waiters:
+            t.start()
+        wait_for("ds4d_requests_waiting", 4)
+        r = httpx.post(f"{daemon.url}/v1/chat/completions", headers=auth, timeout=10,
+                       json={"model": "m", "max_tokens": 1,
+                             "messages": [{"role": "user", "content": "one more"}]})
+        assert r.status_code == 503 and int(r.headers["Retry-After"]) > 0
+        assert r.json()["error"]["message"]
+    finally:
+        stop.set()
+        for t in runners + waiters:
+            t.join(120)
+    assert statuses == [200] * 4
+    wait_for("ds4d_requests_running", 0)
+
+
 # -- memory reuse ------------------------------------------------------------------------
 
 
