@@ -95,7 +95,10 @@ class LlamaModel:
 
         def hp(key: str, default: object = None) -> object:
             full = f"{arch}.{key}"
-            return gf.require(full) if default is None else gf.get(full, default)
+            value = gf.require(full) if default is None else gf.get(full, default)
+            if isinstance(value, (list, tuple)):  # e.g. per-layer head counts
+                raise ModelLoadError(f"hyper-parameter {full} is a list; one value expected")
+            return value
 
         self.n_layer = int(hp("block_count"))
         self.n_embd = int(hp("embedding_length"))
