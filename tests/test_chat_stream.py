@@ -78,7 +78,31 @@ def test_tool_call_never_leaks_markup(cuts):
     assert p.tool_calls == 1
     # order: the call's start precedes its argument deltas, which precede its end
     kinds = [type(e) for e in events if not isinstance(e, TextDelta)]
+    assert kinds[0] is ToolCallStart and kinds[-1] is ToolCallEnd
+    assert set(kinds[1:-1]) == {ToolCallArgsDelta}
+
+
+def test_arguments_stream_while_generated():
+    p = OutputParser(tools=True)
+    head = p.feed('<tool_call>\n{"name": "run", "arguments": {"cmd": "ls')
+    assert [type(e) for e in head] == [ToolCallStart, ToolCallArgsDelta]
+    assert head[0].name == "run" and head[1].text == '{"cmd": "ls'
+    more = p.feed(' -la"}')  # the "}" may close the wrapper: held
+    assert [e.text for e in more] == [' -la"']
+    end = p.feed("}\n</tool_call>") + p.flush()
+    assert [type(e) for e in end] == [ToolCallArgsDelta, ToolCallEnd]
+    assert end[0].text == "}" and json.loads(end[1].arguments) == {"cmd": "ls -la"}
+
+
+@pytest.mark.parametrize("body", [
+    '{"arguments": {"x": 1}, "name": "f"}',  # name last: parsed whole
+    '{"name": "f", "arguments": "{\\"x\\": 1}"}',  # double-encoded arguments
+])
+def test_other_layouts_parse_whole(body):
+    events, p = run(f"<tool_call>{body}</tool_call>", [15, 30], tools=True)
+    kinds = [type(e) for e in events]
     assert kinds == [ToolCallStart, ToolCallArgsDelta, ToolCallEnd]
+    assert json.loads(events[-1].arguments) == {"x": 1} and p.tool_calls == 1
 
 
 def test_two_calls_get_distinct_ids_and_indexes():
