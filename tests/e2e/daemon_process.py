@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -31,6 +31,7 @@ class Daemon:
     proc: subprocess.Popen
     log_path: Path
     api_key: str | None = None
+    health_seen: list[int] = field(default_factory=list)  # /health statuses while starting
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -69,13 +70,15 @@ def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
             if proc.poll() is not None:
                 raise RuntimeError(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
             try:
-                if httpx.get(f"{daemon.url}/health", timeout=2).status_code == 200:
+                daemon.health_seen.append(httpx.get(f"{daemon.url}/health", timeout=2)
+                                          .status_code)
+                if daemon.health_seen[-1] == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ds4d did not become healthy:\n{daemon.log()}")
-            time.sleep(0.2)
+            time.sleep(0.1)
         yield daemon
     finally:
         if proc.poll() is None:

@@ -58,6 +58,12 @@ def claude(daemon):
 # -- OpenAI ------------------------------------------------------------------------------
 
 
+def test_health_says_loading_until_the_model_is_ready(daemon):
+    # The listener binds before the model loads: 503 first, then 200, nothing else.
+    seen = daemon.health_seen
+    assert seen[0] == 503 and seen[-1] == 200 and set(seen) == {503, 200}
+
+
 def test_models_health_and_root(daemon, oai):
     models = oai.models.list()
     assert len(models.data) == 1 and models.data[0].id
