@@ -262,6 +262,29 @@ def test_three_concurrent_streams(oai):
     assert all(f in ("stop", "length") for f in results.values())
 
 
+def test_long_prefill_does_not_block_other_slots(oai, daemon):
+    """Prefill runs chunk by chunk, taking turns with the other slots' steps: a short
+    request sent while a long prompt is being prefilled finishes first."""
+    done: dict[str, float] = {}
+
+    def long_request() -> None:
+        oai.chat.completions.create(model="m", max_tokens=1, messages=[
+            {"role": "user", "content": "word " * 3300}])
+        done["long"] = time.monotonic()
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    deadline = time.monotonic() + 30
+    while daemon.metrics()["ds4d_requests_running"] != 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    oai.chat.completions.create(model="m", max_tokens=4, messages=[
+        {"role": "user", "content": "Quick: say yes."}])
+    done["short"] = time.monotonic()
+    t.join(120)
+    assert done["short"] < done["long"]
+
+
 def test_killed_client_frees_its_slot_within_a_second(daemon):
     body = {"model": "m", "stream": True, "max_tokens": 3000,
             "messages": [{"role": "user", "content": "Write a very long story."}]}
