@@ -91,3 +91,14 @@ def test_openai_tool_history_round_trips_through_render(template):
         {"role": "tool", "tool_call_id": "c1", "content": "f.txt"}]}, Sampling())
     text = render_request(template, req)
     assert '{"name": "ls", "arguments": {"path": "/tmp"}}' in text and "f.txt" in text
+
+
+def test_thinking_switch_reaches_templates_that_read_it():
+    source = ("{% for m in messages %}{{ m.role }}:{{ m.content }}\n{% endfor %}"
+              "assistant:{% if enable_thinking is defined and not enable_thinking %}"
+              "<think></think>{% endif %}")
+    t = ChatTemplate(source)
+    msgs = [Message("user", "x")]
+    assert render_request(t, ChatRequest(msgs, thinking=False)).endswith("<think></think>")
+    assert render_request(t, ChatRequest(msgs, thinking=True)).endswith("assistant:")
+    assert render_request(t, ChatRequest(msgs)).endswith("assistant:")

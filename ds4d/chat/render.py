@@ -26,6 +26,7 @@ class Template(Protocol):
         messages: list[dict[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        **extra: Any,
     ) -> str: ...
 
 
@@ -73,14 +74,17 @@ def render_request(template: Template, request: ChatRequest) -> str:
     """Prompt text for `request`, ending with the assistant generation prompt."""
     if request.raw_prompt is not None:
         return request.raw_prompt
-    native_tools = template_supports_tools(template.source)
-    if native_tools:
+    # Templates of thinking models (Qwen3 style) switch reasoning with `enable_thinking`;
+    # the others ignore the variable.
+    extra = {} if request.thinking is None else {"enable_thinking": request.thinking}
+    if template_supports_tools(template.source):
         return template.render(
             _native_messages(request.messages),
             add_generation_prompt=True,
             tools=[tool_schema(t) for t in request.tools] if request.tools_active else None,
+            **extra,
         )
-    return template.render(_hermes_messages(request), add_generation_prompt=True)
+    return template.render(_hermes_messages(request), add_generation_prompt=True, **extra)
 
 
 def _system_text(messages: list[Message]) -> str:
