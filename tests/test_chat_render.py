@@ -102,3 +102,18 @@ def test_thinking_switch_reaches_templates_that_read_it():
     assert render_request(t, ChatRequest(msgs, thinking=False)).endswith("<think></think>")
     assert render_request(t, ChatRequest(msgs, thinking=True)).endswith("assistant:")
     assert render_request(t, ChatRequest(msgs)).endswith("assistant:")
+
+
+def test_template_format_decodes_reasoning_when_the_prompt_opens_it():
+    from ds4d.chat.formats import TemplateChatFormat
+    from ds4d.chat.types import ReasoningDelta, TextDelta
+
+    r1 = TemplateChatFormat(ChatTemplate(
+        "{% for m in messages %}{{ m.content }}{% endfor %}<|Assistant|><think>\n"))
+    decode = r1.decode(ChatRequest([Message("user", "x")]))
+    events = decode.feed("plan</think>answer") + decode.flush()
+    assert [type(e) for e in events] == [ReasoningDelta, TextDelta]
+    plain = TemplateChatFormat(ChatTemplate("{% for m in messages %}{{ m.content }}{% endfor %}"))
+    events = plain.decode(ChatRequest([Message("user", "x")])).feed("just text")
+    assert [type(e) for e in events] == [TextDelta]
+    assert plain.tokenize_special(ChatRequest([], raw_prompt="<|im_start|>")) is False

@@ -197,6 +197,7 @@ def parse(body: Any, defaults: Sampling, *, count_only: bool = False) -> ChatReq
         max_tokens=max_tokens,
         stop=stop_list(body.get("stop_sequences"), "stop_sequences"),
         thinking=_thinking(body),
+        reasoning_effort=field_of(body, "output_config", dict, {}).get("effort"),
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
         tool_id_prefix="toolu_",

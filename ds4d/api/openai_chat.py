@@ -141,6 +141,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
         stop=stop_list(body.get("stop")),
         thinking=thinking,
+        reasoning_effort=body.get("reasoning_effort"),
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
     )

@@ -145,6 +145,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         sampling=sampling_of(body, defaults),
         max_tokens=max_tokens_of(body, "max_output_tokens", "max_tokens"),
         thinking=effort_thinking(reasoning.get("effort"), "reasoning.effort"),
+        reasoning_effort=reasoning.get("effort"),
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
     )

@@ -65,6 +65,7 @@ class ChatRequest:
     max_tokens: int | None = None  # None: up to the context
     stop: list[str] = field(default_factory=list)
     thinking: bool | None = None  # None: the model's default
+    reasoning_effort: str | None = None  # as the client said it: none ... high, max
     model: str = ""
     stream: bool = False
     include_usage: bool = False  # streaming: send usage at the end (OpenAI asks for it)

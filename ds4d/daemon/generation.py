@@ -18,8 +18,6 @@ import trio
 
 from ds4d.api.common import ApiError
 from ds4d.chat.constrain import Allow, Force, VocabIndex, forced_tool_call
-from ds4d.chat.render import render_request
-from ds4d.chat.stream import OutputParser
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -54,11 +52,11 @@ class Job:
 
 
 class Generator:
-    def __init__(self, engine: Any, template: Any, ctx: int, pool: SlotPool, gate: EngineGate,
-                 metrics: Metrics) -> None:
+    def __init__(self, engine: Any, chat_format: Any, ctx: int, pool: SlotPool,
+                 gate: EngineGate, metrics: Metrics) -> None:
         self.engine = engine
         self.tok = engine.tokenizer
-        self.template = template
+        self.chat_format = chat_format  # ds4d.chat.formats: render + per-generation decode
         self.ctx = ctx
         self.pool = pool
         self.gate = gate
@@ -73,7 +71,11 @@ class Generator:
     # -- before the response -------------------------------------------------------------
 
     def _render(self, req: ChatRequest) -> str:
-        return render_request(self.template, req)
+        return self.chat_format.render(req)
+
+    def _special(self, req: ChatRequest) -> bool:
+        special = getattr(self.chat_format, "tokenize_special", None)
+        return special(req) if special is not None else True
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, special=True)
@@ -90,7 +92,7 @@ class Generator:
 
         def work() -> tuple[str, list[int]]:
             text = self.render(req)
-            return text, self.tokenize_prompt(text, raw=req.raw_prompt is not None)
+            return text, self.tokenize_prompt(text, raw=not self._special(req))
 
         try:
             text, tokens = await trio.to_thread.run_sync(work)
@@ -106,7 +108,7 @@ class Generator:
 
     def count_tokens(self, req: ChatRequest) -> int:
         text = self.render(req)
-        return len(self.tokenize_prompt(text))
+        return len(self.tokenize_prompt(text, raw=not self._special(req)))
 
     # -- the producer ----------------------------------------------------------------------
 
@@ -194,13 +196,7 @@ class Generator:
             step = next(constraint)
             budget = max(budget, FORCED_CALL_MIN_TOKENS)
         budget = min(budget, room)
-        parser = OutputParser(
-            tools=bool(req.tools) and req.tool_choice.mode != "none",
-            stops=req.stop,
-            in_reasoning=job.text.rstrip().endswith("<think>"),
-            id_prefix=req.tool_id_prefix,
-            split_thinking=req.raw_prompt is None,
-        )
+        parser = self.chat_format.decode(req)
         params = self._sampling(req)
         rng = self._rng(req)
         decoder = tok.incremental_decoder()
@@ -243,8 +239,8 @@ class Generator:
                     break
                 continue
             allowed = step.ids if isinstance(step, Allow) else None
-            token = await self.gate.run(_eval_and_sample, session, pending, params, rng, allowed,
-                                        kv)
+            token = await self.gate.run(_eval_and_sample, session, pending,
+                                        parser.sampling(params), rng, allowed, kv)
             pending = []
             if token in eog and constraint is None:
                 reason = "stop"
@@ -254,6 +250,9 @@ class Generator:
             await emit(parser.feed(decoder.feed(token)))
             if parser.stopped:
                 reason = "stop"
+                break
+            if parser.tool_block_closed:
+                reason = "tool_calls"
                 break
             if constraint is not None:
                 step = _advance(constraint, self._vocab_text(token))

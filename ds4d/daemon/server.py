@@ -22,6 +22,7 @@ from werkzeug.exceptions import HTTPException
 
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
 from ds4d.api.common import KEEPALIVE, ApiError, Completion
+from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import Event, Sampling
 from ds4d.daemon.config import kv_dir
 from ds4d.daemon.generation import Generator
@@ -79,7 +80,6 @@ class Daemon:
     # -- model loading (outside ASGI startup: it can take longer than its timeout) --------
 
     async def load_model(self) -> None:
-        from ds4d.chat.template import ChatTemplate
         from ds4d.engine import Engine
         from ds4d.engine.default_model import default_model_path
 
@@ -101,15 +101,13 @@ class Daemon:
         for i in range(cfg.slots):
             sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
             log.info("slot %d/%d ready", i + 1, cfg.slots)
-        tok = engine.tokenizer
-        template = ChatTemplate(engine.chat_template or _FALLBACK_TEMPLATE,
-                                _token_text(tok, tok.bos_id), _token_text(tok, tok.eos_id))
         self.engine = engine
         self.ctx = ctx
         self.model_id = Path(info.path).stem if info.path else info.name
         self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)],
                              cfg.queue_size)
-        generator = Generator(engine, template, ctx, self.pool, self.gate, self.metrics)
+        generator = Generator(engine, chat_format_for(engine, ctx), ctx, self.pool, self.gate,
+                              self.metrics)
         self.state = await trio.to_thread.run_sync(lambda: state_from_config(
             cfg, engine=engine, ctx=ctx, kv_dir=kv_dir(cfg), trace=self.trace,
             current=lambda: self.config))
@@ -152,17 +150,6 @@ class Daemon:
                 "owned_by": "ds4d", "context_length": self.ctx,
                 "max_model_len": self.ctx}
 
-
-def _token_text(tok: Any, token: int | None) -> str:
-    return tok.decode([token]) if token is not None else ""
-
-
-# A plain ChatML template for GGUFs that carry none.
-_FALLBACK_TEMPLATE = (
-    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "
-    "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}"
-    "{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 
 PROTOCOLS = {
     "chat": (openai_chat, "messages"),
