@@ -3,6 +3,7 @@
     fmt = chat_format_for(engine, n_ctx)
     text = fmt.render(request)                 # the prompt text
     special = fmt.tokenize_special(request)    # parse special-token text in it?
+    fmt.forced_call(vocab, tools, choice)      # optional: tool_choice required / named
     decode = fmt.decode(request)               # per generation:
         params = decode.sampling(params)       #   before each sampled token
         events = decode.feed(text)             #   its decoded text
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from ds4d.chat.constrain import Step, VocabIndex, forced_tool_call
 from ds4d.chat.render import Template, render_request
 from ds4d.chat.stream import OutputParser
-from ds4d.chat.types import ChatRequest, Event, Message
+from ds4d.chat.types import ChatRequest, Event, Message, Tool, ToolChoice
 
 P = TypeVar("P")
 
@@ -86,6 +88,10 @@ class TemplateChatFormat:
             id_prefix=request.tool_id_prefix,
             split_thinking=request.raw_prompt is None,
         ))
+
+    def forced_call(self, vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
+        """The constraint that writes a forced (required / named) call in Hermes syntax."""
+        return forced_tool_call(vocab, tools, choice)
 
     def opens_reasoning(self, thinking: bool | None) -> bool:
         """Does the generation prompt end inside `<think>` (R1-distill style templates)?

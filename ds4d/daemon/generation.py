@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ds4d.api.common import ApiError
-from ds4d.chat.constrain import Allow, Force, VocabIndex, forced_tool_call
+from ds4d.chat.constrain import Allow, Force, VocabIndex
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -191,8 +191,9 @@ class Generator:
         budget = req.max_tokens if req.max_tokens is not None else math.inf
         constraint = None
         step: Force | Allow | None = None
-        if req.tool_choice.forced and req.tools:
-            constraint = forced_tool_call(await self.vocab(), req.tools, req.tool_choice)
+        forced_call = getattr(self.chat_format, "forced_call", None)
+        if req.tool_choice.forced and req.tools and forced_call is not None:
+            constraint = forced_call(await self.vocab(), req.tools, req.tool_choice)
             step = next(constraint)
             budget = max(budget, FORCED_CALL_MIN_TOKENS)
         budget = min(budget, room)
