@@ -197,6 +197,12 @@ def create_app(daemon: Daemon) -> QuartTrio:
         kind = "invalid_request_error" if status < 500 else "server_error"
         return error_response(ApiError(status, message, kind=kind))
 
+    @app.errorhandler(Exception)
+    async def on_unexpected(err: Exception) -> Response:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return error_response(ApiError(500, f"internal error: {type(err).__name__}: {err}",
+                                       kind="server_error"))
+
     @app.before_request
     async def check_api_key() -> Response | None:
         keys = daemon.config.api_keys
@@ -259,6 +265,8 @@ def create_app(daemon: Daemon) -> QuartTrio:
             return json.loads(data)
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(400, f"invalid JSON in the request body: {e}") from None
+        except RecursionError:
+            raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:

@@ -394,6 +394,8 @@ def _post(daemon, path: str, content: bytes, key: str | None = KEY) -> httpx.Res
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/completions"])
 @pytest.mark.parametrize("body", [
     b"{not json",
+    b"\xff\xfe\x00garbage",
+    b"[" * 100_000 + b"]" * 100_000,
     b'{"messages": "hello", "input": 5, "prompt": 7}',
     b'{"messages": [], "input": [], "prompt": null}',
     b'{"messages": [{"role": "user", "content": "x"}], "input": "x", "prompt": "x",'
