@@ -188,8 +188,11 @@ def test_forced_tool_call_and_result_round_trip(oai):
     r2 = oai.chat.completions.create(model="m", messages=messages, tools=[WEATHER_TOOL],
                                      max_tokens=8)
     assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    # The first turn, call and result included, is rendered into the second prompt.
+    # The first turn, call and result included, is rendered into the second prompt, and
+    # the call renders exactly as it was generated: the slot's KV is reused past it.
     assert r2.usage.prompt_tokens > r.usage.prompt_tokens + 10
+    reused = r2.usage.prompt_tokens_details.cached_tokens
+    assert reused >= r.usage.prompt_tokens + r.usage.completion_tokens - 1
 
 
 def test_forced_tool_call_streamed(oai):
@@ -221,6 +224,8 @@ def test_anthropic_forced_tool_use_round_trip(claude):
                                 messages=messages) as s:
         final = s.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    first_prompt = m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens
+    assert final.usage.cache_read_input_tokens >= first_prompt + m.usage.output_tokens - 1
 
 
 def test_responses_forced_function_call_round_trip(oai):
