@@ -35,8 +35,8 @@ from ds4d.state.slots import Slot, SyncResult, sync_slot
 
 log = logging.getLogger("ds4d.generation")
 
-FORCED_CALL_MIN_TOKENS = 384
-PROGRESS_LOG_S = 10.0  # a forced tool call is completed even past a tiny max_tokens
+FORCED_CALL_MIN_TOKENS = 384  # a forced tool call is completed even past a tiny max_tokens
+PROGRESS_LOG_S = 10.0  # a long prefill logs how far it got at most this often
 
 
 @dataclass
