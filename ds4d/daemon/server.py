@@ -36,6 +36,7 @@ from ds4d.state.trace import TraceWriter
 log = logging.getLogger("ds4d")
 
 KEEPALIVE_S = 5.0  # an SSE comment at least this often while nothing else is sent
+CONSUMER_START_S = 30.0  # a stream whose body is not read by then is abandoned
 CREATED = 1767225600
 
 
@@ -291,10 +292,24 @@ def create_app(daemon: Daemon) -> QuartTrio:
         model_name = req.model or daemon.model_id
         send, recv = trio.open_memory_channel[Event](64)
         scope = trio.CancelScope()
+        consumer_started = trio.Event()
 
         async def produce() -> None:
             with scope:
-                await gen.run(job, send)
+                async with trio.open_nursery() as nursery:
+                    if req.stream:
+                        nursery.start_soon(abandon_unless_consumed)
+                    await gen.run(job, send)
+                    nursery.cancel_scope.cancel()
+
+        async def abandon_unless_consumed() -> None:
+            # A client gone between the handler's return and the first body read never
+            # runs the body's cleanup: without this the job would hold its slot forever.
+            with trio.move_on_after(CONSUMER_START_S):
+                await consumer_started.wait()
+                return
+            log.info("%s stream never read by its client; cancelled", kind)
+            scope.cancel()
 
         assert daemon.nursery is not None
         daemon.nursery.start_soon(produce)
@@ -310,11 +325,12 @@ def create_app(daemon: Daemon) -> QuartTrio:
             return Response(json.dumps(protocol.response(req, completion, model_name)),
                             content_type="application/json")
         encoder = protocol.Stream(req, model_name)
-        return _sse_response(encoder, recv, scope)
+        return _sse_response(encoder, recv, scope, consumer_started)
 
     def _sse_response(encoder: Any, recv: trio.MemoryReceiveChannel[Event],
-                      scope: trio.CancelScope) -> Response:
+                      scope: trio.CancelScope, started: trio.Event) -> Response:
         async def body():  # noqa: ANN202 - an async generator Quart iterates
+            started.set()
             try:
                 for chunk in encoder.open():
                     yield chunk.encode()
