@@ -20,8 +20,6 @@ from ds4d.chat.types import (
     Usage,
 )
 
-_MISSING: Any = object()
-
 
 class ApiError(Exception):
     """A request the server refuses; each protocol renders it in its own error shape."""
@@ -63,32 +61,28 @@ _TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a 
 
 def field_of(obj: dict[str, Any], key: str, types: type | tuple[type, ...], default: Any = None,
              *, where: str = "", required: bool = False) -> Any:
-    """obj[key] if it has one of `types` (null counts as absent), else a 400 naming it."""
-    value = obj.get(key, _MISSING)
+    """obj[key] if it has one of `types` (null counts as absent), else a 400 naming it.
+    JSON has one number type: `float` accepts integers too; `int` never accepts booleans."""
+    value = obj.get(key)
     path = f"{where}.{key}" if where else key
-    if value is _MISSING or value is None:
+    if value is None:
         if required:
             raise bad(f"'{path}' is required", path)
         return default
-    ok_types = types if isinstance(types, tuple) else (types,)
-    if float in ok_types and int not in ok_types:
-        ok_types = (*ok_types, int)
-    if isinstance(value, bool) and bool not in ok_types:
-        ok = False
-    else:
-        ok = isinstance(value, ok_types)
-    if not ok:
-        names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in (
-            types if isinstance(types, tuple) else (types,)))
+    wanted = types if isinstance(types, tuple) else (types,)
+    accepted = (*wanted, int) if float in wanted else wanted
+    if isinstance(value, bool) and bool not in wanted or not isinstance(value, accepted):
+        names = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in wanted)
         raise bad(f"'{path}' must be {names}", path)
     return value
 
 
 def number(obj: dict[str, Any], key: str, lo: float, hi: float, default: Any = None,
            *, integer: bool = False, where: str = "") -> Any:
-    value = field_of(obj, key, int if integer else float, default, where=where)
-    if value is default:
-        return value
+    """A number in [lo, hi] (NaN and infinities are outside any range), or `default`."""
+    value = field_of(obj, key, int if integer else float, None, where=where)
+    if value is None:
+        return default
     if not lo <= value <= hi:
         raise bad(f"'{key}' must be between {lo:g} and {hi:g}, got {value}", key)
     return value
