@@ -8,6 +8,7 @@ doing the translation, `ds4d.daemon.generation` doing the work.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import os
@@ -212,7 +213,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
         auth = request.headers.get("Authorization", "")
         given = auth[7:].strip() if auth.lower().startswith("bearer ") else None
         given = given or request.headers.get("x-api-key")
-        if given in keys:
+        if given and any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
             return None
         return error_response(ApiError(401, "invalid or missing API key (send "
                                             "'Authorization: Bearer KEY' or 'x-api-key: KEY')",
