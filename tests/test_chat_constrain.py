@@ -100,3 +100,20 @@ def test_prefix_ids_only_spell_prefixes():
     vocab = VocabIndex(VOCAB)
     ids = vocab.prefix_ids(["true", "false"])
     assert {VOCAB[i] for i in ids} == {"t", "tr", "true", "f", "fa", "false"}
+
+
+def test_a_vocabulary_without_digits_or_plain_text_still_gives_valid_json():
+    vocab = VocabIndex(["\\", "\x01", None])  # nothing usable inside a value
+    tool = Tool("f", "", {"type": "object", "required": ["city", "days"], "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}}})
+    gen = forced_tool_call(vocab, [tool], ToolChoice("required"))
+    text, step = "", next(gen)
+    try:
+        while True:
+            assert isinstance(step, Force)  # nothing left to choose
+            text += step.text
+            step = gen.send("")
+    except StopIteration:
+        pass
+    name, args = parse(text)
+    assert name == "f" and args == {"city": "", "days": 0}

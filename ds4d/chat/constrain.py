@@ -151,6 +151,9 @@ def _object(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
 
 
 def _string(vocab: VocabIndex) -> Step:
+    if not vocab.string_safe.size:
+        yield Force('""')
+        return
     yield Force('"')
     closers = vocab.quote
     body = vocab.string_safe
@@ -164,4 +167,7 @@ def _string(vocab: VocabIndex) -> Step:
 
 def _number(vocab: VocabIndex) -> Step:
     # One digit token: always valid JSON, and small models pick sensible small numbers.
-    yield Allow(vocab.leading_digits)
+    if vocab.leading_digits.size:
+        yield Allow(vocab.leading_digits)
+    else:  # a vocabulary without digit tokens: still valid
+        yield Force("0")
