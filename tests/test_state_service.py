@@ -26,6 +26,16 @@ def tok(model_path):
     return Tokenizer.from_gguf(gguf.GGUFReader(model_path))
 
 
+@pytest.fixture(scope="module")
+def session(model_path):
+    """A real engine session: the state layer keys its bookkeeping by session object."""
+    from ds4d.engine import Engine
+
+    with Engine.open(model_path, threads=1) as engine:
+        with engine.new_session(64) as s:
+            yield s
+
+
 def service(tmp_path, tok, **kw) -> StateService:
     return StateService.create(tokenizer=tok, fingerprint=FP, ctx=8192,
                                kv_dir=tmp_path / "kv", **kw)
@@ -46,9 +56,9 @@ def rendered(req: ChatRequest) -> str:
                      + [hermes_call_text(c) for m in req.messages for c in m.tool_calls])
 
 
-def test_replay_restores_sampled_argument_order(tmp_path, tok):
+def test_replay_restores_sampled_argument_order(tmp_path, tok, session):
     s = service(tmp_path, tok)
-    s.remember_tool_call(object(), "call_1", SAMPLED)
+    s.remember_tool_call(session, "call_1", SAMPLED)
     req = conversation("call_1")
     out = s.prepare_request(req)
     assert out.messages[2].tool_calls[0].arguments == SAMPLED
@@ -68,10 +78,9 @@ def test_billing_line_normalised_and_switchable(tmp_path, tok):
     assert rendered(off.prepare_request(a)) != rendered(off.prepare_request(b))
 
 
-def test_replay_survives_restart_through_kv_tool_map(tmp_path, tok):
+def test_replay_survives_restart_through_kv_tool_map(tmp_path, tok, session):
     s = service(tmp_path, tok, policy={"min_tokens": 16})
-    session_id = object()
-    s.remember_tool_call(session_id, "call_2", SAMPLED)
+    s.remember_tool_call(session, "call_2", SAMPLED)
     s.tool_memory.remember("call_unrelated", "{}")
     text = "a conversation with a tool call " * 4
     s.disk.save(Reason.SHUTDOWN, text, 100, b"payload",
