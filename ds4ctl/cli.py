@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ds4d.daemon.admin import AdminError, call, default_socket_path
+from ds4d.daemon.admin_protocol import AdminError, call, default_socket_path
 
 EXIT_FAILED = 1
 EXIT_UNREACHABLE = 2

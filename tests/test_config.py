@@ -15,7 +15,7 @@ import tomllib
 import trio
 
 from ds4d.daemon import exitcodes
-from ds4d.daemon.admin import AdminError
+from ds4d.daemon.admin_protocol import AdminError
 from ds4d.daemon.config import (
     KEY_NAMES,
     RELOADABLE,

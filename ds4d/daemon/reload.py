@@ -29,7 +29,7 @@ from typing import Any
 
 import tomli_w
 
-from ds4d.daemon.admin import AdminError
+from ds4d.daemon.admin_protocol import AdminError
 from ds4d.daemon.config import (
     KEY_NAMES,
     RELOADABLE,
