@@ -15,6 +15,7 @@ from ds4d.chat.deepseek4 import (
     uses_tool_context,
 )
 from ds4d.chat.deepseek4_dsml import DSMLToolParser, DSMLTracker
+from ds4d.chat.formats import TemplateDecode
 from ds4d.chat.stream import OutputParser, partial_suffix_len
 from ds4d.chat.types import ChatRequest, Event
 from ds4d.engine.ds4_tokenizer import THINK_CLOSE, THINK_OPEN
@@ -87,7 +88,7 @@ P = TypeVar("P")
 THINKING_SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.05}
 
 
-class DS4Decode:
+class DS4Decode(TemplateDecode):
     """The DeepSeek V4 side of one generation, for the shared decode loop:
 
         decode = DS4Decode(request, mode)
@@ -106,31 +107,19 @@ class DS4Decode:
             # Legacy completions return the raw text, reasoning and all; only stop
             # sequences apply.
             self.tools_active = False
-            self.parser = OutputParser(tools=False, stops=request.stop, split_thinking=False)
+            parser = OutputParser(tools=False, stops=request.stop, split_thinking=False)
         else:
             self.tools_active = request.tools_active
             # Calls are parsed whenever tools are in play, even with tool_choice "none"
             # (ds4 does too); stopping at the block end and greedy markup need them active.
-            self.parser = output_parser(
+            parser = output_parser(
                 tools=uses_tool_context(request),
                 stops=request.stop,
                 thinking=mode.thinking,
                 id_prefix=request.tool_id_prefix,
             )
+        super().__init__(parser)
         self.tracker = DSMLTracker() if self.tools_active else None
-
-    # The OutputParser face, so the decode loop can hold either.
-    @property
-    def stopped(self) -> bool:
-        return self.parser.stopped
-
-    @property
-    def stop_sequence(self) -> str | None:
-        return self.parser.stop_sequence
-
-    @property
-    def tool_calls(self) -> int:
-        return self.parser.tool_calls
 
     @property
     def greedy(self) -> bool:
@@ -160,9 +149,6 @@ class DS4Decode:
         if self.tracker is not None:
             self.tracker.feed(text)
         return self.parser.feed(text)
-
-    def flush(self) -> list[Event]:
-        return self.parser.flush()
 
 
 class DS4ChatFormat:
