@@ -39,6 +39,19 @@ def test_longest_prefix_else_least_recently_used(pool):
     assert pool.request([42]).slot.index == 1  # the other one is busy
 
 
+def test_a_shared_template_head_does_not_claim_another_conversations_slot(engine):
+    """Two conversations sharing only a fixed preamble go to different slots."""
+    head, a, b = [1, 2, 3], list(range(100, 140)), list(range(200, 240))
+    slots = [Slot(i, engine.new_session(64), 64) for i in range(2)]
+    pool = SlotPool(slots, queue_size=2)
+    slots[0].session.eval(head + a)
+    slots[0].last_used, slots[1].last_used = 10.0, 5.0  # slot 1: empty and older
+    assert pool.request(head + b).slot.index == 1
+    pool.release(slots[1])
+    slots[0].last_used = 1.0  # now the oldest: taken although its head is unrelated
+    assert pool.request(head + b + [7]).slot.index == 0
+
+
 def test_queue_is_fifo_bounded_and_cancellable(pool):
     async def main() -> None:
         a, b = pool.request([5]), pool.request([6])

@@ -71,7 +71,11 @@ class SlotPool:
             return None
         shared = [(common_prefix(s.tokens, prompt), s) for s in idle]
         best_len, best = max(shared, key=lambda p: p[0])
-        if best_len > 0:
+        # Every prompt of a chat template shares its fixed preamble with every slot, so a
+        # short shared head would send unrelated conversations onto one slot, destroying
+        # each other's state while other slots sit idle. Reuse a slot only when the match
+        # keeps at least half of what it holds; else take the least recently used one.
+        if best_len > 0 and 2 * best_len >= len(best.tokens):
             return best
         return min(idle, key=lambda s: s.last_used)
 
