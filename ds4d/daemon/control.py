@@ -60,10 +60,10 @@ class ControlPlane:
         return self.live.current
 
     def attach(self, daemon: Any, cache: Any = None, trace: Any = None) -> None:
-        """Connect the daemon (`status/slots/stop`, `config`, `after_unit`), the disk cache
+        """Connect the daemon (`status/slots/stop`, `config`, `gate.pace`), the disk cache
         (`ls/evict/stats_dict`, `budget`) and the trace writer (`open/close`)."""
         self.daemon, self.cache, self.trace = daemon, cache, trace
-        daemon.after_unit = self.governor.rest
+        daemon.gate.pace = self.governor.rest
         if trace is not None and self.config.trace:
             trace.open(self.config.trace, self.config.trace_content)
 

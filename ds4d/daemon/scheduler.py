@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
@@ -114,20 +114,18 @@ class SlotPool:
 class EngineGate:
     """Runs engine calls on a worker thread, one at a time in FIFO order (trio.Lock is
     fair), so concurrent slots interleave at chunk/token granularity instead of fighting
-    over the cores. `after_unit` (power pacing) runs on the worker after each call."""
+    over the cores. `pace(work_seconds)` (power throttling) is awaited after each call
+    while the gate is still held, so the whole process keeps to the power level; it runs
+    on the trio loop, so a cancelled request stops resting at once."""
 
-    def __init__(self, after_unit: Callable[[float], None] | None = None) -> None:
+    def __init__(self, pace: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.lock = trio.Lock()
-        self.after_unit = after_unit
+        self.pace = pace
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         async with self.lock:
-            return await trio.to_thread.run_sync(self._timed, fn, args)
-
-    def _timed(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-        start = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            if self.after_unit is not None:
-                self.after_unit(time.perf_counter() - start)
+            start = time.perf_counter()
+            result = await trio.to_thread.run_sync(fn, *args)
+            if self.pace is not None:
+                await self.pace(time.perf_counter() - start)
+            return result

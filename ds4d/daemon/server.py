@@ -54,8 +54,7 @@ class Daemon:
         self.load_error: str | None = None
         self.nursery: trio.Nursery | None = None
         self.shutdown = trio.Event()
-        self.after_unit = None  # power pacing hook (worker thread, seconds of work)
-        self.gate = EngineGate(lambda s: self.after_unit(s) if self.after_unit else None)
+        self.gate = EngineGate()  # the control plane sets gate.pace (power throttling)
         # State layer (disk KV cache, tool replay, trace): built once the model is known;
         # the trace writer and the cache view exist earlier for the control plane.
         self.state: StateService | None = None
