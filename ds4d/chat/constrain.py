@@ -11,6 +11,10 @@ required keys.
 The constraint is a generator: it yields `Force(text)` (append this text, no sampling)
 or `Allow(ids)` (sample one token among these ids), and is sent the text of each
 sampled token back.
+
+The pieces below the Hermes block (`offered_tools`, `choose`, `json_value`,
+`required_keys`) are syntax-free: a family with another call syntax (DeepSeek V4's DSML,
+`ds4d.chat.deepseek4_forced`) builds its block from the same steps.
 """
 
 from __future__ import annotations
@@ -46,15 +50,20 @@ class VocabIndex:
     `texts[i]` is token i's text, or None for tokens that must never be sampled inside a
     call (special/control tokens, partial UTF-8 sequences)."""
 
-    def __init__(self, texts: Sequence[str | None]) -> None:
+    def __init__(self, texts: Sequence[str | None], markup: str = "") -> None:
+        """`markup`: characters no token inside a JSON string may hold, beyond the quote,
+        the backslash and control characters (a syntax whose closing tag could otherwise
+        be spelled inside a value)."""
+        self.texts = texts
         self.by_text: dict[str, list[int]] = {}
         string_safe: list[int] = []
         digits: list[int] = []
+        banned = set('"\\' + markup)
         for i, t in enumerate(texts):
             if not t or "\ufffd" in t:
                 continue
             self.by_text.setdefault(t, []).append(i)
-            if '"' not in t and "\\" not in t and all(ord(c) >= 32 for c in t):
+            if not banned.intersection(t) and all(ord(c) >= 32 for c in t):
                 string_safe.append(i)
             if t.isascii() and t.isdigit():
                 digits.append(i)
@@ -64,6 +73,11 @@ class VocabIndex:
             [i for i in digits if texts[i][0] != "0" or texts[i] == "0"], dtype=np.int64
         )
         self.quote = np.array(self.by_text.get('"', []), dtype=np.int64)
+
+    def with_markup(self, markup: str) -> VocabIndex:
+        """The same vocabulary for a syntax whose `markup` characters must never appear
+        inside a JSON string."""
+        return VocabIndex(self.texts, markup)
 
     def prefix_ids(self, remaining: Sequence[str]) -> np.ndarray:
         """Tokens whose text is a non-empty prefix of one of `remaining`."""
@@ -80,17 +94,30 @@ class VocabIndex:
 
 def forced_tool_call(vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
     """The whole `<tool_call>{"name": …, "arguments": {…}}</tool_call>` block."""
-    candidates = [t for t in tools if choice.mode != "named" or t.name == choice.name]
+    candidates = offered_tools(tools, choice)
     yield Force('<tool_call>\n{"name": ')
     names = [json.dumps(t.name, ensure_ascii=False) for t in candidates]
-    picked = yield from _choose(vocab, names)
+    picked = yield from choose(vocab, names)
     tool = candidates[names.index(picked)]
     yield Force(', "arguments": ')
     yield from _object(vocab, tool.parameters or {})
     yield Force("}\n</tool_call>")
 
 
-def _choose(vocab: VocabIndex, options: list[str]) -> Step:
+def offered_tools(tools: list[Tool], choice: ToolChoice) -> list[Tool]:
+    """The tools a forced call may name: the named one, or any."""
+    return [t for t in tools if choice.mode != "named" or t.name == choice.name]
+
+
+def required_keys(schema: dict[str, Any]) -> list[str]:
+    """The keys a forced call writes: the schema's required ones, in schema order (what
+    the model was shown), then required keys the properties lack."""
+    props = schema.get("properties") or {}
+    required = [k for k in schema.get("required") or [] if isinstance(k, str)]
+    return [k for k in props if k in required] + [k for k in required if k not in props]
+
+
+def choose(vocab: VocabIndex, options: list[str]) -> Step:
     """One of `options`, spelled token by token; once one is left it is forced outright.
     An option that is a prefix of another ends the choice as soon as it is spelled."""
     done = ""
@@ -105,11 +132,12 @@ def _choose(vocab: VocabIndex, options: list[str]) -> Step:
         done += yield Allow(ids)
 
 
-def _value(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
+def json_value(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
+    """One JSON value of `schema` (objects: their required keys)."""
     if not isinstance(schema, dict):
         schema = {}
     if "enum" in schema and schema["enum"]:
-        yield from _choose(vocab, [json.dumps(v, ensure_ascii=False) for v in schema["enum"]])
+        yield from choose(vocab, [json.dumps(v, ensure_ascii=False) for v in schema["enum"]])
         return
     if "const" in schema:
         yield Force(json.dumps(schema["const"], ensure_ascii=False))
@@ -120,18 +148,18 @@ def _value(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
     if kind is None:
         for key in ("anyOf", "oneOf"):
             if schema.get(key):
-                yield from _value(vocab, schema[key][0])
+                yield from json_value(vocab, schema[key][0])
                 return
     if kind == "object":
         yield from _object(vocab, schema)
     elif kind == "array":
         yield Force("[")
-        yield from _value(vocab, schema.get("items") or {"type": "string"})
+        yield from json_value(vocab, schema.get("items") or {"type": "string"})
         yield Force("]")
     elif kind in ("integer", "number"):
         yield from _number(vocab)
     elif kind == "boolean":
-        yield from _choose(vocab, ["true", "false"])
+        yield from choose(vocab, ["true", "false"])
     elif kind == "null":
         yield Force("null")
     else:
@@ -140,13 +168,10 @@ def _value(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
 
 def _object(vocab: VocabIndex, schema: dict[str, Any]) -> Step:
     props = schema.get("properties") or {}
-    required = [k for k in schema.get("required") or [] if isinstance(k, str)]
-    # Schema order first (what the model was shown), then required keys it lacks.
-    keys = [k for k in props if k in required] + [k for k in required if k not in props]
     yield Force("{")
-    for n, key in enumerate(keys):
+    for n, key in enumerate(required_keys(schema)):
         yield Force((", " if n else "") + json.dumps(key, ensure_ascii=False) + ": ")
-        yield from _value(vocab, props.get(key, {}))
+        yield from json_value(vocab, props.get(key, {}))
     yield Force("}")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
+from ds4d.chat.constrain import Step, VocabIndex
 from ds4d.chat.deepseek4 import (
     Replay,
     ThinkMode,
@@ -15,6 +16,7 @@ from ds4d.chat.deepseek4 import (
     uses_tool_context,
 )
 from ds4d.chat.deepseek4_dsml import DSMLToolParser, DSMLTracker
+from ds4d.chat.deepseek4_forced import DSMLVocab, forced_dsml_call
 from ds4d.chat.formats import TemplateDecode
 from ds4d.chat.stream import OutputParser, partial_suffix_len
 from ds4d.chat.types import ChatRequest, Event
@@ -157,6 +159,7 @@ class DS4ChatFormat:
 
         text = fmt.render(request)              # tokenize with special=True, always
         decode = fmt.decode(request)            # see DS4Decode
+        step = fmt.forced_call(vocab, request)  # tool_choice required / named
 
     `replay` maps tool-call ids to the raw DSML the model generated for them (the state
     layer's tool memory), so history renders exactly as it was sampled.
@@ -167,6 +170,7 @@ class DS4ChatFormat:
     def __init__(self, n_ctx: int, replay: Replay | None = None) -> None:
         self.n_ctx = n_ctx
         self.replay = replay
+        self._dsml_vocab: tuple[VocabIndex, DSMLVocab] | None = None
 
     def mode(self, request: ChatRequest) -> ThinkMode:
         # `reasoning_effort` ("max" asks for Think Max) once the request type carries it.
@@ -183,3 +187,10 @@ class DS4ChatFormat:
 
     def decode(self, request: ChatRequest) -> DS4Decode:
         return DS4Decode(request, self.mode(request))
+
+    def forced_call(self, vocab: VocabIndex, request: ChatRequest) -> Step:
+        """The constraint that writes a forced (required / named) call as a DSML block."""
+        if self._dsml_vocab is None or self._dsml_vocab[0] is not vocab:
+            self._dsml_vocab = (vocab, DSMLVocab(vocab))
+        return forced_dsml_call(self._dsml_vocab[1], request.tools, request.tool_choice,
+                                close_thinking=self.mode(request).thinking)

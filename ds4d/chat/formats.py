@@ -3,7 +3,7 @@
     fmt = chat_format_for(engine, n_ctx)
     text = fmt.render(request)                 # the prompt text
     special = fmt.tokenize_special(request)    # parse special-token text in it?
-    fmt.forced_call(vocab, tools, choice)      # optional: tool_choice required / named
+    fmt.forced_call(vocab, request)            # tool_choice required / named
     decode = fmt.decode(request)               # per generation:
         params = decode.sampling(params)       #   before each sampled token
         events = decode.feed(text)             #   its decoded text
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from ds4d.chat.constrain import Step, VocabIndex, forced_tool_call
 from ds4d.chat.render import Template, render_request
 from ds4d.chat.stream import OutputParser
-from ds4d.chat.types import ChatRequest, Event, Message, Tool, ToolChoice
+from ds4d.chat.types import ChatRequest, Event, Message
 
 P = TypeVar("P")
 
@@ -55,6 +55,12 @@ class TemplateDecode:
     @property
     def tool_block_closed(self) -> bool:
         return False  # Hermes models may call several tools in a row; EOS ends the turn
+
+    @property
+    def replay(self) -> dict[str, str]:
+        """Call id -> the text the tool memory keeps for it, where that is more than the
+        call's arguments (which are remembered as each call ends)."""
+        return {}
 
     def sampling(self, params: P) -> P:
         return params
@@ -89,9 +95,9 @@ class TemplateChatFormat:
             split_thinking=request.raw_prompt is None,
         ))
 
-    def forced_call(self, vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
+    def forced_call(self, vocab: VocabIndex, request: ChatRequest) -> Step:
         """The constraint that writes a forced (required / named) call in Hermes syntax."""
-        return forced_tool_call(vocab, tools, choice)
+        return forced_tool_call(vocab, request.tools, request.tool_choice)
 
     def opens_reasoning(self, thinking: bool | None) -> bool:
         """Does the generation prompt end inside `<think>` (R1-distill style templates)?

@@ -193,7 +193,8 @@ class Generator:
         step: Force | Allow | None = None
         forced_call = getattr(self.chat_format, "forced_call", None)
         if req.tool_choice.forced and req.tools and forced_call is not None:
-            constraint = forced_call(await self.vocab(), req.tools, req.tool_choice)
+            # on a worker: a format may index the vocabulary for its syntax the first time
+            constraint = await trio.to_thread.run_sync(forced_call, await self.vocab(), req)
             step = next(constraint)
             budget = max(budget, FORCED_CALL_MIN_TOKENS)
         budget = min(budget, room)
@@ -229,7 +230,9 @@ class Generator:
 
         while generated < budget:
             if isinstance(step, Force):
-                ids = tok.encode(step.text, special=False)
+                # Markup tokenized as the prompt is (chat markers as their tokens): the
+                # next turn renders this call back, and its tokens must be these.
+                ids = self.encode(step.text)
                 await self.gate.run(session.eval, pending + ids)
                 pending = []
                 generated += len(ids)
@@ -268,6 +271,9 @@ class Generator:
         if tail:
             await emit(parser.feed(tail))
         await emit(parser.flush())
+        if self.state is not None:  # e.g. a DS4 call's whole DSML block, as sampled
+            for call_id, text in parser.replay.items():
+                self.state.remember_tool_call(session, call_id, text)
         self.metrics.generated_tokens += generated
         if parser.tool_calls:
             reason = "tool_calls"
