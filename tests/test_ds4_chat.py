@@ -246,3 +246,27 @@ def test_calls_carrying_their_sampled_block_render_it_verbatim():
     # Only one call swapped: canonical rendering, its arguments recovered from the block.
     mixed = render([swapped[0], calls[1]])
     assert raw not in mixed and render_tool_calls(calls) + EOS in mixed
+
+
+def test_generated_control_tokens_stream_as_their_marker_text_and_replay(tok):
+    """ds4 ends a generation at EOS only; any other control token it samples is streamed
+    as its literal text (a vocabulary string holding U+FF5C verbatim, any other through
+    the byte table). ds4d does the same, and that keeps the KV reusable: the client sends
+    the text back, and the next prompt's text starts with exactly what the slot's tokens
+    decode to (hiding the markers would break the match at the first one)."""
+    controls = ["<｜User｜>", "<｜tool▁call▁begin｜>", "<|EOT|>", "<｜place▁holder▁no▁5｜>",
+                "<｜begin▁of▁sentence｜>"]
+    ids = [tok.token_to_id(c) for c in controls]
+    assert all(tok.is_special(i) for i in ids) and not set(ids) & tok.eog_ids
+    assert tok.eog_ids == {tok.token_to_id(EOS)}
+    generated = tok.encode("Sure", special=False) + ids + tok.encode(" done", special=False)
+    dec = tok.incremental_decoder()
+    content = "".join(dec.feed(i) for i in generated) + dec.flush()
+    assert content == "Sure" + "".join(controls) + " done"
+
+    first = ChatRequest([Message("user", "q")])
+    prompt = render_request(first, ThinkMode.NONE)
+    following = ChatRequest([Message("user", "q"), Message("assistant", content),
+                             Message("user", "more")])
+    live = tok.encode(prompt) + generated
+    assert render_request(following, ThinkMode.NONE).startswith(tok.decode(live))

@@ -117,6 +117,8 @@ class DS4Tokenizer:
         self.marker_ids: dict[str, int] = {m: self._ids[m] for m in CHAT_MARKERS}
         self.bos_id = self.marker_ids[BOS]
         self.eos_id = self.marker_ids[EOS]
+        # ds4 ends a generation at EOS only; any other control token it samples (`<|EOT|>`
+        # included) is streamed as its literal text, which the next turn renders back.
         self.eog_ids: frozenset[int] = frozenset({self.eos_id})
         self.add_bos = True  # the renderer writes BOS into the prompt text itself
         self.user_id = self.marker_ids[USER]
