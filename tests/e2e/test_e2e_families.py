@@ -9,6 +9,7 @@ with fixed seeds where a test needs particular first tokens."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import anthropic
@@ -60,6 +61,19 @@ def claude(daemon) -> anthropic.Anthropic:
 
 def traces(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def trace_of(path: Path, usage) -> dict:
+    """The trace record of the request that reported `usage` (written as the request
+    ends, so it may land just after the response)."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = [t for t in traces(path) if t["prompt_tokens"] == usage.prompt_tokens
+                 and t["cached_tokens"] == usage.prompt_tokens_details.cached_tokens]
+        if found or time.monotonic() > deadline:
+            assert found, "no trace record for the request"
+            return found[-1]
+        time.sleep(0.02)
 
 
 def check_usage(prompt: int, completion: int, total: int, max_tokens: int) -> None:
@@ -195,7 +209,8 @@ def test_forced_call_parses_and_its_result_reuses_the_kv(oai, daemon):
     held = r.usage.prompt_tokens + r.usage.completion_tokens
     assert r2.usage.prompt_tokens > held
     assert r2.usage.prompt_tokens_details.cached_tokens >= held - 2
-    assert traces(daemon.trace_path)[-1]["cache_source"] in ("memory-token", "memory-text")
+    assert trace_of(daemon.trace_path, r2.usage)["cache_source"] in ("memory-token",
+                                                                     "memory-text")
 
 
 def test_forced_call_streamed_while_thinking(oai, claude):
@@ -217,6 +232,20 @@ def test_forced_call_streamed_while_thinking(oai, claude):
         final = s.get_final_message()
     use = next(b for b in final.content if b.type == "tool_use")
     assert final.stop_reason == "tool_use" and set(use.input) == REQUIRED
+
+
+def test_responses_forced_function_call_round_trip(oai):
+    tool = {"type": "function", "name": "get_weather",
+            "parameters": WEATHER["function"]["parameters"]}
+    r = oai.responses.create(model="m", input="Weather in Lima?", tools=[tool],
+                             tool_choice="required", max_output_tokens=8)
+    (call,) = [o for o in r.output if o.type == "function_call"]
+    assert call.name == "get_weather" and set(json.loads(call.arguments)) == REQUIRED
+    r2 = oai.responses.create(model="m", tools=[tool], max_output_tokens=4, input=[
+        {"role": "user", "content": "Weather in Lima?"},
+        *[o.model_dump(exclude_none=True) for o in r.output],
+        {"type": "function_call_output", "call_id": call.call_id, "output": "foggy"}])
+    assert r2.usage.input_tokens_details.cached_tokens >= r.usage.total_tokens - 2
 
 
 # -- disk KV -------------------------------------------------------------------------------
