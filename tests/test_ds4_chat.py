@@ -270,3 +270,15 @@ def test_generated_control_tokens_stream_as_their_marker_text_and_replay(tok):
                              Message("user", "more")])
     live = tok.encode(prompt) + generated
     assert render_request(following, ThinkMode.NONE).startswith(tok.decode(live))
+
+
+def test_model_aliases_set_thinking_only_when_the_client_did_not():
+    from ds4d.chat.deepseek4_output import DS4ChatFormat
+
+    fmt = DS4ChatFormat(n_ctx=4096)
+    hi = [Message("user", "hi")]
+    assert fmt.mode(ChatRequest(hi, model="deepseek-chat")) is ThinkMode.NONE
+    assert fmt.mode(ChatRequest(hi, model="deepseek-reasoner")) is ThinkMode.HIGH
+    assert fmt.mode(ChatRequest(hi, model="deepseek-v4-flash")) is ThinkMode.HIGH
+    assert fmt.mode(ChatRequest(hi, model="deepseek-chat", thinking=True)) is ThinkMode.HIGH
+    assert fmt.render(ChatRequest(hi, model="deepseek-chat")).endswith(A + "</think>")

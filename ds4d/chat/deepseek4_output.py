@@ -86,6 +86,9 @@ def output_parser(
 
 P = TypeVar("P")
 
+# The DeepSeek API's model names and their thinking defaults (any other name: thinking).
+MODEL_THINKING = {"deepseek-chat": False, "deepseek-reasoner": True}
+
 # Thinking modes sample with these, whatever the client asked for (as ds4 does).
 THINKING_SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.05}
 
@@ -173,9 +176,12 @@ class DS4ChatFormat:
         self._dsml_vocab: tuple[VocabIndex, DSMLVocab] | None = None
 
     def mode(self, request: ChatRequest) -> ThinkMode:
-        # `reasoning_effort` ("max" asks for Think Max) once the request type carries it.
-        effort = getattr(request, "reasoning_effort", None)
-        return think_mode(request.thinking, effort, self.n_ctx)
+        """The request's thinking mode; a client that says nothing about thinking gets
+        the DeepSeek API's model aliases (deepseek-chat answers directly)."""
+        thinking = request.thinking
+        if thinking is None:
+            thinking = MODEL_THINKING.get(request.model)
+        return think_mode(thinking, request.reasoning_effort, self.n_ctx)
 
     def render(self, request: ChatRequest) -> str:
         """The prompt text; legacy completions get ds4's fixed wrapper around the prompt,

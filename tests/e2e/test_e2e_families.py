@@ -99,6 +99,11 @@ def test_chat_thinks_by_default_and_answers_plainly_with_effort_none(oai):
     assert plain.choices[0].message.model_extra.get("reasoning_content") is None
     # the two prompts differ only in the think tag the answer opens with
     assert plain.usage.prompt_tokens == r.usage.prompt_tokens
+    # the DeepSeek API's non-thinking model name, without any thinking control
+    alias = oai.chat.completions.create(model="deepseek-chat", max_tokens=6, seed=7,
+                                        messages=HI)
+    assert alias.choices[0].message.content
+    assert alias.choices[0].message.model_extra.get("reasoning_content") is None
 
 
 def test_chat_streamed_splits_reasoning_from_content(oai):
