@@ -5,7 +5,7 @@ markup, the tool name (a choice among the offered ones) and the parameter keys (
 schema's required properties) are forced, and the model only picks the values, from
 tokens that keep the block well formed:
 
-    [</think>]\\n\\n<｜DSML｜tool_calls>
+    [</think>] (blank line) <｜DSML｜tool_calls>
     <｜DSML｜invoke name="NAME">
     <｜DSML｜parameter name="KEY" string="true">raw text</｜DSML｜parameter>
     <｜DSML｜parameter name="KEY" string="false">JSON</｜DSML｜parameter>
@@ -15,9 +15,9 @@ tokens that keep the block well formed:
 A string property is written as V4 writes strings (raw text, string="true", no `<`
 inside so the closing tag cannot be spelled early; an enum's value chosen among its
 options); every other value is JSON (string="false"), built by the same steps as the
-Hermes constraint. In thinking mode
-the call is the whole answer: the reasoning is closed at once, so the block is parsed as
-an answer and the generation ends at its end tag, as any V4 tool call does.
+Hermes constraint. In thinking mode the call is the whole answer: the reasoning is
+closed at once, so the block is parsed as an answer and the generation ends at its end
+tag, as any V4 tool call does.
 """
 
 from __future__ import annotations
