@@ -35,7 +35,6 @@ from ds4d.state.slots import Slot, SyncResult, sync_slot
 
 log = logging.getLogger("ds4d.generation")
 
-FORCED_CALL_MIN_TOKENS = 384  # a forced tool call is completed even past a tiny max_tokens
 PROGRESS_LOG_S = 10.0  # a long prefill logs how far it got at most this often
 
 
@@ -196,7 +195,9 @@ class Generator:
             # on a worker: a format may index the vocabulary for its syntax the first time
             constraint = await trio.to_thread.run_sync(forced_call, await self.vocab(), req)
             step = next(constraint)
-            budget = max(budget, FORCED_CALL_MIN_TOKENS)
+            # A forced call is completed past any max_tokens (it is bounded by its schema
+            # and ends the generation itself): a cut-off block would come back as text.
+            budget = math.inf
         budget = min(budget, room)
         parser = self.chat_format.decode(req)
         params = self._sampling(req)

@@ -239,6 +239,20 @@ def test_forced_call_streamed_while_thinking(oai, claude):
     assert final.stop_reason == "tool_use" and set(use.input) == REQUIRED
 
 
+def test_forced_call_is_completed_past_max_tokens(oai):
+    """A long call (a dozen free-text values) is finished whatever max_tokens says: cut
+    off, the block would come back as text."""
+    keys = [f"field_{i}" for i in range(12)]
+    form = {"type": "function", "function": {"name": "fill_form", "parameters": {
+        "type": "object", "required": keys,
+        "properties": {k: {"type": "string"} for k in keys}}}}
+    r = oai.chat.completions.create(model="m", messages=HI, tools=[form], max_tokens=1,
+                                    tool_choice="required", reasoning_effort="none")
+    assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens > 384
+    (call,) = r.choices[0].message.tool_calls
+    assert list(json.loads(call.function.arguments)) == keys
+
+
 def test_responses_forced_function_call_round_trip(oai):
     tool = {"type": "function", "name": "get_weather",
             "parameters": WEATHER["function"]["parameters"]}
