@@ -32,7 +32,7 @@ test-tools:
 	@bash scripts/ensure-test-tools.sh
 
 lint: install
-	$(BIN)/ruff check ds4d ds4ctl tests
+	$(BIN)/ruff check ds4d ds4ctl tests scripts
 
 test: install test-tools lint
 	$(MAKE) -C native check-neon
