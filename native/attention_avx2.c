@@ -1,7 +1,6 @@
-/* AVX2+FMA attention kernel: the query rows of one kv head are processed in groups of up
- * to 6 rows against 16-key K tiles (12 accumulators), then an online-softmax step over a
- * 64-key block with a vectorized exp, then P·V for the same group. Same results as
- * ds4n_attn_scalar up to float rounding. */
+/* AVX2+FMA primitives of the attention kernel; the blocked driver is attention_generic.h.
+ * Up to 6 query rows against 16-key K tiles (12 accumulators), a vectorized exp for the
+ * online-softmax step, then P·V. Same results as ds4n_attn_scalar up to float rounding. */
 #include "attention.h"
 
 #include <immintrin.h>
@@ -125,72 +124,15 @@ INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *co
     *m = mx;
 }
 
-INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
-    const int hd = j->head_dim, G = j->n_group, R = j->n_tok * G;
-    const int Rp = (R + rg - 1) / rg * rg;
-    float *Q = scratch, *O = Q + (int64_t)Rp * hd, *S = O + (int64_t)Rp * hd;
-    float *m = S + (int64_t)Rp * DS4N_KBLOCK, *l = m + Rp, *corr = l + Rp;
-    for (int r = 0; r < Rp; r++) {
-        if (r < R)
-            memcpy(Q + (int64_t)r * hd, j->q + (r / G) * j->q_stride + (int64_t)(r % G) * hd,
-                   sizeof(float) * hd);
-        else
-            memset(Q + (int64_t)r * hd, 0, sizeof(float) * hd);
-        memset(O + (int64_t)r * hd, 0, sizeof(float) * hd);
-        m[r] = -INFINITY;
-        l[r] = 0.0f;
-    }
-    const int64_t last = j->pos0 + j->n_tok; /* one past the last query position */
-    const int64_t kend = j->k1 < last ? j->k1 : last;
-    for (int64_t kb = j->k0; kb < kend; kb += DS4N_KBLOCK) {
-        for (int r0 = 0; r0 < Rp; r0 += rg) {
-            /* The group's last real row sees the most keys. */
-            const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
-            int64_t gend = j->pos0 + rlast / G + 1;
-            if (gend > kend) gend = kend;
-            if (gend > kb + DS4N_KBLOCK) gend = kb + DS4N_KBLOCK;
-            const int nk = (int)(gend - kb);
-            if (nk <= 0) continue;
-            const int ntile = (nk + DS4N_KT - 1) / DS4N_KT;
-            for (int tt = 0; tt < ntile; tt++)
-                qk_tile(Q + (int64_t)r0 * hd, hd,
-                        j->k + (kb / DS4N_KT + tt) * (int64_t)hd * DS4N_KT,
-                        S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg);
-            for (int r = r0; r < r0 + rg; r++) {
-                int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
-                if (rend > gend) rend = gend;
-                softmax_step(S + (int64_t)r * DS4N_KBLOCK, ntile * DS4N_KT, (int)(rend - kb),
-                             m + r, l + r, corr + r);
-            }
-            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK, nk, j->v + kb * hd, hd,
-                    O + (int64_t)r0 * hd, corr + r0, rg);
-        }
-    }
-    for (int r = 0; r < R; r++) {
-        float *out = j->o + (r / G) * j->o_stride + (int64_t)(r % G) * hd;
-        const float *o = O + (int64_t)r * hd;
-        if (j->m) {
-            j->m[r] = m[r];
-            j->l[r] = l[r];
-            memcpy(out, o, sizeof(float) * hd);
-        } else {
-            const __m256 inv = _mm256_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
-            for (int c = 0; c < hd; c += 8)
-                _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), inv));
-        }
-    }
+INLINE void scale_row(float *out, const float *o, float inv, int hd) {
+    const __m256 v = _mm256_set1_ps(inv);
+    for (int c = 0; c < hd; c += 8)
+        _mm256_storeu_ps(out + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), v));
 }
 
-void ds4n_attn_avx2(const ds4n_attn_job *j, float *scratch) {
-    if (j->head_dim % 16 != 0 || j->k0 % DS4N_KT != 0) {
-        ds4n_attn_scalar(j, scratch);
-        return;
-    }
-    if (j->n_tok * j->n_group <= 3)
-        attend(j, scratch, 3);
-    else
-        attend(j, scratch, 6);
-}
+#include "attention_generic.h"
+
+DS4N_DEFINE_ATTN(ds4n_attn_avx2)
 
 void ds4n_swiglu_avx2(float *g, const float *u, int64_t n) {
     int64_t i = 0;

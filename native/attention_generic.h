@@ -1,0 +1,87 @@
+/* The blocked attention driver shared by the SIMD kernels (see attention.h for the job
+ * and the cache layout). Query rows are taken in groups of rg (3 or 6) against 16-key K
+ * tiles, then one online-softmax step per 64-key block, then P·V for the same group.
+ *
+ * The including file defines INLINE, RG_MAX and its vector primitives:
+ *   qk_tile(Q, hd, kt, S, rg)                S[i][0..16) = Q[i] · K tile, rg rows
+ *   softmax_step(s, n, lim, m, l, corr)      one row's online-softmax step
+ *   pv_tile(P, nk, V, hd, O, corr, rg)       O[i] = O[i]*corr[i] + P[i] · V
+ *   scale_row(out, o, inv, hd)               out = o * inv
+ * then instantiates the entry point with DS4N_DEFINE_ATTN(name). */
+#ifndef DS4N_ATTENTION_GENERIC_H
+#define DS4N_ATTENTION_GENERIC_H
+
+#include <math.h>
+#include <string.h>
+
+#include "attention.h"
+
+INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
+    const int hd = j->head_dim, G = j->n_group, R = j->n_tok * G;
+    const int Rp = (R + rg - 1) / rg * rg;
+    float *Q = scratch, *O = Q + (int64_t)Rp * hd, *S = O + (int64_t)Rp * hd;
+    float *m = S + (int64_t)Rp * DS4N_KBLOCK, *l = m + Rp, *corr = l + Rp;
+    for (int r = 0; r < Rp; r++) {
+        if (r < R)
+            memcpy(Q + (int64_t)r * hd, j->q + (r / G) * j->q_stride + (int64_t)(r % G) * hd,
+                   sizeof(float) * hd);
+        else
+            memset(Q + (int64_t)r * hd, 0, sizeof(float) * hd);
+        memset(O + (int64_t)r * hd, 0, sizeof(float) * hd);
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    const int64_t last = j->pos0 + j->n_tok; /* one past the last query position */
+    const int64_t kend = j->k1 < last ? j->k1 : last;
+    for (int64_t kb = j->k0; kb < kend; kb += DS4N_KBLOCK) {
+        for (int r0 = 0; r0 < Rp; r0 += rg) {
+            /* The group's last real row sees the most keys. */
+            const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
+            int64_t gend = j->pos0 + rlast / G + 1;
+            if (gend > kend) gend = kend;
+            if (gend > kb + DS4N_KBLOCK) gend = kb + DS4N_KBLOCK;
+            const int nk = (int)(gend - kb);
+            if (nk <= 0) continue;
+            const int ntile = (nk + DS4N_KT - 1) / DS4N_KT;
+            for (int tt = 0; tt < ntile; tt++)
+                qk_tile(Q + (int64_t)r0 * hd, hd,
+                        j->k + (kb / DS4N_KT + tt) * (int64_t)hd * DS4N_KT,
+                        S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg);
+            for (int r = r0; r < r0 + rg; r++) {
+                int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
+                if (rend > gend) rend = gend;
+                softmax_step(S + (int64_t)r * DS4N_KBLOCK, ntile * DS4N_KT, (int)(rend - kb),
+                             m + r, l + r, corr + r);
+            }
+            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK, nk, j->v + kb * hd, hd,
+                    O + (int64_t)r0 * hd, corr + r0, rg);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        float *out = j->o + (r / G) * j->o_stride + (int64_t)(r % G) * hd;
+        const float *o = O + (int64_t)r * hd;
+        if (j->m) {
+            j->m[r] = m[r];
+            j->l[r] = l[r];
+            memcpy(out, o, sizeof(float) * hd);
+        } else {
+            scale_row(out, o, l[r] > 0.0f ? 1.0f / l[r] : 0.0f, hd);
+        }
+    }
+}
+
+/* The tiles need whole 16-float head chunks and tile-aligned key ranges; anything else
+ * takes the scalar kernel. rg is a constant in each call so each inlines specialised. */
+#define DS4N_DEFINE_ATTN(name)                                      \
+    void name(const ds4n_attn_job *j, float *scratch) {             \
+        if (j->head_dim % 16 != 0 || j->k0 % DS4N_KT != 0) {        \
+            ds4n_attn_scalar(j, scratch);                           \
+            return;                                                 \
+        }                                                           \
+        if (j->n_tok * j->n_group <= 3)                             \
+            attend(j, scratch, 3);                                  \
+        else                                                        \
+            attend(j, scratch, 6);                                  \
+    }
+
+#endif
