@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import random
 
-import numpy as np
-
-from ds4d.chat.constrain import Allow, Force, VocabIndex, forced_tool_call
+from ds4d.chat.constrain import Force, VocabIndex, forced_tool_call
 from ds4d.chat.stream import OutputParser
 from ds4d.chat.types import Tool, ToolCallEnd, ToolCallStart, ToolChoice
+from tests.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constraint
 
 # A byte-BPE-like vocabulary: single characters, common fragments with quotes and
 # backslashes in them, digits, and tokens that are None (specials / partial UTF-8).
@@ -21,45 +20,8 @@ VOCAB = (
     + [None, None]
 )
 
-TOOLS = [
-    Tool("get_weather", "Weather for a city", {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string"},
-            "days": {"type": "integer"},
-            "metric": {"type": "boolean"},
-            "unit": {"type": "string", "enum": ["c", "f", "celsius"]},
-            "note": {"type": "string"},
-            "tags": {"type": "array", "items": {"type": "string"}},
-            "where": {"type": "object", "properties": {"lat": {"type": "number"}},
-                      "required": ["lat"]},
-        },
-        "required": ["city", "days", "metric", "unit", "tags", "where"],
-    }),
-    Tool("get_time", "Current time", {"type": "object", "properties": {}}),
-    Tool("get", "A prefix of the others' names", {}),
-]
-
-
 def drive(choice: ToolChoice, rng: random.Random) -> str:
-    vocab = VocabIndex(VOCAB)
-    gen = forced_tool_call(vocab, TOOLS, choice)
-    text = ""
-    step = next(gen)
-    try:
-        while True:
-            if isinstance(step, Force):
-                text += step.text
-                step = gen.send("")
-            else:
-                assert isinstance(step, Allow) and step.ids.size > 0
-                assert step.ids.dtype == np.int64
-                tok = VOCAB[int(rng.choice(list(step.ids)))]
-                text += tok
-                step = gen.send(tok)
-    except StopIteration:
-        pass
-    return text
+    return run_constraint(forced_tool_call(VocabIndex(VOCAB), TOOLS, choice), VOCAB, rng)
 
 
 def parse(text: str):
@@ -76,20 +38,14 @@ def test_named_call_always_valid():
         text = drive(ToolChoice("named", "get_weather"), random.Random(seed))
         name, args = parse(text)
         assert name == "get_weather"
-        assert set(args) == {"city", "days", "metric", "unit", "tags", "where"}
-        assert isinstance(args["city"], str) and args["city"]
-        assert isinstance(args["days"], int)
-        assert isinstance(args["metric"], bool)
-        assert args["unit"] in ("c", "f", "celsius")
-        assert isinstance(args["tags"], list)
-        assert isinstance(args["where"]["lat"], int | float)
+        check_weather_args(args)
 
 
 def test_required_picks_one_of_the_offered_tools():
     seen = set()
     for seed in range(100):
         name, args = parse(drive(ToolChoice("required"), random.Random(seed)))
-        assert name in {"get_weather", "get_time", "get"}
+        assert name in TOOL_NAMES
         seen.add(name)
         if name == "get_time":
             assert args == {}

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 import random
 
-from ds4d.chat.constrain import Allow, Force, VocabIndex
+from ds4d.chat.constrain import VocabIndex
 from ds4d.chat.deepseek4 import ThinkMode
 from ds4d.chat.deepseek4_forced import DSMLVocab, forced_dsml_call
 from ds4d.chat.deepseek4_output import DS4Decode
-from ds4d.chat.types import ChatRequest, Message, Tool, ToolCallEnd, ToolCallStart, ToolChoice
+from ds4d.chat.types import ChatRequest, Message, ToolCallEnd, ToolCallStart, ToolChoice
+from tests.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constraint
 
 # Single characters, fragments holding markup and escapes, digits, and unusable tokens.
 VOCAB = (
@@ -21,41 +22,10 @@ VOCAB = (
     + [None, None]
 )
 
-WEATHER = Tool("get_weather", "Weather for a city", {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string"},
-        "days": {"type": "integer"},
-        "metric": {"type": "boolean"},
-        "unit": {"type": "string", "enum": ["c", "f", "celsius"]},
-        "note": {"type": "string"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "where": {"type": "object", "properties": {"lat": {"type": "number"}},
-                  "required": ["lat"]},
-    },
-    "required": ["city", "days", "metric", "unit", "tags", "where"],
-})
-TOOLS = [WEATHER, Tool("get_time", "Current time", {"type": "object", "properties": {}}),
-         Tool("get", "A prefix of the others' names", {})]
-
-
 def drive(choice: ToolChoice, rng: random.Random, close_thinking: bool = False) -> str:
     gen = forced_dsml_call(DSMLVocab(VocabIndex(VOCAB)), TOOLS, choice,
                            close_thinking=close_thinking)
-    text, step = "", next(gen)
-    try:
-        while True:
-            if isinstance(step, Force):
-                text += step.text
-                step = gen.send("")
-            else:
-                assert isinstance(step, Allow) and step.ids.size > 0
-                tok = VOCAB[int(rng.choice(list(step.ids)))]
-                text += tok
-                step = gen.send(tok)
-    except StopIteration:
-        pass
-    return text
+    return run_constraint(gen, VOCAB, rng)
 
 
 def parse(text: str, thinking: bool = False, pieces: int = 1):
@@ -81,18 +51,14 @@ def test_named_call_always_parses_with_its_required_keys():
         text = drive(ToolChoice("named", "get_weather"), random.Random(seed))
         name, args = parse(text, pieces=1 + seed % 7)
         assert name == "get_weather"
-        assert set(args) == {"city", "days", "metric", "unit", "tags", "where"}
-        assert isinstance(args["city"], str) and args["city"]
-        assert isinstance(args["days"], int) and isinstance(args["metric"], bool)
-        assert args["unit"] in ("c", "f", "celsius")
-        assert isinstance(args["tags"], list) and isinstance(args["where"]["lat"], int)
+        check_weather_args(args)
 
 
 def test_required_picks_one_of_the_offered_tools():
     seen = set()
     for seed in range(60):
         name, args = parse(drive(ToolChoice("required"), random.Random(seed)))
-        assert name in {"get_weather", "get_time", "get"}
+        assert name in TOOL_NAMES
         seen.add(name)
         if name != "get_weather":
             assert args == {}
