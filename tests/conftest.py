@@ -24,3 +24,12 @@ def shared_dir() -> Path:
     if not SHARED.is_dir():
         pytest.skip(f"shared reference data not found at {SHARED} (set DS4D_SHARED)")
     return SHARED
+
+
+@pytest.fixture(scope="session")
+def engine(model_path: Path):
+    """The embedded model, opened once for the whole run (opening it takes seconds)."""
+    from ds4d.engine import Engine
+
+    with Engine.open(model_path, threads=2) as e:
+        yield e

@@ -12,14 +12,6 @@ from ds4d.daemon.scheduler import EngineGate, SlotPool
 from ds4d.state.slots import Slot
 
 
-@pytest.fixture(scope="module")
-def engine(model_path):
-    from ds4d.engine import Engine
-
-    with Engine.open(model_path, threads=1) as e:
-        yield e
-
-
 @pytest.fixture
 def pool(engine):
     slots = [Slot(i, engine.new_session(64), 64) for i in range(2)]

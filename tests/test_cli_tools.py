@@ -46,15 +46,11 @@ def test_bench_rejects_bad_sweep(tmp_path: Path) -> None:
     assert "ctx-max" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_generate_greedy_follows_exact_argmax(shared_dir: Path) -> None:
+def test_generate_greedy_follows_exact_argmax(shared_dir: Path, engine) -> None:
     """Greedy generation's first token is the exact-math argmax of the vector's first step."""
     case = json.loads((shared_dir / "vectors/smollm2/chat_capital.json").read_text())
     exact = json.loads((shared_dir / "vectors/smollm2/chat_capital.exact.json").read_text())
     first_id = exact["steps"][0]["top"][0][0]
-    from ds4d.engine import Engine
-    from ds4d.engine.default_model import default_model_path
-
-    engine = Engine.open(default_model_path(), threads=1)
     first_text = engine.tokenizer.decode([first_id])
     assert "capital of France" in case["prompt"]
     r = ds4d("generate", "-p", "What is the capital of France?", "-n", "12", "--threads", "2")

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
 
-from ds4d.engine import Engine, native
 from ds4d.engine import llama as llama_family
+from ds4d.engine import native
 from ds4d.engine.gguf_file import GGUFFile
 from tests.reference.llama_ref import LlamaReference
 from tests.reference.tiny_llama import write_tiny_llama
@@ -22,13 +22,6 @@ from tests.reference.tiny_llama import write_tiny_llama
 # magnitude ~10-30) agree to a few 1e-4; the bound leaves room without hiding a bug
 # (a wrong RoPE pair, mask or scale moves logits by whole units).
 LOGIT_TOL = 5e-3
-
-
-@pytest.fixture(scope="module")
-def engine(model_path: Path):
-    e = Engine.open(model_path, threads=2)
-    yield e
-    e.close()
 
 
 @pytest.fixture(scope="module")

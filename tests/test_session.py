@@ -18,13 +18,6 @@ class Cancelled(Exception):
 
 
 @pytest.fixture(scope="module")
-def engine(model_path: Path):
-    e = Engine.open(model_path, threads=2)
-    yield e
-    e.close()
-
-
-@pytest.fixture(scope="module")
 def tokens(shared_dir: Path) -> list[int]:
     case = json.loads((shared_dir / "vectors/smollm2/chat_redis.json").read_text())
     return case["prompt_tokens"] + [s["token"] for s in case["steps"]]

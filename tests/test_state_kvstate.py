@@ -4,7 +4,6 @@ give exactly the logits of a cold prefill, bad files going cold, restarts."""
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from ds4d.state import kvfile
 from ds4d.state.diskcache import DiskCache
@@ -12,14 +11,6 @@ from ds4d.state.kvstate import KVState
 from ds4d.state.savepolicy import SavePolicy
 
 CTX = 1024
-
-
-@pytest.fixture(scope="module")
-def engine(model_path):
-    from ds4d.engine import Engine
-
-    with Engine.open(model_path) as e:
-        yield e
 
 
 def chat(*turns, open_assistant=True):

@@ -27,13 +27,10 @@ def tok(model_path):
 
 
 @pytest.fixture(scope="module")
-def session(model_path):
+def session(engine):
     """A real engine session: the state layer keys its bookkeeping by session object."""
-    from ds4d.engine import Engine
-
-    with Engine.open(model_path, threads=1) as engine:
-        with engine.new_session(64) as s:
-            yield s
+    with engine.new_session(64) as s:
+        yield s
 
 
 def service(tmp_path, tok, **kw) -> StateService:

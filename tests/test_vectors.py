@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds4d.engine import Engine
-
 MEAN_ABS_MAX = 0.05
 MARGIN = 0.05
 CASES_DIR = "vectors/smollm2"
@@ -25,13 +23,6 @@ def case_names() -> list[str]:
     found = sorted(p.name.removesuffix(".exact.json")
                    for p in (SHARED / CASES_DIR).glob("*.exact.json"))  # fmt: skip
     return found or ["(no cases found)"]
-
-
-@pytest.fixture(scope="module")
-def engine(model_path: Path):
-    e = Engine.open(model_path, threads=2)
-    yield e
-    e.close()
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
