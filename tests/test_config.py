@@ -248,12 +248,9 @@ def test_exit_code_config_error(tmp_path):
 
 
 def test_exit_code_model_load_failure(tmp_path):
-    import socket
+    from tests.e2e.daemon_process import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    done = _serve(tmp_path, "--port", str(port), "-m", str(tmp_path / "missing.gguf"))
+    done = _serve(tmp_path, "--port", str(free_port()), "-m", str(tmp_path / "missing.gguf"))
     assert done.returncode == exitcodes.MODEL_LOAD_FAILED, done.stderr
     assert "cannot load the model" in done.stderr
 

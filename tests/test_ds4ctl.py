@@ -24,15 +24,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.e2e.daemon_process import free_port
+
 BIN = Path(sys.executable).parent
 WATCHDOG_USEC = 1_000_000  # pings expected every 0.5 s
 START_TIMEOUT_S = 120
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
