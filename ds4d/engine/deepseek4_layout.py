@@ -336,15 +336,24 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
     if v is not None and t in _INT:
         values["n_ctx_train"] = int(v)
     n_layer = values.get("n_layer")
-    v, t = field_value(reader, key(RATIOS_KEY))
-    if v is None:
-        problems.append(f"metadata {key(RATIOS_KEY)}: missing")
-    elif not isinstance(t, tuple) or t[1] not in (GGUFValueType.UINT32, GGUFValueType.INT32):
-        problems.append(f"metadata {key(RATIOS_KEY)}: expected an array of u32/i32")
-    elif n_layer is not None and len(v) < n_layer:
-        problems.append(f"metadata {key(RATIOS_KEY)}: {len(v)} entries for {n_layer} layers")
-    elif n_layer is not None:
-        ratios = tuple(int(x) for x in v[:n_layer])  # entries past n_layer: MTP, ignored
+
+    def per_layer(name: str, types: tuple, type_text: str) -> list | None:
+        """The first n_layer entries of a per-layer array, or None with the problem noted
+        (entries past n_layer belong to MTP layers and are ignored)."""
+        v, t = field_value(reader, key(name))
+        if v is None:
+            problems.append(f"metadata {key(name)}: missing")
+        elif not isinstance(t, tuple) or t[1] not in types:
+            problems.append(f"metadata {key(name)}: expected an array of {type_text}")
+        elif n_layer is not None and len(v) < n_layer:
+            problems.append(f"metadata {key(name)}: {len(v)} entries for {n_layer} layers")
+        elif n_layer is not None:
+            return list(v[:n_layer])
+        return None
+
+    ratios = per_layer(RATIOS_KEY, (GGUFValueType.UINT32, GGUFValueType.INT32), "u32/i32")
+    if ratios is not None:
+        ratios = tuple(int(x) for x in ratios)
         want = default_ratios(n_layer)
         bad = [il for il in range(n_layer) if ratios[il] != want[il]]
         if bad:
@@ -354,15 +363,9 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
                 f"schedule needs {want[il]} (0 for layers 0-1, then 4 even / 128 odd)"
             )
         values["compress_ratios"] = ratios
-    v, t = field_value(reader, key(CLAMP_KEY))
-    if v is None:
-        problems.append(f"metadata {key(CLAMP_KEY)}: missing")
-    elif not isinstance(t, tuple) or t[1] not in (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64):
-        problems.append(f"metadata {key(CLAMP_KEY)}: expected an array of f32/f64")
-    elif n_layer is not None and len(v) < n_layer:
-        problems.append(f"metadata {key(CLAMP_KEY)}: {len(v)} entries for {n_layer} layers")
-    elif n_layer is not None:
-        odd = {float(x) for x in v[:n_layer]} - {10.0}
+    clamps = per_layer(CLAMP_KEY, (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64), "f32/f64")
+    if clamps is not None:
+        odd = {float(x) for x in clamps} - {10.0}
         if odd:
             problems.append(
                 f"metadata {key(CLAMP_KEY)}: {sorted(odd)[0]}, expected 10.0 for every layer"
