@@ -125,8 +125,6 @@ class Config:
     kv_cache_boundary_align_tokens: int = _key(
         2048, "cold and continued checkpoints are aligned down to this multiple (0 = off)",
         lo=0, metavar="N")
-    kv_cache_reject_different_quant: bool = _key(
-        False, "refuse checkpoints written by the same model in another quantisation")
 
     # --- throttling, tracing, logging ----------------------------------------------------
     power: int = _key(100, "target share of compute time in percent (sleeps between work "
