@@ -275,6 +275,63 @@ def test_exit_code_address_in_use(tmp_path):
     assert "another ds4d is listening" in done.stderr
 
 
+def test_second_sigint_while_draining_exits_130_without_a_traceback(tmp_path, model_path):
+    """Ctrl-C drains; Ctrl-C again while a generation is in flight exits at once."""
+    import os
+    import signal
+    import sys
+    import threading
+
+    import httpx
+
+    from tests.e2e.daemon_process import free_port
+
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DS4D_")}
+    env.update(XDG_RUNTIME_DIR=str(tmp_path / "run"), XDG_STATE_HOME=str(tmp_path / "st"),
+               XDG_CONFIG_HOME=str(tmp_path / "cfg"))
+    ds4d = Path(sys.executable).parent / "ds4d"
+    proc = subprocess.Popen([str(ds4d), "serve", "--no-kv-disk", "--port", str(port),
+                             "--grace-period", "30"], env=env, stderr=subprocess.PIPE,
+                            text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        body = {"model": "m", "stream": True, "max_tokens": 4000, "temperature": 1,
+                "messages": [{"role": "user", "content": "Tell a very long story."}]}
+
+        def stream() -> None:
+            try:
+                with httpx.stream("POST", f"{url}/v1/chat/completions", json=body,
+                                  timeout=60) as r:
+                    for _ in r.iter_lines():
+                        pass
+            except httpx.HTTPError:
+                pass  # the daemon goes away mid-stream: that is the point
+
+        threading.Thread(target=stream, daemon=True).start()
+        time.sleep(1.0)  # generating now
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # draining: the 30 s grace period would let the stream run on
+        assert proc.poll() is None
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == exitcodes.INTERRUPTED, stderr
+    assert time.monotonic() - started < 5
+    assert "Traceback" not in stderr and "interrupted again" in stderr
+
+
 def test_log_file_is_private_and_gets_the_log(tmp_path):
     from ds4d.daemon.logs import setup_logging
 

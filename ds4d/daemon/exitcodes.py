@@ -11,7 +11,8 @@ MODEL_LOAD_FAILED = 66   # EX_NOINPUT: the GGUF is missing, unreadable or unsupp
 ADDRESS_IN_USE = 69      # EX_UNAVAILABLE: HTTP port or admin socket already taken
 SOFTWARE = 70            # EX_SOFTWARE: an unexpected internal error
 CONFIG_ERROR = 78        # EX_CONFIG: invalid config file, environment or flag value
-INTERRUPTED = 130        # a second SIGINT/SIGTERM while draining: immediate exit
+INTERRUPTED = 130        # a second SIGINT while draining: exit at once, no saves
+                         # (a second SIGTERM takes the default action: killed)
 
 # Space-separated, as RestartPreventExitStatus= wants it.
 NO_RESTART = f"{CONFIG_ERROR} {MODEL_LOAD_FAILED} {ADDRESS_IN_USE}"

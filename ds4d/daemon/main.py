@@ -32,7 +32,18 @@ def run(args: argparse.Namespace) -> int:
         control = ControlPlane.from_args(args)  # config from every source, logging
     except ConfigError as e:
         raise CliError(str(e), exitcodes.CONFIG_ERROR) from None
-    return trio.run(serve, control.config, control)
+    try:
+        return trio.run(serve, control.config, control)
+    except BaseException as e:
+        # The first SIGINT/SIGTERM drains gracefully (see _signals); a second SIGINT
+        # raises KeyboardInterrupt inside the nursery, wrapped in an exception group.
+        if isinstance(_sole_cause(e), KeyboardInterrupt):
+            log.warning("interrupted again while draining: exiting without shutdown saves")
+            return exitcodes.INTERRUPTED
+        if not isinstance(e, Exception):
+            raise
+        log.exception("ds4d stopped on an unexpected error")  # a bug: keep the traceback
+        return exitcodes.SOFTWARE
 
 
 async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlPlane
