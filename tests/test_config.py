@@ -276,7 +276,7 @@ def test_exit_code_address_in_use(tmp_path):
 
 
 def test_second_sigint_while_draining_exits_130_without_a_traceback(tmp_path, model_path):
-    """Ctrl-C drains; Ctrl-C again while a generation is in flight exits at once."""
+    """Ctrl-C drains; Ctrl-C again while a request is in flight exits at once."""
     import os
     import signal
     import sys
@@ -303,8 +303,10 @@ def test_second_sigint_while_draining_exits_130_without_a_traceback(tmp_path, mo
                     break
             except httpx.TransportError:
                 time.sleep(0.1)
-        body = {"model": "m", "stream": True, "max_tokens": 4000, "temperature": 1,
-                "messages": [{"role": "user", "content": "Tell a very long story."}]}
+        # A long prompt keeps the daemon busy prefilling for seconds, whatever the model
+        # would generate.
+        body = {"model": "m", "stream": True, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "count: " + " one two" * 2500}]}
 
         def stream() -> None:
             try:
@@ -316,7 +318,7 @@ def test_second_sigint_while_draining_exits_130_without_a_traceback(tmp_path, mo
                 pass  # the daemon goes away mid-stream: that is the point
 
         threading.Thread(target=stream, daemon=True).start()
-        time.sleep(1.0)  # generating now
+        time.sleep(1.0)  # prefilling now
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)  # draining: the 30 s grace period would let the stream run on
         assert proc.poll() is None
