@@ -30,6 +30,7 @@ from ds4d.chat.types import (
 )
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool, Ticket
+from ds4d.engine.sampler import SamplingParams, make_rng, sample
 from ds4d.state.service import tool_call_ids
 from ds4d.state.slots import Slot, SyncResult, sync_slot
 
@@ -281,15 +282,11 @@ class Generator:
         return Finish(reason, stop_sequence=parser.stop_sequence), generated
 
     def _sampling(self, req: ChatRequest) -> Any:
-        from ds4d.engine.sampler import SamplingParams
-
         s = req.sampling
         return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
                               min_p=s.min_p, seed=s.seed)
 
     def _rng(self, req: ChatRequest) -> Any:
-        from ds4d.engine.sampler import make_rng
-
         return make_rng(req.sampling.seed)
 
     async def vocab(self) -> VocabIndex:
@@ -312,8 +309,6 @@ class Generator:
 
 def _eval_and_sample(session: Any, pending: list[int], params: Any, rng: Any,
                      allowed: Any, kv: Any = None) -> int:
-    from ds4d.engine.sampler import sample
-
     if pending:
         session.eval(pending)
         if kv is not None:  # a continued checkpoint when decoding reaches a frontier
