@@ -558,10 +558,6 @@ class DSMLTracker:
         self._in_string = self._escaped = False
 
     @property
-    def in_block(self) -> bool:
-        return self.state is not DSMLState.OUTSIDE
-
-    @property
     def greedy(self) -> bool:
         """The next token is block structure: sample it with temperature 0."""
         return self.state is not DSMLState.OUTSIDE and self.state not in _PAYLOAD

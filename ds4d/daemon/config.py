@@ -425,7 +425,3 @@ def model_path(config: Config) -> Path:
 
 def changed_keys(old: Config, new: Config) -> list[str]:
     return [k for k in KEY_NAMES if getattr(old, k) != getattr(new, k)]
-
-
-def as_dict(config: Config) -> dict[str, Any]:
-    return dataclasses.asdict(config)

@@ -96,9 +96,6 @@ class SlotPool:
         self._waiters.append(ticket)
         return ticket
 
-    async def acquire(self, prompt: Sequence[int]) -> Slot:
-        return await self.request(prompt).wait()
-
     def _take(self, slot: Slot) -> Slot:
         slot.busy = True
         slot.requests += 1

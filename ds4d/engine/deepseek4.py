@@ -43,7 +43,6 @@ from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
 
 FAMILY = "deepseek4"
-ARCHITECTURES = (layout.ARCH,)
 
 # Slot order of native/deepseek4.h.
 GLOBAL_SLOTS = (

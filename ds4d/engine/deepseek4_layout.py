@@ -29,9 +29,6 @@ T = GGMLQuantizationType
 # The two released expert encodings: (gate/up type, down type).
 EXPERT_TYPES = {"q2": (T.IQ2_XXS, T.Q2_K), "q4": (T.Q4_K, T.Q4_K)}
 
-# Ratios and rope constants the forward pass is written for; not scaled in synthetic files.
-FIXED_RATIOS = (0, 4, 128)
-
 
 @dataclass(frozen=True)
 class DS4Params:

@@ -1,7 +1,7 @@
 """Engine and Session: the narrow API the rest of ds4d uses (see ds4d/engine/__init__.py).
 
 The model family is chosen from general.architecture through FAMILIES; a family module
-provides `ARCHITECTURES`, `FAMILY` and `load(gguf_file, pool) -> model`, whose model has
+provides `FAMILY` and `load(gguf_file, pool) -> model`, whose model has
 n_vocab / n_ctx_train / n_embd / n_layer and `new_state(n_ctx)` (see ds4d/engine/llama.py
 for the state interface). Everything else here (chunked prefill, rewind, the session
 payload) is family-neutral.

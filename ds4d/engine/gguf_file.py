@@ -143,9 +143,6 @@ class GGUFFile:
             raise ModelLoadError(f"GGUF is missing hyper-parameter {key}: {self.path}")
         return value
 
-    def arch_key(self, suffix: str) -> str:
-        return f"{self.architecture}.{suffix}"
-
     @property
     def name(self) -> str:
         return str(self.get("general.name") or self.path.stem)

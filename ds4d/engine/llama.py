@@ -24,7 +24,6 @@ from ds4d.engine.gguf_file import GGUFFile, Tensor
 from ds4d.engine.native import lib
 
 FAMILY = "llama"
-ARCHITECTURES = ("llama",)
 
 # Slot order of native/llama.h.
 GLOBAL_SLOTS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight")
