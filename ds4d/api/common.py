@@ -84,7 +84,8 @@ def number(obj: dict[str, Any], key: str, lo: float, hi: float, default: Any = N
     if value is None:
         return default
     if not lo <= value <= hi:
-        raise bad(f"'{key}' must be between {lo:g} and {hi:g}, got {value}", key)
+        span = f"{lo} and {hi}" if integer else f"{lo:g} and {hi:g}"
+        raise bad(f"'{key}' must be between {span}, got {value}", key)
     return value
 
 
@@ -98,14 +99,21 @@ def max_tokens_of(obj: dict[str, Any], *keys: str) -> int | None:
     return None
 
 
+SEED_MAX = (1 << 64) - 1  # seeds are taken as unsigned 64-bit integers
+
+
 def sampling_of(obj: dict[str, Any], defaults: Sampling, *, max_temperature: float = 2.0) -> Sampling:
-    seed = field_of(obj, "seed", int, None)
+    """The request's sampling fields, each checked against what the sampler accepts, so a
+    bad value is a 400 naming it rather than a failure in the middle of generating."""
+    top_p = number(obj, "top_p", 0.0, 1.0, defaults.top_p)
+    if top_p <= 0:
+        raise bad(f"'top_p' must be greater than 0 and at most 1, got {top_p}", "top_p")
     return Sampling(
         temperature=number(obj, "temperature", 0.0, max_temperature, defaults.temperature),
-        top_p=number(obj, "top_p", 0.0, 1.0, defaults.top_p),
+        top_p=top_p,
         top_k=number(obj, "top_k", 0, 1 << 31, defaults.top_k, integer=True),
         min_p=number(obj, "min_p", 0.0, 1.0, defaults.min_p),
-        seed=seed,
+        seed=number(obj, "seed", 0, SEED_MAX, None, integer=True),
     )
 
 

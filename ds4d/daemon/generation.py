@@ -62,6 +62,7 @@ class Generator:
         self.gate = gate
         self.metrics = metrics
         self._vocab: VocabIndex | None = None
+        self._longest_token: int | None = None  # bytes of the vocabulary's longest token
         # Hooks for the state layer (disk cache, trace, tool memory); see sync_slot.
         self.sync_hooks: dict[str, Any] = {}
         self.on_finished: list[Callable[[Job, SyncResult | None], None]] = []
@@ -92,12 +93,17 @@ class Generator:
 
         def work() -> tuple[str, list[int]]:
             text = self.render(req)
+            self._refuse_if_surely_too_long(text, param)
             return text, self.tokenize_prompt(text, raw=not self._special(req))
 
         try:
             text, tokens = await trio.to_thread.run_sync(work)
         except ValueError as e:  # the chat template refused the conversation
             raise ApiError(400, str(e), param=param) from None
+        except ApiError as e:
+            if e.code == "context_length_exceeded":
+                self.metrics.rejected["context_length_exceeded"] += 1
+            raise
         if len(tokens) >= self.ctx:
             self.metrics.rejected["context_length_exceeded"] += 1
             raise ApiError(
@@ -105,6 +111,30 @@ class Generator:
                 f"{self.ctx} tokens", param=param, code="context_length_exceeded",
                 extra={"n_prompt_tokens": len(tokens), "n_ctx": self.ctx})
         return Job(req, api, text, tokens)
+
+    def _refuse_if_surely_too_long(self, text: str, param: str) -> None:
+        """A prompt whose bytes cannot fit in the context is refused before tokenizing: a
+        tokenizer pass over megabytes costs seconds and memory for a certain refusal.
+        No token stands for more than `_max_token_bytes()` bytes; the factor 2 leaves room
+        for normalizers that shorten text before it is split."""
+        limit = 2 * self.ctx * self._max_token_bytes()
+        size = len(text.encode("utf-8", errors="replace"))
+        if size > limit:
+            raise ApiError(
+                400, f"Prompt has {size} bytes, more than the configured context of {self.ctx} "
+                f"tokens can hold", param=param, code="context_length_exceeded",
+                extra={"n_prompt_bytes": size, "n_ctx": self.ctx})
+
+    def _max_token_bytes(self) -> int:
+        if self._longest_token is None:
+            longest = 1
+            for i in range(self.tok.n_vocab):
+                try:
+                    longest = max(longest, len(self.tok.token_bytes(i) or b""))
+                except ValueError:
+                    continue
+            self._longest_token = longest
+        return self._longest_token
 
     def count_tokens(self, req: ChatRequest) -> int:
         text = self.render(req)
@@ -127,9 +157,9 @@ class Generator:
                     sync, finish = await self._generate(job, slot, send)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     finish = Finish("error", "client went away")
-                except Exception as e:  # an engine failure ends this request, not the daemon
+                except Exception:  # an engine failure ends this request, not the daemon
                     log.exception("generation failed")
-                    finish = Finish("error", f"generation failed: {e}")
+                    finish = Finish("error", "generation failed (details are in the server log)")
                     try:
                         await send.send(finish)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):

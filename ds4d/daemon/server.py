@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import trio
-from quart import Response, request
+from quart import Response, has_request_context, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
 from ds4d.api.common import KEEPALIVE, ApiError, Completion
+from ds4d.api.request_body import parse_json_body
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import Event, Sampling
+from ds4d.daemon import wire
 from ds4d.daemon.config import kv_dir
 from ds4d.daemon.generation import Generator
 from ds4d.daemon.metrics import Metrics
@@ -164,8 +166,14 @@ def _protocol_for_path(path: str) -> Any:
     return anthropic_messages if path.startswith("/v1/messages") else openai_chat
 
 
+def _request_line() -> tuple[str, str]:
+    if not has_request_context():
+        return "?", "?"
+    return request.method, request.path
+
+
 def error_response(err: ApiError, protocol: Any = None) -> Response:
-    protocol = protocol or _protocol_for_path(request.path)
+    protocol = protocol or _protocol_for_path(_request_line()[1])
     resp = Response(json.dumps(protocol.error_body(err)) + "\n", status=err.status,
                     content_type="application/json")
     for k, v in err.headers.items():
@@ -178,6 +186,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
     app.config["MAX_CONTENT_LENGTH"] = daemon.config.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # generations take as long as they take
     app.config["BODY_TIMEOUT"] = 120
+    app.asgi_app = wire.wrap(app.asgi_app)  # type: ignore[method-assign]
 
     def defaults() -> Sampling:
         c = daemon.config
@@ -191,17 +200,20 @@ def create_app(daemon: Daemon) -> QuartTrio:
     @app.errorhandler(HTTPException)
     async def on_http_error(err: HTTPException) -> Response:
         status = err.code or 500
-        message = {404: f"unknown endpoint {request.method} {request.path}",
-                   405: f"method {request.method} not allowed on {request.path}",
+        method, path = _request_line()
+        message = {404: f"unknown endpoint {method} {path}",
+                   405: f"method {method} not allowed on {path}",
                    413: f"request body larger than {daemon.config.max_body_bytes} bytes"}.get(
-            status, err.description or err.name)
+            status, err.name)
         kind = "invalid_request_error" if status < 500 else "server_error"
         return error_response(ApiError(status, message, kind=kind))
 
     @app.errorhandler(Exception)
     async def on_unexpected(err: Exception) -> Response:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(ApiError(500, f"internal error: {type(err).__name__}: {err}",
+        # The traceback goes to the log; the client learns only that it was our fault.
+        method, path = _request_line()
+        log.exception("unhandled error in %s %s", method, path)
+        return error_response(ApiError(500, "internal error (details are in the server log)",
                                        kind="server_error"))
 
     @app.before_request
@@ -260,27 +272,25 @@ def create_app(daemon: Daemon) -> QuartTrio:
             raise ApiError(503, "server shutting down", kind="server_error")
         return daemon.generator
 
-    async def _body() -> Any:
+    async def _parsed(protocol: Any, **options: Any) -> Any:
+        """The body read, decoded and translated on a worker thread: a large request
+        must not hold the event loop (other requests, /health) while it is parsed."""
         data = await request.get_data()
-        try:
-            return json.loads(data)
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"invalid JSON in the request body: {e}") from None
-        except RecursionError:
-            raise ApiError(400, "invalid JSON in the request body: nested too deeply") from None
+        sampling = defaults()
+        return await trio.to_thread.run_sync(
+            lambda: protocol.parse(parse_json_body(data), sampling, **options))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
         gen = _require_ready()
-        req = anthropic_messages.parse(await _body(), defaults(), count_only=True)
+        req = await _parsed(anthropic_messages, count_only=True)
         n = await trio.to_thread.run_sync(gen.count_tokens, req)
         return Response(json.dumps({"input_tokens": n}), content_type="application/json")
 
     async def _generate(kind: str) -> Response:
         protocol, param = PROTOCOLS[kind]
         try:
-            body = await _body()
-            req = protocol.parse(body, defaults())
+            req = await _parsed(protocol)
             gen = _require_ready()
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
