@@ -4,6 +4,7 @@ stateless checks, and the lifecycle event sequence with sequence numbers."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,71 @@ def test_incomplete_and_failed():
     frames = s.open() + s.feed(Finish("error", "boom"))
     last = json.loads(frames[-1].split("data: ", 1)[1])
     assert last["type"] == "response.failed" and last["response"]["error"]["message"] == "boom"
+
+
+def _codex_body() -> dict:
+    path = Path(__file__).parent / "data" / "codex-cli-0.171.0-first-request.json"
+    return json.loads(path.read_text())["body"]
+
+
+def test_codex_namespaced_tool_call_carries_its_namespace_both_ways():
+    body = _codex_body()
+    req = rs.parse(body, D)
+    assert "resume_agent" in [t.name for t in req.tools]
+    events = [Usage(9, 0), ToolCallStart(0, "call_r", "resume_agent"),
+              ToolCallArgsDelta(0, '{"id":"a"}'), ToolCallEnd(0, '{"id":"a"}'),
+              ToolCallStart(1, "call_e", "exec_command"), ToolCallEnd(1, '{"cmd":"ls"}'),
+              Usage(9, 4), Finish("tool_calls")]
+    s = rs.Stream(req, "m")
+    frames = s.open()
+    for ev in events:
+        frames += s.feed(ev)
+    evs = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    added = [e["item"] for e in evs if e["type"] == "response.output_item.added"]
+    done = [e["item"] for e in evs if e["type"] == "response.output_item.done"]
+    for items in (added, done, evs[-1]["response"]["output"]):
+        assert items[0]["name"] == "resume_agent" and items[0]["namespace"] == "multi_agent_v1"
+        assert "namespace" not in items[1]  # a top-level function has none
+    c = Completion()
+    for ev in events:
+        c.add(ev)
+    plain = rs.response(req, c, "m")["output"]
+    assert plain[0]["namespace"] == "multi_agent_v1" and "namespace" not in plain[1]
+    # The client sends the item back, namespace and all, with its output.
+    body["input"] = [*body["input"], done[0],
+                     {"type": "function_call_output", "call_id": "call_r", "output": "ok"}]
+    again = rs.parse(body, D)
+    call = again.messages[-2].tool_calls[0]
+    assert (call.id, call.name, call.arguments) == ("call_r", "resume_agent", '{"id":"a"}')
+    assert again.messages[-1].role == "tool" and again.messages[-1].tool_call_id == "call_r"
+
+
+def test_created_echoes_the_requests_tools_and_tool_choice():
+    body = _codex_body()
+    body["tool_choice"] = {"type": "function", "name": "exec_command"}
+    req = rs.parse(body, D)
+    created = json.loads(rs.Stream(req, "m").open()[0].split("data: ", 1)[1])["response"]
+    assert created["tool_choice"] == body["tool_choice"]
+    assert created["tools"] == body["tools"]
+    plain = rs.parse({"input": "x"}, D)
+    first = json.loads(rs.Stream(plain, "m").open()[0].split("data: ", 1)[1])["response"]
+    assert first["tool_choice"] == "auto" and first["tools"] == []
+
+
+def test_a_message_cut_by_the_token_limit_is_incomplete():
+    req = rs.parse({"input": "x", "max_output_tokens": 2}, D)
+    s = rs.Stream(req, "m")
+    frames = s.open()
+    for ev in (Usage(3, 0), TextDelta("Hel"), TextDelta("lo"), Usage(3, 2), Finish("length")):
+        frames += s.feed(ev)
+    evs = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    done = [e["item"] for e in evs if e["type"] == "response.output_item.done"]
+    assert done[0]["status"] == "incomplete"
+    assert evs[-1]["type"] == "response.incomplete"
+    assert evs[-1]["response"]["output"][0]["status"] == "incomplete"
+    c = Completion()
+    for ev in (TextDelta("Hello"), Usage(3, 2), Finish("length")):
+        c.add(ev)
+    assert rs.response(req, c, "m")["output"][0]["status"] == "incomplete"
+    c.finish = Finish("stop")
+    assert rs.response(req, c, "m")["output"][0]["status"] == "completed"

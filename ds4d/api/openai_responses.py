@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ds4d.api.common import (
@@ -45,28 +46,46 @@ CALL_ITEMS = {"function_call", "custom_tool_call", "local_shell_call"}
 OUTPUT_ITEMS = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 
 
-def parse_tools(value: Any) -> list[Tool]:
+@dataclass
+class ResponsesRequest(ChatRequest):
+    """A chat request plus what a Responses reply must give back to its client."""
+
+    tool_namespaces: dict[str, str] = field(default_factory=dict)  # tool name -> namespace
+    tools_json: list[Any] = field(default_factory=list)  # `tools` as sent, echoed back
+    tool_choice_json: Any = "auto"  # `tool_choice` as sent, echoed back
+
+
+def parse_tools(value: Any) -> tuple[list[Tool], dict[str, str]]:
+    """Function tools, with the functions of `namespace` tools (Codex groups some tools
+    so) flattened: the model calls them by their own name, and the reply's call item
+    names the namespace again. Also returns {tool name: namespace}."""
     if value is None:
-        return []
+        return [], {}
     if not isinstance(value, list):
         raise bad("'tools' must be an array", "tools")
-    tools = []
+    tools: list[Tool] = []
+    namespaces: dict[str, str] = {}
     for n, t in enumerate(value):
         if not isinstance(t, dict):
             raise bad(f"'tools[{n}]' must be an object", "tools")
         kind = t.get("type")
+        namespace = None
+        if kind == "namespace":
+            namespace = field_of(t, "name", str, where=f"tools[{n}]", required=True)
         inner = t.get("tools") if kind == "namespace" else [t]
         if not isinstance(inner, list):
             raise bad(f"'tools[{n}].tools' must be an array", "tools")
-        for fn in inner:
+        for k, fn in enumerate(inner):
+            where = f"tools[{n}].tools[{k}]" if namespace is not None else f"tools[{n}]"
             if not isinstance(fn, dict) or fn.get("type", "function") != "function":
                 continue  # hosted tools (web_search, file_search...) have no local body
-            name = field_of(fn, "name", str, where=f"tools[{n}]", required=True)
+            name = field_of(fn, "name", str, where=where, required=True)
             params = field_of(fn, "parameters", dict, {"type": "object", "properties": {}},
-                              where=f"tools[{n}]")
-            tools.append(Tool(name, field_of(fn, "description", str, "", where=f"tools[{n}]"),
-                              params))
-    return tools
+                              where=where)
+            if namespace is not None:
+                namespaces.setdefault(name, namespace)
+            tools.append(Tool(name, field_of(fn, "description", str, "", where=where), params))
+    return tools, namespaces
 
 
 def _input(value: Any, instructions: str) -> list[Message]:
@@ -136,9 +155,9 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         raise bad("'input' is required", "input")
     instructions = field_of(body, "instructions", str, "")
     messages = _input(body["input"], instructions)
-    tools = parse_tools(body.get("tools"))
+    tools, namespaces = parse_tools(body.get("tools"))
     reasoning = field_of(body, "reasoning", dict, {})
-    req = ChatRequest(
+    req = ResponsesRequest(
         messages=messages,
         tools=tools,
         tool_choice=_chat_tool_choice(body.get("tool_choice"), tools),
@@ -148,6 +167,9 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         reasoning_effort=reasoning.get("effort"),
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
+        tool_namespaces=namespaces,
+        tools_json=body.get("tools") or [],
+        tool_choice_json=body["tool_choice"] if body.get("tool_choice") is not None else "auto",
     )
     return req
 
@@ -164,14 +186,30 @@ def _status(f: Finish) -> str:
     return {"length": "incomplete", "error": "failed"}.get(f.reason, "completed")
 
 
+def _item_status(f: Finish) -> str:
+    """An output item cut short (token limit, failure) is `incomplete`, as OpenAI's are."""
+    return "completed" if _status(f) == "completed" else "incomplete"
+
+
 class _Builder:
     """Output items of one response, shared by the streaming and the plain paths."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, req: ChatRequest, model: str) -> None:
         self.id = random_id("resp_")
         self.created = int(time.time())
         self.model = model
         self.output: list[dict[str, Any]] = []
+        self.namespaces = req.tool_namespaces if isinstance(req, ResponsesRequest) else {}
+        self.tools = req.tools_json if isinstance(req, ResponsesRequest) else []
+        self.tool_choice = req.tool_choice_json if isinstance(req, ResponsesRequest) else "auto"
+
+    def call_item(self, item_id: str, call_id: str, name: str, arguments: str,
+                  status: str) -> dict[str, Any]:
+        item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id,
+                "name": name, "arguments": arguments}
+        if name in self.namespaces:
+            item["namespace"] = self.namespaces[name]
+        return item
 
     def envelope(self, status: str, finish: Finish | None = None,
                  usage: Usage | None = None) -> dict[str, Any]:
@@ -179,7 +217,8 @@ class _Builder:
             "id": self.id, "object": "response", "created_at": self.created,
             "status": status, "model": self.model, "output": self.output,
             "error": None, "incomplete_details": None, "instructions": None,
-            "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+            "parallel_tool_calls": True, "tool_choice": self.tool_choice,
+            "tools": self.tools,
         }
         if finish is not None and finish.reason == "length":
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -201,20 +240,16 @@ def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
             "summary": [{"type": "summary_text", "text": text}]}
 
 
-def _call_item(item_id: str, call: ToolCall, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "function_call", "status": status, "call_id": call.id,
-            "name": call.name, "arguments": call.arguments}
-
-
 def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
-    b = _Builder(model)
+    b = _Builder(req, model)
     status = _status(c.finish)
     if c.reasoning:
         b.output.append(_reasoning_item(random_id("rs_"), c.reasoning))
     if c.text:
-        b.output.append(_message_item(random_id("msg_"), c.text, status))
+        b.output.append(_message_item(random_id("msg_"), c.text, _item_status(c.finish)))
     for call in c.tool_calls:
-        b.output.append(_call_item(random_id("fc_"), call, "completed"))
+        b.output.append(b.call_item(random_id("fc_"), call.id, call.name, call.arguments,
+                                    "completed"))
     return b.envelope(status, c.finish, c.usage)
 
 
@@ -224,7 +259,7 @@ class Stream:
 
     def __init__(self, req: ChatRequest, model: str) -> None:
         self.req = req
-        self.b = _Builder(model)
+        self.b = _Builder(req, model)
         self.seq = 0
         self.item: dict[str, Any] | None = None  # the open output item
         self.text = ""
@@ -245,7 +280,7 @@ class Stream:
     def _index(self) -> int:
         return len(self.b.output) - 1
 
-    def _close(self) -> list[str]:
+    def _close(self, status: str = "completed") -> list[str]:
         item, self.item = self.item, None
         if item is None:
             return []
@@ -253,7 +288,7 @@ class Stream:
         if item["type"] == "message":
             part = {"type": "output_text", "text": text, "annotations": []}
             item["content"] = [part]
-            item["status"] = "completed"
+            item["status"] = status
             return [self._ev("response.output_text.done", item_id=item["id"], output_index=i,
                              content_index=0, text=text, logprobs=[]),
                     self._ev("response.content_part.done", item_id=item["id"],
@@ -262,13 +297,13 @@ class Stream:
         if item["type"] == "reasoning":
             part = {"type": "summary_text", "text": text}
             item["summary"] = [part]
-            item["status"] = "completed"
+            item["status"] = status
             return [self._ev("response.reasoning_summary_text.done", item_id=item["id"],
                              output_index=i, summary_index=0, text=text),
                     self._ev("response.reasoning_summary_part.done", item_id=item["id"],
                              output_index=i, summary_index=0, part=part),
                     self._ev("response.output_item.done", output_index=i, item=item)]
-        item["status"] = "completed"
+        item["status"] = status
         return [self._ev("response.function_call_arguments.done", item_id=item["id"],
                          output_index=i, name=item["name"], arguments=item["arguments"]),
                 self._ev("response.output_item.done", output_index=i, item=item)]
@@ -310,9 +345,8 @@ class Stream:
                                 output_index=self._index, content_index=0, delta=ev.text,
                                 logprobs=[]))
         elif isinstance(ev, ToolCallStart):
-            out += self._open({"id": random_id("fc_"), "type": "function_call",
-                               "status": "in_progress", "call_id": ev.id, "name": ev.name,
-                               "arguments": ""})
+            out += self._open(self.b.call_item(random_id("fc_"), ev.id, ev.name, "",
+                                               "in_progress"))
         elif isinstance(ev, ToolCallArgsDelta) and self.item is not None:
             self.item["arguments"] += ev.text
             out.append(self._ev("response.function_call_arguments.delta",
@@ -324,7 +358,7 @@ class Stream:
         elif isinstance(ev, Usage):
             self.usage = ev
         elif isinstance(ev, Finish):
-            out += self._close()
+            out += self._close(_item_status(ev))
             status = _status(ev)
             kind = {"completed": "response.completed", "incomplete": "response.incomplete",
                     "failed": "response.failed"}[status]

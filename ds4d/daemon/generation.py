@@ -104,6 +104,8 @@ class Generator:
             if e.code == "context_length_exceeded":
                 self.metrics.rejected["context_length_exceeded"] += 1
             raise
+        if not tokens:  # nothing to continue from: the model would have no logits
+            raise ApiError(400, "the prompt is empty", param=param)
         if len(tokens) >= self.ctx:
             self.metrics.rejected["context_length_exceeded"] += 1
             raise ApiError(
