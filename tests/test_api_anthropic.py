@@ -156,10 +156,41 @@ def test_response_json_and_stop_sequence():
     assert [b["type"] for b in r["content"]] == ["thinking", "text", "tool_use"]
     assert r["content"][2]["input"] == {"command": "ls"}
     assert r["stop_reason"] == "tool_use"
-    assert r["usage"] == {"input_tokens": 0, "output_tokens": 5,
-                          "cache_read_input_tokens": 90, "cache_creation_input_tokens": 10}
+    # No cache_control in the request: what was not reused is plain input.
+    assert r["usage"] == {"input_tokens": 10, "output_tokens": 5,
+                          "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0}
     c2 = Completion()
     c2.add(Finish("stop", stop_sequence="###"))
     r2 = am.response(req, c2, "c")
     assert (r2["stop_reason"], r2["stop_sequence"]) == ("stop_sequence", "###")
     assert r2["content"] == [{"type": "text", "text": ""}]
+
+
+def test_cache_control_marks_the_prefix_counted_as_cache_creation():
+    body = {"max_tokens": 9,
+            "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+            "messages": [{"role": "user", "content": "a"},
+                         {"role": "assistant", "content": "b"},
+                         {"role": "user", "content": [
+                             {"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}]},
+                         {"role": "assistant", "content": "d"},
+                         {"role": "user", "content": "e"}]}
+    req = am.parse(body, D)
+    assert [m.content for m in req.cache_prefix.messages] == ["sys", "a", "b", "c"]
+    assert req.cache_prefix.cache_prefix is None
+    body["messages"][2]["content"][0].pop("cache_control")
+    assert [m.content for m in am.parse(body, D).cache_prefix.messages] == ["sys"]
+    body["system"] = "sys"
+    assert am.parse(body, D).cache_prefix is None
+    req = am.parse(body, D)
+    # Unmarked: every token not read from the cache is input.
+    assert am.usage_json(Usage(100, 5, 30), req) == {
+        "input_tokens": 70, "output_tokens": 5, "cache_read_input_tokens": 30,
+        "cache_creation_input_tokens": 0}
+    # Marked 60 tokens: of those, 30 were read and 30 written; the 40 after are input.
+    req.cache_prefix_tokens = 60
+    assert am.usage_json(Usage(100, 5, 30), req) == {
+        "input_tokens": 40, "output_tokens": 5, "cache_read_input_tokens": 30,
+        "cache_creation_input_tokens": 30}
+    # All of the marked prefix reused: nothing written.
+    assert am.usage_json(Usage(100, 5, 80), req)["cache_creation_input_tokens"] == 0

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from ds4d.api.common import (
@@ -174,22 +176,52 @@ def _thinking(body: dict[str, Any]) -> bool | None:
     return effort_thinking(config.get("effort"), "output_config.effort")
 
 
+@dataclass
+class MessagesRequest(ChatRequest):
+    """A chat request plus the prefix the client marked with `cache_control`, whose
+    length decides how the prompt splits into input and cache-creation tokens."""
+
+    cache_prefix: ChatRequest | None = None  # up to the last cache_control mark
+    cache_prefix_tokens: int = 0  # that prefix's length in the prompt, once prepared
+
+
+def _marked(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("cache_control") is not None
+
+
+def _last_cache_mark(body: dict[str, Any]) -> int | None:
+    """Where the last `cache_control` sits: -1 for tools or system, n for messages[n];
+    None when the client marked nothing."""
+    last = None
+    for key in ("tools", "system"):
+        if isinstance(body.get(key), list) and any(_marked(b) for b in body[key]):
+            last = -1
+    messages = body.get("messages")
+    for n, m in enumerate(messages if isinstance(messages, list) else []):
+        content = m.get("content") if isinstance(m, dict) else None
+        if _marked(m) or isinstance(content, list) and any(_marked(b) for b in content):
+            last = n
+    return last
+
+
+def _with_system(messages: list[Message], system: str) -> list[Message]:
+    # Claude Code also sends system-role messages inside `messages`; render order puts
+    # every system text first anyway.
+    return [Message("system", system), *messages] if system else messages
+
+
 def parse(body: Any, defaults: Sampling, *, count_only: bool = False) -> ChatRequest:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    messages = _messages(body.get("messages"))
     system = _system_text(body.get("system"))
-    # Claude Code also sends system-role messages inside `messages`; render order puts
-    # every system text first anyway.
-    if system:
-        messages.insert(0, Message("system", system))
+    messages = _with_system(_messages(body.get("messages")), system)
     tools = parse_tools(body.get("tools"))
     max_tokens = field_of(body, "max_tokens", int, None)
     if max_tokens is None and not count_only:
         raise bad("'max_tokens' is required")
     if max_tokens is not None and max_tokens < 1:
         raise bad("'max_tokens' must be at least 1")
-    return ChatRequest(
+    req = MessagesRequest(
         messages=messages,
         tools=tools,
         tool_choice=parse_tool_choice(body.get("tool_choice"), tools),
@@ -202,13 +234,25 @@ def parse(body: Any, defaults: Sampling, *, count_only: bool = False) -> ChatReq
         stream=field_of(body, "stream", bool, False),
         tool_id_prefix="toolu_",
     )
+    mark = _last_cache_mark(body)
+    if mark is not None:
+        head = _messages(body["messages"][: mark + 1]) if mark >= 0 else []
+        req.cache_prefix = dataclasses.replace(req, messages=_with_system(head, system),
+                                               cache_prefix=None)
+    return req
 
 
-def usage_json(u: Usage) -> dict[str, Any]:
-    # Everything not read from cache was written to it: the slot keeps the whole prompt.
-    return {"input_tokens": 0, "output_tokens": u.completion_tokens,
-            "cache_read_input_tokens": u.cached_tokens,
-            "cache_creation_input_tokens": u.uncached_tokens}
+def usage_json(u: Usage, req: ChatRequest) -> dict[str, Any]:
+    """The Messages API's split of the prompt: read from the cache (every reused token,
+    as ds4d reuses prefixes unasked), written to a cache the client asked for (the part
+    of its `cache_control` prefix not read), and the rest as plain input."""
+    marked = req.cache_prefix_tokens if isinstance(req, MessagesRequest) else 0
+    read = min(u.cached_tokens, u.prompt_tokens)
+    created = max(0, min(marked, u.prompt_tokens) - read)
+    return {"input_tokens": u.prompt_tokens - read - created,
+            "output_tokens": u.completion_tokens,
+            "cache_read_input_tokens": read,
+            "cache_creation_input_tokens": created}
 
 
 def stop_reason(f: Finish) -> tuple[str, str | None]:
@@ -236,7 +280,7 @@ def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
     reason, seq = stop_reason(c.finish)
     return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
             "content": content, "stop_reason": reason, "stop_sequence": seq,
-            "usage": usage_json(c.usage)}
+            "usage": usage_json(c.usage, req)}
 
 
 class Stream:
@@ -265,7 +309,7 @@ class Stream:
         return [self._ev("message_start", {"message": {
             "id": self.id, "type": "message", "role": "assistant", "model": self.model,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_json(usage)}}),
+            "usage": usage_json(usage, self.req)}}),
             self._ev("ping", {})]
 
     def _close(self) -> list[str]:
@@ -322,10 +366,7 @@ class Stream:
             u = self.usage or Usage(0, 0)
             out.append(self._ev("message_delta", {
                 "delta": {"stop_reason": reason, "stop_sequence": seq},
-                "usage": {"output_tokens": u.completion_tokens,
-                          "input_tokens": 0,
-                          "cache_read_input_tokens": u.cached_tokens,
-                          "cache_creation_input_tokens": u.uncached_tokens}}))
+                "usage": usage_json(u, self.req)}))
             out.append(self._ev("message_stop", {}))
         return out
 

@@ -31,6 +31,7 @@ from ds4d.chat.types import (
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool, Ticket
 from ds4d.engine.sampler import SamplingParams, make_rng, sample
+from ds4d.state.matching import common_prefix
 from ds4d.state.service import tool_call_ids
 from ds4d.state.slots import Slot, SyncResult, sync_slot
 
@@ -94,7 +95,11 @@ class Generator:
         def work() -> tuple[str, list[int]]:
             text = self.render(req)
             self._refuse_if_surely_too_long(text, param)
-            return text, self.tokenize_prompt(text, raw=not self._special(req))
+            tokens = self.tokenize_prompt(text, raw=not self._special(req))
+            prefix = getattr(req, "cache_prefix", None)
+            if prefix is not None:  # Anthropic cache_control: how much of the prompt it marks
+                req.cache_prefix_tokens = self._shared_prefix(prefix, tokens)
+            return text, tokens
 
         try:
             text, tokens = await trio.to_thread.run_sync(work)
@@ -113,6 +118,12 @@ class Generator:
                 f"{self.ctx} tokens", param=param, code="context_length_exceeded",
                 extra={"n_prompt_tokens": len(tokens), "n_ctx": self.ctx})
         return Job(req, api, text, tokens)
+
+    def _shared_prefix(self, prefix: ChatRequest, tokens: list[int]) -> int:
+        """Tokens of `tokens` that the rendering of the shorter conversation `prefix` also
+        starts with: the part of the prompt that conversation covers."""
+        head = self.tokenize_prompt(self.render(prefix), raw=not self._special(prefix))
+        return common_prefix(head, tokens)
 
     def _refuse_if_surely_too_long(self, text: str, param: str) -> None:
         """A prompt whose bytes cannot fit in the context is refused before tokenizing: a

@@ -150,6 +150,30 @@ def test_anthropic_messages(claude):
     assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens > 10
 
 
+def test_anthropic_usage_follows_cache_control(claude):
+    system = "You answer questions about the weather in one short sentence. " * 4
+    plain = claude.messages.create(model="c", max_tokens=1, system=system, messages=[
+        {"role": "user", "content": "Is it raining in Oslo today?"}])
+    u = plain.usage  # nothing marked: no cache writes, the unreused rest is input
+    assert u.cache_creation_input_tokens == 0 and u.input_tokens > 10
+    marked = [{"type": "text", "text": "Mark. " + system, "cache_control": {"type": "ephemeral"}}]
+    first = claude.messages.create(model="c", max_tokens=1, system=marked, messages=[
+        {"role": "user", "content": "Is it sunny in Rome today?"}])
+    f = first.usage
+    total = f.input_tokens + f.cache_read_input_tokens + f.cache_creation_input_tokens
+    # The marked system part is written, the user turn after it is input.
+    assert f.cache_creation_input_tokens > 10 and f.input_tokens >= 5
+    # The next turn extends the conversation: the slot's tokens are reused, the marked
+    # prefix among them, so nothing is written.
+    again = claude.messages.create(model="c", max_tokens=1, system=marked, messages=[
+        {"role": "user", "content": "Is it sunny in Rome today?"},
+        {"role": "assistant", "content": first.content[0].text},
+        {"role": "user", "content": "And in Paris?"}])
+    a = again.usage
+    assert a.cache_read_input_tokens >= total - 1
+    assert a.cache_creation_input_tokens == 0 and a.input_tokens > 0
+
+
 def test_anthropic_stream(claude):
     with claude.messages.stream(model="c", max_tokens=8,
                                 messages=[{"role": "user", "content": "Say hello."}]) as s:
@@ -224,7 +248,8 @@ def test_anthropic_forced_tool_use_round_trip(claude):
                                 messages=messages) as s:
         final = s.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    first_prompt = m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens
+    first_prompt = (m.usage.input_tokens + m.usage.cache_read_input_tokens
+                    + m.usage.cache_creation_input_tokens)
     assert final.usage.cache_read_input_tokens >= first_prompt + m.usage.output_tokens - 1
 
 
