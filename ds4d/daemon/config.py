@@ -93,7 +93,8 @@ class Config:
     min_p: float = _key(0.05, "default min-p relative to the best token",
                         reloadable=True, lo=0.0, hi=1.0, metavar="F")
     max_tokens: int = _key(
-        0, "default output token limit; 0 = until the context is full",
+        4096, "output token limit of a request that sets none (Codex sends none); "
+        "0 = until the context is full",
         flags=("-n", "--max-tokens"), reloadable=True, lo=0, metavar="N")
 
     # --- prompt handling ---------------------------------------------------------------

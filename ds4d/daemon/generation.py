@@ -163,13 +163,15 @@ class Generator:
             send.close()  # the consumer sees the end; the ticket has left the queue
             raise
         sync: SyncResult | None = None
-        finish = Finish("error", "cancelled")
+        finish: Finish | None = None  # None: cancelled (client gone, shutdown)
+        job.record.update(prompt_tokens=len(job.tokens), cached_tokens=0, cache_source="none",
+                          prefilled_tokens=0, prefill_s=0.0, generated_tokens=0, decode_s=0.0)
         try:
             async with send:
                 try:
                     sync, finish = await self._generate(job, slot, send)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    finish = Finish("error", "client went away")
+                    pass  # the client went away: cancelled
                 except Exception:  # an engine failure ends this request, not the daemon
                     log.exception("generation failed")
                     finish = Finish("error", "generation failed (details are in the server log)")
@@ -179,14 +181,15 @@ class Generator:
                         pass
         finally:
             self.pool.release(slot)
-            job.record.setdefault("finish", finish.reason)
             r = job.record
-            log.info("%s slot %d: prompt %s tokens (%s cached, %s), prefill %.2fs, "
-                     "%s generated in %.2fs, finish %s", job.api, slot.index,
-                     r.get("prompt_tokens", len(job.tokens)), r.get("cached_tokens", 0),
-                     r.get("cache_source", "-"), r.get("prefill_s", 0.0),
-                     r.get("generated_tokens", 0), r.get("decode_s", 0.0),
-                     finish.error if finish.reason == "error" and finish.error else r["finish"])
+            r["finish"] = finish.reason if finish is not None else "cancelled"
+            # One record feeds the log line, /metrics and the trace: they cannot disagree.
+            self.metrics.account(r)
+            log.info("%s slot %d: prompt %d tokens (%d cached, %s), prefill %d tokens in "
+                     "%.2fs, %d generated in %.2fs, finish %s", job.api, slot.index,
+                     r["prompt_tokens"], r["cached_tokens"], r["cache_source"],
+                     r["prefilled_tokens"], r["prefill_s"], r["generated_tokens"],
+                     r["decode_s"], r["finish"])
             for hook in self.on_finished:
                 try:
                     hook(job, sync)
@@ -195,8 +198,11 @@ class Generator:
 
     async def _generate(self, job: Job, slot: Slot,
                         send: trio.MemorySendChannel[Event]) -> tuple[SyncResult, Finish]:
+        rec = job.record
+        session = slot.session
         t0 = time.perf_counter()
         logged = [t0]
+        evaluating = [False]
 
         def progress(done: int, total: int) -> None:  # long prefills say how far they are
             now = time.perf_counter()
@@ -205,22 +211,35 @@ class Generator:
                 log.info("slot %d: prefill %d/%d tokens (%.0f tokens/s)", slot.index, done,
                          total, done / (now - t0))
 
+        async def run_engine(fn: Callable[..., Any], *args: Any) -> Any:
+            # What the session held when the prefill's first evaluation began is what was
+            # reused; a prefill cancelled midway is then accounted for exactly.
+            if fn == session.eval and not evaluating[0]:
+                evaluating[0] = True
+                rec["cached_tokens"] = len(session.tokens)
+            return await self.gate.run(fn, *args)
+
         hooks = {"on_progress": progress, **self.sync_hooks}
-        sync = await sync_slot(
-            slot, job.text, job.tokens, encode=self.encode, decode=self.tok.decode,
-            run_engine=self.gate.run, tool_ids=tool_call_ids(job.request), **hooks)
+        try:
+            sync = await sync_slot(
+                slot, job.text, job.tokens, encode=self.encode, decode=self.tok.decode,
+                run_engine=run_engine, tool_ids=tool_call_ids(job.request), **hooks)
+        except BaseException:
+            rec["prefill_s"] = time.perf_counter() - t0
+            if evaluating[0]:
+                rec["prefilled_tokens"] = max(0, len(session.tokens) - rec["cached_tokens"])
+            else:
+                rec["cached_tokens"] = 0
+            raise
         t1 = time.perf_counter()
-        self.metrics.prefill_seconds += t1 - t0
-        self.metrics.prompt_tokens += len(sync.tokens)
-        if sync.reused:
-            self.metrics.cached_tokens[sync.source] += sync.reused
-        job.record.update(prefill_s=t1 - t0, prompt_tokens=len(sync.tokens),
-                          cached_tokens=sync.reused, cache_source=sync.source)
+        rec.update(prefill_s=t1 - t0, prompt_tokens=len(sync.tokens), cached_tokens=sync.reused,
+                   cache_source=sync.source, prefilled_tokens=len(sync.tokens) - sync.reused)
         await send.send(Usage(len(sync.tokens), 0, sync.reused, sync.source))
-        finish, generated = await self._decode(job, slot, send)
-        t2 = time.perf_counter()
-        self.metrics.decode_seconds += t2 - t1
-        job.record.update(decode_s=t2 - t1, generated_tokens=generated, finish=finish.reason)
+        try:
+            finish, generated = await self._decode(job, slot, send)
+        finally:
+            rec["decode_s"] = time.perf_counter() - t1
+        rec["generated_tokens"] = generated
         await send.send(Usage(len(sync.tokens), generated, sync.reused, sync.source))
         await send.send(finish)
         return sync, finish
@@ -281,6 +300,7 @@ class Generator:
                 await self.gate.run(session.eval, pending + ids)
                 pending = []
                 generated += len(ids)
+                job.record["generated_tokens"] = generated
                 await emit(parser.feed(step.text))
                 step = _advance(constraint, "")
                 if step is None:
@@ -296,6 +316,7 @@ class Generator:
                 break
             pending = [token]
             generated += 1
+            job.record["generated_tokens"] = generated
             await emit(parser.feed(decoder.feed(token)))
             if parser.stopped:
                 reason = "stop"
@@ -319,7 +340,6 @@ class Generator:
         if self.state is not None:  # e.g. a DS4 call's whole DSML block, as sampled
             for call_id, text in parser.replay.items():
                 self.state.remember_tool_call(session, call_id, text)
-        self.metrics.generated_tokens += generated
         if parser.tool_calls:
             reason = "tool_calls"
         return Finish(reason, stop_sequence=parser.stop_sequence), generated

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Callable
+from typing import Any
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -42,12 +43,26 @@ class Metrics:
         self.prompt_tokens = 0
         self.cached_tokens: dict[str, int] = defaultdict(int)  # by cache source
         self.generated_tokens = 0
+        self.prefilled_tokens = 0
         self.prefill_seconds = 0.0
         self.decode_seconds = 0.0
+        self.finished: dict[str, int] = defaultdict(int)  # finish reason
         self.rejected: dict[str, int] = defaultdict(int)  # reason
         self.ttft = Histogram(TTFT_BUCKETS)
         self.gauges: dict[str, tuple[str, Callable[[], object]]] = {}
         self.extra: list[Callable[[], list[str]]] = []  # other parts' series (disk cache...)
+
+    def account(self, record: dict[str, Any]) -> None:
+        """A request that had a slot, as its generation record says (completed, cut by
+        the limit, failed or cancelled at any point)."""
+        self.prompt_tokens += record["prompt_tokens"]
+        if record["cached_tokens"]:
+            self.cached_tokens[record["cache_source"]] += record["cached_tokens"]
+        self.prefilled_tokens += record["prefilled_tokens"]
+        self.generated_tokens += record["generated_tokens"]
+        self.prefill_seconds += record["prefill_s"]
+        self.decode_seconds += record["decode_s"]
+        self.finished[record["finish"]] += 1
 
     def gauge(self, name: str, help_text: str, read: Callable[[], object]) -> None:
         self.gauges[name] = (help_text, read)
@@ -72,8 +87,17 @@ class Metrics:
         family("ds4d_requests_rejected_total", "counter", "requests refused before running")
         for reason, n in sorted(self.rejected.items()):
             lines.append(f'ds4d_requests_rejected_total{{reason="{reason}"}} {n}')
-        family("ds4d_prompt_tokens_total", "counter", "prompt tokens of finished prefills")
+        family("ds4d_requests_finished_total", "counter",
+               "requests that had a slot, by how they ended")
+        for reason in sorted({"stop", "length", "tool_calls", "error", "cancelled",
+                              *self.finished}):
+            lines.append(f'ds4d_requests_finished_total{{finish_reason="{reason}"}} '
+                         f"{self.finished[reason]}")
+        family("ds4d_prompt_tokens_total", "counter", "prompt tokens of requests that had a slot")
         lines.append(f"ds4d_prompt_tokens_total {self.prompt_tokens}")
+        family("ds4d_prefilled_tokens_total", "counter",
+               "prompt tokens evaluated (not reused), cancelled prefills included")
+        lines.append(f"ds4d_prefilled_tokens_total {self.prefilled_tokens}")
         family("ds4d_cached_prompt_tokens_total", "counter",
                "prompt tokens reused instead of prefilled, by where they came from")
         for source in ("memory-token", "memory-text", "disk-text"):

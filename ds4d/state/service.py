@@ -145,7 +145,8 @@ class StateService:
             return
         rec = job.record
         slot = job.slot.index if job.slot is not None else -1
-        extra = {k: rec[k] for k in ("ttft_s", "shortfall", "miss_reason") if k in rec}
+        extra = {k: rec[k] for k in ("ttft_s", "shortfall", "miss_reason", "prefilled_tokens")
+                 if k in rec}
         self.trace.write(TraceRecord(
             api=job.api, slot=slot, prompt_tokens=rec.get("prompt_tokens", len(job.tokens)),
             cache_source=rec.get("cache_source", "none"),

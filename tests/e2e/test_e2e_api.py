@@ -6,6 +6,7 @@ generation is kept short so the module stays quick on two shared cores."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -487,3 +488,117 @@ def test_api_key_required_but_health_open(daemon):
 def test_unknown_route_is_404_json(daemon):
     r = httpx.get(f"{daemon.url}/v1/nothing", headers={"x-api-key": KEY})
     assert r.status_code == 404 and r.json()["error"]["message"]
+
+
+# -- what the log, the trace and /metrics say about each request ---------------------------
+
+LOG_LINE = re.compile(
+    r"(?P<api>\w+) slot \d+: prompt (?P<prompt>\d+) tokens \((?P<cached>\d+) cached, [\w-]+\), "
+    r"prefill (?P<prefilled>\d+) tokens in [\d.]+s, (?P<generated>\d+) generated in [\d.]+s, "
+    r"finish (?P<finish>\w+)$")
+COUNTERS = {"prompt": "ds4d_prompt_tokens_total", "prefilled": "ds4d_prefilled_tokens_total",
+            "generated": "ds4d_generated_tokens_total"}
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ds4d-traced")
+    trace = tmp / "trace.jsonl"
+    with running_daemon(tmp, "--slots", "1", "--ctx", "4096", "--trace", str(trace)) as d:
+        d.trace_path = trace
+        yield d
+
+
+def _finished_lines(daemon) -> list[re.Match]:
+    return [m for line in daemon.log().splitlines() if (m := LOG_LINE.search(line))]
+
+
+def _cached(metrics: dict[str, float]) -> float:
+    return sum(v for k, v in metrics.items() if k.startswith("ds4d_cached_prompt_tokens_total"))
+
+
+def _accounted(daemon, before: dict[str, float], n_lines: int, act) -> dict[str, object]:
+    """Run `act`, wait for its request's log line, and check that the log line, the trace
+    line and the /metrics deltas tell the same story; returns that story."""
+    n_trace = len(daemon.trace_path.read_text().splitlines()) if daemon.trace_path.exists() \
+        else 0
+    act()
+    deadline = time.monotonic() + 120
+    while len(_finished_lines(daemon)) == n_lines:
+        assert time.monotonic() < deadline, daemon.log()[-2000:]
+        time.sleep(0.02)
+    line = _finished_lines(daemon)[-1]
+    story = {k: int(line[k]) for k in ("prompt", "cached", "prefilled", "generated")}
+    story["finish"] = line["finish"]
+    while len(daemon.trace_path.read_text().splitlines()) == n_trace:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    rec = json.loads(daemon.trace_path.read_text().splitlines()[-1])
+    assert (rec["prompt_tokens"], rec["cached_tokens"], rec["prefilled_tokens"],
+            rec["generated_tokens"], rec["finish_reason"]) == (
+        story["prompt"], story["cached"], story["prefilled"], story["generated"],
+        story["finish"]), (rec, story)
+    after = daemon.metrics()
+    for key, counter in COUNTERS.items():
+        assert after[counter] - before[counter] == story[key], (key, story)
+    assert _cached(after) - _cached(before) == story["cached"]
+    name = f'ds4d_requests_finished_total{{finish_reason="{story["finish"]}"}}'
+    assert after[name] - before.get(name, 0) == 1
+    return story
+
+
+def _stream_then_drop(daemon, body: dict, after_chunks: int) -> None:
+    with httpx.Client(timeout=120) as client:
+        with client.stream("POST", f"{daemon.url}/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            got = 0
+            for line in r.iter_lines():
+                got += line.startswith("data: ")
+                if got >= after_chunks:
+                    break
+
+
+def test_log_trace_and_metrics_agree_on_every_ending(traced):
+    d = traced
+    chat = f"{d.url}/v1/chat/completions"
+    words = "word " * 2500
+
+    # Completed: a stop sequence ends it.
+    def completed() -> None:
+        r = httpx.post(chat, timeout=120, json={
+            "model": "m", "max_tokens": 50, "stop": [" "], "temperature": 0,
+            "messages": [{"role": "user", "content": "Write a sentence about the sea."}]})
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
+
+    s = _accounted(d, d.metrics(), len(_finished_lines(d)), completed)
+    assert s["finish"] == "stop" and s["prefilled"] == s["prompt"] - s["cached"]
+
+    # Length-limited.
+    def limited() -> None:
+        r = httpx.post(chat, timeout=120, json={
+            "model": "m", "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": "Count from one to fifty in words."}]})
+        assert r.json()["usage"]["completion_tokens"] == 3
+
+    s = _accounted(d, d.metrics(), len(_finished_lines(d)), limited)
+    assert (s["finish"], s["generated"]) == ("length", 3)
+
+    # Cancelled during the prefill of a long prompt: the first SSE chunk (the role) comes
+    # before the prefill, and the client leaves right after it.
+    def cancelled_in_prefill() -> None:
+        _stream_then_drop(d, {"model": "m", "stream": True, "max_tokens": 5, "messages": [
+            {"role": "user", "content": words}]}, after_chunks=1)
+
+    s = _accounted(d, d.metrics(), len(_finished_lines(d)), cancelled_in_prefill)
+    assert s["finish"] == "cancelled" and s["generated"] == 0
+    assert s["prompt"] > 2500 and s["prefilled"] < s["prompt"] - s["cached"]
+
+    # Cancelled while decoding, after a few streamed tokens.
+    def cancelled_in_decode() -> None:
+        _stream_then_drop(d, {"model": "m", "stream": True, "max_tokens": 2000,
+                              "messages": [{"role": "user", "content": "Tell a long story."}]},
+                          after_chunks=6)
+
+    s = _accounted(d, d.metrics(), len(_finished_lines(d)), cancelled_in_decode)
+    assert s["finish"] == "cancelled" and s["generated"] >= 4
+    assert s["prefilled"] == s["prompt"] - s["cached"]
