@@ -42,48 +42,66 @@ def _power_level(text: str) -> int:
     return level
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ds4ctl", description=__doc__.splitlines()[0])
-    parser.add_argument("--socket", metavar="PATH", type=Path, default=None,
+def _global_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """--socket, --json, --timeout. They are accepted before and after the command
+    (`ds4ctl --json status`, `ds4ctl status --json`); only the top level sets defaults,
+    so a flag given after the command is not reset by the command's parser."""
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument("--socket", metavar="PATH", type=Path, default=default(None),
                         help="admin socket (default: $DS4D_ADMIN_SOCKET, else "
                              "$XDG_RUNTIME_DIR/ds4d/ds4d.sock)")
-    parser.add_argument("--json", action="store_true", help="print the raw JSON result")
-    parser.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS")
+    parser.add_argument("--json", action="store_true", default=default(False),
+                        help="print the raw JSON result")
+    parser.add_argument("--timeout", type=float, default=default(30.0), metavar="SECONDS")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ds4ctl", description=__doc__.splitlines()[0])
+    _global_flags(parser, defaults=True)
+    common = argparse.ArgumentParser(add_help=False)
+    _global_flags(common, defaults=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    sub.add_parser("status", help="model, uptime, slots, queue, power, trace, cache")
-    sub.add_parser("slots", help="the resident KV slots")
+    sub.add_parser("status", parents=[common],
+                   help="model, uptime, slots, queue, power, trace, cache")
+    sub.add_parser("slots", parents=[common], help="the resident KV slots")
 
-    cache = sub.add_parser("cache", help="the disk KV cache").add_subparsers(
+    cache = sub.add_parser("cache", parents=[common], help="the disk KV cache").add_subparsers(
         dest="action", metavar="ACTION", required=True)
-    cache.add_parser("ls", help="list checkpoints")
-    evict = cache.add_parser("evict", help="remove checkpoints")
+    cache.add_parser("ls", parents=[common], help="list checkpoints")
+    evict = cache.add_parser("evict", parents=[common], help="remove checkpoints")
     evict.add_argument("prefix", nargs="?", help="checkpoint name prefix")
     evict.add_argument("--all", action="store_true", help="remove every checkpoint")
     evict.add_argument("--older-than", type=parse_duration, metavar="DURATION",
                        help="unused for longer than this (90s, 15m, 6h, 2d)")
-    cache.add_parser("stats", help="hits, misses, bytes, evictions")
+    cache.add_parser("stats", parents=[common], help="hits, misses, bytes, evictions")
 
-    trace = sub.add_parser("trace", help="per-request trace file").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    on = trace.add_parser("on", help="start tracing (to PATH, else the configured file)")
+    trace = sub.add_parser("trace", parents=[common], help="per-request trace file"
+                           ).add_subparsers(dest="action", metavar="ACTION", required=True)
+    on = trace.add_parser("on", parents=[common],
+                          help="start tracing (to PATH, else the configured file)")
     on.add_argument("path", nargs="?")
-    trace.add_parser("off", help="stop tracing")
-    trace.add_parser("status", help="is tracing on, and where")
+    trace.add_parser("off", parents=[common], help="stop tracing")
+    trace.add_parser("status", parents=[common], help="is tracing on, and where")
 
-    power = sub.add_parser("power", help="show or set the compute share (1-100)")
+    power = sub.add_parser("power", parents=[common],
+                           help="show or set the compute share (1-100)")
     power.add_argument("level", nargs="?", type=_power_level)
 
-    config = sub.add_parser("config", help="the running configuration").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
-    get = config.add_parser("get", help="show all keys, or one")
+    config = sub.add_parser("config", parents=[common], help="the running configuration"
+                            ).add_subparsers(dest="action", metavar="ACTION", required=True)
+    get = config.add_parser("get", parents=[common], help="show all keys, or one")
     get.add_argument("key", nargs="?")
-    set_ = config.add_parser("set", help="validate and persist KEY=VALUE, then reload")
+    set_ = config.add_parser("set", parents=[common],
+                             help="validate and persist KEY=VALUE, then reload")
     set_.add_argument("key")
     set_.add_argument("value")
-    config.add_parser("reload", help="re-read the config files now")
+    config.add_parser("reload", parents=[common], help="re-read the config files now")
 
-    sub.add_parser("stop", help="graceful shutdown")
+    sub.add_parser("stop", parents=[common], help="graceful shutdown")
     return parser
 
 

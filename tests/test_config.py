@@ -229,13 +229,14 @@ def test_file_watcher_applies_an_edit_within_two_seconds(home):
 # --- exit codes of a real `ds4d serve` ---------------------------------------------------
 
 
-def _serve(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+def _serve(tmp_path: Path, *argv: str, **extra_env: str) -> subprocess.CompletedProcess:
     import os
     import sys
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("DS4D_")}
     env.update(XDG_CONFIG_HOME=str(tmp_path / "cfg"), XDG_STATE_HOME=str(tmp_path / "st"),
-               XDG_RUNTIME_DIR=str(tmp_path / "run"), XDG_CACHE_HOME=str(tmp_path / "cache"))
+               XDG_RUNTIME_DIR=str(tmp_path / "run"), XDG_CACHE_HOME=str(tmp_path / "cache"),
+               **extra_env)
     ds4d = Path(sys.executable).parent / "ds4d"
     return subprocess.run([str(ds4d), "serve", "--no-kv-disk", *argv], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -253,6 +254,16 @@ def test_exit_code_model_load_failure(tmp_path):
     done = _serve(tmp_path, "--port", str(free_port()), "-m", str(tmp_path / "missing.gguf"))
     assert done.returncode == exitcodes.MODEL_LOAD_FAILED, done.stderr
     assert "cannot load the model" in done.stderr
+
+
+def test_model_path_in_the_config_file_expands_tilde(tmp_path):
+    from tests.e2e.daemon_process import free_port
+
+    write(tmp_path / "cfg" / "ds4d" / "ds4d.toml", 'model = "~/models/none.gguf"\n')
+    done = _serve(tmp_path, "--port", str(free_port()), HOME=str(tmp_path))
+    assert done.returncode == exitcodes.MODEL_LOAD_FAILED, done.stderr
+    loading = next(line for line in done.stderr.splitlines() if "loading model" in line)
+    assert loading.endswith(str(tmp_path / "models" / "none.gguf")), loading
 
 
 def test_exit_code_address_in_use(tmp_path):
@@ -362,3 +373,25 @@ def test_journal_detection_follows_systemds_rule(tmp_path):
                               stdout=subprocess.PIPE, env={"PATH": "/usr/bin:/bin"},
                               timeout=60)
     assert done.stdout.split() == ["False", "True", "False"]
+
+
+def test_help_shows_the_kv_cache_defaults_as_fitted_to_the_context():
+    from ds4d.state.savepolicy import SavePolicy
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    text = " ".join(parser.format_help().split())
+    for flag in ("min-tokens", "cold-max-tokens", "continued-interval-tokens",
+                 "boundary-align-tokens"):
+        after = text.rsplit(f"--kv-cache-{flag} N ", 1)[1]
+        assert after.split(")", 1)[0].split("(default: ")[1].startswith("fitted to --ctx")
+    # What the help says, for a few contexts.
+    for ctx in (1024, 2048, 4096, 8192, 32768, 131072):
+        p = SavePolicy.for_context(ctx)
+        align = 2048
+        while align > 64 and align * 32 > ctx:
+            align //= 2
+        assert p.boundary_align_tokens == align and align * 32 <= max(ctx, 64 * 32)
+        assert p.min_tokens == max(16, min(512, ctx // 16))
+        assert p.cold_max_tokens == min(30000, ctx)
+        assert p.continued_interval_tokens == min(10000, max(align, ctx // 4))

@@ -169,6 +169,11 @@ def test_status_text_and_json(daemon):
     status = daemon.ctl_json("status")
     assert status["loaded"] is True and status["power"] == 100
     assert status["slots"]["total"] == 1 and status["pid"] == daemon.proc.pid
+    # Global flags after the command, as systemctl / kubectl users type them.
+    after = subprocess.run([str(BIN / "ds4ctl"), "status", "--json", "--socket",
+                            str(daemon.socket)], capture_output=True, text=True, timeout=60)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["pid"] == daemon.proc.pid
 
 
 def test_slots_text_and_json(daemon):
@@ -330,6 +335,22 @@ def test_durations(text, seconds):
     from ds4ctl.cli import parse_duration
 
     assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("argv, json_, socket_, timeout", [
+    (["status"], False, None, 30.0),
+    (["--json", "status"], True, None, 30.0),
+    (["status", "--json"], True, None, 30.0),
+    (["--socket", "/a", "cache", "ls", "--json", "--timeout", "5"], True, "/a", 5.0),
+    (["cache", "--socket", "/b", "stats"], False, "/b", 30.0),
+    (["--socket", "/c", "trace", "on", "x.jsonl", "--json"], True, "/c", 30.0),
+])
+def test_global_flags_anywhere(argv, json_, socket_, timeout):
+    from ds4ctl.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert (args.json, str(args.socket) if args.socket else None, args.timeout) == (
+        json_, socket_, timeout)
 
 
 def test_bad_usage_exits_2(tmp_path):

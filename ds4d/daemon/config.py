@@ -45,9 +45,13 @@ def _key(
     hi: float | None = None,
     choices: tuple[str, ...] = (),
     metavar: str | None = None,
+    fitted: str | None = None,
 ) -> Any:
-    """A Config field with its documentation and validation rules in the metadata."""
+    """A Config field with its documentation and validation rules in the metadata.
+    `fitted`: how the value is chosen when left at its default (the kv-cache knobs are
+    fitted to the context), shown by --help instead of the placeholder default."""
     meta = {
+        "fitted": fitted,
         "doc": doc,
         "flags": flags,
         "reloadable": reloadable,
@@ -114,18 +118,21 @@ class Config:
     kv_disk_space_mb: int = _key(8192, "disk budget of the KV cache in MiB",
                                  reloadable=True, lo=1, metavar="N")
     kv_cache_min_tokens: int = _key(
-        512, "no checkpoint is saved or loaded with fewer tokens", lo=1, metavar="N")
+        512, "no checkpoint is saved or loaded with fewer tokens", lo=1, metavar="N",
+        fitted="fitted to --ctx: ctx/16, from 16 up to 512")
     kv_cache_cold_max_tokens: int = _key(
         30000, "cold saves only for prompts up to this many tokens (0 = no cold saves)",
-        lo=0, metavar="N")
+        lo=0, metavar="N", fitted="fitted to --ctx: the context size, at most 30000")
     kv_cache_continued_interval_tokens: int = _key(
         4096, "spacing of `continued` checkpoints as a session grows (0 = none)",
-        lo=0, metavar="N")
+        lo=0, metavar="N",
+        fitted="fitted to --ctx: ctx/4 but at least the alignment, at most 10000")
     kv_cache_boundary_trim_tokens: int = _key(
         32, "tokens trimmed off a cold prompt's tail before its checkpoint", lo=0, metavar="N")
     kv_cache_boundary_align_tokens: int = _key(
         2048, "cold and continued checkpoints are aligned down to this multiple (0 = off)",
-        lo=0, metavar="N")
+        lo=0, metavar="N",
+        fitted="fitted to --ctx: 2048, halved (not below 64) until 32 multiples fit")
 
     # --- throttling, tracing, logging ----------------------------------------------------
     power: int = _key(100, "target share of compute time in percent (sleeps between work "
@@ -182,7 +189,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         flags = meta["flags"] or ("--" + f.name.replace("_", "-"),)
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         doc = meta["doc"].replace("%", "%%")
-        help_text = f"{doc} (default: {default!r})"
+        help_text = f"{doc} (default: {meta['fitted'] or repr(default)})"
         kind = types[f.name]
         if kind is bool:
             parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,

@@ -27,7 +27,7 @@ from ds4d.api.request_body import parse_json_body
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import Event, Sampling
 from ds4d.daemon import wire
-from ds4d.daemon.config import kv_dir
+from ds4d.daemon.config import kv_dir, model_path
 from ds4d.daemon.generation import Generator
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool
@@ -84,10 +84,9 @@ class Daemon:
 
     async def load_model(self) -> None:
         from ds4d.engine import Engine
-        from ds4d.engine.default_model import default_model_path
 
         cfg = self.config
-        path = Path(cfg.model) if cfg.model else default_model_path()
+        path = model_path(cfg)  # `~` expanded, or the embedded default model
         log.info("loading model %s", path)
         t0 = time.perf_counter()
         threads = cfg.threads or None
