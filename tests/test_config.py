@@ -383,8 +383,8 @@ def test_help_shows_the_kv_cache_defaults_as_fitted_to_the_context():
     text = " ".join(parser.format_help().split())
     for flag in ("min-tokens", "cold-max-tokens", "continued-interval-tokens",
                  "boundary-align-tokens"):
-        after = text.rsplit(f"--kv-cache-{flag} N ", 1)[1]
-        assert after.split(")", 1)[0].split("(default: ")[1].startswith("fitted to --ctx")
+        entry = text.rsplit(f"--kv-cache-{flag} N ", 1)[1].split(" --kv-cache-", 1)[0]
+        assert "(default: fitted to --ctx: " in entry, entry
     # What the help says, for a few contexts.
     for ctx in (1024, 2048, 4096, 8192, 32768, 131072):
         p = SavePolicy.for_context(ctx)
