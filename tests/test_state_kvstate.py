@@ -3,7 +3,11 @@ give exactly the logits of a cold prefill, bad files going cold, restarts."""
 
 from __future__ import annotations
 
+import io
+import struct
+
 import numpy as np
+import pytest
 
 from ds4d.state import kvfile
 from ds4d.state.diskcache import DiskCache
@@ -146,3 +150,48 @@ def test_no_checkpoint_ends_inside_a_character(engine, tmp_path):
         s.eval(crab[-1:])
         assert kv.key_text(s.tokens).endswith("🦀") and kv.save_session(s)
     assert [e.tokens for e in kv.disk.entries()] == [len(tok.encode(TALK_A)) + len(crab)]
+
+
+def _payload_with_token(engine, tokens, at: int, value: int) -> bytes:
+    """A real session payload whose token `at` is replaced by `value` (checksums are
+    computed over it afterwards, so only the content is wrong)."""
+    from ds4d.engine.engine import _HEADER
+
+    with engine.new_session(CTX) as s:
+        s.eval(tokens)
+        buf = io.BytesIO()
+        s.save(buf)
+    raw = bytearray(buf.getvalue())
+    struct.pack_into("<i", raw, _HEADER.size + 4 * at, value)
+    return bytes(raw)
+
+
+@pytest.mark.parametrize("bad_id", ["n_vocab", -1, 2**31 - 1])
+def test_checkpoint_with_out_of_range_token_ids_is_refused_and_goes_cold(engine, tmp_path,
+                                                                        bad_id):
+    tok = engine.tokenizer
+    kv = make(engine, tmp_path)
+    prompt = tok.encode(TALK_A)
+    head = prompt[:300]
+    value = engine.info.n_vocab if bad_id == "n_vocab" else bad_id
+    kv.disk.save(kvfile.Reason.COLD, tok.decode(head), len(head),
+                 _payload_with_token(engine, head, 17, value))
+    (entry,) = kv.disk.entries()
+    with engine.new_session(CTX) as s:
+        r = kv.sync(s, TALK_A, prompt)
+        assert r.source == "none" and r.cached_tokens == 0 and s.tokens == prompt
+    assert kv.disk.stats.load_failures == 1
+    assert (kv.disk.quarantine_dir / entry.name).exists()
+
+
+def test_shutdown_saves_every_other_slot_when_one_cannot_be_saved(engine, tmp_path):
+    tok = engine.tokenizer
+    kv = make(engine, tmp_path)
+    prompt = tok.encode(TALK_A)
+    with engine.new_session(CTX) as bad, engine.new_session(CTX) as good:
+        # A session restored from a damaged payload without the checks above.
+        bad.load(io.BytesIO(_payload_with_token(engine, prompt, 5, engine.info.n_vocab + 7)))
+        good.eval(tok.encode(TALK_B))
+        assert kv.shutdown([bad, good]) == 1
+    (entry,) = kv.disk.entries()
+    assert entry.tokens == len(tok.encode(TALK_B))

@@ -92,7 +92,7 @@ class KVState:
         token_bytes = self.tokenizer.token_bytes
         try:
             return b"".join([token_bytes(t) for t in tokens]).decode()
-        except UnicodeDecodeError:
+        except (UnicodeDecodeError, ValueError):  # ValueError: an id outside the vocabulary
             return None
 
     # ---- the pieces a slot's sync is made of -------------------------------------------
@@ -129,6 +129,12 @@ class KVState:
             self.disk.reject(loaded.entry, str(e))
             session.rewind(0)
             return None
+        bad = self._implausible(session)
+        if bad is not None:  # checksums can be right and the content still wrong
+            log.warning("kv cache: refusing %s: %s", loaded.entry.name, bad)
+            session.rewind(0)
+            self.disk.reject(loaded.entry, bad)
+            return None
         reused = len(session.tokens)
         self.disk.check_reuse(match.tokens, reused, loaded.entry.name)
         if reused != match.tokens:
@@ -141,6 +147,19 @@ class KVState:
                  len(loaded.text.encode()), loaded.entry.name)
         return disk_effective(list(session.tokens), loaded.text, prompt_text,
                               self.encode_suffix)
+
+    def _implausible(self, session: Any) -> str | None:
+        """Why a restored session cannot be this model's state for this context, or None:
+        every token id must be in the vocabulary, and the session must leave room in the
+        context for the next token (positions stay below n_ctx)."""
+        tokens = session.tokens
+        n_vocab = self.tokenizer.n_vocab
+        if len(tokens) >= self.n_ctx:
+            return f"holds {len(tokens)} tokens, positions reach the context of {self.n_ctx}"
+        if tokens and not 0 <= min(tokens) <= max(tokens) < n_vocab:
+            return (f"holds token ids {min(tokens)}..{max(tokens)} outside the vocabulary "
+                    f"[0, {n_vocab})")
+        return None
 
     def stops(self, start: int, total: int, cached: int) -> list[tuple[int, Reason]]:
         """Where a prefill from `start` to `total` tokens must pause for a checkpoint:
@@ -255,5 +274,12 @@ class KVState:
         return self.policy.worth_saving(len(session.tokens)) and self._save(session, reason)
 
     def shutdown(self, sessions: Iterable[Any]) -> int:
-        """SIGTERM/SIGINT: every session worth keeping goes to disk. Returns files saved."""
-        return sum(self.save_session(s, Reason.SHUTDOWN) for s in sessions)
+        """SIGTERM/SIGINT: every session worth keeping goes to disk. Returns files saved.
+        Never raises: a session that cannot be saved is logged and the others still are."""
+        saved = 0
+        for n, session in enumerate(sessions):
+            try:
+                saved += self.save_session(session, Reason.SHUTDOWN)
+            except Exception as e:  # noqa: BLE001 - one bad session must not cost the rest
+                log.warning("kv cache: shutdown save of slot %d failed: %s", n, e)
+        return saved
