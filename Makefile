@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
 
-.PHONY: install native run test lint test-tools bench clean
+.PHONY: install native run test lint test-tools bench fuzz clean
 
 install: $(STAMP) native
 
@@ -37,6 +37,13 @@ lint: install
 test: install test-tools lint
 	$(MAKE) -C native check-neon
 	$(BIN)/pytest -q
+
+# The HTTP fuzzer's long run: 2000 generated requests per route and 2000 method/path
+# cases (12,000 in all) against a live daemon; `make test` runs 30 per route.
+FUZZ_EXAMPLES ?= 2000
+fuzz: install
+	DS4D_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -s -p no:cacheprovider \
+		--timeout 0 tests/test_http_fuzz.py
 
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tests.e2e.daemon_process import running_daemon
 
-EXAMPLES = int(os.environ.get("DS4D_FUZZ_EXAMPLES", "15"))  # per route
+EXAMPLES = int(os.environ.get("DS4D_FUZZ_EXAMPLES", "30"))  # per route
 READ_TIMEOUT_S = 120.0  # a reply slower than this is a hang
 MAX_BODY = 12_000_000
 CTX = 1024
@@ -655,3 +655,33 @@ def test_health_answers_while_a_10mb_prompt_is_refused(daemon):
     # Generous bounds for two cores shared with other work; the figures above are exact.
     assert result["seconds"] < 20
     assert p99 < 1.0
+
+
+def test_requests_without_a_limit_get_the_default_cap(client):
+    # The daemon runs with --max-tokens 2: a request that sets no limit stops there.
+    reply = client.send(
+        "POST",
+        "/v1/chat/completions",
+        json.dumps(
+            {
+                "model": "m",
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+            }
+        ).encode(),
+        [],
+    )
+    body = json.loads(reply.body)
+    assert body["usage"]["completion_tokens"] == 2
+    assert body["choices"][0]["finish_reason"] == "length"
+    reply = client.send(
+        "POST",
+        "/v1/responses",
+        json.dumps(
+            {"model": "m", "temperature": 0, "input": "Count from one to fifty in words."}
+        ).encode(),
+        [],
+    )
+    body = json.loads(reply.body)
+    assert body["status"] == "incomplete" and body["usage"]["output_tokens"] == 2
+    assert body["output"][-1]["status"] == "incomplete"
