@@ -190,6 +190,24 @@ def _string(vocab: VocabIndex) -> Step:
     yield Force('"')
 
 
+def raw_text(text_ids: np.ndarray, closer_ids: np.ndarray, ends: Sequence[str]) -> Step:
+    """A non-empty raw (unquoted) value and its closing tag, for syntaxes that write
+    values as plain text between tags: the model picks body tokens (`text_ids`, which
+    cannot spell a tag), and ends the value by picking a token that starts one of the
+    closing tags `ends` (`closer_ids`); the rest of that tag is forced."""
+    if not text_ids.size:
+        yield Force(ends[0])
+        return
+    either = np.concatenate([text_ids, closer_ids])
+    for n in range(MAX_STRING_TOKENS):
+        text = yield Allow(text_ids if n == 0 else either)
+        end = next((e for e in ends if e.startswith(text)), None)
+        if end is not None:
+            yield Force(end[len(text) :])
+            return
+    yield Force(ends[0])
+
+
 def _number(vocab: VocabIndex) -> Step:
     # One digit token: always valid JSON, and small models pick sensible small numbers.
     if vocab.leading_digits.size:
