@@ -156,7 +156,9 @@ class TemplateChatFormat:
                 record = read_replay_record(c.arguments)
                 if record is not None:
                     args, sampled = record
-                    c = dataclasses.replace(c, arguments=args)
+                    # A template that prints arguments as given gets the sampled JSON
+                    # itself; one that re-serializes them is patched after rendering.
+                    c = dataclasses.replace(c, arguments=_same_json(sampled, args) or args)
                     written = self.syntax.template_text(c.name, json.loads(args))
                     if written != sampled:
                         pairs.append((written, sampled))
@@ -229,6 +231,14 @@ def put_back_sampled(prompt: str, pairs: list[tuple[str, str]]) -> str:
         prompt = prompt[:i] + sampled + prompt[i + len(written) :]
         at = i + len(sampled)
     return prompt
+
+
+def _same_json(text: str, compact_json: str) -> str | None:
+    """`text` when it is the JSON of the same value as `compact_json`."""
+    try:
+        return text if json.loads(text) == json.loads(compact_json) else None
+    except ValueError:
+        return None
 
 
 def _token_text(tok: Any, token: int | None) -> str:

@@ -122,7 +122,7 @@ class HarmonyParser:
     @property
     def block_text(self) -> str:
         """The header being read (for resuming a constraint on a call's header)."""
-        return self._header + self._buf if self._in_header else ""
+        return self._header if self._in_header else ""
 
     def feed(self, piece: str) -> list[Event]:
         self._buf += piece
@@ -137,18 +137,16 @@ class HarmonyParser:
                     if not any(self._buf.startswith(s) for s in _HEADER_STARTS):
                         self._begin_body("", "final")  # no header: plain text
                         continue
-                i = self._buf.find(MESSAGE)
-                if i < 0:
-                    before = FUNCTIONS in self._header + self._buf
-                    self._header += self._buf
-                    self._buf = ""
-                    if FUNCTIONS in self._header and not before:
-                        self.opened += 1
-                    break
-                header = self._header + self._buf[:i]
-                if FUNCTIONS in header and FUNCTIONS not in self._header:
+                before = FUNCTIONS in self._header
+                self._header += self._buf
+                i = self._header.find(MESSAGE)
+                header = self._header if i < 0 else self._header[:i]
+                if FUNCTIONS in header and not before:
                     self.opened += 1
-                self._buf = self._buf[i + len(MESSAGE) :]
+                if i < 0:
+                    self._buf = ""
+                    break
+                self._buf = self._header[i + len(MESSAGE) :]
                 self._header = ""
                 self._in_header = False
                 self._begin_header(header)

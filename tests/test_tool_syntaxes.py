@@ -1,0 +1,185 @@
+"""Every family's tool-call syntax, parsed while streaming: recorded-style and hostile
+model outputs (tests/data/outputs/*.json), fed through the decode pipeline the real
+family template selects, cut at every character boundary. Markup never reaches the text
+channel, and every split yields the calls, text and reasoning of the whole-text parse."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from ds4d.chat.formats import TemplateChatFormat, call_syntax_for
+from ds4d.chat.template import ChatTemplate
+from ds4d.chat.toolsyntax_harmony import HarmonySyntax
+from ds4d.chat.toolsyntax_hermes import HermesSyntax
+from ds4d.chat.toolsyntax_llama import LlamaSyntax
+from ds4d.chat.toolsyntax_mistral import MistralSyntax
+from ds4d.chat.toolsyntax_qwen_xml import QwenXMLSyntax
+from ds4d.chat.types import (
+    ChatRequest,
+    Message,
+    ReasoningDelta,
+    TextDelta,
+    Tool,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+DATA = Path(__file__).parent / "data"
+TEMPLATES = DATA / "templates"
+
+TOOLS = [
+    Tool("get_weather", "Weather forecast for a city", {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                       "metric": {"type": "boolean"}},
+        "required": ["city"],
+    }),
+    Tool("run_shell", "Run a shell command", {
+        "type": "object", "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    }),
+]
+
+# Markup of every syntax: none of it may ever be sent as text.
+MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "</parameter>",
+          "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<|channel|>",
+          "<|message|>", "<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")
+
+
+def _load() -> list[tuple[str, str, dict]]:
+    out = []
+    for path in sorted((DATA / "outputs").glob("*.json")):
+        spec = json.loads(path.read_text())
+        out += [(path.stem, spec["template"], case) for case in spec["cases"]]
+    return out
+
+
+CASES = _load()
+_FORMATS: dict[str, TemplateChatFormat] = {}
+
+
+def chat_format(template: str) -> TemplateChatFormat:
+    if template not in _FORMATS:
+        _FORMATS[template] = TemplateChatFormat(ChatTemplate((TEMPLATES / template).read_text()))
+    return _FORMATS[template]
+
+
+def decode(template: str, case: dict):
+    request = ChatRequest([Message("user", "What's the weather in Paris?")], tools=TOOLS)
+    d = chat_format(template).decode(request)
+    if case.get("in_reasoning"):  # a template whose generation prompt opens <think>
+        d.parser.think.in_reasoning = True
+    return d
+
+
+def run(template: str, case: dict, cuts: list[int]) -> tuple[list, object]:
+    d = decode(template, case)
+    text, events, prev = case["text"], [], 0
+    for c in [*cuts, len(text)]:
+        events += d.feed(text[prev:c])
+        prev = c
+    return events + d.flush(), d
+
+
+def summary(events: list) -> tuple[str, str, list]:
+    text = "".join(e.text for e in events if isinstance(e, TextDelta))
+    reasoning = "".join(e.text for e in events if isinstance(e, ReasoningDelta))
+    starts = {e.index: e.name for e in events if isinstance(e, ToolCallStart)}
+    args = {e.index: "" for e in events if isinstance(e, ToolCallStart)}
+    for e in events:
+        if isinstance(e, ToolCallArgsDelta):
+            args[e.index] += e.text
+    calls = []
+    for e in events:
+        if isinstance(e, ToolCallEnd):
+            assert e.arguments == args[e.index]
+            calls.append([starts[e.index], json.loads(e.arguments)])
+    return text, reasoning, calls
+
+
+def splits(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    out = [[i] for i in range(n + 1)]  # every single cut
+    out.append(list(range(1, n)))  # one character at a time
+    out += [sorted(rng.sample(range(1, n), min(n - 1, k))) for k in (2, 3, 5, 8) if n > 2]
+    return out
+
+
+@pytest.mark.parametrize(("syntax", "template", "case"), CASES,
+                         ids=[f"{s}-{c['id']}" for s, _, c in CASES])
+def test_every_split_gives_the_whole_text_parse_and_no_markup(syntax, template, case):
+    whole, d = run(template, case, [])
+    text, reasoning, calls = summary(whole)
+    assert text == case["content"]
+    assert reasoning == case["reasoning"]
+    assert calls == case["calls"]
+    assert (d.malformed is not None) == case["dropped"], d.malformed
+    for cuts in splits(len(case["text"]), seed=len(case["text"])):
+        events, _ = run(template, case, cuts)
+        assert summary(events) == (text, reasoning, calls), cuts
+        pieces = [e.text for e in events if isinstance(e, TextDelta)]
+        for marker in MARKUP:
+            assert all(marker not in p for p in pieces) and marker not in "".join(pieces)
+
+
+@pytest.mark.parametrize(("template", "syntax"), [
+    ("Qwen-Qwen2.5-7B-Instruct.jinja", HermesSyntax),
+    ("Qwen-Qwen3-0.6B.jinja", HermesSyntax),
+    ("Qwen3-Coder.jinja", QwenXMLSyntax),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", LlamaSyntax),
+    ("meta-llama-Llama-3.2-3B-Instruct.jinja", LlamaSyntax),
+    ("meta-llama-Llama-3.3-70B-Instruct.jinja", LlamaSyntax),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MistralSyntax),
+    ("unsloth-mistral-Devstral-Small-2507.jinja", MistralSyntax),
+    ("openai-gpt-oss-120b.jinja", HarmonySyntax),
+    ("microsoft-Phi-3.5-mini-instruct.jinja", HermesSyntax),  # no tools: ds4d's block
+])
+def test_syntax_is_chosen_from_the_template(template, syntax):
+    chosen = call_syntax_for((TEMPLATES / template).read_text())
+    assert type(chosen) is syntax
+    if syntax is MistralSyntax:
+        assert chosen.named == ("Devstral" in template)
+
+
+def test_no_template_gets_hermes():
+    assert type(call_syntax_for("")) is HermesSyntax
+
+
+def test_ids_are_distinct_and_prefixed():
+    request = ChatRequest([Message("user", "x")], tools=TOOLS, tool_id_prefix="toolu_")
+    d = chat_format("Qwen3-Coder.jinja").decode(request)
+    events = d.feed(json.loads((DATA / "outputs" / "qwen3_coder_xml.json").read_text())
+                    ["cases"][4]["text"]) + d.flush()
+    ids = [e.id for e in events if isinstance(e, ToolCallStart)]
+    assert len(ids) == 2 and ids[0] != ids[1] and all(i.startswith("toolu_") for i in ids)
+    assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0, 1]
+
+
+def test_without_active_tools_hermes_markup_is_text():
+    request = ChatRequest([Message("user", "x")])
+    d = chat_format("Qwen-Qwen3-0.6B.jinja").decode(request)
+    text = '<tool_call>{"name": "f", "arguments": {}}</tool_call>'
+    assert summary(d.feed(text) + d.flush())[0] == text
+
+
+def test_harmony_splits_channels_without_tools():
+    d = chat_format("openai-gpt-oss-120b.jinja").decode(
+        ChatRequest([Message("user", "hi")]))
+    events = d.feed("<|channel|>analysis<|message|>Greet.<|end|><|start|>assistant"
+                    "<|channel|>final<|message|>Hi!") + d.flush()
+    assert summary(events) == ("Hi!", "Greet.", [])
+
+
+def test_harmony_call_marker_ends_the_turn():
+    d = chat_format("openai-gpt-oss-120b.jinja").decode(
+        ChatRequest([Message("user", "x")], tools=TOOLS))
+    d.feed('<|channel|>commentary to=functions.run_shell <|constrain|>json<|message|>'
+           '{"command":"ls"}')
+    assert not d.tool_block_closed
+    d.feed("<|call|>")
+    assert d.tool_block_closed and d.tool_calls == 1
