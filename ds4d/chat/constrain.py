@@ -74,6 +74,11 @@ class VocabIndex:
         )
         self.quote = np.array(self.by_text.get('"', []), dtype=np.int64)
 
+    @classmethod
+    def from_tokenizer(cls, tok: Any) -> VocabIndex:
+        """Every token's text; special tokens and partial UTF-8 sequences are None."""
+        return cls([_token_text(tok, i) for i in range(tok.n_vocab)])
+
     def with_markup(self, markup: str) -> VocabIndex:
         """The same vocabulary for a syntax whose `markup` characters must never appear
         inside a JSON string."""
@@ -90,6 +95,15 @@ class VocabIndex:
                     seen.add(p)
                     ids.update(self.by_text.get(p, ()))
         return np.array(sorted(ids), dtype=np.int64)
+
+
+def _token_text(tok: Any, token: int) -> str | None:
+    if tok.is_special(token):
+        return None
+    try:
+        return tok.token_bytes(token).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def forced_tool_call(vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
@@ -190,17 +204,20 @@ def _string(vocab: VocabIndex) -> Step:
     yield Force('"')
 
 
-def raw_text(text_ids: np.ndarray, closer_ids: np.ndarray, ends: Sequence[str]) -> Step:
+def raw_text(text_ids: np.ndarray, closer_ids: np.ndarray, ends: Sequence[str],
+             first_ids: np.ndarray | None = None) -> Step:
     """A non-empty raw (unquoted) value and its closing tag, for syntaxes that write
     values as plain text between tags: the model picks body tokens (`text_ids`, which
-    cannot spell a tag), and ends the value by picking a token that starts one of the
-    closing tags `ends` (`closer_ids`); the rest of that tag is forced."""
-    if not text_ids.size:
+    cannot spell a tag; `first_ids` for the first one), and ends the value by picking a
+    token that starts one of the closing tags `ends` (`closer_ids`); the rest of that
+    tag is forced."""
+    first = text_ids if first_ids is None else first_ids
+    if not first.size:
         yield Force(ends[0])
         return
     either = np.concatenate([text_ids, closer_ids])
     for n in range(MAX_STRING_TOKENS):
-        text = yield Allow(text_ids if n == 0 else either)
+        text = yield Allow(first if n == 0 else either)
         end = next((e for e in ends if e.startswith(text)), None)
         if end is not None:
             yield Force(end[len(text) :])

@@ -66,6 +66,9 @@ class HarmonySyntax(Syntax):
     name = "harmony"
     json_markup = "<"
 
+    def __init__(self) -> None:
+        self._json: tuple[VocabIndex, VocabIndex] | None = None  # (vocab, its JSON index)
+
     def parse_block(self, block: str, opener: str, tools: Sequence[Tool]) -> list[ParsedCall]:
         raise NotImplementedError  # HarmonyParser reads whole messages itself
 
@@ -87,7 +90,9 @@ class HarmonySyntax(Syntax):
 
     def _rest(self, vocab: VocabIndex, tools: list[Tool], choice: ToolChoice,
               header: str) -> Step:
-        json_vocab = vocab.with_markup(self.json_markup)
+        if self._json is None or self._json[0] is not vocab:
+            self._json = (vocab, vocab.with_markup(self.json_markup))
+        json_vocab = self._json[1]
         candidates = offered_tools(tools, choice)
         names = [t.name + header for t in candidates]
         picked = yield from choose(json_vocab, names)

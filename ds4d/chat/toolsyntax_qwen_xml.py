@@ -53,7 +53,8 @@ class QwenXMLSyntax(Syntax):
     json_markup = "<"
 
     def __init__(self) -> None:
-        self._vocab: tuple[VocabIndex, VocabIndex, np.ndarray, np.ndarray] | None = None
+        self._vocab: tuple[VocabIndex, VocabIndex, np.ndarray, np.ndarray, np.ndarray] | None = (
+            None)
 
     def block_end(self, block: str, opener: str) -> int | None:
         close = CLOSE if opener == OPEN else FUNCTION_END
@@ -82,7 +83,7 @@ class QwenXMLSyntax(Syntax):
         return f"<function={name}>\n{params}</function>"
 
     def forced(self, vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
-        json_vocab, text_ids, closer_ids = self._indexes(vocab)
+        json_vocab, text_ids, first_ids, closer_ids = self._indexes(vocab)
         candidates = offered_tools(tools, choice)
         yield Force(f"{OPEN}\n{FUNCTION}")
         names = [t.name + ">\n" for t in candidates]
@@ -98,22 +99,29 @@ class QwenXMLSyntax(Syntax):
             if options and all(isinstance(o, str) and o for o in options):
                 yield from choose(json_vocab, [o + ends[0] for o in options])
             elif prop.get("type") == "string" and "const" not in prop:
-                yield from raw_text(text_ids, closer_ids, ends)
+                yield from raw_text(text_ids, closer_ids, ends, first_ids)
             else:
                 yield from json_value(json_vocab, prop)
                 yield Force(ends[0])
             yield Force("\n")
         yield Force(f"{FUNCTION_END}\n{CLOSE}")
 
-    def _indexes(self, vocab: VocabIndex) -> tuple[VocabIndex, np.ndarray, np.ndarray]:
+    def _indexes(self, vocab: VocabIndex
+                 ) -> tuple[VocabIndex, np.ndarray, np.ndarray, np.ndarray]:
+        """JSON values' vocabulary; raw value tokens (no `<`: a tag cannot be spelled),
+        those that may start a value (not a newline, which the layout strips), and the
+        tokens that start the closing tag."""
         if self._vocab is None or self._vocab[0] is not vocab:
             texts = vocab.texts
             text_ids = np.array([i for ids in vocab.by_text.values() for i in ids
                                  if "<" not in texts[i]], dtype=np.int64)
+            first_ids = np.array([i for i in text_ids if not texts[i].startswith("\n")],
+                                 dtype=np.int64)
             closers = vocab.prefix_ids(["\n" + PARAM_END, PARAM_END])
             closers = closers[[("<" in texts[i]) for i in closers]] if closers.size else closers
-            self._vocab = (vocab, vocab.with_markup(self.json_markup), text_ids, closers)
-        return self._vocab[1], self._vocab[2], self._vocab[3]
+            self._vocab = (vocab, vocab.with_markup(self.json_markup), text_ids, first_ids,
+                           closers)
+        return self._vocab[1:]
 
 
 def _arguments(body: str, schema: Any) -> dict[str, Any]:

@@ -307,8 +307,7 @@ class Generator:
         return self._vocab
 
     def _build_vocab(self) -> VocabIndex:
-        n = self.engine.info.n_vocab
-        return VocabIndex([self._vocab_text(i) for i in range(n)])
+        return VocabIndex.from_tokenizer(self.tok)
 
     def _vocab_text(self, token: int) -> str | None:
         if self.tok.is_special(token):
