@@ -183,3 +183,75 @@ def test_harmony_call_marker_ends_the_turn():
     assert not d.tool_block_closed
     d.feed("<|call|>")
     assert d.tool_block_closed and d.tool_calls == 1
+
+
+# ---- replay: the next turn's prompt holds the call exactly as the model sampled it ------
+
+# The model's reply in a spelling the template would not write (compact JSON, `true`
+# where the template prints Python's `True`): only exact replay keeps the prompt a
+# prefix match of the KV.
+REPLIES = {
+    "Qwen-Qwen2.5-7B-Instruct.jinja":
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+        "</tool_call>",
+    "Qwen-Qwen3-0.6B.jinja":
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+        "</tool_call>",
+    "Qwen3-Coder.jinja":
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja":
+        '{"name": "get_weather", "parameters": {"city":"Paris","days":3}}',
+    "unsloth-mistral-Devstral-Small-2507.jinja":
+        '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris","days":3}',
+    "openai-gpt-oss-120b.jinja":
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"city":"Paris","days":3}',
+    "microsoft-Phi-3.5-mini-instruct.jinja":  # no tools in the template: ds4d's Hermes
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+        "</tool_call>",
+}
+
+
+def next_turn(template: str, reply: str, replay: bool) -> tuple[str, str]:
+    """(first prompt + the reply as sampled, the second turn's prompt) through the real
+    state service's tool memory, the client sending the call back re-serialized."""
+    from ds4d.chat.types import ToolCall
+    from ds4d.state.service import StateService
+
+    fmt = TemplateChatFormat(ChatTemplate((TEMPLATES / template).read_text(), "<s>", "</s>"))
+    service = StateService.create(tokenizer=None, fingerprint="t", ctx=4096, kv_dir=None,
+                                  tool_replay=replay)
+    first = ChatRequest([Message("user", "Weather in Paris?")], tools=TOOLS)
+    prompt = fmt.render(service.prepare_request(first))
+    d = fmt.decode(first)
+    events = d.feed(reply) + d.flush()
+    for call_id, record in d.replay.items():  # what the serving loop remembers
+        service.tool_memory.remember(call_id, record)
+    start = next(e for e in events if isinstance(e, ToolCallStart))
+    end = next(e for e in events if isinstance(e, ToolCallEnd))
+    resent = json.dumps(json.loads(end.arguments), indent=2, sort_keys=True)
+    call = ToolCall(start.id, start.name, resent)
+    second = ChatRequest([
+        Message("user", "Weather in Paris?"),
+        Message("assistant", "", tool_calls=[call]),
+        Message("tool", "Sunny, 21 C", tool_call_id=call.id, name=call.name),
+    ], tools=TOOLS)
+    return prompt + reply, fmt.render(service.prepare_request(second))
+
+
+@pytest.mark.parametrize("template", list(REPLIES))
+def test_next_turn_reuses_the_sampled_call(template):
+    kv, prompt = next_turn(template, REPLIES[template], replay=True)
+    assert prompt.startswith(kv)
+    without, prompt = next_turn(template, REPLIES[template], replay=False)
+    assert not prompt.startswith(without)  # the template alone respells the call
+
+
+def test_put_back_sampled_only_where_the_template_wrote_the_call():
+    from ds4d.chat.formats import put_back_sampled
+
+    prompt = 'A {"a": 1} B {"a": 1} C'
+    assert put_back_sampled(prompt, [('{"a": 1}', '{"a":1}'), ('{"a": 1}', '{ "a":1 }')]) == (
+        'A {"a":1} B { "a":1 } C')
+    assert put_back_sampled(prompt, [('{"b": 2}', "x")]) == prompt
