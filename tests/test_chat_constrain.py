@@ -28,10 +28,35 @@ from tests.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constr
 # backslashes in them, digits, and tokens that are None (specials / partial UTF-8).
 VOCAB = (
     [chr(c) for c in range(32, 127)]
-    + ["\n", "\t", '",', '":', '"}', "\\n", "get", "_weather", "weather", "city", " Paris",
-       "true", "false", "tr", "ue", "fa", "lse", "00", "12", "0", "007", "\ufffd", "é", "ab"]
+    + [
+        "\n",
+        "\t",
+        '",',
+        '":',
+        '"}',
+        "\\n",
+        "get",
+        "_weather",
+        "weather",
+        "city",
+        " Paris",
+        "true",
+        "false",
+        "tr",
+        "ue",
+        "fa",
+        "lse",
+        "00",
+        "12",
+        "0",
+        "007",
+        "\ufffd",
+        "é",
+        "ab",
+    ]
     + [None, None]
 )
+
 
 def drive(choice: ToolChoice, rng: random.Random) -> str:
     return run_constraint(forced_tool_call(VocabIndex(VOCAB), TOOLS, choice), VOCAB, rng)
@@ -73,8 +98,15 @@ def test_prefix_ids_only_spell_prefixes():
 
 def test_a_vocabulary_without_digits_or_plain_text_still_gives_valid_json():
     vocab = VocabIndex(["\\", "\x01", None])  # nothing usable inside a value
-    tool = Tool("f", "", {"type": "object", "required": ["city", "days"], "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"}}})
+    tool = Tool(
+        "f",
+        "",
+        {
+            "type": "object",
+            "required": ["city", "days"],
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        },
+    )
     gen = forced_tool_call(vocab, [tool], ToolChoice("required"))
     text, step = "", next(gen)
     try:
@@ -116,7 +148,7 @@ def real_vocab(engine) -> VocabIndex:
 
 
 def family(syntax: str) -> TemplateChatFormat:
-    source = (Path(__file__).parent / "data" / "templates" / FAMILY_TEMPLATES[syntax])
+    source = Path(__file__).parent / "data" / "templates" / FAMILY_TEMPLATES[syntax]
     fmt = TemplateChatFormat(ChatTemplate(source.read_text()))
     assert fmt.syntax.name == syntax
     return fmt
@@ -128,8 +160,7 @@ def parse_calls(fmt: TemplateChatFormat, text: str, tools=TOOLS) -> list[tuple[s
     assert not [e for e in events if isinstance(e, TextDelta) and e.text.strip()], text
     assert d.malformed is None, (d.malformed, text)
     names = {e.index: e.name for e in events if isinstance(e, ToolCallStart)}
-    return [(names[e.index], json.loads(e.arguments)) for e in events
-            if isinstance(e, ToolCallEnd)]
+    return [(names[e.index], json.loads(e.arguments)) for e in events if isinstance(e, ToolCallEnd)]
 
 
 @pytest.mark.parametrize("syntax", list(FAMILY_TEMPLATES))
@@ -139,8 +170,9 @@ def test_forced_call_in_each_syntax_parses_with_the_real_vocabulary(syntax, real
     for seed in range(25):
         choice = ToolChoice("named", "get_weather") if seed % 2 else ToolChoice("required")
         request = ChatRequest([Message("user", "x")], tools=TOOLS, tool_choice=choice)
-        text = run_constraint(fmt.forced_call(real_vocab, request), real_vocab.texts,
-                              random.Random(seed))
+        text = run_constraint(
+            fmt.forced_call(real_vocab, request), real_vocab.texts, random.Random(seed)
+        )
         [(name, args)] = parse_calls(fmt, text)
         assert name in TOOL_NAMES
         seen.add(name)
@@ -156,16 +188,18 @@ def test_forced_call_in_each_syntax_with_a_tiny_vocabulary(syntax):
     fmt = family(syntax)
     vocab = VocabIndex(VOCAB)
     for seed in range(40):
-        request = ChatRequest([Message("user", "x")], tools=TOOLS,
-                              tool_choice=ToolChoice("named", "get_weather"))
+        request = ChatRequest(
+            [Message("user", "x")], tools=TOOLS, tool_choice=ToolChoice("named", "get_weather")
+        )
         text = run_constraint(fmt.forced_call(vocab, request), VOCAB, random.Random(seed))
         [(name, args)] = parse_calls(fmt, text)
         assert name == "get_weather"
         check_weather_args(args)
 
 
-@pytest.mark.parametrize(("syntax", "opening"),
-                         [(s, o) for s, opens in OPENINGS.items() for o in opens])
+@pytest.mark.parametrize(
+    ("syntax", "opening"), [(s, o) for s, opens in OPENINGS.items() for o in opens]
+)
 def test_a_call_the_model_opens_is_finished_as_a_valid_call(syntax, opening, real_vocab):
     """As the serving loop does: the decode sees the opening marker, hands out the
     constraint for the rest, and the whole text parses into a call of a declared tool."""
@@ -200,8 +234,9 @@ def test_a_call_opened_past_its_markup_is_left_to_the_parser(real_vocab):
 def test_forced_call_closes_reasoning_the_prompt_opened():
     opened = "{{ '<|im_start|>assistant\\n<think>\\n' }}{# tools tool_call <tool_call> #}"
     fmt = TemplateChatFormat(ChatTemplate(opened))
-    request = ChatRequest([Message("user", "x")], tools=TOOLS,
-                          tool_choice=ToolChoice("named", "get_time"))
+    request = ChatRequest(
+        [Message("user", "x")], tools=TOOLS, tool_choice=ToolChoice("named", "get_time")
+    )
     text = run_constraint(fmt.forced_call(VocabIndex(VOCAB), request), VOCAB, random.Random(0))
     assert text.startswith("</think>\n\n<tool_call>")
     d = fmt.decode(request)

@@ -92,10 +92,13 @@ def test_a_call_is_announced_whole_when_its_block_closes():
     assert end[1].text == end[2].arguments
 
 
-@pytest.mark.parametrize("body", [
-    '{"arguments": {"x": 1}, "name": "f"}',  # name last: parsed whole
-    '{"name": "f", "arguments": "{\\"x\\": 1}"}',  # double-encoded arguments
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"arguments": {"x": 1}, "name": "f"}',  # name last: parsed whole
+        '{"name": "f", "arguments": "{\\"x\\": 1}"}',  # double-encoded arguments
+    ],
+)
 def test_other_layouts_parse_whole(body):
     events, p = run(f"<tool_call>{body}</tool_call>", [15, 30], tools=True)
     kinds = [type(e) for e in events]

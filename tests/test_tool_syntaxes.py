@@ -33,22 +33,49 @@ DATA = Path(__file__).parent / "data"
 TEMPLATES = DATA / "templates"
 
 TOOLS = [
-    Tool("get_weather", "Weather forecast for a city", {
-        "type": "object",
-        "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                       "metric": {"type": "boolean"}},
-        "required": ["city"],
-    }),
-    Tool("run_shell", "Run a shell command", {
-        "type": "object", "properties": {"command": {"type": "string"}},
-        "required": ["command"],
-    }),
+    Tool(
+        "get_weather",
+        "Weather forecast for a city",
+        {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "metric": {"type": "boolean"},
+            },
+            "required": ["city"],
+        },
+    ),
+    Tool(
+        "run_shell",
+        "Run a shell command",
+        {
+            "type": "object",
+            "properties": {"command": {"type": "string"}},
+            "required": ["command"],
+        },
+    ),
 ]
 
 # Markup of every syntax: none of it may ever be sent as text.
-MARKUP = ("<tool_call>", "</tool_call>", "<function=", "</function>", "</parameter>",
-          "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>", "<|channel|>",
-          "<|message|>", "<|start|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")
+MARKUP = (
+    "<tool_call>",
+    "</tool_call>",
+    "<function=",
+    "</function>",
+    "</parameter>",
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "[CALL_ID]",
+    "<|python_tag|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|start|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
+    "<|constrain|>",
+)
 
 
 def _load() -> list[tuple[str, str, dict]]:
@@ -110,8 +137,9 @@ def splits(n: int, seed: int) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize(("syntax", "template", "case"), CASES,
-                         ids=[f"{s}-{c['id']}" for s, _, c in CASES])
+@pytest.mark.parametrize(
+    ("syntax", "template", "case"), CASES, ids=[f"{s}-{c['id']}" for s, _, c in CASES]
+)
 def test_every_split_gives_the_whole_text_parse_and_no_markup(syntax, template, case):
     whole, d = run(template, case, [])
     text, reasoning, calls = summary(whole)
@@ -127,18 +155,21 @@ def test_every_split_gives_the_whole_text_parse_and_no_markup(syntax, template, 
             assert all(marker not in p for p in pieces) and marker not in "".join(pieces)
 
 
-@pytest.mark.parametrize(("template", "syntax"), [
-    ("Qwen-Qwen2.5-7B-Instruct.jinja", HermesSyntax),
-    ("Qwen-Qwen3-0.6B.jinja", HermesSyntax),
-    ("Qwen3-Coder.jinja", QwenXMLSyntax),
-    ("meta-llama-Llama-3.1-8B-Instruct.jinja", LlamaSyntax),
-    ("meta-llama-Llama-3.2-3B-Instruct.jinja", LlamaSyntax),
-    ("meta-llama-Llama-3.3-70B-Instruct.jinja", LlamaSyntax),
-    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MistralSyntax),
-    ("unsloth-mistral-Devstral-Small-2507.jinja", MistralSyntax),
-    ("openai-gpt-oss-120b.jinja", HarmonySyntax),
-    ("microsoft-Phi-3.5-mini-instruct.jinja", HermesSyntax),  # no tools: ds4d's block
-])
+@pytest.mark.parametrize(
+    ("template", "syntax"),
+    [
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", HermesSyntax),
+        ("Qwen-Qwen3-0.6B.jinja", HermesSyntax),
+        ("Qwen3-Coder.jinja", QwenXMLSyntax),
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", LlamaSyntax),
+        ("meta-llama-Llama-3.2-3B-Instruct.jinja", LlamaSyntax),
+        ("meta-llama-Llama-3.3-70B-Instruct.jinja", LlamaSyntax),
+        ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MistralSyntax),
+        ("unsloth-mistral-Devstral-Small-2507.jinja", MistralSyntax),
+        ("openai-gpt-oss-120b.jinja", HarmonySyntax),
+        ("microsoft-Phi-3.5-mini-instruct.jinja", HermesSyntax),  # no tools: ds4d's block
+    ],
+)
 def test_syntax_is_chosen_from_the_template(template, syntax):
     chosen = call_syntax_for((TEMPLATES / template).read_text())
     assert type(chosen) is syntax
@@ -153,8 +184,12 @@ def test_no_template_gets_hermes():
 def test_ids_are_distinct_and_prefixed():
     request = ChatRequest([Message("user", "x")], tools=TOOLS, tool_id_prefix="toolu_")
     d = chat_format("Qwen3-Coder.jinja").decode(request)
-    events = d.feed(json.loads((DATA / "outputs" / "qwen3_coder_xml.json").read_text())
-                    ["cases"][4]["text"]) + d.flush()
+    events = (
+        d.feed(
+            json.loads((DATA / "outputs" / "qwen3_coder_xml.json").read_text())["cases"][4]["text"]
+        )
+        + d.flush()
+    )
     ids = [e.id for e in events if isinstance(e, ToolCallStart)]
     assert len(ids) == 2 and ids[0] != ids[1] and all(i.startswith("toolu_") for i in ids)
     assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0, 1]
@@ -168,18 +203,24 @@ def test_without_active_tools_hermes_markup_is_text():
 
 
 def test_harmony_splits_channels_without_tools():
-    d = chat_format("openai-gpt-oss-120b.jinja").decode(
-        ChatRequest([Message("user", "hi")]))
-    events = d.feed("<|channel|>analysis<|message|>Greet.<|end|><|start|>assistant"
-                    "<|channel|>final<|message|>Hi!") + d.flush()
+    d = chat_format("openai-gpt-oss-120b.jinja").decode(ChatRequest([Message("user", "hi")]))
+    events = (
+        d.feed(
+            "<|channel|>analysis<|message|>Greet.<|end|><|start|>assistant"
+            "<|channel|>final<|message|>Hi!"
+        )
+        + d.flush()
+    )
     assert summary(events) == ("Hi!", "Greet.", [])
 
 
 def test_harmony_call_marker_ends_the_turn():
     d = chat_format("openai-gpt-oss-120b.jinja").decode(
-        ChatRequest([Message("user", "x")], tools=TOOLS))
-    d.feed('<|channel|>commentary to=functions.run_shell <|constrain|>json<|message|>'
-           '{"command":"ls"}')
+        ChatRequest([Message("user", "x")], tools=TOOLS)
+    )
+    d.feed(
+        '<|channel|>commentary to=functions.run_shell <|constrain|>json<|message|>{"command":"ls"}'
+    )
     assert not d.tool_block_closed
     d.feed("<|call|>")
     assert d.tool_block_closed and d.tool_calls == 1
@@ -191,25 +232,18 @@ def test_harmony_call_marker_ends_the_turn():
 # where the template prints Python's `True`): only exact replay keeps the prompt a
 # prefix match of the KV.
 REPLIES = {
-    "Qwen-Qwen2.5-7B-Instruct.jinja":
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
-        "</tool_call>",
-    "Qwen-Qwen3-0.6B.jinja":
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
-        "</tool_call>",
-    "Qwen3-Coder.jinja":
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-        "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>",
-    "meta-llama-Llama-3.1-8B-Instruct.jinja":
-        '{"name": "get_weather", "parameters": {"city":"Paris","days":3}}',
-    "unsloth-mistral-Devstral-Small-2507.jinja":
-        '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris","days":3}',
-    "openai-gpt-oss-120b.jinja":
-        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-        '{"city":"Paris","days":3}',
+    "Qwen-Qwen2.5-7B-Instruct.jinja": '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+    "</tool_call>",
+    "Qwen-Qwen3-0.6B.jinja": '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+    "</tool_call>",
+    "Qwen3-Coder.jinja": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+    "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>",
+    "meta-llama-Llama-3.1-8B-Instruct.jinja": '{"name": "get_weather", "parameters": {"city":"Paris","days":3}}',
+    "unsloth-mistral-Devstral-Small-2507.jinja": '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris","days":3}',
+    "openai-gpt-oss-120b.jinja": "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+    '{"city":"Paris","days":3}',
     "microsoft-Phi-3.5-mini-instruct.jinja":  # no tools in the template: ds4d's Hermes
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
-        "</tool_call>",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n</tool_call>',
 }
 
 
@@ -220,8 +254,9 @@ def next_turn(template: str, reply: str, replay: bool) -> tuple[str, str]:
     from ds4d.state.service import StateService
 
     fmt = TemplateChatFormat(ChatTemplate((TEMPLATES / template).read_text(), "<s>", "</s>"))
-    service = StateService.create(tokenizer=None, fingerprint="t", ctx=4096, kv_dir=None,
-                                  tool_replay=replay)
+    service = StateService.create(
+        tokenizer=None, fingerprint="t", ctx=4096, kv_dir=None, tool_replay=replay
+    )
     first = ChatRequest([Message("user", "Weather in Paris?")], tools=TOOLS)
     prompt = fmt.render(service.prepare_request(first))
     d = fmt.decode(first)
@@ -232,11 +267,14 @@ def next_turn(template: str, reply: str, replay: bool) -> tuple[str, str]:
     end = next(e for e in events if isinstance(e, ToolCallEnd))
     resent = json.dumps(json.loads(end.arguments), indent=2, sort_keys=True)
     call = ToolCall(start.id, start.name, resent)
-    second = ChatRequest([
-        Message("user", "Weather in Paris?"),
-        Message("assistant", "", tool_calls=[call]),
-        Message("tool", "Sunny, 21 C", tool_call_id=call.id, name=call.name),
-    ], tools=TOOLS)
+    second = ChatRequest(
+        [
+            Message("user", "Weather in Paris?"),
+            Message("assistant", "", tool_calls=[call]),
+            Message("tool", "Sunny, 21 C", tool_call_id=call.id, name=call.name),
+        ],
+        tools=TOOLS,
+    )
     return prompt + reply, fmt.render(service.prepare_request(second))
 
 
@@ -253,5 +291,17 @@ def test_put_back_sampled_only_where_the_template_wrote_the_call():
 
     prompt = 'A {"a": 1} B {"a": 1} C'
     assert put_back_sampled(prompt, [('{"a": 1}', '{"a":1}'), ('{"a": 1}', '{ "a":1 }')]) == (
-        'A {"a":1} B { "a":1 } C')
+        'A {"a":1} B { "a":1 } C'
+    )
     assert put_back_sampled(prompt, [('{"b": 2}', "x")]) == prompt
+
+
+def test_harmony_return_ends_the_reply_without_a_call():
+    d = chat_format("openai-gpt-oss-120b.jinja").decode(
+        ChatRequest([Message("user", "x")], tools=TOOLS)
+    )
+    events = d.feed("<|channel|>final<|message|>Done.")
+    assert not d.stopped
+    events += d.feed("<|return|>") + d.flush()
+    assert d.stopped and not d.tool_block_closed and d.tool_calls == 0
+    assert summary(events) == ("Done.", "", [])

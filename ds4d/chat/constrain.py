@@ -204,8 +204,12 @@ def _string(vocab: VocabIndex) -> Step:
     yield Force('"')
 
 
-def raw_text(text_ids: np.ndarray, closer_ids: np.ndarray, ends: Sequence[str],
-             first_ids: np.ndarray | None = None) -> Step:
+def raw_text(
+    text_ids: np.ndarray,
+    closer_ids: np.ndarray,
+    ends: Sequence[str],
+    first_ids: np.ndarray | None = None,
+) -> Step:
     """A non-empty raw (unquoted) value and its closing tag, for syntaxes that write
     values as plain text between tags: the model picks body tokens (`text_ids`, which
     cannot spell a tag; `first_ids` for the first one), and ends the value by picking a

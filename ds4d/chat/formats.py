@@ -68,8 +68,9 @@ def call_syntax_for(source: str) -> Syntax:
 class TemplateDecode:
     """The shared output pipeline; sampling is the client's, every token."""
 
-    def __init__(self, parser: OutputParser, syntax: Syntax | None = None,
-                 tools: list[Tool] | None = None) -> None:
+    def __init__(
+        self, parser: OutputParser, syntax: Syntax | None = None, tools: list[Tool] | None = None
+    ) -> None:
         self.parser = parser
         self.syntax = syntax
         self.tools = tools or []
@@ -77,7 +78,8 @@ class TemplateDecode:
 
     @property
     def stopped(self) -> bool:
-        return self.parser.stopped
+        """A stop sequence, or the end of the reply written out (harmony's `<|return|>`)."""
+        return self.parser.stopped or bool(getattr(self.parser.tools, "returned", False))
 
     @property
     def stop_sequence(self) -> str | None:
@@ -144,8 +146,9 @@ class TemplateChatFormat:
         request, sampled = self._with_replayed_calls(request)
         return put_back_sampled(render_request(self.template, request), sampled)
 
-    def _with_replayed_calls(self, request: ChatRequest
-                             ) -> tuple[ChatRequest, list[tuple[str, str]]]:
+    def _with_replayed_calls(
+        self, request: ChatRequest
+    ) -> tuple[ChatRequest, list[tuple[str, str]]]:
         """The request with replay records swapped for their arguments, and per replayed
         call (template's spelling, sampled spelling), in prompt order."""
         pairs: list[tuple[str, str]] = []
@@ -191,8 +194,7 @@ class TemplateChatFormat:
         """The constraint that writes a forced (required / named) call in the model's
         syntax (closing the reasoning first when the prompt opened it)."""
         step = self.syntax.forced(vocab, request.tools, request.tool_choice)
-        if not isinstance(self.syntax, HarmonySyntax) and self.opens_reasoning(
-                request.thinking):
+        if not isinstance(self.syntax, HarmonySyntax) and self.opens_reasoning(request.thinking):
             return prefixed("</think>\n\n", step)
         return step
 
@@ -200,8 +202,9 @@ class TemplateChatFormat:
         """Does the generation prompt end inside `<think>` (R1-distill style templates)?
         Found once per thinking setting by rendering a one-message conversation."""
         if thinking not in self._opens_reasoning:
-            probe = render_request(self.template, ChatRequest([Message("user", "x")],
-                                                              thinking=thinking))
+            probe = render_request(
+                self.template, ChatRequest([Message("user", "x")], thinking=thinking)
+            )
             self._opens_reasoning[thinking] = probe.rstrip().endswith("<think>")
         return self._opens_reasoning[thinking]
 
@@ -215,9 +218,13 @@ def chat_format_for(engine: Any, n_ctx: int) -> Any:
     from ds4d.chat.template import ChatTemplate
 
     tok = engine.tokenizer
-    return TemplateChatFormat(ChatTemplate(engine.chat_template or FALLBACK_TEMPLATE,
-                                           _token_text(tok, tok.bos_id),
-                                           _token_text(tok, tok.eos_id)))
+    return TemplateChatFormat(
+        ChatTemplate(
+            engine.chat_template or FALLBACK_TEMPLATE,
+            _token_text(tok, tok.bos_id),
+            _token_text(tok, tok.eos_id),
+        )
+    )
 
 
 def put_back_sampled(prompt: str, pairs: list[tuple[str, str]]) -> str:

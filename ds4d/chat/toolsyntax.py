@@ -17,11 +17,15 @@ template writes a past call back into the prompt. `CallParser` does the streamin
 opening marker is sampled the rest of the call is constrained (`resume_constraint`, the
 same steps a forced call takes), so what follows the marker is a valid call for a
 declared tool. What can still go wrong is dropped, never passed through as text: a
-block whose body does not parse, names a tool that was not declared, or is still open
-when the generation ends (end of sequence, max_tokens) yields no event at all, and
-`CallParser.malformed` says why in one line (the decode logs it; the finish reason
-stays what ended the generation: `length` for max_tokens, else `stop`). Stray closing
-tags in text are removed. A call written inside reasoning is not a call: reasoning is
+block whose body does not parse, names a tool that was not declared, or was cut off
+before its body is complete (end of sequence, max_tokens) yields no event at all, and
+`CallParser.malformed` says why in one line (the serving loop logs it and records it
+in the trace; the finish reason stays what ended the generation: `length` for
+max_tokens, else `stop`). A block cut off after a complete body (a missing closing
+tag) is accepted. Stray closing tags in text are removed. Only a constraint that cannot
+take over is left to this rule: when the piece that completed the opening marker
+already holds text past the markup the constraint would force (the model chose a name
+in the same token), what the model wrote cannot be replayed into a constraint. A call written inside reasoning is not a call: reasoning is
 passed on verbatim (a later turn renders it back, and the prompt must match the KV),
 and it never goes to the text channel.
 
@@ -131,8 +135,12 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-def call_object(text: str, start: int, tools: Sequence[Tool],
-                keys: tuple[str, ...] = ("arguments", "parameters")) -> tuple[ParsedCall, int]:
+def call_object(
+    text: str,
+    start: int,
+    tools: Sequence[Tool],
+    keys: tuple[str, ...] = ("arguments", "parameters"),
+) -> tuple[ParsedCall, int]:
     """A `{"name": …, "arguments": {…}}` object at `start`: the call, and the index past
     it. The sampled span is the arguments' own text."""
     try:
@@ -262,8 +270,13 @@ class CallParser:
                 self._emit_text(out, self._buf[:i].rstrip())
                 self._open(opener, i)
                 continue
-            keep = max((partial_suffix_len(self._buf, m)
-                        for m in (*self.syntax.openers, *self.syntax.stray)), default=0)
+            keep = max(
+                (
+                    partial_suffix_len(self._buf, m)
+                    for m in (*self.syntax.openers, *self.syntax.stray)
+                ),
+                default=0,
+            )
             head = self._buf[: len(self._buf) - keep]
             body = head.rstrip()  # whitespace before a block is syntax: held
             self._emit_text(out, body)

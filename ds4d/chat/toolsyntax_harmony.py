@@ -83,13 +83,15 @@ class HarmonySyntax(Syntax):
         """The header so far ends with `to=functions.`: the name and the rest follow."""
         if not sampled.endswith(FUNCTIONS):
             return None
-        header = f" {CONSTRAIN}json{MESSAGE}" if CHANNEL in sampled else (
-            f"{CHANNEL}commentary {CONSTRAIN}json{MESSAGE}")
+        header = (
+            f" {CONSTRAIN}json{MESSAGE}"
+            if CHANNEL in sampled
+            else (f"{CHANNEL}commentary {CONSTRAIN}json{MESSAGE}")
+        )
         gen = self._rest(vocab, tools, ToolChoice("required"), header)
         return resume_constraint(prefixed("", gen), "")
 
-    def _rest(self, vocab: VocabIndex, tools: list[Tool], choice: ToolChoice,
-              header: str) -> Step:
+    def _rest(self, vocab: VocabIndex, tools: list[Tool], choice: ToolChoice, header: str) -> Step:
         if self._json is None or self._json[0] is not vocab:
             self._json = (vocab, vocab.with_markup(self.json_markup))
         json_vocab = self._json[1]
@@ -105,8 +107,9 @@ class HarmonyParser:
     """The whole reply, channel by channel (stands for both the thinking split and the
     call parser of the other syntaxes)."""
 
-    def __init__(self, tools: Sequence[Tool], id_prefix: str = "call_",
-                 calls_active: bool = True) -> None:
+    def __init__(
+        self, tools: Sequence[Tool], id_prefix: str = "call_", calls_active: bool = True
+    ) -> None:
         self.tools = list(tools)
         self.calls_active = calls_active
         self.id_prefix = id_prefix
@@ -115,7 +118,8 @@ class HarmonyParser:
         self.replay: dict[str, str] = {}
         self.malformed: str | None = None
         self.opened = 0  # call headers seen (`to=functions.`)
-        self.ended = False  # a call was closed with <|call|>, or the reply with <|return|>
+        self.ended = False  # a call was closed with <|call|>: the turn ends with it
+        self.returned = False  # the reply was closed with <|return|>
         self._buf = ""
         self._in_header = True  # the reply starts with a header
         self._first = True  # ...unless it starts with plain text
@@ -132,11 +136,12 @@ class HarmonyParser:
     def feed(self, piece: str) -> list[Event]:
         self._buf += piece
         out: list[Event] = []
-        while self._buf and not self.ended:
+        while self._buf and not (self.ended or self.returned):
             if self._in_header:
                 if self._first:
                     if any(s.startswith(self._buf) for s in _HEADER_STARTS) and not any(
-                            self._buf.startswith(s) for s in _HEADER_STARTS):
+                        self._buf.startswith(s) for s in _HEADER_STARTS
+                    ):
                         break  # may still be a header
                     self._first = False
                     if not any(self._buf.startswith(s) for s in _HEADER_STARTS):
@@ -166,8 +171,10 @@ class HarmonyParser:
             out += self._body_text(self._buf[:j])
             self._buf = self._buf[j + len(marker) :]
             out += self._end_message()
-            if marker in (CALL, RETURN):
+            if marker == CALL:
                 self.ended = True
+            elif marker == RETURN:
+                self.returned = True
             self._in_header = True
             if marker == CHANNEL:
                 self._header = CHANNEL
@@ -234,8 +241,11 @@ class HarmonyParser:
         self.count += 1
         self.calls.append((call_id, call.name, call.arguments))
         self.replay[call_id] = replay_record(call)
-        return [ToolCallStart(index, call_id, call.name),
-                ToolCallArgsDelta(index, call.arguments), ToolCallEnd(index, call.arguments)]
+        return [
+            ToolCallStart(index, call_id, call.name),
+            ToolCallArgsDelta(index, call.arguments),
+            ToolCallEnd(index, call.arguments),
+        ]
 
     def _call(self) -> ParsedCall:
         name = check_tool(self._recipient[len("functions.") :], self.tools)
@@ -247,4 +257,3 @@ class HarmonyParser:
             raise Malformed("text after the call's arguments")
         args = arguments_object({k: v for k, (v, _, _) in members.items()})
         return ParsedCall(name, compact(args), self._header_text + MESSAGE + self._body[:end])
-

@@ -53,8 +53,7 @@ class QwenXMLSyntax(Syntax):
     json_markup = "<"
 
     def __init__(self) -> None:
-        self._vocab: tuple[VocabIndex, VocabIndex, np.ndarray, np.ndarray, np.ndarray] | None = (
-            None)
+        self._vocab: tuple[VocabIndex, VocabIndex, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def block_end(self, block: str, opener: str) -> int | None:
         close = CLOSE if opener == OPEN else FUNCTION_END
@@ -78,8 +77,10 @@ class QwenXMLSyntax(Syntax):
         return calls
 
     def template_text(self, name: str, arguments: dict[str, Any]) -> str:
-        params = "".join(f"<parameter={k}>\n{_as_template_string(v)}\n</parameter>\n"
-                         for k, v in arguments.items())
+        params = "".join(
+            f"<parameter={k}>\n{_as_template_string(v)}\n</parameter>\n"
+            for k, v in arguments.items()
+        )
         return f"<function={name}>\n{params}</function>"
 
     def forced(self, vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
@@ -106,21 +107,22 @@ class QwenXMLSyntax(Syntax):
             yield Force("\n")
         yield Force(f"{FUNCTION_END}\n{CLOSE}")
 
-    def _indexes(self, vocab: VocabIndex
-                 ) -> tuple[VocabIndex, np.ndarray, np.ndarray, np.ndarray]:
+    def _indexes(self, vocab: VocabIndex) -> tuple[VocabIndex, np.ndarray, np.ndarray, np.ndarray]:
         """JSON values' vocabulary; raw value tokens (no `<`: a tag cannot be spelled),
         those that may start a value (not a newline, which the layout strips), and the
         tokens that start the closing tag."""
         if self._vocab is None or self._vocab[0] is not vocab:
             texts = vocab.texts
-            text_ids = np.array([i for ids in vocab.by_text.values() for i in ids
-                                 if "<" not in texts[i]], dtype=np.int64)
-            first_ids = np.array([i for i in text_ids if not texts[i].startswith("\n")],
-                                 dtype=np.int64)
+            text_ids = np.array(
+                [i for ids in vocab.by_text.values() for i in ids if "<" not in texts[i]],
+                dtype=np.int64,
+            )
+            first_ids = np.array(
+                [i for i in text_ids if not texts[i].startswith("\n")], dtype=np.int64
+            )
             closers = vocab.prefix_ids(["\n" + PARAM_END, PARAM_END])
             closers = closers[[("<" in texts[i]) for i in closers]] if closers.size else closers
-            self._vocab = (vocab, vocab.with_markup(self.json_markup), text_ids, first_ids,
-                           closers)
+            self._vocab = (vocab, vocab.with_markup(self.json_markup), text_ids, first_ids, closers)
         return self._vocab[1:]
 
 
