@@ -178,3 +178,94 @@ def test_reasoning_effort_reaches_templates_that_read_it() -> None:
     assert effort_line(reasoning_effort="minimal") == "Reasoning: low"
     assert effort_line(thinking=False) == "Reasoning: low"
     assert effort_line(thinking=True) == "Reasoning: medium"
+
+
+# ---- prefix reuse: what a later turn keeps of the earlier prompt ----------------------
+
+# Templates whose next-turn prompt does NOT start with the previous prompt: Mistral Nemo
+# puts the system prompt and the tool list in front of the *last* user turn, so both
+# move every turn.
+MOVES_SYSTEM_TO_LAST_TURN = {"mistralai-Mistral-Nemo-Instruct-2407"}
+
+
+def _turns(system: str, tools: list[dict[str, Any]] | None) -> tuple[ChatRequest, ChatRequest]:
+    first = [{"role": "user", "content": "List /tmp"}]
+    if system:
+        first.insert(0, {"role": "system", "content": system})
+    second = [
+        *first,
+        {"role": "assistant", "content": "Sure."},
+        {"role": "user", "content": "And /var?"},
+    ]
+    body: dict[str, Any] = {"tools": tools} if tools else {}
+    return (
+        openai_chat.parse({**body, "messages": first}, Sampling()),
+        openai_chat.parse({**body, "messages": second}, Sampling()),
+    )
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED["templates"]))
+def test_next_turn_starts_with_the_previous_prompt(name: str) -> None:
+    template = family_template(name)
+    tools = EXPECTED["cases"]["tools_offered"]["body"]["tools"]
+    p1, p2 = (render_request(template, r) for r in _turns("Be brief.", tools))
+    assert p2.startswith(p1) == (name not in MOVES_SYSTEM_TO_LAST_TURN)
+    # Without a system prompt or tools, every one of these templates extends the prefix.
+    p1, p2 = (render_request(template, r) for r in _turns("", None))
+    assert p2.startswith(p1)
+    # The same history always renders the same bytes (a fresh template, a fresh parse).
+    fresh = ChatTemplate(template.source, template.bos_token, template.eos_token, clock=lambda: NOW)
+    assert render_request(fresh, _turns("", None)[1]) == p2
+
+
+def test_qwen3_drops_earlier_reasoning_but_keeps_it_inside_a_tool_loop() -> None:
+    qwen3 = family_template("Qwen-Qwen3-0.6B")
+    user = {"role": "user", "content": "What is in /tmp?"}
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "ls", "arguments": '{"path": "/tmp"}'},
+    }
+    thought = {
+        "role": "assistant",
+        "reasoning_content": "List it.",
+        "content": "",
+        "tool_calls": [call],
+    }
+    result = {"role": "tool", "tool_call_id": "c1", "content": "a.txt"}
+    generated = '<think>\nList it.\n</think>\n\n<tool_call>\n{"name": "ls", "arguments": '
+    p1 = render_request(qwen3, openai_chat.parse({"messages": [user]}, Sampling()))
+    # Inside the tool loop (no user turn since), the reasoning stays: the prefix holds.
+    p2 = render_request(qwen3, openai_chat.parse({"messages": [user, thought, result]}, Sampling()))
+    assert p2.startswith(p1 + generated)
+    # After the next user turn, that reasoning is dropped from history: the prompt
+    # diverges right after the assistant header of the earlier turn.
+    answer = {"role": "assistant", "reasoning_content": "Report.", "content": "Only a.txt."}
+    p3 = render_request(
+        qwen3,
+        openai_chat.parse(
+            {"messages": [user, thought, result, answer, {"role": "user", "content": "Thanks"}]},
+            Sampling(),
+        ),
+    )
+    assert p3.startswith(p1) and not p3.startswith(p1 + "<think>")
+    # With thinking off the generation prompt carries an empty think block, which the
+    # next turn's history does not repeat.
+    off = render_request(qwen3, ChatRequest([Message("user", "x")], thinking=False))
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    nxt = render_request(
+        qwen3,
+        ChatRequest(
+            [Message("user", "x"), Message("assistant", "y"), Message("user", "z")], thinking=False
+        ),
+    )
+    assert not nxt.startswith(off)
+
+
+def test_gpt_oss_drops_analysis_of_finished_turns() -> None:
+    gpt_oss = family_template("openai-gpt-oss-120b")
+    history = [Message("user", "x"), Message("assistant", "y", reasoning="think y")]
+    p1 = render_request(gpt_oss, ChatRequest(history[:1]))
+    p2 = render_request(gpt_oss, ChatRequest([*history, Message("user", "z")]))
+    assert p2.startswith(p1 + "<|channel|>final<|message|>y<|end|>")
+    assert "think y" not in p2
