@@ -43,6 +43,12 @@ class Template(Protocol):
     ) -> str: ...
 
 
+def template_supports_tools(source: str) -> bool:
+    """A quick look at a template's source: does it mention tools and tool calls? (What
+    it really accepts, `template_traits` finds by rendering.)"""
+    return "tools" in source and "tool_call" in source
+
+
 def tool_schema(tool: Tool) -> dict[str, Any]:
     return {
         "type": "function",
