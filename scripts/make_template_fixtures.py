@@ -5,7 +5,7 @@ Run with a Python that has transformers (not needed by the test suite):
 
     PYTHONPATH=. /root/.cache/ds4d-kit/venv/bin/python scripts/make_template_fixtures.py
 
-Each case is a request body as a client sends it (OpenAI chat or Anthropic messages).
+Each case is a request body as a client sends it (OpenAI chat, Responses or Anthropic).
 This script turns it, independently of ds4d's API layer and renderer, into the messages a
 transformers user would pass to that family's template — arguments as an object where
 the template serialises them and as JSON text where it prints them, one call per
@@ -299,6 +299,85 @@ CASES: dict[str, dict[str, Any]] = {
             ],
         },
     },
+    "responses_codex": {
+        "api": "responses",
+        "body": {
+            "instructions": "You are a coding agent running in a terminal.",
+            "reasoning": {"effort": "medium"},
+            "tools": [
+                {
+                    "type": "function",
+                    "name": "shell",
+                    "description": "Run a command",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                        "required": ["command"],
+                    },
+                }
+            ],
+            "input": [
+                {
+                    "type": "message",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": "Sandbox: read-only."}],
+                },
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "How many files are here?"}],
+                },
+                {
+                    "type": "reasoning",
+                    "summary": [{"type": "summary_text", "text": "Count with ls."}],
+                },
+                {
+                    "type": "function_call",
+                    "call_id": "call_k9X2mQ7pL4",
+                    "name": "shell",
+                    "arguments": '{"command":["ls","-1"]}',
+                },
+                {
+                    "type": "function_call_output",
+                    "call_id": "call_k9X2mQ7pL4",
+                    "output": "a.py\nb.py\n",
+                },
+            ],
+        },
+    },
+    "anthropic_result_and_text": {
+        "api": "anthropic",
+        "body": {
+            "max_tokens": 256,
+            "tools": TOOLS_ANTHROPIC,
+            "messages": [
+                {"role": "user", "content": "Find TODOs"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_03MnOpQr",
+                            "name": "grep",
+                            "input": {"pattern": "TODO"},
+                        }
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_03MnOpQr",
+                            "content": "x.py:9: # TODO",
+                            "is_error": False,
+                        },
+                        {"type": "text", "text": "Only look in x.py."},
+                    ],
+                },
+            ],
+        },
+    },
 }
 
 
@@ -322,6 +401,8 @@ def _neutral(api: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list
             if m.get("content") is None:
                 m["content"] = ""
         return msgs, copy.deepcopy(body.get("tools") or [])
+    if api == "responses":
+        return _responses(body)
     msgs: list[dict[str, Any]] = []
     if body.get("system"):
         msgs.append({"role": "system", "content": body["system"]})
@@ -360,6 +441,44 @@ def _neutral(api: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list
         for t in body.get("tools") or []
     ]
     return msgs, tools
+
+
+def _responses(body: dict[str, Any]) -> tuple[list[dict[str, Any]], list[Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": body["instructions"]}]
+    thought = None  # a reasoning item belongs to the assistant turn after it
+    for item in body["input"]:
+        if item["type"] == "message":
+            role = "system" if item["role"] == "developer" else item["role"]
+            msgs.append({"role": role, "content": "".join(p["text"] for p in item["content"])})
+        elif item["type"] == "reasoning":
+            thought = "".join(p["text"] for p in item["summary"])
+        elif item["type"] == "function_call":
+            if msgs[-1]["role"] != "assistant":
+                msgs.append({"role": "assistant", "content": ""})
+            if thought is not None:
+                msgs[-1]["reasoning_content"], thought = thought, None
+            call = _call(item["call_id"], item["name"], item["arguments"])
+            msgs[-1].setdefault("tool_calls", []).append(call)
+        elif item["type"] == "function_call_output":
+            msgs.append(
+                {"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]}
+            )
+    tools = [
+        {
+            "type": "function",
+            "function": {k: t[k] for k in ("name", "description", "parameters")},
+        }
+        for t in body.get("tools") or []
+    ]
+    return msgs, tools
+
+
+def _one_system(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # Templates read one system message, first; several (instructions, developer
+    # messages, Claude Code's system blocks) are joined by a blank line.
+    system = [m["content"] for m in msgs if m["role"] == "system" and m["content"]]
+    rest = [m for m in msgs if m["role"] != "system"]
+    return ([{"role": "system", "content": "\n\n".join(system)}] if system else []) + rest
 
 
 def _split_calls(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -440,6 +559,7 @@ def _hermes(msgs: list[dict[str, Any]], tools: list[Any], alternating: bool) -> 
 
 def hf_conversation(shape: str, api: str, body: dict[str, Any]) -> tuple[list, Any, dict]:
     msgs, tools = _neutral(api, body)
+    msgs = _one_system(msgs)
     if shape.startswith("hermes"):
         return _hermes(msgs, tools, shape == "hermes_alternating"), None, _kwargs(shape, body)
     if shape in ("single_call", "harmony"):
@@ -458,7 +578,7 @@ def hf_conversation(shape: str, api: str, body: dict[str, Any]) -> tuple[list, A
 
 
 def _kwargs(shape: str, body: dict[str, Any]) -> dict[str, Any]:
-    effort = body.get("reasoning_effort")
+    effort = body.get("reasoning_effort", body.get("reasoning", {}).get("effort"))
     thinking = body.get("thinking", {}).get("type")
     kwargs: dict[str, Any] = {}
     if effort is not None:

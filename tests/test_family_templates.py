@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ds4d.api import anthropic_messages, openai_chat
+from ds4d.api import anthropic_messages, openai_chat, openai_responses
 from ds4d.chat.render import TemplateTraits, render_request, short_call_id, template_traits
 from ds4d.chat.template import ChatTemplate, TemplateError
 from ds4d.chat.types import ChatRequest, Message, Sampling, ToolCall
@@ -25,7 +25,11 @@ from ds4d.chat.types import ChatRequest, Message, Sampling, ToolCall
 DATA = Path(__file__).parent / "data" / "templates"
 EXPECTED = json.loads((DATA / "expected.json").read_text())
 NOW = datetime.fromisoformat(EXPECTED["now"])
-PARSERS = {"openai": openai_chat.parse, "anthropic": anthropic_messages.parse}
+PARSERS = {
+    "openai": openai_chat.parse,
+    "anthropic": anthropic_messages.parse,
+    "responses": openai_responses.parse,
+}
 
 
 @cache
