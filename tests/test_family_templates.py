@@ -273,3 +273,33 @@ def test_gpt_oss_drops_analysis_of_finished_turns() -> None:
     p2 = render_request(gpt_oss, ChatRequest([*history, Message("user", "z")]))
     assert p2.startswith(p1 + "<|channel|>final<|message|>y<|end|>")
     assert "think y" not in p2
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED["templates"]))
+def test_tool_loop_turn_starts_with_the_previous_prompt(name: str) -> None:
+    # The agent case: the call and its result come back, no new user turn.
+    template = family_template(name)
+    tools = EXPECTED["cases"]["tools_offered"]["body"]["tools"]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "ls", "arguments": '{"path": "/tmp"}'},
+    }
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "List /tmp"}]
+    loop = [
+        *first,
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "a.txt"},
+    ]
+    p1, p2 = (
+        render_request(template, openai_chat.parse({"tools": tools, "messages": m}, Sampling()))
+        for m in (first, loop)
+    )
+    # Nemo writes the system prompt into the last user turn only while it is the last
+    # message: once the call follows, the system text leaves the prompt.
+    assert p2.startswith(p1) == (name not in MOVES_SYSTEM_TO_LAST_TURN)
+    p1, p2 = (
+        render_request(template, openai_chat.parse({"tools": tools, "messages": m[1:]}, Sampling()))
+        for m in (first, loop)
+    )
+    assert p2.startswith(p1)
