@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
 
+from ds4d.chat.template import TemplateError
 from ds4d.chat.types import ChatRequest, Message, Tool, ToolCall
 
 
@@ -121,25 +122,33 @@ class TemplateTraits:
     alternating: bool = False  # refuses two user turns in a row
 
 
+# Probe conversations use names no real conversation has, so finding one in the output
+# means the template wrote it.
 _PROBE_TOOL = "zq_probe_tool"
 _PROBE_OTHER = "zq_other_tool"
 _PROBE_ARGS = '{"zq_arg":"zq_value"}'
-_PROBE_ID = "zqprobe01"
+_PROBE_ID = "zqprobe01"  # nine alphanumerics: acceptable to every template
 _PROBE_LONG_ID = "call_zq_probe_long_id"
+_PROBE_USER = {"role": "user", "content": "zq probe question"}
+_PROBE_SCHEMA = {"type": "object", "properties": {"zq_arg": {"type": "string"}}}
 
 
-def _probe_call(name: str, call_id: str, args: Any) -> dict[str, Any]:
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+def _probe_turn(calls: list[tuple[str, str]], args: Any, **fields: Any) -> dict[str, Any]:
+    """An assistant turn calling (name, id) pairs with `args`, plus any other fields."""
+    tool_calls = [
+        {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+        for name, call_id in calls
+    ]
+    return {"role": "assistant", "content": "", **fields, "tool_calls": tool_calls}
 
 
-def _probe_user(text: str = "zq probe question") -> dict[str, Any]:
-    return {"role": "user", "content": text}
+def _probe_result(call_id: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": call_id, "content": "zq result"}
 
 
 @lru_cache(maxsize=32)
 def template_traits(template: Template) -> TemplateTraits:
     """What `template` accepts, found by rendering probe conversations (once per template)."""
-    from ds4d.chat.template import TemplateError
 
     def rendered(messages: list[dict[str, Any]], tools: Any = None) -> str | None:
         try:
@@ -147,62 +156,40 @@ def template_traits(template: Template) -> TemplateTraits:
         except TemplateError:
             return None
 
-    def shows(text: str | None, needle: str) -> bool:
+    def shows(needle: str, messages: list[dict[str, Any]], tools: Any = None) -> bool:
+        text = rendered(messages, tools)
         return text is not None and needle in text
 
-    user = _probe_user()
-    alternating = rendered([user]) is not None and rendered([user, _probe_user("zq b")]) is None
-    schema = [
-        tool_schema(
-            Tool(
-                _PROBE_TOOL,
-                "zq probe tool",
-                {"type": "object", "properties": {"zq_arg": {"type": "string"}}},
-            )
-        )
-    ]
+    def accepts(messages: list[dict[str, Any]]) -> bool:
+        return rendered(messages) is not None
 
-    def calling(calls: list[dict[str, Any]], **fields: Any) -> dict[str, Any]:
-        return {"role": "assistant", "content": "", **fields, "tool_calls": calls}
-
+    user = _PROBE_USER
+    alternating = accepts([user]) and not accepts([user, {"role": "user", "content": "zq"}])
+    schema = [tool_schema(Tool(_PROBE_TOOL, "zq probe tool", _PROBE_SCHEMA))]
     dict_args = json.loads(_PROBE_ARGS)
-    native = shows(rendered([user], schema), _PROBE_TOOL) and shows(
-        rendered([user, calling([_probe_call(_PROBE_TOOL, _PROBE_ID, dict_args)])]), _PROBE_TOOL
-    )
-    if not native:
+    call = [(_PROBE_TOOL, _PROBE_ID)]
+    if not (
+        shows(_PROBE_TOOL, [user], schema)
+        and shows(_PROBE_TOOL, [user, _probe_turn(call, dict_args)])
+    ):
         return TemplateTraits(alternating=alternating)
-    string_args = shows(
-        rendered([user, calling([_probe_call(_PROBE_TOOL, _PROBE_ID, _PROBE_ARGS)])]), _PROBE_ARGS
-    )
+    string_args = shows(_PROBE_ARGS, [user, _probe_turn(call, _PROBE_ARGS)])
     args: Any = _PROBE_ARGS if string_args else dict_args
-
-    def round_trip(call_id: str, **fields: Any) -> list[dict[str, Any]]:
-        return [
-            user,
-            calling([_probe_call(_PROBE_TOOL, call_id, args)], **fields),
-            {"role": "tool", "tool_call_id": call_id, "content": "zq result"},
-        ]
-
-    two = rendered(
-        [
-            user,
-            calling(
-                [
-                    _probe_call(_PROBE_TOOL, _PROBE_ID, args),
-                    _probe_call(_PROBE_OTHER, "zqprobe02", args),
-                ]
-            ),
-        ]
-    )
-    reasoning = {"reasoning_content": "zq thought", "thinking": "zq thought"}
+    two_calls = [user, _probe_turn([*call, (_PROBE_OTHER, "zqprobe02")], args)]
+    long_id = [(_PROBE_TOOL, _PROBE_LONG_ID)]
+    thought = {"reasoning_content": "zq thought", "thinking": "zq thought"}
     return TemplateTraits(
         native_tools=True,
         string_arguments=string_args,
-        one_call_per_message=not shows(two, _PROBE_OTHER),
-        short_call_ids=rendered(round_trip(_PROBE_LONG_ID)) is None
-        and rendered(round_trip(_PROBE_ID)) is not None,
-        no_text_with_reasoning_on_calls=rendered(round_trip(_PROBE_ID, **reasoning)) is not None
-        and rendered(round_trip(_PROBE_ID, **reasoning, content="zq text")) is None,
+        one_call_per_message=not shows(_PROBE_OTHER, two_calls),
+        short_call_ids=accepts([user, _probe_turn(call, args), _probe_result(_PROBE_ID)])
+        and not accepts([user, _probe_turn(long_id, args), _probe_result(_PROBE_LONG_ID)]),
+        no_text_with_reasoning_on_calls=accepts(
+            [user, _probe_turn(call, args, **thought), _probe_result(_PROBE_ID)]
+        )
+        and not accepts(
+            [user, _probe_turn(call, args, **thought, content="zq"), _probe_result(_PROBE_ID)]
+        ),
         alternating=alternating,
     )
 
