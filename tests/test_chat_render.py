@@ -176,3 +176,32 @@ def test_generation_prompt_can_be_left_out(template):
     with_prompt = render_request(template, req)
     without = render_request(template, req, add_generation_prompt=False)
     assert with_prompt == without + "<|im_start|>assistant\n"
+
+
+def test_tool_results_name_their_tool_for_templates_that_print_it():
+    # Anthropic results carry only the call id: the name comes from the call.
+    source = (
+        "{% for t in tools or [] %}{{ t.function.name }};{% endfor %}"
+        "{% for m in messages %}{% if m.tool_calls %}{{ m.tool_calls[0].function.name }}:call"
+        "{% endif %}{% if m.role == 'tool' %}|{{ m.name }}={{ m.content }}{% endif %}"
+        "{% endfor %}"
+    )
+    req = anthropic_messages.parse(
+        {
+            "max_tokens": 9,
+            "tools": [{"name": "ls", "input_schema": {"type": "object"}}],
+            "messages": [
+                {"role": "user", "content": "x"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "toolu_1", "name": "ls", "input": {}}],
+                },
+                {
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a"}],
+                },
+            ],
+        },
+        Sampling(),
+    )
+    assert render_request(ChatTemplate(source), req) == "ls;ls:call|ls=a"

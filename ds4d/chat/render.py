@@ -302,6 +302,9 @@ def _native_messages(messages: list[Message], traits: TemplateTraits) -> list[di
     rest = [m for m in messages if m.role != "system"]
     if traits.one_call_per_message:
         rest = _one_call_each(rest)
+    # Anthropic and Responses results carry only the call id; templates that print a
+    # result's tool name read it from `name`, so it is taken from the call.
+    called = {c.id: c.name for m in rest for c in m.tool_calls}
     for m in rest:
         if m.role == "assistant":
             content, reasoning = m.content, m.reasoning
@@ -318,8 +321,9 @@ def _native_messages(messages: list[Message], traits: TemplateTraits) -> list[di
                 d["tool_call_id"] = (
                     short_call_id(m.tool_call_id) if traits.short_call_ids else m.tool_call_id
                 )
-            if m.name:
-                d["name"] = m.name
+            name = m.name or called.get(m.tool_call_id or "")
+            if name:
+                d["name"] = name
             out.append(d)
         else:
             out.append({"role": m.role, "content": m.content})
