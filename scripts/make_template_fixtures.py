@@ -345,6 +345,91 @@ CASES: dict[str, dict[str, Any]] = {
             ],
         },
     },
+    "claude_code_like": {
+        "api": "anthropic",
+        "body": {
+            "max_tokens": 256,
+            "system": [
+                {"type": "text", "text": "You are Claude Code."},
+                {"type": "text", "text": "Work in /repo.", "cache_control": {"type": "ephemeral"}},
+            ],
+            "tools": [
+                {
+                    "name": "Edit",
+                    "description": "Replace text in a file",
+                    "input_schema": {
+                        "$schema": "http://json-schema.org/draft-07/schema#",
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "file_path": {"type": "string", "description": "Absolute path"},
+                            "edits": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "properties": {
+                                        "old": {"type": "string"},
+                                        "new": {"type": "string"},
+                                    },
+                                    "required": ["old", "new"],
+                                },
+                            },
+                            "mode": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                            "dry_run": {"type": "boolean", "default": False},
+                        },
+                        "required": ["file_path", "edits"],
+                    },
+                }
+            ],
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "Rename café to cafe"}]},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_04StUvWx",
+                            "name": "Edit",
+                            "input": {
+                                "file_path": "/repo/menu.txt",
+                                "edits": [{"old": "café", "new": "cafe"}],
+                                "dry_run": True,
+                            },
+                        }
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_04StUvWx",
+                            "content": "file is read-only",
+                            "is_error": True,
+                        }
+                    ],
+                },
+            ],
+        },
+    },
+    "tool_choice_none": {
+        "api": "openai",
+        "body": {
+            "tools": TOOLS_OPENAI,
+            "tool_choice": "none",
+            "messages": [
+                {"role": "system", "content": "Summarise only."},
+                {"role": "user", "content": "What is in /etc?"},
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [_call("call_77aa", "ls", '{"path": "/etc", "hidden": true}')],
+                },
+                {"role": "tool", "tool_call_id": "call_77aa", "content": "hosts\npasswd"},
+                {"role": "user", "content": "Summarise that without tools."},
+            ],
+        },
+    },
     "anthropic_result_and_text": {
         "api": "anthropic",
         "body": {
@@ -404,8 +489,11 @@ def _neutral(api: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list
     if api == "responses":
         return _responses(body)
     msgs: list[dict[str, Any]] = []
-    if body.get("system"):
-        msgs.append({"role": "system", "content": body["system"]})
+    system = body.get("system")
+    if isinstance(system, list):  # text blocks, one per line
+        system = "\n".join(block["text"] for block in system)
+    if system:
+        msgs.append({"role": "system", "content": system})
     for m in body["messages"]:
         if isinstance(m["content"], str):
             msgs.append({"role": m["role"], "content": m["content"]})
@@ -424,6 +512,8 @@ def _neutral(api: str, body: dict[str, Any]) -> tuple[list[dict[str, Any]], list
                 content = block["content"]
                 if isinstance(content, list):
                     content = "".join(part["text"] for part in content)
+                if block.get("is_error"):
+                    content = f"Error: {content}"  # how ds4d marks a failed call
                 msgs.append(
                     {"role": "tool", "tool_call_id": block["tool_use_id"], "content": content}
                 )
@@ -559,6 +649,8 @@ def _hermes(msgs: list[dict[str, Any]], tools: list[Any], alternating: bool) -> 
 
 def hf_conversation(shape: str, api: str, body: dict[str, Any]) -> tuple[list, Any, dict]:
     msgs, tools = _neutral(api, body)
+    if body.get("tool_choice") == "none":
+        tools = []  # no new calls: the tools are not offered (past calls still render)
     msgs = _one_system(msgs)
     if shape.startswith("hermes"):
         return _hermes(msgs, tools, shape == "hermes_alternating"), None, _kwargs(shape, body)
