@@ -140,12 +140,25 @@ def test_gpt_oss_takes_text_and_reasoning_before_a_call_as_one_analysis() -> Non
     )
 
 
-def test_alternating_templates_get_consecutive_user_turns_merged() -> None:
+def test_alternating_templates_get_consecutive_same_role_turns_merged() -> None:
     request = ChatRequest([Message("user", "first"), Message("user", "second")])
     gemma = render_request(family_template("google-gemma-3-it"), request)
     assert "<start_of_turn>user\nfirst\n\nsecond<end_of_turn>" in gemma
     nemo = render_request(family_template("mistralai-Mistral-Nemo-Instruct-2407"), request)
     assert nemo == "<s>[INST]first\n\nsecond[/INST]"
+    # Two assistant messages in a row (a Responses client replaying two output items).
+    request = ChatRequest(
+        [
+            Message("user", "q"),
+            Message("assistant", "part one", "think one"),
+            Message("assistant", "part two", "think two"),
+            Message("user", "next"),
+        ]
+    )
+    gemma = render_request(family_template("google-gemma-3-it"), request)
+    assert "<start_of_turn>model\npart one\n\npart two<end_of_turn>" in gemma
+    nemo = render_request(family_template("mistralai-Mistral-Nemo-Instruct-2407"), request)
+    assert nemo == "<s>[INST]q[/INST]part one\n\npart two</s>[INST]next[/INST]"
 
 
 def test_results_follow_their_call_when_split_one_call_per_message() -> None:

@@ -247,15 +247,20 @@ def _with_reasoning(d: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
     return d
 
 
-def _merge_user_turns(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For templates that insist on alternation: consecutive user turns become one."""
+def _merge_same_role_turns(out: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For templates that insist on alternation: consecutive user turns become one, and
+    so do consecutive assistant turns without calls (their reasoning joined too)."""
     merged: list[dict[str, Any]] = []
     for d in out:
         prev = merged[-1] if merged else None
-        if prev is not None and d["role"] == "user" and prev["role"] == "user":
-            prev["content"] = f"{prev['content']}\n\n{d['content']}"
-        else:
+        plain = d["role"] in ("user", "assistant") and "tool_calls" not in d
+        if prev is None or not plain or prev["role"] != d["role"] or "tool_calls" in prev:
             merged.append(dict(d))
+            continue
+        prev["content"] = f"{prev['content']}\n\n{d['content']}"
+        thoughts = [r for r in (prev.get("reasoning_content"), d.get("reasoning_content")) if r]
+        if thoughts:
+            _with_reasoning(prev, "\n\n".join(thoughts))
     return merged
 
 
@@ -291,7 +296,7 @@ def _hermes_messages(request: ChatRequest, traits: TemplateTraits) -> list[dict[
             )
             continue
         out.append({"role": m.role, "content": m.content})
-    return _merge_user_turns(out) if traits.alternating else out
+    return _merge_same_role_turns(out) if traits.alternating else out
 
 
 def _native_messages(messages: list[Message], traits: TemplateTraits) -> list[dict[str, Any]]:
@@ -327,7 +332,7 @@ def _native_messages(messages: list[Message], traits: TemplateTraits) -> list[di
             out.append(d)
         else:
             out.append({"role": m.role, "content": m.content})
-    return _merge_user_turns(out) if traits.alternating else out
+    return _merge_same_role_turns(out) if traits.alternating else out
 
 
 def _call_dict(call: ToolCall, traits: TemplateTraits) -> dict[str, Any]:
