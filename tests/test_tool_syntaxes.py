@@ -231,20 +231,53 @@ def test_harmony_call_marker_ends_the_turn():
 # The model's reply in a spelling the template would not write (compact JSON, `true`
 # where the template prints Python's `True`): only exact replay keeps the prompt a
 # prefix match of the KV.
-REPLIES = {
-    "Qwen-Qwen2.5-7B-Instruct.jinja": '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
-    "</tool_call>",
-    "Qwen-Qwen3-0.6B.jinja": '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
-    "</tool_call>",
-    "Qwen3-Coder.jinja": "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-    "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>",
-    "meta-llama-Llama-3.1-8B-Instruct.jinja": '{"name": "get_weather", "parameters": {"city":"Paris","days":3}}',
-    "unsloth-mistral-Devstral-Small-2507.jinja": '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris","days":3}',
-    "openai-gpt-oss-120b.jinja": "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-    '{"city":"Paris","days":3}',
-    "microsoft-Phi-3.5-mini-instruct.jinja":  # no tools in the template: ds4d's Hermes
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n</tool_call>',
-}
+REPLIES = [
+    (
+        "Qwen-Qwen2.5-7B-Instruct.jinja",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+        "</tool_call>",
+    ),
+    (
+        "Qwen-Qwen3-0.6B.jinja",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+        "</tool_call>",
+    ),
+    (
+        "Qwen-Qwen3-0.6B.jinja",  # reasoning before the call is rendered back too
+        "<think>\nNeed the forecast.\n</think>\n\n"
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+        "</tool_call>",
+    ),
+    (
+        "Qwen3-Coder.jinja",
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=metric>\ntrue\n</parameter>\n</function>\n</tool_call>",
+    ),
+    (
+        "meta-llama-Llama-3.1-8B-Instruct.jinja",
+        '{"name": "get_weather", "parameters": {"city":"Paris","days":3}}',
+    ),
+    (
+        "unsloth-mistral-Devstral-Small-2507.jinja",
+        '[TOOL_CALLS]get_weather[ARGS]{"city":"Paris","days":3}',
+    ),
+    (
+        "openai-gpt-oss-120b.jinja",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"city":"Paris","days":3}',
+    ),
+    (
+        "openai-gpt-oss-120b.jinja",  # the analysis before a call is kept by the template
+        "<|channel|>analysis<|message|>Need the forecast.<|end|><|start|>assistant"
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"city":"Paris","days":3}',
+    ),
+    (
+        "microsoft-Phi-3.5-mini-instruct.jinja",  # no tools in the template: ds4d's Hermes
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city":"Paris","days":3}}\n'
+        "</tool_call>",
+    ),
+]
 
 
 def next_turn(template: str, reply: str, replay: bool) -> tuple[str, str]:
@@ -267,10 +300,11 @@ def next_turn(template: str, reply: str, replay: bool) -> tuple[str, str]:
     end = next(e for e in events if isinstance(e, ToolCallEnd))
     resent = json.dumps(json.loads(end.arguments), indent=2, sort_keys=True)
     call = ToolCall(start.id, start.name, resent)
+    text, reasoning, _ = summary(events)
     second = ChatRequest(
         [
             Message("user", "Weather in Paris?"),
-            Message("assistant", "", tool_calls=[call]),
+            Message("assistant", text, reasoning=reasoning or None, tool_calls=[call]),
             Message("tool", "Sunny, 21 C", tool_call_id=call.id, name=call.name),
         ],
         tools=TOOLS,
@@ -278,11 +312,11 @@ def next_turn(template: str, reply: str, replay: bool) -> tuple[str, str]:
     return prompt + reply, fmt.render(service.prepare_request(second))
 
 
-@pytest.mark.parametrize("template", list(REPLIES))
-def test_next_turn_reuses_the_sampled_call(template):
-    kv, prompt = next_turn(template, REPLIES[template], replay=True)
+@pytest.mark.parametrize(("template", "reply"), REPLIES)
+def test_next_turn_reuses_the_sampled_call(template, reply):
+    kv, prompt = next_turn(template, reply, replay=True)
     assert prompt.startswith(kv)
-    without, prompt = next_turn(template, REPLIES[template], replay=False)
+    without, prompt = next_turn(template, reply, replay=False)
     assert not prompt.startswith(without)  # the template alone respells the call
 
 
