@@ -339,3 +339,54 @@ def test_harmony_return_ends_the_reply_without_a_call():
     events += d.feed("<|return|>") + d.flush()
     assert d.stopped and not d.tool_block_closed and d.tool_calls == 0
     assert summary(events) == ("Done.", "", [])
+
+
+# ---- the serving loop: a call the model opens on its own is finished by the constraint --
+
+
+def test_daemon_finishes_a_call_the_model_opens_and_never_sends_markup(tmp_path):
+    """The embedded model (Hermes block, no forced choice) sometimes starts a call when
+    asked to; the rest is constrained, so the call carries the schema's required keys
+    with their types (enum, integer), even past max_tokens; no reply shows markup."""
+    import openai
+
+    from tests.e2e.daemon_process import running_daemon
+
+    weather = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather forecast for a city",
+            "parameters": {
+                "type": "object",
+                "required": ["city", "days", "unit"],
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+            },
+        },
+    }
+    with running_daemon(tmp_path) as d:
+        client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
+        for seed in range(8):  # sampled: the model opens a call for some seeds only
+            r = client.chat.completions.create(
+                model="m",
+                messages=[{"role": "user", "content": "Call get_weather with city Paris."}],
+                tools=[weather],
+                max_tokens=40,
+                temperature=0.8,
+                seed=seed,
+            )
+            message = r.choices[0].message
+            assert not any(m in (message.content or "") for m in MARKUP)
+            if message.tool_calls:
+                break
+        else:
+            pytest.fail("the model opened no call in 8 seeds")
+    (call,) = message.tool_calls
+    args = json.loads(call.function.arguments)
+    assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
+    assert list(args) == ["city", "days", "unit"] and args["unit"] in ("celsius", "fahrenheit")
+    assert isinstance(args["days"], int) and isinstance(args["city"], str)
