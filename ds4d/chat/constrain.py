@@ -13,8 +13,9 @@ or `Allow(ids)` (sample one token among these ids), and is sent the text of each
 sampled token back.
 
 The pieces below the Hermes block (`offered_tools`, `choose`, `json_value`,
-`required_keys`) are syntax-free: a family with another call syntax (DeepSeek V4's DSML,
-`ds4d.chat.deepseek4_forced`) builds its block from the same steps.
+`required_keys`, `raw_text`) are syntax-free: every other call syntax builds its block
+from the same steps (`ds4d.chat.toolsyntax_*`, DeepSeek V4's DSML in
+`ds4d.chat.deepseek4_forced`).
 """
 
 from __future__ import annotations
