@@ -370,7 +370,9 @@ def test_daemon_finishes_a_call_the_model_opens_and_never_sends_markup(tmp_path)
     }
     with running_daemon(tmp_path) as d:
         client = openai.OpenAI(base_url=d.url + "/v1", api_key="x", max_retries=0)
-        for seed in range(8):  # sampled: the model opens a call for some seeds only
+        # Sampled: the model opens a call for some seeds only (3 does today; trying it
+        # first only saves time, any of the eight passes).
+        for seed in (3, 0, 1, 2, 4, 5, 6, 7):
             r = client.chat.completions.create(
                 model="m",
                 messages=[{"role": "user", "content": "Call get_weather with city Paris."}],

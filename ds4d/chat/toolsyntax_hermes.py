@@ -14,13 +14,33 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 
 
+def find_outside_strings(text: str, marker: str, start: int) -> int:
+    """The first `marker` in `text[start:]` that is not inside a JSON string (a value
+    may spell the closing tag), or -1."""
+    in_string = escaped = False
+    for i in range(start, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif text.startswith(marker, i):
+            return i
+    return -1
+
+
 class HermesSyntax(Syntax):
     name = "hermes"
     openers = (OPEN,)
     stray = (CLOSE,)
 
     def block_end(self, block: str, opener: str) -> int | None:
-        i = block.find(CLOSE, len(opener))
+        i = find_outside_strings(block, CLOSE, len(opener))
         return None if i < 0 else i + len(CLOSE)
 
     def parse_block(self, block: str, opener: str, tools: Sequence[Tool]) -> list[ParsedCall]:
