@@ -39,7 +39,7 @@ wrote its own spelling (`Syntax.template_text`), so the prompt matches the KV ca
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,6 +184,11 @@ class Syntax:
         while it is still open. Default: a block runs to the end of the generation."""
         return None
 
+    def end_finder(self, opener: str) -> Callable[[str], int | None]:
+        """`block_end` for one block, called with the block as it grows (a syntax may
+        keep scanning state between calls)."""
+        return lambda block: self.block_end(block, opener)
+
     def parse_block(self, block: str, opener: str, tools: Sequence[Tool]) -> list[ParsedCall]:
         raise NotImplementedError
 
@@ -229,6 +234,7 @@ class CallParser:
         self.ended = False  # a block closed in a way that ends the turn
         self._buf = ""
         self._opener: str | None = None  # inside a block: the marker that opened it
+        self._end: Callable[[str], int | None] = lambda block: None  # ...and its end
         self._at_start = True  # nothing but whitespace seen yet
 
     @property
@@ -243,7 +249,7 @@ class CallParser:
         out: list[Event] = []
         while self._buf:
             if self._opener is not None:
-                end = self.syntax.block_end(self._buf, self._opener)
+                end = self._end(self._buf)
                 if end is None:
                     break
                 block, self._buf = self._buf[:end], self._buf[end:]
@@ -316,6 +322,7 @@ class CallParser:
     def _open(self, opener: str, at: int) -> None:
         self._buf = self._buf[at:]
         self._opener = opener
+        self._end = self.syntax.end_finder(opener)
         self._at_start = False
         self.opened += 1
 

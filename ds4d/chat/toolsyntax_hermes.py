@@ -14,24 +14,36 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 
 
-def find_outside_strings(text: str, marker: str, start: int) -> int:
-    """The first `marker` in `text[start:]` that is not inside a JSON string (a value
-    may spell the closing tag), or -1."""
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
+class _TagOutsideStrings:
+    """Finds the closing tag of a block that is not inside a JSON string (a value may
+    spell it), scanning each character once however the block grows."""
+
+    def __init__(self, start: int) -> None:
+        self.pos = start
+        self.in_string = False
+        self.escaped = False
+
+    def __call__(self, block: str) -> int | None:
+        i, n = self.pos, len(block)
+        while i < n:
+            c = block[i]
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif c == "\\":
+                    self.escaped = True
+                elif c == '"':
+                    self.in_string = False
             elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif text.startswith(marker, i):
-            return i
-    return -1
+                self.in_string = True
+            elif c == "<":
+                if block.startswith(CLOSE, i):
+                    return i + len(CLOSE)
+                if CLOSE.startswith(block[i:]):
+                    break  # a tag may be starting: look again with more text
+            i += 1
+        self.pos = i
+        return None
 
 
 class HermesSyntax(Syntax):
@@ -40,8 +52,10 @@ class HermesSyntax(Syntax):
     stray = (CLOSE,)
 
     def block_end(self, block: str, opener: str) -> int | None:
-        i = find_outside_strings(block, CLOSE, len(opener))
-        return None if i < 0 else i + len(CLOSE)
+        return _TagOutsideStrings(len(opener))(block)
+
+    def end_finder(self, opener: str) -> _TagOutsideStrings:
+        return _TagOutsideStrings(len(opener))
 
     def parse_block(self, block: str, opener: str, tools: Sequence[Tool]) -> list[ParsedCall]:
         body = block[len(opener) :]
