@@ -22,12 +22,14 @@ before its body is complete (end of sequence, max_tokens) yields no event at all
 `CallParser.malformed` says why in one line (the serving loop logs it and records it
 in the trace; the finish reason stays what ended the generation: `length` for
 max_tokens, else `stop`). A block cut off after a complete body (a missing closing
-tag) is accepted. Stray closing tags in text are removed. Only a constraint that cannot
-take over is left to this rule: when the piece that completed the opening marker
+tag) is accepted. Stray closing tags in text are removed. This rule is what remains
+when the constraint cannot take over: when the piece that completed the opening marker
 already holds text past the markup the constraint would force (the model chose a name
-in the same token), what the model wrote cannot be replayed into a constraint. A call written inside reasoning is not a call: reasoning is
-passed on verbatim (a later turn renders it back, and the prompt must match the KV),
-and it never goes to the text channel.
+in the same token), what the model wrote cannot be replayed into a constraint. Once a
+constraint has taken over, the call is completed even past max_tokens (it is bounded by
+its schema), as a forced call is. A call written inside reasoning is not a call:
+reasoning is passed on verbatim (a later turn renders it back, and the prompt must
+match the KV), and it never goes to the text channel.
 
 **Replay.** The tool memory keeps, per call id, a record of the call's compact
 arguments and the exact text the model sampled for it (`replay_record`). When a later
@@ -231,7 +233,6 @@ class CallParser:
         self.replay: dict[str, str] = {}  # call id -> replay record
         self.malformed: str | None = None  # why the last dropped block was dropped
         self.opened = 0  # blocks opened so far (the decode constrains each new one)
-        self.ended = False  # a block closed in a way that ends the turn
         self._buf = ""
         self._opener: str | None = None  # inside a block: the marker that opened it
         self._end: Callable[[str], int | None] = lambda block: None  # ...and its end
