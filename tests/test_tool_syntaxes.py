@@ -392,3 +392,73 @@ def test_daemon_finishes_a_call_the_model_opens_and_never_sends_markup(tmp_path)
     assert call.function.name == "get_weather" and r.choices[0].finish_reason == "tool_calls"
     assert list(args) == ["city", "days", "unit"] and args["unit"] in ("celsius", "fahrenheit")
     assert isinstance(args["days"], int) and isinstance(args["city"], str)
+
+
+# ---- hostile output at random: markers, their fragments and JSON shards, shuffled -------
+
+SHARDS = [
+    *MARKUP,
+    "<tool_",
+    "call>",
+    "<|",
+    "|>",
+    "[TOOL_",
+    "CALLS]",
+    "<think>",
+    "</think>",
+    "<function=get_weather>",
+    "<parameter=city>",
+    "\n",
+    " ",
+    "{",
+    "}",
+    '"',
+    '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+    '{"name": "run_shell", "parameters": {"command": "ls"}}',
+    '"name": ',
+    "get_weather",
+    "[ARGS]",
+    '{"city": "Oslo"}',
+    " to=functions.get_weather",
+    "analysis",
+    "final",
+    "commentary",
+    "json",
+    "Hello",
+    ";",
+]
+
+
+# Each family hides its own markup; another family's is text to it.
+OWN_MARKUP = {
+    "hermes": ("<tool_call>", "</tool_call>"),
+    "qwen3-coder-xml": ("<tool_call>", "</tool_call>", "<function=", "</function>", "</parameter>"),
+    "llama-json": ("<|python_tag|>",),
+    "mistral-json": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    "harmony": (
+        "<|channel|>",
+        "<|message|>",
+        "<|start|>",
+        "<|end|>",
+        "<|call|>",
+        "<|return|>",
+        "<|constrain|>",
+    ),
+}
+
+
+@pytest.mark.parametrize("template", sorted({t for _, t, _ in CASES}))
+def test_random_hostile_output_never_shows_markup_and_parses_the_same_at_any_split(template):
+    rng = random.Random(template)
+    for _ in range(150):
+        text = "".join(rng.choice(SHARDS) for _ in range(rng.randint(1, 14)))
+        case = {"text": text}
+        whole = summary(run(template, case, [])[0])
+        for cuts in [
+            sorted(rng.sample(range(1, len(text)), min(len(text) - 1, k))) for k in (1, 3, 9)
+        ] + [list(range(1, len(text)))]:
+            events, _ = run(template, case, cuts)
+            assert summary(events) == whole, (text, cuts)
+            joined = "".join(e.text for e in events if isinstance(e, TextDelta))
+            for marker in OWN_MARKUP[chat_format(template).syntax.name]:
+                assert marker not in joined, (text, marker)

@@ -57,6 +57,8 @@ CONSTRAIN = "<|constrain|>"
 FUNCTIONS = "to=functions."
 
 _BODY_ENDS = (END, CALL, RETURN, START, CHANNEL)
+_STRAY = (MESSAGE, CONSTRAIN)
+_BODY_MARKERS = _BODY_ENDS + _STRAY
 _HEADER_STARTS = (CHANNEL, " to=", "to=", CONSTRAIN, START)
 _CHANNEL_NAME = re.compile(re.escape(CHANNEL) + r"\s*(\w+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
@@ -161,15 +163,17 @@ class HarmonyParser:
                 self._in_header = False
                 self._begin_header(header)
                 continue
-            ends = [(j, m) for m in _BODY_ENDS if (j := self._buf.find(m)) >= 0]
+            ends = [(j, m) for m in _BODY_MARKERS if (j := self._buf.find(m)) >= 0]
             if not ends:
-                keep = max(partial_suffix_len(self._buf, m) for m in _BODY_ENDS)
+                keep = max(partial_suffix_len(self._buf, m) for m in _BODY_MARKERS)
                 out += self._body_text(self._buf[: len(self._buf) - keep])
                 self._buf = self._buf[len(self._buf) - keep :]
                 break
             j, marker = min(ends)
             out += self._body_text(self._buf[:j])
             self._buf = self._buf[j + len(marker) :]
+            if marker in _STRAY:
+                continue  # header markup inside a body: removed
             out += self._end_message()
             if marker == CALL:
                 self.ended = True

@@ -38,6 +38,7 @@ _NAMED = re.compile(r"\s*([^\s\[\]{}]+)\s*(?:\[CALL_ID\]\s*[^\s\[]*\s*)?\[ARGS\]
 class MistralSyntax(Syntax):
     name = "mistral"
     openers = (TOOL_CALLS,)
+    stray = (ARGS, CALL_ID)  # only meaningful after [TOOL_CALLS]
 
     def __init__(self, named: bool) -> None:
         self.named = named  # the template writes NAME[ARGS]{…} (else a JSON list)
