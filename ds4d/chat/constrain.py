@@ -76,9 +76,12 @@ class VocabIndex:
         self.quote = np.array(self.by_text.get('"', []), dtype=np.int64)
 
     @classmethod
-    def from_tokenizer(cls, tok: Any) -> VocabIndex:
-        """Every token's text; special tokens and partial UTF-8 sequences are None."""
-        return cls([_token_text(tok, i) for i in range(tok.n_vocab)])
+    def from_tokenizer(cls, tok: Any, n_logits: int | None = None) -> VocabIndex:
+        """Every token's text; special tokens and partial UTF-8 sequences are None.
+        `n_logits`: the model's output size, when it may differ from the vocabulary's
+        (only ids both know can be sampled)."""
+        n = tok.n_vocab if n_logits is None else min(tok.n_vocab, n_logits)
+        return cls([_token_text(tok, i) for i in range(n)])
 
     def with_markup(self, markup: str) -> VocabIndex:
         """The same vocabulary for a syntax whose `markup` characters must never appear

@@ -307,7 +307,7 @@ class Generator:
         return self._vocab
 
     def _build_vocab(self) -> VocabIndex:
-        return VocabIndex.from_tokenizer(self.tok)
+        return VocabIndex.from_tokenizer(self.tok, self.engine.info.n_vocab)
 
     def _vocab_text(self, token: int) -> str | None:
         if self.tok.is_special(token):
