@@ -64,6 +64,8 @@ MARKUP = (
     "<function=",
     "</function>",
     "</parameter>",
+    "<tool_response>",
+    "</tool_response>",
     "[TOOL_CALLS]",
     "[ARGS]",
     "[CALL_ID]",
@@ -400,6 +402,14 @@ SHARDS = [
     *MARKUP,
     "<tool_",
     "call>",
+    "</tool",
+    "_call>",
+    "<tool_resp",
+    "onse>",
+    "<|en",
+    "d|>",
+    "<|ca",
+    "ll|>",
     "<|",
     "|>",
     "[TOOL_",
@@ -431,8 +441,16 @@ SHARDS = [
 
 # Each family hides its own markup; another family's is text to it.
 OWN_MARKUP = {
-    "hermes": ("<tool_call>", "</tool_call>"),
-    "qwen3-coder-xml": ("<tool_call>", "</tool_call>", "<function=", "</function>", "</parameter>"),
+    "hermes": ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+    "qwen3-coder-xml": (
+        "<tool_call>",
+        "</tool_call>",
+        "<function=",
+        "</function>",
+        "</parameter>",
+        "<tool_response>",
+        "</tool_response>",
+    ),
     "llama-json": ("<|python_tag|>",),
     "mistral-json": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
     "harmony": (

@@ -60,6 +60,20 @@ from ds4d.chat.types import (
 # Replay records start with this separator, which no JSON arguments text can.
 REPLAY_MARK = "\x1f"
 
+# Where Hermes-style prompts put tool results. A model that writes such a block itself
+# is making up a result: the block is dropped like a malformed call.
+RESULT_OPEN = "<tool_response>"
+RESULT_CLOSE = "</tool_response>"
+
+
+def result_block_end(block: str) -> int | None:
+    i = block.find(RESULT_CLOSE, len(RESULT_OPEN))
+    return None if i < 0 else i + len(RESULT_CLOSE)
+
+
+def made_up_result() -> Malformed:
+    return Malformed("the model wrote a <tool_response> block itself")
+
 
 @dataclass(frozen=True)
 class ParsedCall:
@@ -213,6 +227,20 @@ class Syntax:
         return resume_constraint(self.forced(vocab, tools, ToolChoice("required")), sampled)
 
 
+def held_suffix_len(text: str, markers: Sequence[str], strays: Sequence[str] = ()) -> int:
+    """Length of the longest suffix of `text` that may still become one of `markers`:
+    a partial marker, or a partial marker followed by a partial stray tag (removing the
+    stray once complete joins the two, and the joined text is read again)."""
+    n = max((partial_suffix_len(text, m) for m in markers), default=0)
+    for stray in strays:
+        for q in range(1, min(len(stray), len(text))):
+            if text.endswith(stray[:q]):
+                p = max(partial_suffix_len(text[:-q], m) for m in markers)
+                if p:
+                    n = max(n, p + q)
+    return n
+
+
 def check_tool(name: Any, tools: Sequence[Tool]) -> str:
     if not isinstance(name, str) or not name:
         raise Malformed("the call has no tool name")
@@ -270,20 +298,16 @@ class CallParser:
             i, opener = self._first(self.syntax.openers)
             j, stray = self._first(self.syntax.stray)
             if stray and (opener is None or j < i):
-                text = self._buf[:j]
-                self._buf = text + self._buf[j + len(stray) :]
-                continue  # a closing tag without a block: removed
+                # A closing tag without a block: removed, and what it separated is read
+                # again as one text (markup it split is still markup).
+                self._buf = self._buf[:j] + self._buf[j + len(stray) :]
+                continue
             if opener is not None:
                 self._emit_text(out, self._buf[:i].rstrip())
                 self._open(opener, i)
                 continue
-            keep = max(
-                (
-                    partial_suffix_len(self._buf, m)
-                    for m in (*self.syntax.openers, *self.syntax.stray)
-                ),
-                default=0,
-            )
+            markers = (*self.syntax.openers, *self.syntax.stray)
+            keep = held_suffix_len(self._buf, markers, self.syntax.stray)
             head = self._buf[: len(self._buf) - keep]
             body = head.rstrip()  # whitespace before a block is syntax: held
             self._emit_text(out, body)

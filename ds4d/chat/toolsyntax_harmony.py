@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ds4d.chat.constrain import Force, Step, VocabIndex, choose, json_value, offered_tools
-from ds4d.chat.stream import new_tool_call_id, partial_suffix_len
+from ds4d.chat.stream import new_tool_call_id
 from ds4d.chat.toolsyntax import (
     Malformed,
     ParsedCall,
@@ -30,6 +30,7 @@ from ds4d.chat.toolsyntax import (
     arguments_object,
     check_tool,
     compact,
+    held_suffix_len,
     object_members,
     prefixed,
     replay_record,
@@ -165,15 +166,16 @@ class HarmonyParser:
                 continue
             ends = [(j, m) for m in _BODY_MARKERS if (j := self._buf.find(m)) >= 0]
             if not ends:
-                keep = max(partial_suffix_len(self._buf, m) for m in _BODY_MARKERS)
+                keep = held_suffix_len(self._buf, _BODY_MARKERS, _STRAY)
                 out += self._body_text(self._buf[: len(self._buf) - keep])
                 self._buf = self._buf[len(self._buf) - keep :]
                 break
             j, marker = min(ends)
+            if marker in _STRAY:  # header markup inside a body: removed, the rest joined
+                self._buf = self._buf[:j] + self._buf[j + len(marker) :]
+                continue
             out += self._body_text(self._buf[:j])
             self._buf = self._buf[j + len(marker) :]
-            if marker in _STRAY:
-                continue  # header markup inside a body: removed
             out += self._end_message()
             if marker == CALL:
                 self.ended = True
