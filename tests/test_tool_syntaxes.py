@@ -64,8 +64,6 @@ MARKUP = (
     "<function=",
     "</function>",
     "</parameter>",
-    "<tool_response>",
-    "</tool_response>",
     "[TOOL_CALLS]",
     "[ARGS]",
     "[CALL_ID]",
@@ -441,15 +439,13 @@ SHARDS = [
 
 # Each family hides its own markup; another family's is text to it.
 OWN_MARKUP = {
-    "hermes": ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
+    "hermes": ("<tool_call>", "</tool_call>"),
     "qwen3-coder-xml": (
         "<tool_call>",
         "</tool_call>",
         "<function=",
         "</function>",
         "</parameter>",
-        "<tool_response>",
-        "</tool_response>",
     ),
     "llama-json": ("<|python_tag|>",),
     "mistral-json": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),

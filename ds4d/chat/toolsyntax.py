@@ -60,20 +60,6 @@ from ds4d.chat.types import (
 # Replay records start with this separator, which no JSON arguments text can.
 REPLAY_MARK = "\x1f"
 
-# Where Hermes-style prompts put tool results. A model that writes such a block itself
-# is making up a result: the block is dropped like a malformed call.
-RESULT_OPEN = "<tool_response>"
-RESULT_CLOSE = "</tool_response>"
-
-
-def result_block_end(block: str) -> int | None:
-    i = block.find(RESULT_CLOSE, len(RESULT_OPEN))
-    return None if i < 0 else i + len(RESULT_CLOSE)
-
-
-def made_up_result() -> Malformed:
-    return Malformed("the model wrote a <tool_response> block itself")
-
 
 @dataclass(frozen=True)
 class ParsedCall:

@@ -1,23 +1,13 @@
 """Hermes tool calls (Qwen 2.5 / Qwen 3, and ds4d's fallback for templates without
 tools): `<tool_call>\\n{"name": "NAME", "arguments": {…}}\\n</tool_call>`, one block per
-call, several blocks in a row for parallel calls. A `<tool_response>` block the model
-writes (imitating the prompt's results) is dropped."""
+call, several blocks in a row for parallel calls."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 from ds4d.chat.constrain import Step, VocabIndex, forced_tool_call
-from ds4d.chat.toolsyntax import (
-    RESULT_CLOSE,
-    RESULT_OPEN,
-    Malformed,
-    ParsedCall,
-    Syntax,
-    call_object,
-    made_up_result,
-    result_block_end,
-)
+from ds4d.chat.toolsyntax import Malformed, ParsedCall, Syntax, call_object
 from ds4d.chat.types import Tool, ToolChoice
 
 OPEN = "<tool_call>"
@@ -58,20 +48,16 @@ class _TagOutsideStrings:
 
 class HermesSyntax(Syntax):
     name = "hermes"
-    openers = (OPEN, RESULT_OPEN)
-    stray = (CLOSE, RESULT_CLOSE)
+    openers = (OPEN,)
+    stray = (CLOSE,)
 
     def block_end(self, block: str, opener: str) -> int | None:
         return self.end_finder(opener)(block)
 
     def end_finder(self, opener: str) -> Callable[[str], int | None]:
-        if opener == RESULT_OPEN:
-            return result_block_end
         return _TagOutsideStrings(len(opener))
 
     def parse_block(self, block: str, opener: str, tools: Sequence[Tool]) -> list[ParsedCall]:
-        if opener == RESULT_OPEN:
-            raise made_up_result()
         body = block[len(opener) :]
         if body.endswith(CLOSE):
             body = body[: -len(CLOSE)]

@@ -11,8 +11,7 @@
 A value is raw text; its type comes from the tool's JSON schema (a string stays text,
 numbers, booleans, objects and arrays are read as JSON, and a value that does not read
 as its type stays text, as the model wrote it). Blocks that open straight with
-`<function=` (the model skipped `<tool_call>`) are read too; a `<tool_response>` block
-the model writes itself is dropped.
+`<function=` (the model skipped `<tool_call>`) are read too.
 """
 
 from __future__ import annotations
@@ -35,15 +34,11 @@ from ds4d.chat.constrain import (
     required_keys,
 )
 from ds4d.chat.toolsyntax import (
-    RESULT_CLOSE,
-    RESULT_OPEN,
     Malformed,
     ParsedCall,
     Syntax,
     check_tool,
     compact,
-    made_up_result,
-    result_block_end,
     template_json,
 )
 from ds4d.chat.types import Tool, ToolChoice
@@ -60,23 +55,19 @@ _PARAM = re.compile(r"<parameter=([^>\n]*)>(.*?)</parameter>", re.S)
 
 class QwenXMLSyntax(Syntax):
     name = "qwen3-coder-xml"
-    openers = (OPEN, FUNCTION, RESULT_OPEN)
-    stray = (CLOSE, FUNCTION_END, PARAM_END, RESULT_CLOSE)
+    openers = (OPEN, FUNCTION)
+    stray = (CLOSE, FUNCTION_END, PARAM_END)
     json_markup = "<"
 
     def __init__(self) -> None:
         self._vocab: tuple[VocabIndex, VocabIndex, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def block_end(self, block: str, opener: str) -> int | None:
-        if opener == RESULT_OPEN:
-            return result_block_end(block)
         close = CLOSE if opener == OPEN else FUNCTION_END
         i = block.find(close, len(opener))
         return None if i < 0 else i + len(close)
 
     def parse_block(self, block: str, opener: str, tools: Sequence[Tool]) -> list[ParsedCall]:
-        if opener == RESULT_OPEN:
-            raise made_up_result()
         body = block[len(OPEN) :] if opener == OPEN else block
         if body.endswith(CLOSE):
             body = body[: -len(CLOSE)]
