@@ -158,22 +158,31 @@ class Conn:
             self.send_body(body)
         return self.read_reply()
 
+    def _closed_as_announced(self) -> bool:
+        """True when the reply announced `Connection: close`; the server must then
+        really close the connection (hypercorn also does so after 1000 requests)."""
+        if self.h.our_state is not h11.MUST_CLOSE and self.h.their_state is not h11.MUST_CLOSE:
+            return False
+        self.sock.settimeout(READ_TIMEOUT_S)
+        try:
+            rest = self.sock.recv(1 << 16)
+        except TimeoutError:
+            raise Hang("the server announced close but kept the connection") from None
+        except ConnectionResetError:
+            rest = b""
+        assert rest == b"", rest[:200]
+        return True
+
     def reusable(self) -> bool:
         """After a reply: the next request on this connection is answered, or the server
         said `Connection: close` and closed it. False when it was closed."""
-        if self.h.our_state is h11.MUST_CLOSE or self.h.their_state is h11.MUST_CLOSE:
-            self.sock.settimeout(READ_TIMEOUT_S)
-            try:
-                rest = self.sock.recv(1 << 16)
-            except TimeoutError:
-                raise Hang("the server announced close but kept the connection") from None
-            except ConnectionResetError:
-                rest = b""
-            assert rest == b"", rest[:200]
+        if self._closed_as_announced():
             return False
         self.h.start_next_cycle()
         reply = self.request("GET", "/health")
         assert reply.status == 200, reply
+        if self._closed_as_announced():
+            return False
         self.h.start_next_cycle()
         return True
 
