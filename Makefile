@@ -39,7 +39,7 @@ test: install test-tools lint
 	$(BIN)/pytest -q
 
 # The HTTP fuzzer's long run: 2000 generated requests per route and 2000 method/path
-# cases (12,000 in all) against a live daemon; `make test` runs 30 per route.
+# cases (12,000 in all) against a live daemon; `make test` runs 25 per route.
 FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	DS4D_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -s -p no:cacheprovider \

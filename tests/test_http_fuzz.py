@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tests.e2e.daemon_process import running_daemon
 
-EXAMPLES = int(os.environ.get("DS4D_FUZZ_EXAMPLES", "30"))  # per route
+EXAMPLES = int(os.environ.get("DS4D_FUZZ_EXAMPLES", "25"))  # per route
 READ_TIMEOUT_S = 120.0  # a reply slower than this is a hang
 MAX_BODY = 12_000_000
 CTX = 1024
@@ -493,6 +493,7 @@ def wire_form(draw: st.DrawFn, value: object) -> tuple[bytes, dict[str, bool], l
     elif damage == "garbage":
         data = draw(st.binary(max_size=64))
     headers = [] if draw(st.booleans()) else [("content-type", "application/json")]
+    headers += [("connection", "close")] if draw(st.integers(0, 9)) == 0 else []
     headers += [("anthropic-version", "2023-06-01")] if draw(st.booleans()) else []
     wire = {"chunked": draw(st.booleans()), "split": draw(st.booleans())}
     return data, wire, headers
@@ -593,6 +594,19 @@ def test_a_slow_body_does_not_hold_other_requests(daemon):
     assert reply.status == 200
     assert c.reusable()
     c.close()
+
+
+def test_a_client_asking_to_close_gets_its_answer_and_the_close(daemon):
+    for method, route, body in (
+        ("GET", "/health", b""),
+        ("POST", "/v1/chat/completions", b"{}"),
+        ("POST", "/health", b"{}"),
+    ):
+        c = Conn(daemon.port)
+        reply = c.request(method, route, body, [("connection", "close")])
+        check(reply, route, method)
+        assert not c.reusable()  # answered, then really closed
+        c.close()
 
 
 def test_a_websocket_upgrade_is_answered_as_plain_http(daemon):

@@ -7,8 +7,10 @@ Two cases the HTTP server leaves to the application:
   has arrived, so without help a keep-alive connection is left waiting and the client's
   next request is never answered. Before the response's last byte the rest of the body is
   read and dropped; a body too large to be worth reading ends the connection instead, and
-  the response says so with `Connection: close` (and the close is shielded from the
-  application's cancellation, which would otherwise leave the socket open).
+  the response says so with `Connection: close`.
+* Any response's last message is sent shielded from the application's cancellation: the
+  server may close the connection while sending it (the client asked to, or its request
+  limit per connection is reached), and a cancelled close leaves the socket open.
 * A WebSocket upgrade (`GET /health` with `Upgrade: websocket`). ds4d speaks no WebSocket;
   the request is answered as the plain HTTP request it also is, which is what HTTP asks
   of a server that ignores an upgrade.
@@ -117,14 +119,15 @@ async def _http(app: App, scope: Scope, receive: Receive, send: Send) -> None:
         elif message["type"] == "http.response.body" and not message.get("more_body"):
             if not closing and not body.done.is_set():
                 await body.drain()
-            if not body.done.is_set():
-                # The server closes the connection while sending this last message. The
-                # application cancels its own tasks once the response is out, and a
-                # cancelled close would leave the socket open with nothing to answer on
-                # it; the message is small and the server shields its writes anyway.
-                with trio.CancelScope(shield=True):
-                    await send(message)
-                return
+            # With this last message the server either readies the connection for the
+            # next request or closes it (`Connection: close` from either side, an unread
+            # body, its per-connection request limit). The application cancels its own
+            # tasks as soon as the response is out, and a close cancelled halfway leaves
+            # the socket open with nothing to answer on it: the client waits forever.
+            # The server shields its own writes, so shielding this one adds no wait.
+            with trio.CancelScope(shield=True):
+                await send(message)
+            return
         await send(message)
 
     await app(scope, body.receive, send_after_body)
