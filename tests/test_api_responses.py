@@ -64,6 +64,11 @@ def test_input_items_and_tools():
     ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
     ({"input": "x", "reasoning": {"effort": "galactic"}}, "reasoning.effort"),
     ({"input": "x", "tool_choice": "required"}, "tool"),
+    ({"input": [{"role": "user", "content": "x"},
+                {"type": "function_call_output", "call_id": {"a": 1}, "output": "o"}]},
+     "call_id"),
+    ({"input": [{"role": "user", "content": "x"},
+                {"type": "function_call_output", "output": "o"}]}, "call_id"),
 ])
 def test_bad_requests(body, needle):
     with pytest.raises(ApiError) as e:

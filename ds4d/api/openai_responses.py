@@ -135,6 +135,8 @@ def _input(value: Any, instructions: str) -> list[Message]:
             last.tool_calls.append(call)
         elif kind in OUTPUT_ITEMS:
             call_id = item.get("call_id") or item.get("id")
+            if not isinstance(call_id, str):
+                raise bad(f"'{where}.call_id' must be the string id of the call", "input")
             output = item.get("output")
             text = output if isinstance(output, str) else content_text(
                 output if isinstance(output, list) else None, f"{where}.output", TEXT_PARTS)
