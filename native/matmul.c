@@ -1,7 +1,9 @@
 /* Y = X · Wᵀ for quantized W, float32 X and Y. Activations are never quantized.
  *
- * T == 1 (decode): one fused dequantize-dot per weight row; the rows are split across the
- * workers, so each streams its share of the matrix from memory exactly once.
+ * T == 1 (decode): fused dequantize-dot kernels over DS4N_MV_ROWS rows at a time (each block
+ * of x loaded once for all of them); the rows are split across the workers, so each streams
+ * its share of the matrix from memory exactly once. The per-32 sums of x are taken once per
+ * matvec for the types whose blocks carry a min (min·Σx).
  *
  * T > 1 (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
  * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into a float buffer (64 KB,
@@ -13,6 +15,7 @@
 
 #define PANEL_ROWS 16
 #define PANEL_K 1024 /* a multiple of every block size */
+#define XSUM_MAX 4096 /* per-32 sums of x kept on the stack: rows up to 131072 values */
 
 struct matmul_job {
     int type;
@@ -33,10 +36,23 @@ static void share(int64_t rows, int ith, int nth, int64_t *begin, int64_t *end) 
 
 static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
-    ds4n_dot_fn dot = ds4n_active_kernels(m->type)->dot;
+    const struct ds4n_row_kernels *k = ds4n_active_kernels(m->type);
     int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
-    for (int64_t r = r0; r < r1; r++, w += row_bytes) m->Y[r] = dot(w, m->X, m->K);
+    if (!k->rows || m->K % QK != 0 || m->K / QK > XSUM_MAX) {
+        for (int64_t r = r0; r < r1; r++, w += row_bytes) m->Y[r] = k->dot(w, m->X, m->K);
+        return;
+    }
+    float xsum[XSUM_MAX];
+    for (int64_t b = 0; b < m->K / QK; b++) {
+        float s = 0.0f;
+        for (int j = 0; j < QK; j++) s += m->X[b * QK + j];
+        xsum[b] = s;
+    }
+    for (int64_t r = r0; r < r1; r += DS4N_MV_ROWS, w += DS4N_MV_ROWS * row_bytes) {
+        int R = r1 - r < DS4N_MV_ROWS ? (int)(r1 - r) : DS4N_MV_ROWS;
+        k->rows(w, row_bytes, m->X, xsum, m->K, m->Y + r, R);
+    }
 }
 
 static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
