@@ -5,7 +5,7 @@
 
 AARCH64_CC   ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
-KERNEL_SRCS  := quants.c simd.c threadpool.c matmul.c
+KERNEL_SRCS  := quants.c simd.c threadpool.c matmul.c profile.c
 NEON_SRCS    := quants_neon.c matmul_neon.c
 CHECK_SRC    := tests/check_kernels.c
 CHECK_CFLAGS := -O2 -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -pthread -D_GNU_SOURCE -I. -I$(BUILD)

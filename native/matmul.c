@@ -1,8 +1,8 @@
 /* Y = X · Wᵀ for quantized W, float32 X and Y. Activations are never quantized.
  *
  * T == 1 (decode): fused dequantize-dot kernels over DS4N_MV_ROWS rows at a time (each block
- * of x loaded once for all of them); the rows are split across the workers, so each streams
- * its share of the matrix from memory exactly once. The per-32 sums of x are taken once per
+ * of x loaded once for all of them, the rows from DS4N_MV_ROWS sequential streams); the rows
+ * are split across the workers, so each streams its share of the matrix once. The per-32 sums of x are taken once per
  * matvec for the types whose blocks carry a min (min·Σx).
  *
  * T > 1 (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
@@ -11,6 +11,7 @@
  * DS4N_TILE_COLS tokens of SIMD accumulators) over every token against it; each micro-kernel
  * call streams its 3 token rows from L1. Long panels measured best (fewer horizontal sums and
  * partial-sum passes over Y); the typical model row (K <= 1024) is a single panel. */
+#include "profile.h"
 #include "quants.h"
 
 #define PANEL_ROWS 16
@@ -49,10 +50,20 @@ static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
         for (int j = 0; j < QK; j++) s += m->X[b * QK + j];
         xsum[b] = s;
     }
-    for (int64_t r = r0; r < r1; r += DS4N_MV_ROWS, w += DS4N_MV_ROWS * row_bytes) {
-        int R = r1 - r < DS4N_MV_ROWS ? (int)(r1 - r) : DS4N_MV_ROWS;
-        k->rows(w, row_bytes, m->X, xsum, m->K, m->Y + r, R);
+    /* DS4N_MV_ROWS streams, each a contiguous run of rows: the kernel reads one row of each
+     * per pass. Adjacent rows per pass measured slower: rows of a small model are a few
+     * cache lines, and hopping between them defeats the hardware prefetcher; long runs
+     * keep every stream sequential. */
+    const int64_t n = r1 - r0;
+    const int R = n < DS4N_MV_ROWS ? (int)n : DS4N_MV_ROWS;
+    const int64_t len = n / R;
+    float out[DS4N_MV_ROWS];
+    for (int64_t j = 0; j < len; j++) {
+        k->rows(w + j * row_bytes, len * row_bytes, m->X, xsum, m->K, out, R);
+        for (int r = 0; r < R; r++) m->Y[r0 + r * len + j] = out[r];
     }
+    for (int64_t r = r0 + R * len; r < r1; r++)
+        k->rows((const uint8_t *)m->W + r * row_bytes, row_bytes, m->X, xsum, m->K, m->Y + r, 1);
 }
 
 static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
@@ -88,9 +99,10 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const fl
     struct matmul_job m = {type, W, rows, K, T, X, Y};
     int64_t r0, r1;
     share(rows, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    if (T == 1) matvec_rows(&m, r0, r1);
-    else gemm_rows(&m, r0, r1);
+    const int64_t t0 = ds4n_profile_on() ? ds4n_now_ns() : 0;
+    if (r0 < r1 && T == 1) matvec_rows(&m, r0, r1);
+    else if (r0 < r1) gemm_rows(&m, r0, r1);
+    if (t0) ds4n_profile_matmul(type, rows, K, T, ds4n_now_ns() - t0);
 }
 
 static void matmul_task(void *ctx, int ith, int nth) {

@@ -111,7 +111,7 @@ DS4N_INLINE vacc block32_dot(const v16 q[2], const float *x) {
     return v16_fma(v16_dot(q[0], x), q[1], x + 16);
 }
 
-DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64_t row_bytes,
+DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64_t row_stride,
                              const float *x, const float *xsum, int64_t n, float *y,
                              const int R) {
     vacc acc[DS4N_MV_ROWS];
@@ -121,7 +121,7 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     struct legacy_block b;
     for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK) {
         for (int r = 0; r < R; r++) {
-            load_legacy(type, p + r * row_bytes, &b);
+            load_legacy(type, p + r * row_stride, &b);
             acc[r] = vfma_s(acc[r], b.d, block32_dot(b.q, x));
             if (is_affine(type)) accm[r] += b.m * xsum[i];
         }
@@ -167,7 +167,7 @@ DS4N_INLINE float dot_q45_K(const void *w, const float *x, int64_t n, int five) 
     return vhsum(vsub(acc, accm));
 }
 
-DS4N_INLINE void rows_q45_K(int five, const void *w, int64_t row_bytes, const float *x,
+DS4N_INLINE void rows_q45_K(int five, const void *w, int64_t row_stride, const float *x,
                             const float *xsum, int64_t n, float *y, const int R) {
     const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
     vacc acc[DS4N_MV_ROWS];
@@ -177,13 +177,13 @@ DS4N_INLINE void rows_q45_K(int five, const void *w, int64_t row_bytes, const fl
     const uint8_t *p = w;
     for (int64_t i = 0; i < n / QK_K; i++, p += bb) {
         for (int r = 0; r < R; r++) {
-            const block_q4_K *b4 = (const block_q4_K *)(p + r * row_bytes);
+            const block_q4_K *b4 = (const block_q4_K *)(p + r * row_stride);
             d[r] = f16(b4->d), dmin[r] = f16(b4->dmin); /* same offsets in both layouts */
         }
         for (int s = 0; s < 8; s++, x += 32, xsum++) {
             for (int r = 0; r < R; r++) {
-                const block_q4_K *b4 = (const block_q4_K *)(p + r * row_bytes);
-                const block_q5_K *b5 = (const block_q5_K *)(p + r * row_bytes);
+                const block_q4_K *b4 = (const block_q4_K *)(p + r * row_stride);
+                const block_q5_K *b5 = (const block_q5_K *)(p + r * row_stride);
                 uint8_t sc, m;
                 ds4n_k_scale_min(b4->scales, s, &sc, &m);
                 k45_codes(five ? b5->qs : b4->qs, five ? b5->qh : NULL, s, q);
@@ -228,7 +228,7 @@ static float dot_q6_K(const void *w, const float *x, int64_t n) {
     return vhsum(acc);
 }
 
-DS4N_INLINE void rows_q6_K(const void *w, int64_t row_bytes, const float *x, const float *xsum,
+DS4N_INLINE void rows_q6_K(const void *w, int64_t row_stride, const float *x, const float *xsum,
                            int64_t n, float *y, const int R) {
     vacc acc[DS4N_MV_ROWS];
     float d[DS4N_MV_ROWS];
@@ -236,10 +236,10 @@ DS4N_INLINE void rows_q6_K(const void *w, int64_t row_bytes, const float *x, con
     v16 q[2];
     const uint8_t *p = w;
     for (int64_t i = 0; i < n / QK_K; i++, p += sizeof(block_q6_K)) {
-        for (int r = 0; r < R; r++) d[r] = f16(((const block_q6_K *)(p + r * row_bytes))->d);
+        for (int r = 0; r < R; r++) d[r] = f16(((const block_q6_K *)(p + r * row_stride))->d);
         for (int g = 0; g < 8; g++, x += 32) {
             for (int r = 0; r < R; r++) {
-                const block_q6_K *b = (const block_q6_K *)(p + r * row_bytes);
+                const block_q6_K *b = (const block_q6_K *)(p + r * row_stride);
                 q6_codes(b, g / 4, g % 4, q);
                 acc[r] = vfma_s(acc[r], d[r] * (float)b->scales[2 * g], v16_dot(q[0], x));
                 acc[r] = vfma_s(acc[r], d[r] * (float)b->scales[2 * g + 1], v16_dot(q[1], x + 16));
@@ -373,7 +373,7 @@ static float dot_iq4_xs(const void *w, const float *x, int64_t n) {
 
 /* ---- the kernel set ------------------------------------------------------------------- */
 
-/* rows_<name>(w, row_bytes, x, xsum, n, y, R) over body(args..., R) with R a constant, so the
+/* rows_<name>(w, row_stride, x, xsum, n, y, R) over body(args..., R) with R a constant, so the
  * R accumulators stay in registers. */
 #define DS4N_ROWS_KERNEL(name, body, ...)                                                   \
     static void rows_##name(const void *w, int64_t rb, const float *x, const float *xs,    \
