@@ -68,6 +68,15 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K,
  * make it far larger than the caches); the best of reps passes. -1 if it cannot allocate. */
 double ds4n_read_bandwidth(ds4n_pool *pool, int64_t bytes, int reps);
 
+/* Next-token draw from the candidates' logits values[0..n): top_k (0 = off), then top_p
+ * (1 = off), then min_p (0 = off), judged at temperature 1, then temperature (> 0) reshapes
+ * the draw among the survivors; u in [0, 1) is the one uniform number the draw uses.
+ * Returns the chosen position (the first NaN, or the best if its logit is infinite, as a
+ * greedy pick); -1 for a bad argument, -2 out of memory. One pass per filter, no sort of
+ * the vocabulary, no allocation per call. */
+int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, float min_p,
+                    float temperature, double u);
+
 /* Decode profile (off by default; costs one relaxed load per hook when off). enable(1)
  * clears the counters and starts timing every pool dispatch and matmul part; mark() closes
  * one forward pass (call it between tokens). read() copies up to max entries (one per

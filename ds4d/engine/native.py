@@ -82,6 +82,18 @@ def _load() -> ctypes.CDLL:
             [ctypes.c_int, vp, i64, i64, c_float_p, i64, c_float_p, ctypes.c_int, ctypes.c_int],
         ),
         "ds4n_read_bandwidth": (ctypes.c_double, [vp, i64, ctypes.c_int]),
+        "ds4n_sample": (
+            i64,
+            [
+                c_float_p,
+                i64,
+                ctypes.c_int32,
+                ctypes.c_float,
+                ctypes.c_float,
+                ctypes.c_float,
+                ctypes.c_double,
+            ],
+        ),  # fmt: skip
         "ds4n_profile_enable": (None, [ctypes.c_int]),
         "ds4n_profile_mark": (None, []),
         "ds4n_profile_read": (
@@ -242,6 +254,19 @@ def matmul(
     handle = pool.handle if pool is not None else None
     lib.ds4n_matmul(handle, t, w, rows, K, _fptr(X2), T, _fptr(out, True))
     return out
+
+
+def sample(values: np.ndarray, top_k: int, top_p: float, min_p: float, temperature: float,
+           u: float) -> int:  # fmt: skip
+    """The position drawn from the candidates' float32 logits (ds4n_sample); u in [0, 1)."""
+    n = values.shape[0]
+    got = lib.ds4n_sample(_fptr(values), n, top_k, top_p, min_p, temperature, u)
+    if got == -2:
+        raise MemoryError(f"no memory for sampling over {n} candidates")
+    if got < 0:
+        raise ValueError(f"bad sampling arguments: top_k {top_k}, top_p {top_p}, "
+                         f"min_p {min_p}, temperature {temperature}, u {u}")  # fmt: skip
+    return int(got)
 
 
 def read_bandwidth(pool: Pool, n_bytes: int = 256 << 20, reps: int = 5) -> float:
