@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -219,6 +220,32 @@ def _merge_pairs(merges: Sequence[tuple[str, str]] | Sequence[str]) -> list[tupl
         if cut > 0:
             pairs.append((line[:cut], line[cut + 1 :]))
     return pairs
+
+
+def _spm_splits(
+    tokens: list[str], types: np.ndarray, ids: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(left id, right id, token id) of every way to cut a token in two known tokens.
+    Byte tokens are never merge results. One cut length at a time over all tokens, so
+    the lookups run in C (a 262k vocabulary has over a million cuts)."""
+    lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
+    candidates = np.flatnonzero((types != BYTE) & (lengths > 1))
+    get = ids.get
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for cut in range(1, int(lengths.max(initial=1))):
+        which = candidates[lengths[candidates] > cut]
+        words = [tokens[i] for i in which.tolist()]
+        left = np.array(list(map(get, [w[:cut] for w in words], repeat(-1))), np.int64)
+        keep = np.flatnonzero(left >= 0)
+        right = np.array(
+            list(map(get, [words[i][cut:] for i in keep.tolist()], repeat(-1))), np.int64
+        )
+        ok = right >= 0
+        found.append((left[keep[ok]], right[ok], which[keep[ok]]))
+    if not found:
+        empty = np.zeros(0, np.int64)
+        return empty, empty, empty
+    return tuple(np.concatenate(parts) for parts in zip(*found, strict=True))  # type: ignore[return-value]
 
 
 class _Metadata:
@@ -447,20 +474,16 @@ class Tokenizer:
         space_prefix: bool,
     ) -> HFTokenizer:
         # llama.cpp merges the adjacent pair whose concatenation is the best-scoring token;
-        # as BPE merges, that is every split of every token, ranked by the token's score.
-        vocab = self._ids
-        ranked = []
-        for i in np.flatnonzero(types != BYTE).tolist():
-            text = tokens[i]
-            for cut in range(1, len(text)):
-                left, right = text[:cut], text[cut:]
-                if left in vocab and right in vocab:
-                    ranked.append((-scores[i], i, vocab[left], left, right))
-        ranked.sort()
+        # as BPE merges, that is every split of every token, ranked by the token's score
+        # (ties: the lower token id, then the lower left id).
+        left, right, token = _spm_splits(tokens, types, self._ids)
+        order = np.lexsort((left, token, -scores[token]))
+        texts = np.array(tokens, dtype=object)
+        merges = list(zip(texts[left[order]].tolist(), texts[right[order]].tolist(), strict=True))
         unk = tokens[unk_id] if unk_id is not None else None
         bpe = models.BPE(
-            vocab=vocab,
-            merges=[(left, right) for *_, left, right in ranked],
+            vocab=self._ids,
+            merges=merges,
             unk_token=unk,
             byte_fallback=True,
             fuse_unk=False,
