@@ -84,3 +84,24 @@ def write_tiny_model(path: Path, **options) -> Path:
         w.add_unk_token_id(0)
 
     return write_tiny_llama(path, extra=vocab, **options)
+
+
+def write_tiny_bpe_vocab(path: Path) -> Path:
+    """A vocab-only GGUF with a byte-level BPE vocabulary: the 256 byte symbols, some
+    merges, and chat markers."""
+    from ds4d.engine.tokenizer import _BYTE_OF_CHAR
+
+    symbols = sorted(_BYTE_OF_CHAR, key=_BYTE_OF_CHAR.__getitem__)
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("a", "t")]
+    tokens = [*symbols, *(a + b for a, b in merges), "<|im_start|>", "<|im_end|>"]
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 2) + [3, 3])
+    w.add_token_merges([f"{a} {b}" for a, b in merges])
+    w.add_eos_token_id(len(tokens) - 1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.close()
+    return path

@@ -20,7 +20,11 @@ import numpy as np
 
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_reader import (
+    BOOL,
+    FLOAT32,
+    FLOAT64,
     GGUF_MAGIC,
+    STRING,
     TENSOR_DTYPES,
     GGUFArray,
     GGUFFormatError,
@@ -43,7 +47,41 @@ _FILE_TYPES = {
     38: "MXFP4_MOE", 39: "NVFP4", 40: "Q1_0", 1024: "GUESSED",
 }
 # fmt: on
+_MAX_TOKEN_TYPE = 6  # llama.cpp's token types: undefined, normal, ... user-defined, byte
 _TOKEN_ID_KEY = re.compile(r"tokenizer\.ggml\.\w+_token_id")
+
+# The kind of value the well-known keys must hold (a list: an array of that kind), as
+# llama.cpp's typed getters insist; a value of another type is refused, not reinterpreted.
+_INT, _FLOAT, _STR, _BOOL = "an integer", "a float", "a string", "a boolean"
+_KEY_KINDS: dict[str, tuple[str | list[str], ...]] = {
+    "general.architecture": (_STR,), "general.name": (_STR,), "general.file_type": (_INT,),
+    "general.alignment": (_INT,), "tokenizer.ggml.model": (_STR,),
+    "tokenizer.ggml.pre": (_STR,), "tokenizer.chat_template": (_STR,),
+    "tokenizer.ggml.tokens": ([_STR],), "tokenizer.ggml.merges": ([_STR],),
+    "tokenizer.ggml.scores": ([_FLOAT],), "tokenizer.ggml.token_type": ([_INT],),
+    "tokenizer.ggml.add_bos_token": (_BOOL,), "tokenizer.ggml.add_eos_token": (_BOOL,),
+    "tokenizer.ggml.add_space_prefix": (_BOOL,),
+}  # fmt: skip
+# Hyper-parameters under "<architecture>.": per-layer values may be arrays.
+_HPARAM_KINDS: dict[str, tuple[str | list[str], ...]] = {
+    "block_count": (_INT,), "context_length": (_INT,), "embedding_length": (_INT,),
+    "feed_forward_length": (_INT, [_INT]), "attention.head_count": (_INT, [_INT]),
+    "attention.head_count_kv": (_INT, [_INT]), "attention.key_length": (_INT,),
+    "attention.value_length": (_INT,), "rope.dimension_count": (_INT,),
+    "vocab_size": (_INT,), "expert_count": (_INT,), "expert_used_count": (_INT,),
+    "attention.sliding_window": (_INT,), "attention.layer_norm_rms_epsilon": (_FLOAT,),
+    "attention.layer_norm_epsilon": (_FLOAT,), "rope.freq_base": (_FLOAT,),
+    "rope.scaling.factor": (_FLOAT,), "rope.scaling.type": (_STR,),
+    "final_logit_softcapping": (_FLOAT,), "attn_logit_softcapping": (_FLOAT,),
+}  # fmt: skip
+
+
+def _kind(vtype: int) -> str:
+    if vtype == STRING:
+        return _STR
+    if vtype == BOOL:
+        return _BOOL
+    return _FLOAT if vtype in (FLOAT32, FLOAT64) else _INT
 
 
 @dataclass(frozen=True)
@@ -65,6 +103,10 @@ class Tensor:
     @property
     def n_bytes(self) -> int:
         return int(self.data.nbytes)
+
+
+def _describe(kind: str | list[str]) -> str:
+    return f"an array of {kind[0].split(' ', 1)[1]}s" if isinstance(kind, list) else kind
 
 
 class GGUFFile:
@@ -104,6 +146,7 @@ class GGUFFile:
                 f"GGUF general.architecture is {self.architecture!r}, expected a string:"
                 f" {self.path}"
             )
+        self._check_kinds()
         self._check_counts()
         # The fingerprint names this model's exact shape: every tensor's name, type, shape
         # and offset, the architecture and the file size. Cheap (no weight bytes hashed);
@@ -127,6 +170,31 @@ class GGUFFile:
             data = raw.reshape((*dims[:-1], row_bytes))
         return Tensor(name=t.name, type=t.type.id, type_name=t.type.name, shape=t.shape,
                       data=data)  # fmt: skip
+
+    def _check_kinds(self) -> None:
+        """Well-known keys hold the kind of value readers of them expect."""
+        prefix = self.architecture + "."
+        for key, value in self._metadata.items():
+            if _TOKEN_ID_KEY.fullmatch(key):
+                allowed: tuple[str | list[str], ...] = (_INT,)
+            elif key in _KEY_KINDS:
+                allowed = _KEY_KINDS[key]
+            elif key.startswith(prefix) and key.removeprefix(prefix) in _HPARAM_KINDS:
+                allowed = _HPARAM_KINDS[key.removeprefix(prefix)]
+            else:
+                continue
+            vtype = self.index.value_types[key]
+            if isinstance(value, GGUFArray):
+                kind: str | list[str] = [_kind(value.item_type)]
+            elif isinstance(value, list):
+                kind = "an array of arrays"
+            else:
+                kind = _kind(vtype)
+            if kind not in allowed:
+                want = " or ".join(_describe(k) for k in allowed)
+                raise ModelLoadError(
+                    f"GGUF {key} is {_describe(kind)}, expected {want}: {self.path}"
+                )
 
     def _check_counts(self) -> None:
         """Counts other code sizes loops and tables by: bounded by what the file holds."""
@@ -155,6 +223,15 @@ class GGUFFile:
                 raise ModelLoadError(
                     f"GGUF {key} has {len(arr)} entries, expected one per token ({n_vocab}):"
                     f" {self.path}"
+                )
+        types = self.get_array("tokenizer.ggml.token_type")
+        if types is not None and n_vocab:
+            values = types.numpy()
+            bad = np.flatnonzero((values < 0) | (values > _MAX_TOKEN_TYPE))
+            if len(bad):
+                raise ModelLoadError(
+                    f"GGUF tokenizer.ggml.token_type[{bad[0]}] is {values[bad[0]]}, expected a"
+                    f" token type 0 to {_MAX_TOKEN_TYPE}: {self.path}"
                 )
 
     # -- metadata ---------------------------------------------------------------------
