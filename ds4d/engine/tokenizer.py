@@ -18,6 +18,7 @@ from __future__ import annotations
 import codecs
 import logging
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import repeat
@@ -204,15 +205,19 @@ _BYTE_OF_CHAR = _gpt2_byte_alphabet()
 _BYTE_TRANSLATE = {ord(ch): b for ch, b in _BYTE_OF_CHAR.items()}
 
 
+# Lines of exactly one space between two non-empty parts, one per line: the usual merges.
+_SIMPLE_MERGES = re.compile(r"(?:[^ \n]+ [^ \n]+\n)*[^ \n]+ [^ \n]+")
+
+
 def _merge_pairs(merges: Sequence[tuple[str, str]] | Sequence[str]) -> list[tuple[str, str]]:
     """GGUF merges ("left right", split at the first space after the first character)
-    as pairs; one joined split when every line has exactly one space (the usual case)."""
+    as pairs; one joined split when every line is simply "left right"."""
     if not merges or not isinstance(merges[0], str):
         return [tuple(m) for m in merges]  # type: ignore[misc]
     lines: Sequence[str] = merges  # type: ignore[assignment]
-    parts = " ".join(lines).split(" ")
-    # Every line holds a space and there are as many spaces as lines: one space each.
-    if len(parts) == 2 * len(lines) and all(parts[::2]) and all(" " in m for m in lines):
+    joined = "\n".join(lines)
+    if _SIMPLE_MERGES.fullmatch(joined):
+        parts = joined.replace("\n", " ").split(" ")
         return list(zip(parts[::2], parts[1::2], strict=True))
     pairs = []
     for line in lines:
@@ -522,7 +527,7 @@ class Tokenizer:
             except UnicodeEncodeError:
                 pass
             else:
-                ends = np.cumsum([len(t) for t in texts]).tolist()
+                ends = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts))).tolist()
                 table = [joined[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
         if table is None or len(table) != self.n_vocab:
             return [self._token_bytes(i) for i in range(self.n_vocab)]
