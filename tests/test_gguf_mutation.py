@@ -4,7 +4,7 @@ byte noise in the index. Every mutant must be refused with one line (ModelLoadEr
 open consistently (tensors inside the file and apart, a working tokenizer, one decode
 step); never a crash or any other exception.
 
-DS4D_GGUF_MUTANTS sets the number of mutants per file (default 150; `make fuzz` runs more).
+DS4D_GGUF_MUTANTS sets the number of mutants per file (default 150; a long run: 5000).
 """
 
 from __future__ import annotations
