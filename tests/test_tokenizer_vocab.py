@@ -157,3 +157,26 @@ def test_family_metadata_and_special_tokens(name: str, tokenizer_of) -> None:
     for text in not_eog:
         assert not tok.is_eog(tok.token_to_id(text)), text
     assert tok.decode([marker_id], special=False) == ""
+
+
+@pytest.mark.parametrize("base", [None, 1])
+def test_sentencepiece_merge_search_finds_every_split(
+    base: int | None, unpack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hashed search over all cuts equals the plain one; with a base of 1 (the hash
+    of a string is the sum of its code points: "ab" and "ba" collide) it must notice and
+    fall back to the plain one."""
+    import numpy as np
+
+    from ds4d.engine import tokenizer as tk
+
+    if base is not None:
+        monkeypatch.setattr(tk, "_HASH_BASE", base)
+    gf = GGUFFile(unpack("ggml-vocab-llama-spm.gguf.xz"))
+    tokens = gf.get_array("tokenizer.ggml.tokens").strings()
+    types = gf.get_array("tokenizer.ggml.token_type").numpy().astype(np.int32)
+    ids = dict(zip(reversed(tokens), range(len(tokens) - 1, -1, -1), strict=True))
+    fast = set(zip(*(a.tolist() for a in tk._spm_splits(tokens, types, ids)), strict=True))
+    plain = tk._spm_splits_one_by_one(tokens, types, ids)
+    assert fast == set(zip(*(a.tolist() for a in plain), strict=True))
+    assert len(fast) > 30_000

@@ -21,7 +21,6 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -227,30 +226,88 @@ def _merge_pairs(merges: Sequence[tuple[str, str]] | Sequence[str]) -> list[tupl
     return pairs
 
 
+_HASH_BASE = 0x100000001B3  # odd, so invertible modulo 2^64
+
+
 def _spm_splits(
     tokens: list[str], types: np.ndarray, ids: dict[str, int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(left id, right id, token id) of every way to cut a token in two known tokens.
-    Byte tokens are never merge results. One cut length at a time over all tokens, so
-    the lookups run in C (a 262k vocabulary has over a million cuts)."""
-    lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
-    candidates = np.flatnonzero((types != BYTE) & (lengths > 1))
-    get = ids.get
-    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for cut in range(1, int(lengths.max(initial=1))):
-        which = candidates[lengths[candidates] > cut]
-        words = [tokens[i] for i in which.tolist()]
-        left = np.array(list(map(get, [w[:cut] for w in words], repeat(-1))), np.int64)
-        keep = np.flatnonzero(left >= 0)
-        right = np.array(
-            list(map(get, [words[i][cut:] for i in keep.tolist()], repeat(-1))), np.int64
-        )
-        ok = right >= 0
-        found.append((left[keep[ok]], right[ok], which[keep[ok]]))
-    if not found:
-        empty = np.zeros(0, np.int64)
+    """(left id, right id, token id) of every way to cut a token in two known tokens;
+    byte tokens are never merge results.
+
+    A 262k vocabulary has over a million cuts, too many to look up one by one. All cuts
+    are looked up at once by a polynomial hash (mod 2^64) of the left and right parts,
+    computed from prefix sums over the vocabulary's code points. Every hit is checked on
+    the strings themselves, so a collision cannot add a merge; equal strings have equal
+    hashes, so none is missed unless two vocabulary entries collide, which is checked
+    (the one-by-one lookup then runs instead)."""
+    n = len(tokens)
+    empty = np.zeros(0, np.int64)
+    if n == 0:
         return empty, empty, empty
-    return tuple(np.concatenate(parts) for parts in zip(*found, strict=True))  # type: ignore[return-value]
+    lengths = np.fromiter(map(len, tokens), np.int64, n)
+    starts = np.cumsum(lengths) - lengths
+    codes = np.frombuffer("".join(tokens).encode("utf-32-le", "surrogatepass"), np.uint32)
+    total = len(codes)
+    with np.errstate(over="ignore"):
+        base = np.full(total, _HASH_BASE, np.uint64)
+        power = np.concatenate(([np.uint64(1)], np.cumprod(base)))
+        inverse = np.full(total, pow(_HASH_BASE, -1, 1 << 64), np.uint64)
+        inverse_power = np.cumprod(inverse)  # B^-(i+1) for code point i
+        prefix = np.concatenate(([np.uint64(0)], np.cumsum(codes * inverse_power)))
+
+        def span_hash(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return (prefix[b] - prefix[a]) * power[b]
+
+        token_hash = span_hash(starts, starts + lengths)
+        # hash -> the lowest id with that hash (the id a duplicated text keeps)
+        order = np.lexsort((np.arange(n), token_hash))
+        sorted_hash = token_hash[order]
+        first = np.concatenate(([True], sorted_hash[1:] != sorted_hash[:-1]))
+        for i in np.flatnonzero(~first).tolist():  # same hash: must be the same text
+            if tokens[order[i]] != tokens[order[i - 1]]:
+                return _spm_splits_one_by_one(tokens, types, ids)
+        known_hash, known_id = sorted_hash[first], order[first]
+
+        cand = np.flatnonzero((types != BYTE) & (lengths > 1))
+        per = lengths[cand] - 1
+        token = np.repeat(cand, per)
+        group_start = np.repeat(np.cumsum(per) - per, per)
+        cut = np.arange(len(token)) - group_start + 1
+        a = starts[token]
+        m = a + cut
+        b = a + lengths[token]
+
+        def lookup(h: np.ndarray) -> np.ndarray:
+            at = np.minimum(np.searchsorted(known_hash, h), len(known_hash) - 1)
+            return np.where(known_hash[at] == h, known_id[at], -1)
+
+        left, right = lookup(span_hash(a, m)), lookup(span_hash(m, b))
+    hit = np.flatnonzero((left >= 0) & (right >= 0))
+    left, right, token = left[hit], right[hit], token[hit]
+    exact = np.fromiter(
+        (
+            tokens[t] == tokens[lt] + tokens[rt]
+            for t, lt, rt in zip(token.tolist(), left.tolist(), right.tolist(), strict=True)
+        ),
+        bool,
+        len(token),
+    )
+    return left[exact], right[exact], token[exact]
+
+
+def _spm_splits_one_by_one(
+    tokens: list[str], types: np.ndarray, ids: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    found = [
+        (ids[w[:cut]], ids[w[cut:]], i)
+        for i in np.flatnonzero(types != BYTE).tolist()
+        for w in (tokens[i],)
+        for cut in range(1, len(w))
+        if w[:cut] in ids and w[cut:] in ids
+    ]
+    arr = np.array(found, np.int64).reshape(-1, 3)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
 class _Metadata:
