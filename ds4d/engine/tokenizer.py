@@ -285,14 +285,8 @@ def _spm_splits(
         left, right = lookup(span_hash(a, m)), lookup(span_hash(m, b))
     hit = np.flatnonzero((left >= 0) & (right >= 0))
     left, right, token = left[hit], right[hit], token[hit]
-    exact = np.fromiter(
-        (
-            tokens[t] == tokens[lt] + tokens[rt]
-            for t, lt, rt in zip(token.tolist(), left.tolist(), right.tolist(), strict=True)
-        ),
-        bool,
-        len(token),
-    )
+    texts = np.array(tokens, dtype=object)
+    exact = (texts[left] + texts[right] == texts[token]).astype(bool)
     return left[exact], right[exact], token[exact]
 
 
