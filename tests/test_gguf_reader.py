@@ -232,12 +232,22 @@ def test_tokenizer_arrays_must_match_the_vocabulary(tmp_path: Path) -> None:
     )
 
 
-def test_bad_alignment_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("alignment", [48, 4, 0])
+def test_bad_alignment_is_refused(tmp_path: Path, alignment: int) -> None:
     def aligned(w: gguf.GGUFWriter) -> None:
-        w.add_uint32("general.alignment", 48)
+        w.add_uint32("general.alignment", alignment)
 
     path = write_tiny_llama(tmp_path / "m.gguf", extra=aligned)
     assert "general.alignment" in refused(path)
+
+
+def test_a_larger_alignment_reads_as_gguf_reads_it(tmp_path: Path) -> None:
+    def aligned(w: gguf.GGUFWriter) -> None:
+        w.add_custom_alignment(64)
+
+    path = write_tiny_llama(tmp_path / "m.gguf", extra=aligned)
+    assert_same_as_gguf_reader(path)
+    assert GGUFFile(path).index.alignment == 64
 
 
 def test_truncated_header(tmp_path: Path, tiny: tuple[Path, dict[str, Field]]) -> None:

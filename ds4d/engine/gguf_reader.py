@@ -25,6 +25,7 @@ import numpy as np
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
+MIN_ALIGNMENT = 8  # the widest tensor element (F64, I64)
 MAX_DIMS = 4  # ggml tensors have at most four dimensions
 MAX_NAME_BYTES = 64  # ggml's tensor name limit, terminating NUL included
 MAX_ARRAY_NESTING = 2  # an array of arrays of scalars is the deepest any writer emits
@@ -277,13 +278,15 @@ def parse(buf: Buffer, size: int) -> GGUFIndex:
     alignment = DEFAULT_ALIGNMENT
     if "general.alignment" in metadata:
         alignment = metadata["general.alignment"]
+        # At least 8, so that every tensor's elements are aligned for the C code.
         if (
             value_types["general.alignment"] != UINT32
-            or alignment <= 0
+            or alignment < MIN_ALIGNMENT
             or (alignment & (alignment - 1))
         ):
             raise GGUFFormatError(
-                f"metadata general.alignment is {alignment!r}, expected a power of two (UINT32)"
+                f"metadata general.alignment is {alignment!r}, expected a power of two of at"
+                f" least {MIN_ALIGNMENT} (UINT32)"
             )
 
     # The smallest tensor entry: an empty name, one dimension, type and offset.
