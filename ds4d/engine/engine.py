@@ -32,6 +32,8 @@ from ds4d.engine.gguf_file import GGUFFile
 FAMILIES = {
     "llama": "ds4d.engine.llama",
     "deepseek4": "ds4d.engine.deepseek4",
+    "qwen2": "ds4d.engine.qwen2",
+    "qwen3": "ds4d.engine.qwen3",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
