@@ -32,6 +32,8 @@ CASES = {
     "gemma3-no-window": dict(arch="gemma3", head_dim=32),
     "phi3": dict(arch="phi3"),
     "phi3-longrope": dict(arch="phi3", rope_factors=True),
+    # a session context beyond the original one (1024) takes the long factors
+    "phi3-longrope-long-context": dict(arch="phi3", rope_factors=True, n_ctx=2048),
 }
 
 
@@ -57,10 +59,12 @@ def eval_all(state, toks: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_prefill_and_decode_match_reference(case: str, tmp_path: Path, pool) -> None:
-    gf = GGUFFile(write_tiny(tmp_path / "m.gguf", **CASES[case]))
-    ref = DenseReference(gf, n_ctx=N_CTX)
+    opts = dict(CASES[case])
+    n_ctx = opts.pop("n_ctx", N_CTX)
+    gf = GGUFFile(write_tiny(tmp_path / "m.gguf", **opts))
+    ref = DenseReference(gf, n_ctx=n_ctx)
     model = load(gf, pool)
-    state = model.new_state(N_CTX)
+    state = model.new_state(n_ctx)
     toks = tokens(110)
     # Prefill in uneven chunks (windows start mid-chunk), then decode one at a time.
     pos = 0

@@ -34,6 +34,8 @@ FAMILIES = {
     "deepseek4": "ds4d.engine.deepseek4",
     "qwen2": "ds4d.engine.qwen2",
     "qwen3": "ds4d.engine.qwen3",
+    "gemma3": "ds4d.engine.gemma3",
+    "phi3": "ds4d.engine.phi3",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
