@@ -150,3 +150,21 @@ def test_malformed_files_are_refused_in_one_line(arch, opts, word, tmp_path: Pat
     with pytest.raises(ModelLoadError) as err:
         load(gf, pool)
     assert word in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("case", ["gemma3", "phi3"])
+def test_scalar_kernels_match_simd(case: str, tmp_path: Path, pool) -> None:
+    """The whole forward (GeGLU, windows, fused tensors) with the scalar kernels against the
+    best SIMD set of this machine."""
+    gf = GGUFFile(write_tiny(tmp_path / "m.gguf", **CASES[case]))
+    model = load(gf, pool)
+    toks = tokens(70)
+    simd = eval_all(model.new_state(N_CTX), toks)
+    previous = native.simd_level()
+    try:
+        native.set_simd("scalar")
+        scalar = eval_all(model.new_state(N_CTX), toks)
+    finally:
+        native.set_simd(previous)
+    assert np.abs(simd - scalar).max() < 1e-4
+    model.close()
