@@ -7,7 +7,8 @@ with gguf.quants.dequantize, every op is the textbook one in float64. The GGUF m
 read here again, independently of the engine's family modules:
   - RoPE: llama's adjacent pairs (NORMAL) or the halves (NEOX, transformers' rotate_half),
     angle pos * base^(-2i/n_rot) / factor_i, linear scaling, phi3's long/short factors
-    (long when the session context exceeds the original one) with its attention factor;
+    (long when the session context exceeds the original one) with its attention factor,
+    YaRN as transformers computes it;
   - gemma3: embeddings times sqrt(n_embd), norms around attention and FFN, q/k norms,
     GELU (tanh) gate, sliding-window layers (all but every 6th, or the file's pattern) with
     the local base 10000, final logit soft-capping; query scale 1/sqrt(head_dim);
@@ -43,6 +44,23 @@ class DenseReference:
         scaling = str(gf.get(f"{a}.rope.scaling.type", "none"))
         factor = float(gf.get(f"{a}.rope.scaling.factor", 0.0))
         self.freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
+        self.yarn = None
+        if scaling == "yarn" and factor > 1:
+            # transformers' YaRN: a ramp between interpolated and extrapolated rates over the
+            # correction range (rounded outward), magnitude 0.1 ln(factor) + 1.
+            orig = int(gf.require(f"{a}.rope.scaling.original_context_length"))
+            fast = float(gf.get(f"{a}.rope.scaling.yarn_beta_fast", 32.0))
+            slow = float(gf.get(f"{a}.rope.scaling.yarn_beta_slow", 1.0))
+
+            def corr_dim(rot: float) -> float:
+                return self.n_rot * math.log(orig / (rot * 2 * math.pi)) / (2 * math.log(self.base))
+
+            low = max(math.floor(corr_dim(fast)), 0)
+            high = min(math.ceil(corr_dim(slow)), self.n_rot - 1)
+            if low == high:
+                high += 0.001
+            ramp = np.clip((np.arange(self.n_rot // 2) - low) / (high - low), 0, 1)
+            self.yarn = (factor, 1 - ramp, 0.1 * math.log(factor) + 1)
         self.window = int(gf.get(f"{a}.attention.sliding_window", 0)) if a == "gemma3" else 0
         if a == "phi3":
             self.window = int(gf.get(f"{a}.attention.sliding_window", 0))
@@ -88,9 +106,14 @@ class DenseReference:
         factors = self.opt(self.factors_name)
         if factors is not None:
             inv = inv / factors
+        mag = self.attn_factor
+        if self.yarn is not None:
+            factor, extrapolate, yarn_mag = self.yarn
+            inv = inv / factor * (1 - extrapolate) + inv * extrapolate
+            mag *= yarn_mag
         ang = pos[:, None].astype(np.float64) * inv[None, :]
-        cos = np.cos(ang)[:, None, :] * self.attn_factor
-        sin = np.sin(ang)[:, None, :] * self.attn_factor
+        cos = np.cos(ang)[:, None, :] * mag
+        sin = np.sin(ang)[:, None, :] * mag
         out = x.copy()
         if self.neox:
             x0, x1 = x[..., :half], x[..., half : self.n_rot]

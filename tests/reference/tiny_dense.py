@@ -1,4 +1,4 @@
-"""Writes tiny random GGUFs of the dense families (qwen2, qwen3, gemma3, phi3) with
+"""Writes tiny random GGUFs of the dense families (llama, qwen2, qwen3, gemma3, phi3) with
 gguf.GGUFWriter, in the tensor names and metadata keys llama.cpp's converter writes, for the
 forward tests against tests/reference/dense_ref.py."""
 
@@ -25,6 +25,7 @@ def write_tiny(
     softcap: float = 0.0,
     rope_factors: bool = False,
     linear_scale: float = 0.0,
+    yarn_factor: float = 0.0,
     untied_output: bool = True,
     override_shape: dict[str, tuple[int, ...]] | None = None,
     drop: tuple[str, ...] = (),
@@ -45,7 +46,7 @@ def write_tiny(
     w.add_head_count_kv(N_HEAD_KV)
     w.add_key_length(hd)
     w.add_value_length(hd)
-    w.add_rope_freq_base(1000.0 if arch == "gemma3" else 10000.0)
+    w.add_rope_freq_base(1000.0 if arch in ("gemma3", "llama") else 10000.0)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_dimension_count(hd)
     if window:
@@ -55,6 +56,10 @@ def write_tiny(
     if linear_scale:
         w.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(linear_scale)
+    if yarn_factor:
+        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.YARN)
+        w.add_rope_scaling_factor(yarn_factor)
+        w.add_rope_scaling_orig_ctx_len(64)
     if arch == "phi3":
         w.add_rope_scaling_orig_ctx_len(1024)
         if rope_factors:
