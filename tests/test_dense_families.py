@@ -169,3 +169,25 @@ def test_scalar_kernels_match_simd(case: str, tmp_path: Path, pool) -> None:
         native.set_simd(previous)
     assert np.abs(simd - scalar).max() < 1e-4
     model.close()
+
+
+def test_decoder_attention_split_keys_windows_sinks(tmp_path: Path) -> None:
+    """tests/reference/check_decoder.c, linked against the built library: the attention
+    step's decode plan (split keys and their merge) with windows and sinks, against the
+    definition."""
+    import shutil
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    build = native.library_path().parent
+    exe = tmp_path / "check_decoder"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    subprocess.run(
+        [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
+         f"-I{repo / 'native'}", str(repo / "tests/reference/check_decoder.c"), "-o", str(exe),
+         f"-L{build}", "-lds4n", f"-Wl,-rpath,{build}", "-lm"],
+        check=True,
+    )  # fmt: skip
+    result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "vs definition: max |diff|" in result.stdout
