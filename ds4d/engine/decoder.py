@@ -265,13 +265,14 @@ class RopeScaling:
     `rope.scaling.attn_factor`."""
 
     def __init__(self, hp: HParams, n_ctx_train: int, allowed: Iterable[str]) -> None:
-        kind = str(hp("rope.scaling.type", "none"))
+        factor = float(hp("rope.scaling.factor", 0.0))
+        # A factor without a type is linear scaling, as llama.cpp reads it.
+        kind = str(hp("rope.scaling.type", "linear" if factor > 0 else "none"))
         allowed = tuple(allowed)
         if kind not in allowed:
             raise ModelLoadError(
                 f"rope scaling type {kind!r} is not supported ({', '.join(allowed)})"
             )
-        factor = float(hp("rope.scaling.factor", 0.0))
         self.kind = kind
         self.freq_scale = 1.0 / factor if kind in ("linear", "yarn") and factor > 0 else 1.0
         self.attn_factor = float(hp("rope.scaling.attn_factor", 1.0))
