@@ -25,6 +25,7 @@ N_CTX = 160
 
 CASES = {
     "llama-yarn": dict(arch="llama", yarn_factor=8.0),
+    "llama-biases-q8_0": dict(arch="llama", biases=True, matrix_type=Q.Q8_0),
     "qwen2": dict(arch="qwen2"),
     "qwen2-q8_0-tied": dict(arch="qwen2", matrix_type=Q.Q8_0, untied_output=False),
     "qwen3": dict(arch="qwen3", head_dim=32),

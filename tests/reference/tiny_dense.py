@@ -26,6 +26,7 @@ def write_tiny(
     rope_factors: bool = False,
     linear_scale: float = 0.0,
     yarn_factor: float = 0.0,
+    biases: bool = False,
     untied_output: bool = True,
     override_shape: dict[str, tuple[int, ...]] | None = None,
     drop: tuple[str, ...] = (),
@@ -96,10 +97,12 @@ def write_tiny(
             add(p + "attn_k.weight", (n_kv, E), matrix_type)
             add(p + "attn_v.weight", (n_kv, E), matrix_type)
         add(p + "attn_output.weight", (E, n_q), matrix_type)
-        if arch == "qwen2":
+        if arch == "qwen2" or biases:
             add(p + "attn_q.bias", (n_q,), Q.F32)
             add(p + "attn_k.bias", (n_kv,), Q.F32)
             add(p + "attn_v.bias", (n_kv,), Q.F32)
+        if biases:
+            add(p + "attn_output.bias", (E,), Q.F32)
         if arch in ("qwen3", "gemma3"):
             add(p + "attn_q_norm.weight", (hd,), **norm)
             add(p + "attn_k_norm.weight", (hd,), **norm)
