@@ -143,7 +143,7 @@ def _make_tokenizer(family: Any, gf: GGUFFile) -> Any:
     except ImportError:  # pragma: no cover - only while the tokenizer is being built
         return None
     try:
-        return Tokenizer.from_gguf(gf.reader)
+        return Tokenizer.from_gguf(gf)
     except EngineError:
         raise
     except Exception as e:
