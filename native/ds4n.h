@@ -21,7 +21,7 @@ enum ds4n_type {
     DS4N_F32 = 0, DS4N_F16 = 1, DS4N_Q4_0 = 2, DS4N_Q4_1 = 3,
     DS4N_Q5_0 = 6, DS4N_Q5_1 = 7, DS4N_Q8_0 = 8,
     DS4N_Q2_K = 10, DS4N_Q3_K = 11, DS4N_Q4_K = 12, DS4N_Q5_K = 13, DS4N_Q6_K = 14,
-    DS4N_IQ2_XXS = 16, DS4N_BF16 = 30,
+    DS4N_IQ2_XXS = 16, DS4N_IQ4_NL = 20, DS4N_IQ4_XS = 23, DS4N_BF16 = 30, DS4N_MXFP4 = 39,
 };
 
 /* SIMD levels; DS4N_SIMD_AUTO picks the best the CPU supports. */

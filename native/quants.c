@@ -2,6 +2,7 @@
  * fallback wherever a SIMD level has no kernel of its own. Plain, obviously-right code. */
 #include "quants.h"
 #include "iq2xxs_tables.h"
+#include "nibble_tables.h"
 
 /* ---- traits ------------------------------------------------------------------------ */
 
@@ -20,6 +21,9 @@ static const struct ds4n_type_traits traits[DS4N_TYPE_SLOTS] = {
     [DS4N_Q5_K] = {"Q5_K", QK_K, sizeof(block_q5_K)},
     [DS4N_Q6_K] = {"Q6_K", QK_K, sizeof(block_q6_K)},
     [DS4N_IQ2_XXS] = {"IQ2_XXS", QK_K, sizeof(block_iq2_xxs)},
+    [DS4N_IQ4_NL] = {"IQ4_NL", QK, sizeof(block_iq4_nl)},
+    [DS4N_IQ4_XS] = {"IQ4_XS", QK_K, sizeof(block_iq4_xs)},
+    [DS4N_MXFP4] = {"MXFP4", QK, sizeof(block_mxfp4)},
 };
 
 _Static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q4_1) == 20, "GGML block layout");
@@ -27,7 +31,8 @@ _Static_assert(sizeof(block_q5_0) == 22 && sizeof(block_q5_1) == 24, "GGML block
 _Static_assert(sizeof(block_q8_0) == 34 && sizeof(block_q2_K) == 84, "GGML block layout");
 _Static_assert(sizeof(block_q3_K) == 110 && sizeof(block_q4_K) == 144, "GGML block layout");
 _Static_assert(sizeof(block_q5_K) == 176 && sizeof(block_q6_K) == 210, "GGML block layout");
-_Static_assert(sizeof(block_iq2_xxs) == 66, "GGML block layout");
+_Static_assert(sizeof(block_iq2_xxs) == 66 && sizeof(block_iq4_nl) == 18, "GGML block layout");
+_Static_assert(sizeof(block_iq4_xs) == 136 && sizeof(block_mxfp4) == 17, "GGML block layout");
 
 const struct ds4n_type_traits *ds4n_traits(int type) {
     if (type < 0 || type >= DS4N_TYPE_SLOTS || traits[type].name == NULL) return NULL;
@@ -228,6 +233,40 @@ static void dequant_iq2_xxs(const void *src, float *y, int64_t n) {
     }
 }
 
+/* ---- 4-bit codes through a 16-value table: IQ4_NL, IQ4_XS, MXFP4 ----------------------- */
+
+/* 32 values y = d * table[code]: codes are the low nibbles of qs[0..16), then the high ones. */
+static void table_nibbles(const uint8_t *qs, const int8_t *table, float d, float *y) {
+    for (int j = 0; j < QK / 2; j++) {
+        y[j] = d * (float)table[qs[j] & 0x0f];
+        y[j + QK / 2] = d * (float)table[qs[j] >> 4];
+    }
+}
+
+static void dequant_iq4_nl(const void *src, float *y, int64_t n) {
+    const block_iq4_nl *b = src;
+    for (int64_t i = 0; i < n / QK; i++, y += QK)
+        table_nibbles(b[i].qs, ds4n_iq4nl_values, ds4n_f16_to_f32(b[i].d), y);
+}
+
+static void dequant_mxfp4(const void *src, float *y, int64_t n) {
+    const block_mxfp4 *b = src;
+    for (int64_t i = 0; i < n / QK; i++, y += QK)
+        table_nibbles(b[i].qs, ds4n_mxfp4_values, ds4n_e8m0_to_f32_half(b[i].e), y);
+}
+
+/* IQ4_XS: IQ4_NL's levels in eight sub-blocks of 32, each with its own 6-bit scale. */
+static void dequant_iq4_xs(const void *src, float *y, int64_t n) {
+    const block_iq4_xs *b = src;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = ds4n_f16_to_f32(b[i].d);
+        for (int ib = 0; ib < QK_K / QK; ib++, y += QK) {
+            float dl = d * (float)ds4n_iq4_xs_scale(&b[i], ib);
+            table_nibbles(b[i].qs + ib * QK / 2, ds4n_iq4nl_values, dl, y);
+        }
+    }
+}
+
 /* ---- the scalar kernel set ------------------------------------------------------------- */
 
 /* Scalar dots all go through the dequantizer: one obviously-right definition per type. */
@@ -261,6 +300,9 @@ DOT_VIA(q4_K, QK_K, sizeof(block_q4_K))
 DOT_VIA(q5_K, QK_K, sizeof(block_q5_K))
 DOT_VIA(q6_K, QK_K, sizeof(block_q6_K))
 DOT_VIA(iq2_xxs, QK_K, sizeof(block_iq2_xxs))
+DOT_VIA(iq4_nl, QK, sizeof(block_iq4_nl))
+DOT_VIA(iq4_xs, QK_K, sizeof(block_iq4_xs))
+DOT_VIA(mxfp4, QK, sizeof(block_mxfp4))
 
 static void tile_scalar(const float *W, int64_t ldw, const float *X, int64_t ldx, int64_t k,
                         float *Y, int64_t ldy, int R, int C, int accumulate) {
@@ -277,7 +319,7 @@ const struct ds4n_kernel_set ds4n_scalar_set = {
         ROW(F32, f32), ROW(F16, f16), ROW(BF16, bf16),
         ROW(Q4_0, q4_0), ROW(Q4_1, q4_1), ROW(Q5_0, q5_0), ROW(Q5_1, q5_1), ROW(Q8_0, q8_0),
         ROW(Q2_K, q2_K), ROW(Q3_K, q3_K), ROW(Q4_K, q4_K), ROW(Q5_K, q5_K), ROW(Q6_K, q6_K),
-        ROW(IQ2_XXS, iq2_xxs),
+        ROW(IQ2_XXS, iq2_xxs), ROW(IQ4_NL, iq4_nl), ROW(IQ4_XS, iq4_xs), ROW(MXFP4, mxfp4),
     },
     .tile = tile_scalar,
 };

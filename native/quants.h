@@ -8,8 +8,8 @@
 
 #include "ds4n.h"
 
-#define QK 32    /* values per block of the legacy types (Q4_0 .. Q8_0) */
-#define QK_K 256 /* values per super-block of the K-quants and IQ2_XXS */
+#define QK 32    /* values per block of the legacy types (Q4_0 .. Q8_0), IQ4_NL and MXFP4 */
+#define QK_K 256 /* values per super-block of the K-quants, IQ2_XXS and IQ4_XS */
 
 /* Block layouts, byte-compatible with GGML (all members are naturally aligned). */
 typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_q4_0;
@@ -29,6 +29,11 @@ typedef struct {
     uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d;
 } block_q6_K;
 typedef struct { uint16_t d; uint16_t qs[QK_K / 8]; } block_iq2_xxs;
+typedef struct { uint16_t d; uint8_t qs[QK / 2]; } block_iq4_nl;
+typedef struct {
+    uint16_t d, scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2];
+} block_iq4_xs;
+typedef struct { uint8_t e; uint8_t qs[QK / 2]; } block_mxfp4; /* e: an E8M0 exponent */
 
 /* IEEE half -> float, exact (subnormals, inf and nan included). */
 static inline float ds4n_f16_to_f32(uint16_t h) {
@@ -51,6 +56,15 @@ static inline float ds4n_f16_to_f32(uint16_t h) {
 
 static inline float ds4n_bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Half the E8M0 scale 2^(e-127), exactly (MXFP4's value table is doubled to match): 2^(e-128),
+ * a subnormal for e < 2; e = 255 (NaN in the MX format) is read as 2^127, as GGML does. */
+static inline float ds4n_e8m0_to_f32_half(uint8_t e) {
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
@@ -88,6 +102,14 @@ static inline int ds4n_q3_K_scale(const uint8_t *s, int g) {
     return (lo | hi << 4) - 32;
 }
 
+/* IQ4_XS: the signed 6-bit scale of sub-block ib (of 8): 4 low bits in scales_l, 2 high bits
+ * in scales_h, offset by 32. */
+static inline int ds4n_iq4_xs_scale(const block_iq4_xs *b, int ib) {
+    int lo = (b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0x0f;
+    int hi = (b->scales_h >> (2 * ib)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 /* Row kernels of one type at one SIMD level; n is a multiple of the block size. */
 typedef void (*ds4n_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef float (*ds4n_dot_fn)(const void *w, const float *x, int64_t n);
@@ -104,7 +126,7 @@ typedef void (*ds4n_tile_fn)(const float *W, int64_t ldw, const float *X, int64_
 #define DS4N_TILE_COLS 3
 
 /* Everything one SIMD level provides. Row-kernel slots left NULL fall back to scalar. */
-#define DS4N_TYPE_SLOTS 31 /* type ids are < 31 */
+#define DS4N_TYPE_SLOTS 40 /* type ids are < 40 */
 struct ds4n_kernel_set {
     struct ds4n_row_kernels row[DS4N_TYPE_SLOTS];
     ds4n_tile_fn tile;

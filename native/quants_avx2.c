@@ -2,6 +2,7 @@
  * primitives and code unpackers quants_generic.h builds every type's kernels from. */
 #include "quants_avx2.h"
 #include "iq2xxs_tables.h"
+#include "nibble_tables.h"
 
 static inline float f16(uint16_t h) { return _cvtsh_ss(h); }
 
@@ -165,6 +166,14 @@ static inline __m256 iq2_point(uint32_t idx, uint32_t meta, int l) {
 
 static inline void iq2_codes(uint32_t idx, uint32_t meta, v16 q[2]) {
     for (int l = 0; l < 4; l++) q[l / 2].v[l % 2] = iq2_point(idx, meta, l);
+}
+
+/* A 16-entry byte table indexed by each nibble: one pshufb per 16 codes. */
+static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]) {
+    __m128i bytes = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
+    __m128i values = _mm_loadu_si128((const __m128i *)table);
+    q[0] = widen16(_mm_shuffle_epi8(values, _mm_and_si128(bytes, m4)));
+    q[1] = widen16(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bytes, 4), m4)));
 }
 
 #include "quants_generic.h"

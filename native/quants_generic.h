@@ -14,13 +14,15 @@
  *     q6_codes(block, h, r, q)                 32-group r of half h of Q6_K, offset removed
  *     k23_codes(qs, hmask or NULL, h, j, q)    plane j of half h of Q2_K/Q3_K
  *     iq2_codes(idx, meta, q)                  a 32-group of IQ2_XXS, signs applied
+ *     nibble_codes(qs, table, q)               table[nibble] of 16 bytes, low nibbles first
+ *                                              (IQ4_NL, IQ4_XS, MXFP4)
  *
  * Dequantizers do the scalar kernels' products in the same order without fusing, so they
  * are bit-identical to them; dots apply each block's scales once to Σq·x (and its min to Σx). */
 #ifndef DS4N_QUANTS_GENERIC_H
 #define DS4N_QUANTS_GENERIC_H
 
-/* ---- legacy 32-value blocks ------------------------------------------------------------ */
+/* ---- 32-value blocks of one scale: the legacy types, IQ4_NL and MXFP4 ----------------- */
 
 struct legacy_block {
     float d, m;
@@ -54,6 +56,18 @@ DS4N_INLINE void load_legacy(int type, const void *blk, struct legacy_block *b) 
         const block_q5_1 *p = blk;
         b->d = f16(p->d), b->m = f16(p->m);
         legacy_codes(p->qs, p->qh, 0, b->q);
+        break;
+    }
+    case DS4N_IQ4_NL: {
+        const block_iq4_nl *p = blk;
+        b->d = f16(p->d);
+        nibble_codes(p->qs, ds4n_iq4nl_values, b->q);
+        break;
+    }
+    case DS4N_MXFP4: {
+        const block_mxfp4 *p = blk;
+        b->d = ds4n_e8m0_to_f32_half(p->e);
+        nibble_codes(p->qs, ds4n_mxfp4_values, b->q);
         break;
     }
     default: { /* DS4N_Q8_0 */
@@ -252,6 +266,37 @@ static float dot_iq2_xxs(const void *w, const float *x, int64_t n) {
     return vhsum(acc);
 }
 
+/* ---- IQ4_XS: eight sub-blocks of 32 with signed 6-bit scales, IQ4_NL's levels -------- */
+
+static void dequant_iq4_xs(const void *src, float *y, int64_t n) {
+    const block_iq4_xs *b = src;
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = f16(b[i].d);
+        for (int ib = 0; ib < 8; ib++, y += 32) {
+            float dl = d * (float)ds4n_iq4_xs_scale(&b[i], ib);
+            nibble_codes(b[i].qs + 16 * ib, ds4n_iq4nl_values, q);
+            v16_store(y, q[0], dl);
+            v16_store(y + 16, q[1], dl);
+        }
+    }
+}
+
+static float dot_iq4_xs(const void *w, const float *x, int64_t n) {
+    const block_iq4_xs *b = w;
+    vacc acc = vzero();
+    v16 q[2];
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        float d = f16(b[i].d);
+        for (int ib = 0; ib < 8; ib++, x += 32) {
+            nibble_codes(b[i].qs + 16 * ib, ds4n_iq4nl_values, q);
+            float dl = d * (float)ds4n_iq4_xs_scale(&b[i], ib);
+            acc = vfma_s(acc, dl, vadd(v16_dot(q[0], x), v16_dot(q[1], x + 16)));
+        }
+    }
+    return vhsum(acc);
+}
+
 /* ---- the kernel set ------------------------------------------------------------------- */
 
 #define DS4N_GENERIC_KERNELS(name, T, block, kind)                             \
@@ -266,6 +311,8 @@ DS4N_GENERIC_KERNELS(q4_1, DS4N_Q4_1, block_q4_1, legacy)
 DS4N_GENERIC_KERNELS(q5_0, DS4N_Q5_0, block_q5_0, legacy)
 DS4N_GENERIC_KERNELS(q5_1, DS4N_Q5_1, block_q5_1, legacy)
 DS4N_GENERIC_KERNELS(q8_0, DS4N_Q8_0, block_q8_0, legacy)
+DS4N_GENERIC_KERNELS(iq4_nl, DS4N_IQ4_NL, block_iq4_nl, legacy)
+DS4N_GENERIC_KERNELS(mxfp4, DS4N_MXFP4, block_mxfp4, legacy)
 DS4N_GENERIC_KERNELS(q2_K, DS4N_Q2_K, block_q2_K, k23)
 DS4N_GENERIC_KERNELS(q3_K, DS4N_Q3_K, block_q3_K, k23)
 
@@ -290,6 +337,7 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
             DS4N_ROW(Q5_1, q5_1), DS4N_ROW(Q8_0, q8_0),                                  \
             DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW(Q4_K, q4_K),            \
             DS4N_ROW(Q5_K, q5_K), DS4N_ROW(Q6_K, q6_K), DS4N_ROW(IQ2_XXS, iq2_xxs),      \
+            DS4N_ROW(IQ4_NL, iq4_nl), DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW(MXFP4, mxfp4),  \
         },                                                                               \
         .tile = tile_fn,                                                                 \
     };

@@ -2,6 +2,7 @@
  * builds every type's kernels from. */
 #include "quants_neon.h"
 #include "iq2xxs_tables.h"
+#include "nibble_tables.h"
 
 static inline float f16(uint16_t h) { return ds4n_f16_to_f32(h); }
 
@@ -162,6 +163,14 @@ static inline int8x8_t iq2_point(uint32_t idx, uint32_t meta, int l) {
 static inline void iq2_codes(uint32_t idx, uint32_t meta, v16 q[2]) {
     q[0] = widen16(vcombine_s8(iq2_point(idx, meta, 0), iq2_point(idx, meta, 1)));
     q[1] = widen16(vcombine_s8(iq2_point(idx, meta, 2), iq2_point(idx, meta, 3)));
+}
+
+/* A 16-entry byte table indexed by each nibble: one tbl per 16 codes. */
+static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]) {
+    uint8x16_t bytes = vld1q_u8(qs);
+    int8x16_t values = vld1q_s8(table);
+    q[0] = widen16(vqtbl1q_s8(values, vandq_u8(bytes, vdupq_n_u8(0x0f))));
+    q[1] = widen16(vqtbl1q_s8(values, vshrq_n_u8(bytes, 4)));
 }
 
 #include "quants_generic.h"

@@ -18,7 +18,7 @@ from ds4d.engine import native
 
 # Types the gguf package can quantize, and for the others the byte offsets of their f16
 # scale fields inside a block (random bytes elsewhere are valid codes).
-QUANTIZABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"]
+QUANTIZABLE = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "MXFP4"]
 SCALE_OFFSETS = {
     "Q2_K": (80, 82),
     "Q3_K": (108,),
@@ -26,6 +26,8 @@ SCALE_OFFSETS = {
     "Q5_K": (0, 2),
     "Q6_K": (208,),
     "IQ2_XXS": (0,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
 }
 ALL_TYPES = QUANTIZABLE + list(SCALE_OFFSETS)
 N = 1280  # 5 super-blocks, 40 legacy blocks
@@ -81,7 +83,37 @@ def test_dequantize_matches_gguf(qtype: str, level: int) -> None:
     ref = reference(qtype, raw).reshape(3, n)
     for r in range(3):
         got = native.dequantize(qtype, raw[r], n)
-        np.testing.assert_allclose(got, ref[r], rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(got, ref[r])
+
+
+def test_mxfp4_every_scale_exponent(level: int) -> None:
+    """Every E8M0 scale byte, bit-exact against gguf: the subnormal half-scales of bytes 0 and 1,
+    and 2^127 at 255, where the largest codes overflow to infinity."""
+    rng = np.random.default_rng(4)
+    blocks = rng.integers(0, 256, size=(256, 17), dtype=np.uint8)
+    blocks[:, 0] = np.arange(256)
+    with np.errstate(over="ignore"):
+        ref = gguf_dequantize(blocks, G.MXFP4).reshape(-1)
+    got = native.dequantize("MXFP4", blocks.reshape(-1), ref.size)
+    np.testing.assert_array_equal(got, ref)
+    nonzero = np.abs(got[got != 0])
+    assert np.isinf(nonzero).any() and (nonzero < np.finfo(np.float32).tiny).any()
+
+
+def test_iq4_xs_every_sub_block_scale(level: int) -> None:
+    """All 64 six-bit IQ4_XS scales (8 per super-block, split over scales_l and scales_h)."""
+    rng = np.random.default_rng(5)
+    blocks = rng.integers(0, 256, size=(8, 136), dtype=np.uint8)
+    blocks[:, 0:2] = np.full((8, 1), 0.01, np.float16).view(np.uint8)
+    scales = np.arange(64).reshape(8, 8)  # super-block i, sub-block ib
+    low, high = scales & 15, scales >> 4
+    blocks[:, 4:8] = low[:, 0::2] | low[:, 1::2] << 4
+    scales_h = (high << (2 * np.arange(8))).sum(axis=1).astype(np.uint16)
+    blocks[:, 2:4] = scales_h.view(np.uint8).reshape(8, 2)
+    ref = gguf_dequantize(blocks, G.IQ4_XS).reshape(-1)
+    got = native.dequantize("IQ4_XS", blocks.reshape(-1), ref.size)
+    np.testing.assert_array_equal(got, ref)
+    assert (got.reshape(64, 32)[32] == 0).all()  # scale 32 - 32 = 0
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)

@@ -11,7 +11,8 @@ import pytest
 from ds4d.engine import native
 from tests.test_kernels import LEVELS, random_weights, reference
 
-MODEL_TYPES = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32", "IQ2_XXS", "Q5_K", "BF16"]
+MODEL_TYPES = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32", "IQ2_XXS", "Q5_K", "BF16", "IQ4_NL",
+               "IQ4_XS", "MXFP4"]  # fmt: skip
 
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["1thread", "2threads"])
@@ -25,7 +26,11 @@ def check(qtype: str, rows: int, K: int, T: int, pool: native.Pool | None, seed:
     raw = random_weights(qtype, rows, K, rng)
     W = reference(qtype, raw).reshape(rows, K).astype(np.float64)
     X = rng.standard_normal((T, K)).astype(np.float32)
-    got = native.matmul(pool, qtype, raw, rows, K, X)
+    assert_matches(native.matmul(pool, qtype, raw, rows, K, X), X, W)
+
+
+def assert_matches(got: np.ndarray, X: np.ndarray, W: np.ndarray) -> None:
+    """got = X·Wᵀ within float32 rounding of the sums (W: float64 dequantized weights)."""
     exact = X.astype(np.float64) @ W.T
     bound = 3e-6 * (np.abs(X).astype(np.float64) @ np.abs(W).T) + 1e-30
     err = np.abs(got - exact)
@@ -43,7 +48,7 @@ def test_matmul_matches_float64(qtype: str, T: int, pool: native.Pool) -> None:
 def test_matmul_every_simd_level(level: int, T: int, pool: native.Pool) -> None:
     native.set_simd(level)
     try:
-        for qtype in ("Q4_1", "Q8_0", "Q4_K"):
+        for qtype in ("Q4_1", "Q8_0", "Q4_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
             check(qtype, rows=21, K=768, T=T, pool=pool, seed=T)
     finally:
         native.set_simd(native.SIMD_AUTO)
@@ -54,6 +59,21 @@ def test_matmul_float_rows_of_any_length(K: int, pool: native.Pool) -> None:
     for T in (1, 4):
         check("F32", rows=5, K=K, T=T, pool=pool)
         check("F16", rows=3, K=K, T=T, pool=pool)
+
+
+def test_matmul_one_expert_of_a_3d_mxfp4_tensor(pool: native.Pool) -> None:
+    """MoE experts are stored as [n_expert][rows][K]: expert e is the matrix at byte offset
+    e * rows * row_bytes, which for MXFP4's 17-byte blocks is an odd address."""
+    rng = np.random.default_rng(7)
+    n_expert, rows, K = 3, 5, 96
+    raw = random_weights("MXFP4", n_expert * rows, K, rng).reshape(n_expert, rows, -1)
+    X = rng.standard_normal((4, K)).astype(np.float32)
+    for e in range(n_expert):
+        expert = raw[e]
+        assert expert.ctypes.data % 2 == e % 2
+        W = reference("MXFP4", expert).reshape(rows, K).astype(np.float64)
+        for T in (1, 4):
+            assert_matches(native.matmul(pool, "MXFP4", expert, rows, K, X[:T]), X[:T], W)
 
 
 def test_matmul_long_rows_span_several_panels(pool: native.Pool) -> None:

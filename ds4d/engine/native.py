@@ -18,10 +18,11 @@ from ds4d.engine.errors import EngineError
 # GGML type ids, as in the GGUF tensor headers (and enum ds4n_type).
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_XXS, BF16 = 10, 11, 12, 13, 14, 16, 30
+IQ4_NL, IQ4_XS, MXFP4 = 20, 23, 39
 TYPES = {
     "F32": F32, "F16": F16, "BF16": BF16, "Q4_0": Q4_0, "Q4_1": Q4_1, "Q5_0": Q5_0,
     "Q5_1": Q5_1, "Q8_0": Q8_0, "Q2_K": Q2_K, "Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K,
-    "Q6_K": Q6_K, "IQ2_XXS": IQ2_XXS,
+    "Q6_K": Q6_K, "IQ2_XXS": IQ2_XXS, "IQ4_NL": IQ4_NL, "IQ4_XS": IQ4_XS, "MXFP4": MXFP4,
 }  # fmt: skip
 
 SIMD_AUTO, SIMD_SCALAR, SIMD_AVX2, SIMD_NEON = -1, 0, 1, 2

@@ -22,6 +22,8 @@ static const struct {
     {"Q2_K", DS4N_Q2_K, {80, 82}},    {"Q3_K", DS4N_Q3_K, {108, -1}},
     {"Q4_K", DS4N_Q4_K, {0, 2}},      {"Q5_K", DS4N_Q5_K, {0, 2}},
     {"Q6_K", DS4N_Q6_K, {208, -1}},   {"IQ2_XXS", DS4N_IQ2_XXS, {0, -1}},
+    {"IQ4_NL", DS4N_IQ4_NL, {0, -1}}, {"IQ4_XS", DS4N_IQ4_XS, {0, -1}},
+    {"MXFP4", DS4N_MXFP4, {-1, -1}}, /* its E8M0 scale byte is set in random_weights */
 };
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -57,6 +59,8 @@ static uint8_t *random_weights(int i, int64_t rows, int64_t K, int64_t *row_byte
         } else if (type == DS4N_BF16) {
             uint16_t h = (uint16_t)((rnd() & 0x8000) | ((120 + rnd() % 8) << 7) | (rnd() & 0x7f));
             memcpy(blk, &h, 2);
+        } else if (type == DS4N_MXFP4) {
+            blk[0] = (uint8_t)(120 + rnd() % 8); /* a scale of 2^-8 .. 2^-1 */
         }
         for (int s = 0; s < 2; s++) {
             if (TYPES[i].scale_offsets[s] < 0) continue;
@@ -138,6 +142,27 @@ static void check_matmul(int i, int simd, ds4n_pool *pool) {
     free(w);
 }
 
+/* MXFP4 blocks with every E8M0 scale byte (subnormal halves at 0 and 1, overflow at 255):
+ * the SIMD dequantizer must be bit-identical to the scalar one there too. */
+static void check_mxfp4_exponents(int simd) {
+    enum { BLOCK = 17, VALUES = 32 };
+    static uint8_t blocks[256 * BLOCK];
+    static float scalar[256 * VALUES], fast[256 * VALUES];
+    for (int e = 0; e < 256; e++) {
+        blocks[e * BLOCK] = (uint8_t)e;
+        for (int j = 1; j < BLOCK; j++) blocks[e * BLOCK + j] = (uint8_t)rnd();
+    }
+    ds4n_set_simd(DS4N_SIMD_SCALAR);
+    ds4n_dequantize(DS4N_MXFP4, blocks, scalar, 256 * VALUES);
+    ds4n_set_simd(simd);
+    ds4n_dequantize(DS4N_MXFP4, blocks, fast, 256 * VALUES);
+    for (int k = 0; k < 256 * VALUES; k++)
+        if (memcmp(&fast[k], &scalar[k], 4) != 0 && !(fast[k] == 0 && scalar[k] == 0)) {
+            fail("dequantize (every exponent)", "MXFP4", fast[k], scalar[k]);
+            break;
+        }
+}
+
 int main(void) {
     int simd = ds4n_set_simd(DS4N_SIMD_AUTO);
     const char *names[] = {"scalar", "avx2", "neon"};
@@ -152,6 +177,7 @@ int main(void) {
         check_matmul(i, simd, NULL);
         check_matmul(i, simd, pool);
     }
+    check_mxfp4_exponents(simd);
     ds4n_pool_free(pool);
     printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
            failures ? "FAILED" : "ok");
