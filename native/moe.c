@@ -24,8 +24,10 @@ struct ds4n_moe_scratch {
     int32_t *row_of;  /* T x n_used: grouped row of (token, slot) */
     int32_t *expert_of_row;
     int32_t *count, *first, *active; /* per expert: rows, first row; active expert ids */
+    float *probs;                    /* n_expert: one token's gating values */
+    uint8_t *taken;                  /* n_expert: top-k bookkeeping */
     float *xg, *g, *u, *y;           /* grouped rows: inputs, gate/activation, up, outputs */
-    int64_t cap[12];
+    int64_t cap[14];
     int64_t expert_bytes;
 };
 
@@ -45,7 +47,7 @@ ds4n_moe_scratch *ds4n_moe_scratch_new(void) { return calloc(1, sizeof(ds4n_moe_
 void ds4n_moe_scratch_free(ds4n_moe_scratch *s) {
     if (!s) return;
     void *bufs[] = {s->logits, s->ids, s->weights, s->row_of, s->expert_of_row, s->count,
-                    s->first, s->active, s->xg, s->g, s->u, s->y};
+                    s->first, s->active, s->xg, s->g, s->u, s->y, s->probs, s->taken};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s);
 }
@@ -78,15 +80,14 @@ int ds4n_moe_valid(const ds4n_moe *m) {
 /* v ranks above w: greater, or a number against NaN. */
 static int ranks_above(float v, float w) { return v > w || (isnan(w) && !isnan(v)); }
 
-/* The k best of v[0..n) into ids, best first, ties to the lower index. */
-static void top_k(const float *v, int n, int k, int32_t *ids) {
+/* The k best of v[0..n) into ids, best first, ties to the lower index; taken: n bytes. */
+static void top_k(const float *v, int n, int k, int32_t *ids, uint8_t *taken) {
+    memset(taken, 0, (size_t)n);
     for (int j = 0; j < k; j++) {
         int best = -1;
-        for (int e = 0; e < n; e++) {
-            int taken = 0;
-            for (int i = 0; i < j && !taken; i++) taken = ids[i] == e;
-            if (!taken && (best < 0 || ranks_above(v[e], v[best]))) best = e;
-        }
+        for (int e = 0; e < n; e++)
+            if (!taken[e] && (best < 0 || ranks_above(v[e], v[best]))) best = e;
+        taken[best] = 1;
         ids[j] = best;
     }
 }
@@ -103,14 +104,10 @@ static void softmax(float *v, int n) {
     for (int i = 0; i < n; i++) v[i] = (float)(v[i] / sum);
 }
 
-void ds4n_moe_route(const ds4n_moe *m, const float *logits, int64_t T, int32_t *ids,
-                    float *weights) {
+/* ds4n_moe_route with its working memory: probs (n_expert floats), taken (n_expert bytes). */
+static void route(const ds4n_moe *m, const float *logits, int64_t T, int32_t *ids,
+                  float *weights, float *probs, uint8_t *taken) {
     const int n = m->n_expert, k = m->n_used;
-    float *probs = malloc(sizeof(float) * (size_t)n);
-    if (!probs) {
-        for (int64_t i = 0; i < T * k; i++) ids[i] = -1; /* refused by the range check */
-        return;
-    }
     for (int64_t t = 0; t < T; t++) {
         int32_t *id = ids + t * k;
         float *w = weights + t * k;
@@ -118,7 +115,7 @@ void ds4n_moe_route(const ds4n_moe *m, const float *logits, int64_t T, int32_t *
         if (m->gating == DS4N_MOE_SOFTMAX) softmax(probs, n);
         if (m->gating == DS4N_MOE_SIGMOID)
             for (int e = 0; e < n; e++) probs[e] = 1.0f / (1.0f + expf(-probs[e]));
-        top_k(probs, n, k, id);
+        top_k(probs, n, k, id, taken);
         for (int j = 0; j < k; j++) w[j] = probs[id[j]];
         if (m->gating == DS4N_MOE_SOFTMAX_WEIGHT) softmax(w, k);
         if (m->norm_weights) {
@@ -131,7 +128,17 @@ void ds4n_moe_route(const ds4n_moe *m, const float *logits, int64_t T, int32_t *
         if (m->weights_scale != 0.0f && m->weights_scale != 1.0f)
             for (int j = 0; j < k; j++) w[j] *= m->weights_scale;
     }
+}
+
+int ds4n_moe_route(const ds4n_moe *m, const float *logits, int64_t T, int32_t *ids,
+                   float *weights) {
+    float *probs = malloc(sizeof(float) * (size_t)m->n_expert);
+    uint8_t *taken = malloc((size_t)m->n_expert);
+    const int ok = probs && taken;
+    if (ok) route(m, logits, T, ids, weights, probs, taken);
     free(probs);
+    free(taken);
+    return ok ? DS4N_MOE_OK : DS4N_MOE_ERR_NO_MEMORY;
 }
 
 /* ---- experts -------------------------------------------------------------------------- */
@@ -230,18 +237,20 @@ static void combine_task(void *p, int ith, int nth) {
     combine_tokens(c, c->T * ith / nth, c->T * (ith + 1) / nth);
 }
 
-static int ensure(ds4n_moe_scratch *s, const ds4n_moe *m, int64_t T) {
+int ds4n_moe_scratch_reserve(ds4n_moe_scratch *s, const ds4n_moe *m, int64_t T) {
+    if (T > INT32_MAX / m->n_used) return DS4N_MOE_ERR_NO_MEMORY; /* rows are int32 */
     const int64_t R = T * m->n_used, n = m->n_expert, E = m->n_embd, F = m->n_ff;
     const int64_t f = sizeof(float), i = sizeof(int32_t);
     void **bufs[] = {(void **)&s->logits, (void **)&s->ids, (void **)&s->weights,
                      (void **)&s->row_of, (void **)&s->expert_of_row, (void **)&s->count,
                      (void **)&s->first, (void **)&s->active, (void **)&s->xg,
-                     (void **)&s->g, (void **)&s->u, (void **)&s->y};
-    const int64_t need[] = {T * n * f, R * i, R * f, R * i, R * i, n * i,
-                            n * i, n * i, R * E * f, R * F * f, R * F * f, R * E * f};
+                     (void **)&s->g, (void **)&s->u, (void **)&s->y, (void **)&s->probs,
+                     (void **)&s->taken};
+    const int64_t need[] = {T * n * f, R * i, R * f, R * i, R * i, n * i, n * i,
+                            n * i, R * E * f, R * F * f, R * F * f, R * E * f, n * f, n};
     for (size_t b = 0; b < sizeof need / sizeof *need; b++)
-        if (grow(bufs[b], &s->cap[b], need[b]) != 0) return -1;
-    return 0;
+        if (grow(bufs[b], &s->cap[b], need[b]) != 0) return DS4N_MOE_ERR_NO_MEMORY;
+    return DS4N_MOE_OK;
 }
 
 static void run(ds4n_pool *pool, void (*fn)(void *, int, int), void *ctx) {
@@ -254,8 +263,7 @@ static void run(ds4n_pool *pool, void (*fn)(void *, int, int), void *ctx) {
 int ds4n_moe_forward(ds4n_pool *pool, const ds4n_moe *m, ds4n_moe_scratch *s, const float *x,
                      int64_t T, float *out) {
     if (T <= 0) return DS4N_MOE_OK;
-    if (T > INT32_MAX / m->n_used) return DS4N_MOE_ERR_NO_MEMORY;
-    if (ensure(s, m, T) != 0) return DS4N_MOE_ERR_NO_MEMORY;
+    if (ds4n_moe_scratch_reserve(s, m, T) != 0) return DS4N_MOE_ERR_NO_MEMORY;
     const int n = m->n_expert, k = m->n_used;
     const int64_t E = m->n_embd, F = m->n_ff, R = T * k;
 
@@ -263,7 +271,7 @@ int ds4n_moe_forward(ds4n_pool *pool, const ds4n_moe *m, ds4n_moe_scratch *s, co
     if (m->router_bias)
         for (int64_t t = 0; t < T; t++)
             for (int e = 0; e < n; e++) s->logits[t * n + e] += m->router_bias[e];
-    ds4n_moe_route(m, s->logits, T, s->ids, s->weights);
+    route(m, s->logits, T, s->ids, s->weights, s->probs, s->taken);
     for (int64_t r = 0; r < R; r++)
         if (s->ids[r] < 0 || s->ids[r] >= n) return DS4N_MOE_ERR_BAD_EXPERT;
 

@@ -47,10 +47,13 @@ typedef struct ds4n_moe {
  * supported types, row lengths whole blocks, known gating and activation, weights present). */
 int ds4n_moe_valid(const ds4n_moe *moe);
 
+enum { DS4N_MOE_OK = 0, DS4N_MOE_ERR_NO_MEMORY = -1, DS4N_MOE_ERR_BAD_EXPERT = -2 };
+
 /* Gating alone: T rows of n_expert router logits (router bias already added) to
- * T x n_used expert ids (best first; ties to the lower id; NaN ranks lowest) and weights. */
-void ds4n_moe_route(const ds4n_moe *moe, const float *logits, int64_t T, int32_t *ids,
-                    float *weights);
+ * T x n_used expert ids (best first; ties to the lower id; NaN ranks lowest) and weights.
+ * DS4N_MOE_OK, or DS4N_MOE_ERR_NO_MEMORY. */
+int ds4n_moe_route(const ds4n_moe *moe, const float *logits, int64_t T, int32_t *ids,
+                   float *weights);
 
 /* Per-session working memory (grown on demand) and the expert-read counter. */
 typedef struct ds4n_moe_scratch ds4n_moe_scratch;
@@ -60,7 +63,9 @@ void ds4n_moe_scratch_free(ds4n_moe_scratch *s);
  * kernels by ds4n_moe_forward calls on this scratch so far. The router is not counted. */
 int64_t ds4n_moe_expert_bytes(const ds4n_moe_scratch *s);
 
-enum { DS4N_MOE_OK = 0, DS4N_MOE_ERR_NO_MEMORY = -1, DS4N_MOE_ERR_BAD_EXPERT = -2 };
+/* Makes room for calls of up to T tokens of moe (forward does it too; a caller that must not
+ * fail half-way reserves first). 0, or DS4N_MOE_ERR_NO_MEMORY. */
+int ds4n_moe_scratch_reserve(ds4n_moe_scratch *s, const ds4n_moe *moe, int64_t T);
 
 /* out (T x n_embd) = the MoE FFN of x (T x n_embd): sum over each token's selected experts of
  * weight * expert(x). The residual is not added. moe must be ds4n_moe_valid. Work is split

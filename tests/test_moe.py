@@ -126,7 +126,7 @@ def test_route_ties_go_to_the_lower_id_and_nan_ranks_last() -> None:
 
 
 @pytest.mark.parametrize("T", [1, 3, 40])
-@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_K", "F32"])
+@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_K", "F32", "MXFP4"])
 def test_forward_matches_reference(qtype: str, T: int, pool: native.Pool) -> None:
     rng = np.random.default_rng(T)
     E = 256 if qtype == "Q4_K" else 64

@@ -50,7 +50,7 @@ def _declare() -> None:
     params_p, i32_p = ctypes.POINTER(MoEParams), ctypes.POINTER(ctypes.c_int32)
     for name, restype, argtypes in (
         ("ds4n_moe_valid", ctypes.c_int, [params_p]),
-        ("ds4n_moe_route", None, [params_p, fp, i64, i32_p, fp]),
+        ("ds4n_moe_route", ctypes.c_int, [params_p, fp, i64, i32_p, fp]),
         ("ds4n_moe_scratch_new", vp, []),
         ("ds4n_moe_scratch_free", None, [vp]),
         ("ds4n_moe_expert_bytes", i64, [vp]),
@@ -78,9 +78,11 @@ def route(params: MoEParams, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray
         raise ValueError(f"logits must be T x {params.n_expert}, got {logits.shape}")
     ids = np.empty((T, params.n_used), np.int32)
     weights = np.empty((T, params.n_used), np.float32)
-    lib.ds4n_moe_route(ctypes.byref(params), _f32(logits), T,
-                       ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
-                       _f32(weights, True))  # fmt: skip
+    rc = lib.ds4n_moe_route(ctypes.byref(params), _f32(logits), T,
+                            ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)),
+                            _f32(weights, True))  # fmt: skip
+    if rc != 0:
+        raise EngineError(f"MoE routing failed: {ERRORS.get(rc, rc)}")
     return ids, weights
 
 
