@@ -22,6 +22,10 @@ typedef struct ds4n_llama_hparams {
     float rope_base;       /* theta_i = pos * rope_scale * rope_base^(-2i/n_rot) / freq_factor_i */
     float rope_scale;      /* 1 / linear scaling factor (1 when unscaled) */
     float rms_eps;
+    /* YaRN (yarn_ext_factor > 0) and the rope attention factor (0 or 1: none); see
+     * ds4n_rope_params in decoder.h. */
+    float yarn_ext_factor, rope_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    int32_t n_ctx_orig;
 } ds4n_llama_hparams;
 
 /* Weight slots: tensors[] and types[] hold DS4N_LLAMA_N_GLOBAL entries, then

@@ -49,6 +49,11 @@ class HParams(ctypes.Structure):
         ("rope_base", ctypes.c_float),
         ("rope_scale", ctypes.c_float),
         ("rms_eps", ctypes.c_float),
+        ("yarn_ext_factor", ctypes.c_float),
+        ("rope_attn_factor", ctypes.c_float),
+        ("yarn_beta_fast", ctypes.c_float),
+        ("yarn_beta_slow", ctypes.c_float),
+        ("n_ctx_orig", ctypes.c_int32),
     ]  # fmt: skip
 
 
