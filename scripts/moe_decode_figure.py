@@ -34,8 +34,9 @@ CASES = (("64 experts, 8 used", 64, 8), ("64 experts, 64 used", 64, 64),
          ("8 experts, 8 used", 8, 8))  # fmt: skip
 
 
-def measure(path: Path, threads: int, n_tokens: int) -> tuple[float, float, int]:
-    """(expert bytes per decode token, median seconds per decode token, total expert bytes)."""
+def measure(path: Path, threads: int, n_tokens: int) -> tuple[float, float, int, float]:
+    """(expert bytes per decode token, median seconds per decode token, total expert bytes,
+    prefill tokens per second over one 256-token chunk)."""
     gf = GGUFFile(path)
     total = sum(gf.tensor(f"blk.{il}.ffn_{p}_exps.weight").n_bytes
                 for il in range(SHAPE["n_layer"]) for p in ("gate", "up", "down"))  # fmt: skip
@@ -54,8 +55,14 @@ def measure(path: Path, threads: int, n_tokens: int) -> tuple[float, float, int]
             times.append(time.perf_counter() - t0)
         per_token = (state.expert_bytes - before) / n_tokens
         state.close()
+        chunk = np.random.default_rng(1).integers(0, SHAPE["n_vocab"], 256).astype(np.int32)
+        state = model.new_state(256)
+        t0 = time.perf_counter()
+        state.eval(chunk, logits)
+        prefill = 256 / (time.perf_counter() - t0)
+        state.close()
         model.close()
-    return per_token, statistics.median(times), total
+    return per_token, statistics.median(times), total, prefill
 
 
 def main() -> None:
@@ -70,10 +77,10 @@ def main() -> None:
         for label, n_expert, n_used in CASES:
             path = write_tiny_moe(Path(tmp) / f"{n_expert}-{n_used}.gguf", "qwen3moe",
                                   n_expert=n_expert, n_used=n_used, **SHAPE)  # fmt: skip
-            per_token, seconds, total = measure(path, args.threads, args.tokens)
-            print(f"  {label:22s} stored expert bytes {total / 1e6:7.2f} MB   read per decode "
-                  f"token {per_token / 1e6:6.2f} MB ({per_token / total:6.1%})   decode "
-                  f"{seconds * 1e3:6.2f} ms/token")  # fmt: skip
+            per_token, seconds, total, prefill = measure(path, args.threads, args.tokens)
+            print(f"  {label:20s} stored experts {total / 1e6:6.2f} MB, read per decode token "
+                  f"{per_token / 1e6:6.2f} MB ({per_token / total:6.1%}), decode "
+                  f"{seconds * 1e3:6.2f} ms/token, prefill {prefill:7.0f} tokens/s")  # fmt: skip
 
 
 if __name__ == "__main__":
