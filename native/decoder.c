@@ -555,3 +555,99 @@ void ds4n_ffn(const ds4n_dec_dims *d, const ds4n_ffn_layer *w, ds4n_dec_ws *ws,
         ds4n_dec_run(pool, act_task, &c);
     ds4n_matmul(pool, w->tdown, w->down, d->n_embd, F, ws->gate, T, out);
 }
+
+/* ---- session ------------------------------------------------------------------------ */
+
+ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx) {
+    if (n_ctx <= 0 || d->n_embd <= 0) return NULL;
+    ds4n_dec_session *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->dims = *d;
+    s->n_ctx = n_ctx;
+    if (ds4n_kv_init(&s->kv, n_layer, d->n_head_kv, d->head_dim, n_ctx) != 0) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void free_rows(ds4n_dec_session *s) {
+    free(s->x);
+    free(s->xn);
+    free(s->tmp);
+    s->x = s->xn = s->tmp = NULL;
+    s->cap_tok = 0;
+}
+
+void ds4n_dec_session_free(ds4n_dec_session *s) {
+    if (!s) return;
+    free_rows(s);
+    ds4n_dec_ws_release(&s->ws);
+    ds4n_kv_release(&s->kv);
+    free(s);
+}
+
+int64_t ds4n_dec_session_n_past(const ds4n_dec_session *s) { return s->n_past; }
+int64_t ds4n_dec_session_n_ctx(const ds4n_dec_session *s) { return s->n_ctx; }
+int64_t ds4n_dec_session_kv_bytes(const ds4n_dec_session *s) { return ds4n_kv_bytes(&s->kv); }
+
+int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n) {
+    if (n < 0 || n > s->n_ctx) return -1;
+    s->n_past = n;
+    return 0;
+}
+
+int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int il, int which, int64_t n,
+                            float *dst) {
+    return ds4n_kv_get(&s->kv, il, which, n, dst);
+}
+
+int ds4n_dec_session_kv_set(ds4n_dec_session *s, int il, int which, int64_t n,
+                            const float *src) {
+    return ds4n_kv_set(&s->kv, il, which, n, src);
+}
+
+int ds4n_dec_begin(ds4n_dec_session *s, ds4n_pool *pool, const void *embd, int32_t embd_type,
+                   int32_t n_vocab, const int32_t *tokens, int64_t T, float embd_scale) {
+    const int E = s->dims.n_embd;
+    if (T <= 0) return DS4N_OK;
+    if (T > s->n_ctx - s->n_past) return DS4N_ERR_CONTEXT_FULL;
+    for (int64_t t = 0; t < T; t++)
+        if (tokens[t] < 0 || tokens[t] >= n_vocab) return DS4N_ERR_BAD_TOKEN;
+    if (T > s->cap_tok) {
+        free_rows(s);
+        s->x = alloc_floats(T * E);
+        s->xn = alloc_floats(T * E);
+        s->tmp = alloc_floats(T * E);
+        if (!s->x || !s->xn || !s->tmp) {
+            free_rows(s);
+            return DS4N_ERR_NO_MEMORY;
+        }
+        s->cap_tok = T;
+    }
+    const int nth = pool ? ds4n_pool_threads(pool) : 1;
+    if (ds4n_dec_ws_reserve(&s->ws, &s->dims, T, nth) != 0) return DS4N_ERR_NO_MEMORY;
+    const int64_t row_bytes = E / ds4n_type_block_size(embd_type) * ds4n_type_block_bytes(embd_type);
+    for (int64_t t = 0; t < T; t++) {
+        float *x = s->x + t * E;
+        ds4n_dequantize(embd_type, (const char *)embd + tokens[t] * row_bytes, x, E);
+        if (embd_scale != 1.0f)
+            for (int i = 0; i < E; i++) x[i] *= embd_scale;
+    }
+    return DS4N_OK;
+}
+
+void ds4n_dec_finish(ds4n_dec_session *s, ds4n_pool *pool, const float *norm_w, float eps,
+                     const void *head, int32_t head_type, int32_t n_vocab, int64_t T,
+                     float *logits, int all_logits, float softcap) {
+    const int E = s->dims.n_embd;
+    if (T <= 0) return;
+    s->n_past += T;
+    if (!logits) return;
+    const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
+    ds4n_rms_norm(s->x + first * E, norm_w, s->xn, rows, E, eps);
+    ds4n_matmul(pool, head_type, head, n_vocab, E, s->xn, rows, logits);
+    if (softcap > 0.0f)
+        for (int64_t i = 0; i < rows * n_vocab; i++)
+            logits[i] = softcap * tanhf(logits[i] / softcap);
+}

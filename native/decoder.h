@@ -170,6 +170,51 @@ typedef struct ds4n_ffn_layer {
 void ds4n_ffn(const ds4n_dec_dims *d, const ds4n_ffn_layer *w, ds4n_dec_ws *ws,
               ds4n_pool *pool, const float *xn, int64_t T, float *out);
 
+/* ---- session ------------------------------------------------------------------------ */
+
+/* Results of the eval calls of the families built on these pieces. */
+enum { DS4N_OK = 0, DS4N_ERR_CONTEXT_FULL = -1, DS4N_ERR_BAD_TOKEN = -2, DS4N_ERR_NO_MEMORY = -3 };
+
+/* One sequence's state: KV cache sized to n_ctx, the position count, the workspace and the
+ * residual-stream rows of the current call. A family's eval is:
+ *   rc = ds4n_dec_begin(s, pool, embd, embd_type, n_vocab, tokens, T);  (s->x = embeddings)
+ *   per layer: ds4n_rms_norm(s->x -> s->xn), ds4n_attention(... s->xn ... s->tmp),
+ *              add s->tmp to s->x, the FFN likewise;
+ *   ds4n_dec_finish(s, pool, output norm, head, ..., logits, all_logits). */
+typedef struct ds4n_dec_session {
+    ds4n_dec_dims dims;
+    int64_t n_ctx, n_past;
+    ds4n_kv kv;
+    ds4n_dec_ws ws;
+    int64_t cap_tok;
+    float *x, *xn, *tmp; /* residual stream, normalized rows, a step's output: T x n_embd */
+} ds4n_dec_session;
+
+ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx);
+void ds4n_dec_session_free(ds4n_dec_session *s);
+int64_t ds4n_dec_session_n_past(const ds4n_dec_session *s);
+int64_t ds4n_dec_session_n_ctx(const ds4n_dec_session *s);
+int64_t ds4n_dec_session_kv_bytes(const ds4n_dec_session *s);
+/* Truncation (rewind), or after ds4n_dec_session_kv_set of every layer the count of a loaded
+ * state. 0, or -1 when n is outside [0, n_ctx]. */
+int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n);
+int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int layer, int which, int64_t n,
+                            float *dst);
+int ds4n_dec_session_kv_set(ds4n_dec_session *s, int layer, int which, int64_t n,
+                            const float *src);
+
+/* Checks the call (room for T tokens, ids in [0, n_vocab)), reserves all scratch, and
+ * writes the tokens' embedding rows to s->x, times embd_scale when it is not 1. DS4N_OK,
+ * or an error with nothing changed. */
+int ds4n_dec_begin(ds4n_dec_session *s, ds4n_pool *pool, const void *embd, int32_t embd_type,
+                   int32_t n_vocab, const int32_t *tokens, int64_t T, float embd_scale);
+/* Advances n_past by T; when logits is not NULL, fills it with the last row's (or every
+ * row's when all_logits) logits: RMSNorm(norm_w, eps), the head matrix, then
+ * softcap * tanh(logit / softcap) when softcap > 0. */
+void ds4n_dec_finish(ds4n_dec_session *s, ds4n_pool *pool, const float *norm_w, float eps,
+                     const void *head, int32_t head_type, int32_t n_vocab, int64_t T,
+                     float *logits, int all_logits, float softcap);
+
 #ifdef __cplusplus
 }
 #endif

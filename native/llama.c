@@ -8,24 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "decoder.h"
-
 struct ds4n_llama {
     ds4n_llama_hparams hp;
     ds4n_dec_dims dims;
     const void **w;           /* DS4N_LLAMA_N_GLOBAL + n_layer * DS4N_LLAMA_N_PER_LAYER */
     int32_t *type;
     ds4n_rope rope;
-    int64_t embd_row_bytes;
-};
-
-struct ds4n_llama_session {
-    const ds4n_llama *model;
-    int64_t n_ctx, n_past;
-    ds4n_kv kv;
-    ds4n_dec_ws ws;
-    int64_t cap_tok;
-    float *x, *xn, *tmp;      /* residual stream, normalized rows, a step's output */
 };
 
 static const void *weight(const ds4n_llama *m, int il, int slot) {
@@ -33,11 +21,6 @@ static const void *weight(const ds4n_llama *m, int il, int slot) {
 }
 static int wtype(const ds4n_llama *m, int il, int slot) {
     return m->type[DS4N_LLAMA_N_GLOBAL + il * DS4N_LLAMA_N_PER_LAYER + slot];
-}
-
-static void *alloc_floats(int64_t n) {
-    size_t bytes = ((size_t)n * sizeof(float) + 63) / 64 * 64;
-    return aligned_alloc(64, bytes ? bytes : 64);
 }
 
 /* ---- model ------------------------------------------------------------------------ */
@@ -75,8 +58,6 @@ ds4n_llama *ds4n_llama_new(const ds4n_llama_hparams *hp, const void *const *tens
         ds4n_llama_free(m);
         return NULL;
     }
-    const int et = m->type[DS4N_LLAMA_TOKEN_EMBD];
-    m->embd_row_bytes = hp->n_embd / ds4n_type_block_size(et) * ds4n_type_block_bytes(et);
     return m;
 }
 
@@ -89,60 +70,8 @@ void ds4n_llama_free(ds4n_llama *m) {
 
 /* ---- session ---------------------------------------------------------------------- */
 
-ds4n_llama_session *ds4n_llama_session_new(const ds4n_llama *model, int64_t n_ctx) {
-    if (n_ctx <= 0) return NULL;
-    ds4n_llama_session *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
-    s->model = model;
-    s->n_ctx = n_ctx;
-    const ds4n_llama_hparams *hp = &model->hp;
-    if (ds4n_kv_init(&s->kv, hp->n_layer, hp->n_head_kv, hp->head_dim, n_ctx) != 0) {
-        free(s);
-        return NULL;
-    }
-    return s;
-}
-
-static void free_scratch(ds4n_llama_session *s) {
-    free(s->x);
-    free(s->xn);
-    free(s->tmp);
-    s->x = s->xn = s->tmp = NULL;
-    s->cap_tok = 0;
-}
-
-void ds4n_llama_session_free(ds4n_llama_session *s) {
-    if (!s) return;
-    free_scratch(s);
-    ds4n_dec_ws_release(&s->ws);
-    ds4n_kv_release(&s->kv);
-    free(s);
-}
-
-int64_t ds4n_llama_session_n_past(const ds4n_llama_session *s) { return s->n_past; }
-int64_t ds4n_llama_session_n_ctx(const ds4n_llama_session *s) { return s->n_ctx; }
-int64_t ds4n_llama_session_kv_bytes(const ds4n_llama_session *s) { return ds4n_kv_bytes(&s->kv); }
-
-int ds4n_llama_session_set_n_past(ds4n_llama_session *s, int64_t n) {
-    if (n < 0 || n > s->n_ctx) return -1;
-    s->n_past = n;
-    return 0;
-}
-
-static int ensure_scratch(ds4n_llama_session *s, int64_t T, int n_threads) {
-    const int E = s->model->hp.n_embd;
-    if (T > s->cap_tok) {
-        free_scratch(s);
-        s->x = alloc_floats(T * E);
-        s->xn = alloc_floats(T * E);
-        s->tmp = alloc_floats(T * E);
-        if (!s->x || !s->xn || !s->tmp) {
-            free_scratch(s);
-            return -1;
-        }
-        s->cap_tok = T;
-    }
-    return ds4n_dec_ws_reserve(&s->ws, &s->model->dims, T, n_threads);
+ds4n_dec_session *ds4n_llama_session_new(const ds4n_llama *m, int64_t n_ctx) {
+    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
 }
 
 static void add_rows(float *x, const float *y, int64_t T, int n) {
@@ -151,21 +80,13 @@ static void add_rows(float *x, const float *y, int64_t T, int n) {
 
 /* ---- eval ----------------------------------------------------------------------------- */
 
-int ds4n_llama_eval(const ds4n_llama *m, ds4n_llama_session *s, ds4n_pool *pool,
+int ds4n_llama_eval(const ds4n_llama *m, ds4n_dec_session *s, ds4n_pool *pool,
                     const int32_t *tokens, int64_t T, float *logits, int all_logits) {
     const ds4n_llama_hparams *hp = &m->hp;
-    if (T <= 0) return DS4N_OK;
-    if (T > s->n_ctx - s->n_past) return DS4N_ERR_CONTEXT_FULL;
-    for (int64_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= hp->n_vocab) return DS4N_ERR_BAD_TOKEN;
-    const int nth = pool ? ds4n_pool_threads(pool) : 1;
-    if (ensure_scratch(s, T, nth) != 0) return DS4N_ERR_NO_MEMORY;
-
+    const int rc = ds4n_dec_begin(s, pool, m->w[DS4N_LLAMA_TOKEN_EMBD],
+                                  m->type[DS4N_LLAMA_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
+    if (rc != DS4N_OK || T <= 0) return rc;
     const int E = hp->n_embd;
-    const char *embd = m->w[DS4N_LLAMA_TOKEN_EMBD];
-    for (int64_t t = 0; t < T; t++)
-        ds4n_dequantize(m->type[DS4N_LLAMA_TOKEN_EMBD], embd + tokens[t] * m->embd_row_bytes,
-                        s->x + t * E, E);
     for (int il = 0; il < hp->n_layer; il++) {
         const ds4n_attn_layer al = {
             .wq = weight(m, il, DS4N_LLAMA_WQ), .tq = wtype(m, il, DS4N_LLAMA_WQ),
@@ -190,24 +111,8 @@ int ds4n_llama_eval(const ds4n_llama *m, ds4n_llama_session *s, ds4n_pool *pool,
         ds4n_ffn(&m->dims, &fl, &s->ws, pool, s->xn, T, s->tmp);
         add_rows(s->x, s->tmp, T, E);
     }
-    s->n_past += T;
-
-    if (logits) {
-        const int64_t first = all_logits ? 0 : T - 1, rows = T - first;
-        ds4n_rms_norm(s->x + first * E, m->w[DS4N_LLAMA_OUTPUT_NORM], s->xn, rows, E,
-                      hp->rms_eps);
-        const int head = m->w[DS4N_LLAMA_OUTPUT] ? DS4N_LLAMA_OUTPUT : DS4N_LLAMA_TOKEN_EMBD;
-        ds4n_matmul(pool, m->type[head], m->w[head], hp->n_vocab, E, s->xn, rows, logits);
-    }
+    const int head = m->w[DS4N_LLAMA_OUTPUT] ? DS4N_LLAMA_OUTPUT : DS4N_LLAMA_TOKEN_EMBD;
+    ds4n_dec_finish(s, pool, m->w[DS4N_LLAMA_OUTPUT_NORM], hp->rms_eps, m->w[head],
+                    m->type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
     return DS4N_OK;
-}
-
-/* ---- KV rows for save/load ------------------------------------------------------------ */
-
-int ds4n_llama_kv_get(const ds4n_llama_session *s, int il, int which, int64_t n, float *dst) {
-    return ds4n_kv_get(&s->kv, il, which, n, dst);
-}
-
-int ds4n_llama_kv_set(ds4n_llama_session *s, int il, int which, int64_t n, const float *src) {
-    return ds4n_kv_set(&s->kv, il, which, n, src);
 }
