@@ -1,12 +1,12 @@
 /* The gpt-oss forward pass (see gptoss.h), composed from the shared decoder pieces
- * (decoder.h), the MoE FFN (moe.h) and the MoE families' session (moe_session.h). */
+ * (decoder.h, whose session it uses) and the MoE FFN (moe.h). */
 #include "gptoss.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "moe_session.h"
+#include "moe.h"
 
 struct ds4n_gptoss {
     ds4n_gptoss_hparams hp;
@@ -16,6 +16,7 @@ struct ds4n_gptoss {
     int32_t *type;
     ds4n_attn_layer *attn; /* per layer */
     ds4n_moe *moe;         /* per layer */
+    ds4n_moe_scratch *scratch; /* the MoE working memory of every eval (they never overlap) */
 };
 
 static const void *weight(const ds4n_gptoss *m, int il, int slot) {
@@ -35,20 +36,23 @@ ds4n_gptoss *ds4n_gptoss_new(const ds4n_gptoss_hparams *hp, const void *const *t
     ds4n_gptoss *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     m->hp = *hp;
-    m->hp.sliding = NULL; /* the flags are read below; the caller's array is not kept */
+    m->hp.sliding = NULL; /* the caller's arrays are read here, not kept */
+    m->hp.rope_factors = NULL;
     m->dims = (ds4n_dec_dims){.n_embd = hp->n_embd, .n_head = hp->n_head,
                               .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                               .n_ff = 0, .norm_eps = hp->rms_eps};
     const ds4n_rope_params rp = {.n_rot = hp->n_rot, .mode = DS4N_ROPE_NEOX,
                                  .base = hp->rope_base, .freq_scale = 1.0f,
-                                 .freq_factors = tensors[DS4N_GPTOSS_ROPE_FACTORS],
+                                 .freq_factors = hp->rope_factors,
                                  .attn_factor = hp->rope_attn_factor};
     const int n_slots = DS4N_GPTOSS_N_GLOBAL + hp->n_layer * DS4N_GPTOSS_N_PER_LAYER;
     m->w = malloc(sizeof(void *) * n_slots);
     m->type = malloc(sizeof(int32_t) * n_slots);
     m->attn = calloc((size_t)hp->n_layer, sizeof *m->attn);
     m->moe = calloc((size_t)hp->n_layer, sizeof *m->moe);
-    if (!m->w || !m->type || !m->attn || !m->moe || ds4n_rope_init(&m->rope, &rp) != 0) {
+    m->scratch = ds4n_moe_scratch_new();
+    if (!m->w || !m->type || !m->attn || !m->moe || !m->scratch ||
+        ds4n_rope_init(&m->rope, &rp) != 0) {
         ds4n_gptoss_free(m);
         return NULL;
     }
@@ -99,37 +103,42 @@ void ds4n_gptoss_free(ds4n_gptoss *m) {
     free(m->type);
     free(m->attn);
     free(m->moe);
+    ds4n_moe_scratch_free(m->scratch);
     free(m);
 }
 
-ds4n_moe_session *ds4n_gptoss_session_new(const ds4n_gptoss *m, int64_t n_ctx) {
-    return ds4n_moe_session_new(&m->dims, m->hp.n_layer, n_ctx);
+ds4n_dec_session *ds4n_gptoss_session_new(const ds4n_gptoss *m, int64_t n_ctx) {
+    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
 }
 
-int ds4n_gptoss_eval(const ds4n_gptoss *m, ds4n_moe_session *s, ds4n_pool *pool,
+int64_t ds4n_gptoss_expert_bytes(const ds4n_gptoss *m) { return ds4n_moe_expert_bytes(m->scratch); }
+
+static void add_rows(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+int ds4n_gptoss_eval(const ds4n_gptoss *m, ds4n_dec_session *s, ds4n_pool *pool,
                      const int32_t *tokens, int64_t T, float *logits, int all_logits) {
     const ds4n_gptoss_hparams *hp = &m->hp;
-    if (T <= 0) return DS4N_MOE_SESS_OK;
-    const int nth = pool ? ds4n_pool_threads(pool) : 1;
-    const int rc = ds4n_moe_session_prepare(s, tokens, T, hp->n_vocab, nth, &m->moe[0]);
-    if (rc != DS4N_MOE_SESS_OK) return rc;
+    const int rc = ds4n_dec_begin(s, pool, m->w[DS4N_GPTOSS_TOKEN_EMBD],
+                                  m->type[DS4N_GPTOSS_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
+    if (rc != DS4N_OK || T <= 0) return rc;
+    if (ds4n_moe_scratch_reserve(m->scratch, &m->moe[0], T) != DS4N_MOE_OK)
+        return DS4N_ERR_NO_MEMORY; /* every layer's experts have the same shape */
     const int E = hp->n_embd;
-    ds4n_moe_session_embed(s, m->type[DS4N_GPTOSS_TOKEN_EMBD], m->w[DS4N_GPTOSS_TOKEN_EMBD],
-                           tokens, T);
     for (int il = 0; il < hp->n_layer; il++) {
         ds4n_rms_norm(s->x, weight(m, il, DS4N_GPTOSS_ATTN_NORM), s->xn, T, E, hp->rms_eps);
         ds4n_attention(&m->dims, &m->attn[il], &s->kv, il, &s->ws, pool, s->xn, T, s->n_past,
                        s->tmp);
-        for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+        add_rows(s->x, s->tmp, T * E);
         ds4n_rms_norm(s->x, weight(m, il, DS4N_GPTOSS_POST_ATTN_NORM), s->xn, T, E,
                       hp->rms_eps);
-        const int mrc = ds4n_moe_forward(pool, &m->moe[il], s->moe, s->xn, T, s->tmp);
-        if (mrc != DS4N_MOE_OK) return ds4n_moe_session_status(mrc); /* n_past unchanged */
-        for (int64_t i = 0; i < T * E; i++) s->x[i] += s->tmp[i];
+        const int mrc = ds4n_moe_forward(pool, &m->moe[il], m->scratch, s->xn, T, s->tmp);
+        if (mrc != DS4N_MOE_OK) /* n_past unchanged: the K/V rows written are not held */
+            return mrc == DS4N_MOE_ERR_BAD_EXPERT ? DS4N_ERR_BAD_EXPERT : DS4N_ERR_NO_MEMORY;
+        add_rows(s->x, s->tmp, T * E);
     }
-    s->n_past += T;
-    ds4n_moe_session_logits(s, pool, T, m->w[DS4N_GPTOSS_OUTPUT_NORM], hp->rms_eps,
-                            m->type[DS4N_GPTOSS_OUTPUT], m->w[DS4N_GPTOSS_OUTPUT], hp->n_vocab,
-                            logits, all_logits);
-    return DS4N_MOE_SESS_OK;
+    ds4n_dec_finish(s, pool, m->w[DS4N_GPTOSS_OUTPUT_NORM], hp->rms_eps, m->w[DS4N_GPTOSS_OUTPUT],
+                    m->type[DS4N_GPTOSS_OUTPUT], hp->n_vocab, T, logits, all_logits, 0.0f);
+    return DS4N_OK;
 }

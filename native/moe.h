@@ -49,6 +49,9 @@ int ds4n_moe_valid(const ds4n_moe *moe);
 
 enum { DS4N_MOE_OK = 0, DS4N_MOE_ERR_NO_MEMORY = -1, DS4N_MOE_ERR_BAD_EXPERT = -2 };
 
+/* What a family's eval returns for a routing failure, beside decoder.h's DS4N_ERR_*. */
+#define DS4N_ERR_BAD_EXPERT (-4)
+
 /* Gating alone: T rows of n_expert router logits (router bias already added) to
  * T x n_used expert ids (best first; ties to the lower id; NaN ranks lowest) and weights.
  * DS4N_MOE_OK, or DS4N_MOE_ERR_NO_MEMORY. */

@@ -47,13 +47,13 @@ def measure(path: Path, threads: int, n_tokens: int) -> tuple[float, float, int,
         logits = np.empty(model.n_vocab, np.float32)
         for tok in tokens[:8]:  # warm-up: page the weights in, grow the scratch
             state.eval(np.array([tok], np.int32), logits)
-        before = state.expert_bytes
+        before = model.expert_bytes
         times = []
         for tok in tokens[8:]:
             t0 = time.perf_counter()
             state.eval(np.array([tok], np.int32), logits)
             times.append(time.perf_counter() - t0)
-        per_token = (state.expert_bytes - before) / n_tokens
+        per_token = (model.expert_bytes - before) / n_tokens
         state.close()
         chunk = np.random.default_rng(1).integers(0, SHAPE["n_vocab"], 256).astype(np.int32)
         state = model.new_state(256)

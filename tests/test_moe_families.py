@@ -145,10 +145,10 @@ def test_decode_reads_only_the_selected_experts(tmp_path: Path, pool, arch: str)
     state = model.new_state(64)
     toks = tokens(33)
     state.eval(toks[:32], None)
-    prefill = state.expert_bytes
+    prefill = model.expert_bytes
     assert prefill <= N_LAYER * N_EXPERT * per_expert  # 32 tokens x n_used picks, each read once
     state.eval(toks[32:], None)
-    decode = state.expert_bytes - prefill
+    decode = model.expert_bytes - prefill
     assert decode == N_LAYER * model.n_used * per_expert
     state.close()
     model.close()

@@ -5,7 +5,7 @@ Attention with q/k/v/o biases, per-head sink logits and a sliding window on the 
 file's pattern marks (every other layer, starting with the first, by default), half-split
 RoPE with YaRN; a mixture-of-experts FFN on every layer: router with bias, top-k of the
 logits then softmax over the selected, clamped SwiGLU experts (alpha 1.702, limit 7) with
-biases. The session state is ds4d/engine/moe_decoder.py's.
+biases. The session state is decoder.DecoderState.
 
 YaRN: the blend of interpolated and extrapolated rates is computed here as per-pair factors
 over an untruncated correction range, as gpt-oss's reference implementation (transformers'
@@ -20,15 +20,17 @@ import math
 import numpy as np
 
 from ds4d.engine import native
+from ds4d.engine.decoder import Binder, declare_family, layer_names
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
-from ds4d.engine.moe_decoder import MoEModel, WeightSlots
+from ds4d.engine.moe_decoder import MoEDecoderModel, declare_expert_bytes
+from ds4d.engine.native import lib
 
 FAMILY = "gpt-oss"
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # fixed by the architecture (no GGUF key)
 
 # Slot order of native/gptoss.h.
-GLOBAL_SLOTS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope factors")
+GLOBAL_SLOTS = ("token_embd.weight", "output_norm.weight", "output.weight")
 LAYER_SLOTS = (
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
     "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
@@ -41,15 +43,21 @@ MATRICES = {"token_embd.weight", "output.weight", "attn_q.weight", "attn_k.weigh
             "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}  # fmt: skip
 
 
-class HParams(ctypes.Structure):
+class HParamsC(ctypes.Structure):
     _fields_ = [
         *[(n, ctypes.c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv",
                                         "head_dim", "n_rot", "n_expert", "n_used", "n_ff_exp",
                                         "window")],
         ("sliding", ctypes.POINTER(ctypes.c_uint8)),
-        *[(n, ctypes.c_float) for n in ("rope_base", "rope_attn_factor", "rms_eps",
-                                        "swiglu_alpha", "swiglu_limit", "weights_scale")],
+        ("rope_base", ctypes.c_float),
+        ("rope_factors", ctypes.POINTER(ctypes.c_float)),
+        *[(n, ctypes.c_float) for n in ("rope_attn_factor", "rms_eps", "swiglu_alpha",
+                                        "swiglu_limit", "weights_scale")],
     ]  # fmt: skip
+
+
+declare_family("gptoss", HParamsC)
+declare_expert_bytes("gptoss")
 
 
 def sliding_layers(gf: GGUFFile, n_layer: int) -> list[bool]:
@@ -82,10 +90,9 @@ def yarn_rates(base: float, n_rot: int, factor: float, orig_ctx: float, beta_fas
     return rates / factor * ramp + rates * (1.0 - ramp)
 
 
-class GptOssModel(MoEModel):
-    FAMILY = FAMILY
-    PREFIX = "ds4n_gptoss"
-    HParams = HParams
+class GptOssModel(MoEDecoderModel):
+    family = FAMILY
+    prefix = "gptoss"
 
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
         super().__init__(gf, pool)
@@ -101,7 +108,8 @@ class GptOssModel(MoEModel):
         if window <= 0:
             raise ModelLoadError(f"gpt-oss: sliding window {window} must be positive")
         self.sliding = sliding_layers(gf, self.n_layer)
-        self._sliding = (ctypes.c_uint8 * self.n_layer)(*self.sliding)
+        sliding = (ctypes.c_uint8 * self.n_layer)(*self.sliding)
+        factors, attn_factor = self._rope()
         n_q, n_kv, E = self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_embd
         expected = {
             "token_embd.weight": (E, self.n_vocab), "output_norm.weight": (E,),
@@ -112,28 +120,30 @@ class GptOssModel(MoEModel):
             "attn_sinks.weight": (self.n_head,), "post_attention_norm.weight": (E,),
             **self.expert_shapes(),
         }  # fmt: skip
-        names = list(GLOBAL_SLOTS) + [
-            f"blk.{il}.{s}" for il in range(self.n_layer) for s in LAYER_SLOTS
-        ]
-        slots = WeightSlots(gf, names)
-        slots.fill(expected, set(), MATRICES)
-        attn_factor = self._rope(slots, names.index("rope factors"))
-        params = HParams(
+        self._binder = Binder(gf, layer_names(GLOBAL_SLOTS, LAYER_SLOTS, self.n_layer))
+        self._binder.bind_all(expected.__getitem__, (), MATRICES)
+        params = HParamsC(
             n_vocab=self.n_vocab, n_embd=E, n_layer=self.n_layer, n_head=self.n_head,
             n_head_kv=self.n_head_kv, head_dim=self.head_dim, n_rot=self.n_rot,
             n_expert=self.n_expert, n_used=self.n_used, n_ff_exp=self.n_ff_exp, window=window,
-            sliding=self._sliding, rope_base=self.rope_base, rope_attn_factor=attn_factor,
+            sliding=sliding, rope_base=self.rope_base, rope_attn_factor=attn_factor,
+            rope_factors=None if factors is None else factors.ctypes.data_as(
+                ctypes.POINTER(ctypes.c_float)),
             rms_eps=self.rms_eps, swiglu_alpha=SWIGLU_ALPHA, swiglu_limit=SWIGLU_LIMIT,
             weights_scale=float(hp("expert_weights_scale", 0.0)),
         )  # fmt: skip
-        self._open(params, slots)
+        self._handle = lib.ds4n_gptoss_new(ctypes.byref(params), self._binder.ptrs,
+                                           self._binder.types)  # fmt: skip
+        if not self._handle:
+            raise ModelLoadError("the native engine refused this gpt-oss model's shape")
 
-    def _rope(self, slots: WeightSlots, index: int) -> float:
-        """Sets the rope factor slot from the file's YaRN keys; returns the cos/sin factor."""
+    def _rope(self) -> tuple[np.ndarray | None, float]:
+        """The per-pair divisors of the plain rates for the file's YaRN (None without
+        scaling) and the factor on cos and sin."""
         hp = self.hp
         scaling = str(hp("rope.scaling.type", "none"))
         if scaling == "none":
-            return 1.0
+            return None, 1.0
         if scaling != "yarn":
             raise ModelLoadError(f"gpt-oss: rope scaling type {scaling!r} is not supported")
         factor = float(hp("rope.scaling.factor"))
@@ -146,8 +156,8 @@ class GptOssModel(MoEModel):
             float(hp("rope.scaling.yarn_beta_slow", 1.0)),
         )  # fmt: skip
         plain = self.rope_base ** (-np.arange(0, self.n_rot, 2, dtype=np.float64) / self.n_rot)
-        slots.set_vector(index, plain / rates)
-        return float(hp("rope.scaling.yarn_attn_factor", 0.1 * math.log(factor) + 1.0))
+        factors = (plain / rates).astype(np.float32)
+        return factors, float(hp("rope.scaling.yarn_attn_factor", 0.1 * math.log(factor) + 1.0))
 
 
 def load(gf: GGUFFile, pool: native.Pool) -> GptOssModel:

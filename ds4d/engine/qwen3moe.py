@@ -5,7 +5,7 @@ Qwen3 attention (per-head RMSNorm of q and k, half-split RoPE, no biases) and a
 mixture-of-experts FFN on every layer: softmax router, top-k experts, weights renormalised
 unless the file sets `expert_weights_norm` false (llama.cpp always renormalises this
 family; Qwen3-MoE checkpoints set norm_topk_prob), SwiGLU experts. The session state is
-ds4d/engine/moe_decoder.py's.
+decoder.DecoderState.
 """
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ from __future__ import annotations
 import ctypes
 
 from ds4d.engine import native
+from ds4d.engine.decoder import Binder, RopeScaling, declare_family, layer_names
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
-from ds4d.engine.moe_decoder import MoEModel, WeightSlots
+from ds4d.engine.moe_decoder import MoEDecoderModel, declare_expert_bytes
+from ds4d.engine.native import lib
 
 FAMILY = "qwen3moe"
 
@@ -33,22 +35,25 @@ MATRICES = {"token_embd.weight", "output.weight", "attn_q.weight", "attn_k.weigh
             "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}  # fmt: skip
 
 
-class HParams(ctypes.Structure):
+class HParamsC(ctypes.Structure):
     _fields_ = [
         *[(n, ctypes.c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv",
                                         "head_dim", "n_rot", "n_expert", "n_used", "n_ff_exp",
                                         "norm_weights")],
-        *[(n, ctypes.c_float) for n in ("weights_scale", "rope_base", "rope_freq_scale",
-                                        "rms_eps", "rope_ext_factor", "rope_attn_factor",
-                                        "rope_beta_fast", "rope_beta_slow")],
-        ("rope_n_ctx_orig", ctypes.c_int32),
+        *[(n, ctypes.c_float) for n in ("weights_scale", "rope_base", "rms_eps", "rope_scale",
+                                        "yarn_ext_factor", "rope_attn_factor",
+                                        "yarn_beta_fast", "yarn_beta_slow")],
+        ("n_ctx_orig", ctypes.c_int32),
     ]  # fmt: skip
 
 
-class Qwen3MoEModel(MoEModel):
-    FAMILY = FAMILY
-    PREFIX = "ds4n_qwen3moe"
-    HParams = HParams
+declare_family("qwen3moe", HParamsC)
+declare_expert_bytes("qwen3moe")
+
+
+class Qwen3MoEModel(MoEDecoderModel):
+    family = FAMILY
+    prefix = "qwen3moe"
 
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
         super().__init__(gf, pool)
@@ -56,7 +61,7 @@ class Qwen3MoEModel(MoEModel):
         gating = int(hp("expert_gating_func", 1))
         if gating != 1:
             raise ModelLoadError(f"qwen3moe: expert gating function {gating} is not softmax (1)")
-        rope = self._rope_scaling()
+        scaling = RopeScaling(hp, self.n_ctx_train, ("none", "linear", "yarn"))
         n_q, n_kv, E, hd = (self.n_head * self.head_dim, self.n_head_kv * self.head_dim,
                             self.n_embd, self.head_dim)  # fmt: skip
         expected = {
@@ -66,43 +71,20 @@ class Qwen3MoEModel(MoEModel):
             "attn_output.weight": (n_q, E), "attn_q_norm.weight": (hd,),
             "attn_k_norm.weight": (hd,), "ffn_norm.weight": (E,), **self.expert_shapes(),
         }  # fmt: skip
-        names = list(GLOBAL_SLOTS) + [
-            f"blk.{il}.{s}" for il in range(self.n_layer) for s in LAYER_SLOTS
-        ]
-        slots = WeightSlots(gf, names)
-        slots.fill(expected, OPTIONAL, MATRICES)
-        params = HParams(
+        self._binder = Binder(gf, layer_names(GLOBAL_SLOTS, LAYER_SLOTS, self.n_layer))
+        self._binder.bind_all(expected.__getitem__, OPTIONAL, MATRICES)
+        params = HParamsC(
             n_vocab=self.n_vocab, n_embd=E, n_layer=self.n_layer, n_head=self.n_head,
             n_head_kv=self.n_head_kv, head_dim=hd, n_rot=self.n_rot, n_expert=self.n_expert,
             n_used=self.n_used, n_ff_exp=self.n_ff_exp,
             norm_weights=int(bool(hp("expert_weights_norm", True))),
             weights_scale=float(hp("expert_weights_scale", 0.0)), rope_base=self.rope_base,
-            rms_eps=self.rms_eps, **rope,
+            rms_eps=self.rms_eps, **scaling.fields(),
         )  # fmt: skip
-        self._open(params, slots)
-
-    def _rope_scaling(self) -> dict[str, float]:
-        """The rope fields of HParams for the file's scaling: none, linear, or YaRN with
-        llama.cpp's (and transformers' default) whole-dimension correction range."""
-        hp = self.hp
-        scaling = str(hp("rope.scaling.type", "none"))
-        factor = float(hp("rope.scaling.factor", 1.0)) if scaling != "none" else 1.0
-        if not factor > 0:
-            raise ModelLoadError(f"rope scaling factor {factor} must be positive")
-        rope = {"rope_freq_scale": 1.0 / factor, "rope_attn_factor": 1.0}
-        if scaling == "yarn":
-            rope.update(
-                rope_ext_factor=float(hp("rope.scaling.yarn_ext_factor", 1.0)),
-                rope_attn_factor=float(hp("rope.scaling.yarn_attn_factor", 1.0)),
-                rope_beta_fast=float(hp("rope.scaling.yarn_beta_fast", 32.0)),
-                rope_beta_slow=float(hp("rope.scaling.yarn_beta_slow", 1.0)),
-                rope_n_ctx_orig=int(hp("rope.scaling.original_context_length")),
-            )
-        elif scaling not in ("none", "linear"):
-            raise ModelLoadError(
-                f"rope scaling type {scaling!r} is not supported (none, linear, yarn)"
-            )
-        return rope
+        self._handle = lib.ds4n_qwen3moe_new(ctypes.byref(params), self._binder.ptrs,
+                                             self._binder.types)  # fmt: skip
+        if not self._handle:
+            raise ModelLoadError("the native engine refused this qwen3moe model's shape")
 
 
 def load(gf: GGUFFile, pool: native.Pool) -> Qwen3MoEModel:
