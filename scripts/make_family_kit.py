@@ -55,6 +55,7 @@ class Spec:
     seed: int
     template: str | None = None  # llama.cpp template file when the package has none
     spm_from: Path | None = None  # GGUF whose vocabulary becomes tokenizer.model
+    spm_pieces: int | None = None  # the size of that base vocabulary, if smaller
     norm_offset: bool = False  # Gemma norms compute x * (1 + w)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -154,6 +155,7 @@ SPECS: dict[str, Spec] = {
         "Phi3ForCausalLM",
         "gguf:ggml-vocab-phi-3.gguf",
         seed=1005,
+        spm_pieces=32000,
         template="microsoft-Phi-3.5-mini-instruct.jinja",
         config=dict(
             COMMON,
@@ -294,12 +296,22 @@ def gguf_vocab(path: Path) -> tuple[list[bytes], list[float], list[int]]:
     return tokens, scores, types
 
 
-def write_spm_model(gguf_path: Path, out: Path) -> None:
-    """A SentencePiece tokenizer.model carrying a GGUF's exact pieces, scores and types
-    (GGUF token types use SentencePiece's numbering), for converters that need one."""
+def write_spm_model(gguf_path: Path, out: Path, n_pieces: int | None = None) -> None:
+    """A SentencePiece tokenizer.model carrying a GGUF's pieces and scores, for converters
+    that need one. GGUF token types use SentencePiece's numbering; as in a real model file,
+    the unknown token is the one UNKNOWN piece and BOS/EOS are CONTROL. n_pieces keeps only
+    the base vocabulary when the GGUF appends added tokens after it."""
+    from gguf import GGUFReader
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     tokens, scores, types = gguf_vocab(gguf_path)
+    fields = GGUFReader(gguf_path).fields
+    special = {k: int(fields[f"tokenizer.ggml.{k}_token_id"].parts[-1][0])
+               for k in ("unknown", "bos", "eos")}  # fmt: skip
+    types[special["unknown"]] = pb.ModelProto.SentencePiece.UNKNOWN
+    types[special["bos"]] = types[special["eos"]] = pb.ModelProto.SentencePiece.CONTROL
+    n = len(tokens) if n_pieces is None else n_pieces
+    tokens, scores, types = tokens[:n], scores[:n], types[:n]
     m = pb.ModelProto()
     m.trainer_spec.model_type = pb.TrainerSpec.BPE
     m.trainer_spec.vocab_size = len(tokens)
@@ -320,7 +332,7 @@ def prepare_tokenizer(spec: Spec, model_dir: Path) -> Any:
         src = LLAMA_CPP / "models" / spec.tokenizer.removeprefix("gguf:")
         tok = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
         tok.save_pretrained(model_dir)
-        write_spm_model(src, model_dir / "tokenizer.model")
+        write_spm_model(src, model_dir / "tokenizer.model", spec.spm_pieces)
     else:
         pkg = NPM / f"tokenizer-{spec.tokenizer}" / "models"
         for name in ("tokenizer.json", "tokenizer_config.json"):
