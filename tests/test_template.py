@@ -118,3 +118,71 @@ def test_broken_and_unsafe_templates_are_template_errors() -> None:
         ChatTemplate("{{ ''.__class__.__mro__ }}").render([])
     with pytest.raises(TemplateError, match="failed"):
         ChatTemplate("{{ messages[0]['content'] + 1 }}").render([{"content": "x"}])
+
+
+def test_jinja_features_family_templates_use() -> None:
+    # Each line exercises what a real template does: namespace counters, dict(), .items()
+    # and .get on mappings, string methods, slicing, loop.previtem/nextitem, the items /
+    # selectattr / reject / join filters, type tests, tojson with transformers' options.
+    source = (
+        "{%- set ns = namespace(n=0, last=none) -%}"
+        "{%- for m in messages[::-1] -%}{%- set ns.n = ns.n + 1 -%}{%- endfor -%}"
+        "n={{ ns.n }};"
+        "{%- set d = dict(b=2, a=1) -%}"
+        "{%- for k, v in d.items() %}{{ k }}{{ v }}{% endfor %};"
+        "{{ d.get('c', 'none') }};{{ d | items | list | length }};"
+        "{%- for m in messages -%}"
+        "{%- if loop.previtem %}<{{ loop.previtem.role }}{% endif -%}"
+        "{%- if loop.nextitem %}>{{ loop.nextitem.role }}{% endif -%}|"
+        "{%- endfor -%};"
+        "{{ messages[0].content.startswith('  hi') }},{{ messages[0].content.strip() }},"
+        "{{ messages[0].content.split('/')[-1] | trim }},{{ 'x\n'.rstrip('\n') }},"
+        "{{ messages[0].content.lstrip().endswith('there') }},"
+        "{{ messages[0].content.replace('hi', 'HI') | trim | upper }};"
+        "{{ messages | selectattr('role', 'equalto', 'user') | list | length }};"
+        "{{ ['a', 'code_interpreter', 'b'] | reject('equalto', 'code_interpreter') | join(', ') }};"
+        "{{ 'x' is string }}{{ d is mapping }}{{ messages is iterable }}{{ 1 is string }};"
+        "{{ d | tojson(sort_keys=true) }}|{{ 'é' | tojson(ensure_ascii=true) }}|"
+        "{{ d | tojson(separators=(',', ':')) }}|{{ d | tojson(indent=1) }}"
+    )
+    messages = [{"role": "user", "content": "  hi / there"}, {"role": "assistant", "content": "b"}]
+    out = ChatTemplate(source).render(messages)
+    assert out == (
+        "n=2;b2a1;none;2;>assistant|<user|;"
+        "True,hi / there,there,x,True,HI / THERE;1;a, b;TrueTrueTrueFalse;"
+        '{"a": 1, "b": 2}|"\\u00e9"|{"b":2,"a":1}|{\n "b": 2,\n "a": 1\n}'
+    )
+
+
+def test_date_string_default_and_strftime_now_use_the_clock() -> None:
+    # Llama 3.x: a date_string the caller may pass, else today's date from strftime_now.
+    source = (
+        "{%- if not date_string is defined %}{% set date_string = strftime_now('%d %b %Y') %}"
+        "{% endif %}{{ date_string }}"
+    )
+    fixed = ChatTemplate(source, clock=lambda: datetime(2025, 3, 9, 8, 0))
+    assert fixed.render([]) == "09 Mar 2025"
+    assert fixed.render([], date_string="1 Jan 2000") == "1 Jan 2000"
+    assert ChatTemplate(source).render([]) == datetime.now().strftime("%d %b %Y")
+
+
+def test_template_variables_name_the_options_it_reads() -> None:
+    template = ChatTemplate(
+        "{% set x = 1 %}{% for m in messages %}{{ m.content }}{% endfor %}"
+        "{% if enable_thinking is defined %}{{ reasoning_effort }}{% endif %}"
+    )
+    assert template.variables == {"messages", "enable_thinking", "reasoning_effort"}
+
+
+def test_namespace_refuses_underscore_names_and_errors_are_one_line() -> None:
+    with pytest.raises(TemplateError, match="underscore") as info:
+        ChatTemplate("{% set ns = namespace(_x=1) %}").render([])
+    assert "\n" not in str(info.value)
+    with pytest.raises(TemplateError, match="underscore"):
+        ChatTemplate("{% set ns = namespace() %}{% set ns._y = 1 %}").render([])
+    # the dict() helper exposes no type or function internals to the sandbox
+    assert ChatTemplate("{{ dict.__class__ }}{{ dict.fromkeys.__globals__ }}").render([]) == ""
+    with pytest.raises(TemplateError, match="does not compile: .*line 2") as info:
+        ChatTemplate("ok\n{{ messages | no_such_filter }}")
+    assert "\n" not in str(info.value)
+    assert ChatTemplate("{{ dict.fromkeys(['a'], 0) | tojson }}").render([]) == '{"a": 0}'
