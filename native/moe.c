@@ -253,13 +253,6 @@ int ds4n_moe_scratch_reserve(ds4n_moe_scratch *s, const ds4n_moe *m, int64_t T) 
     return DS4N_MOE_OK;
 }
 
-static void run(ds4n_pool *pool, void (*fn)(void *, int, int), void *ctx) {
-    if (pool)
-        ds4n_pool_run(pool, fn, ctx);
-    else
-        fn(ctx, 0, 1);
-}
-
 int ds4n_moe_forward(ds4n_pool *pool, const ds4n_moe *m, ds4n_moe_scratch *s, const float *x,
                      int64_t T, float *out) {
     if (T <= 0) return DS4N_MOE_OK;
@@ -300,15 +293,15 @@ int ds4n_moe_forward(ds4n_pool *pool, const ds4n_moe *m, ds4n_moe_scratch *s, co
     s->expert_bytes += n_active * per_expert;
 
     moe_ctx c = {.m = m, .s = s, .n_active = n_active, .rows = R, .T = T, .x = x, .out = out};
-    run(pool, gate_up_task, &c);
+    ds4n_pool_run(pool, gate_up_task, &c);
     if (T == 1)
         activate_rows(&c, 0, R); /* a few thousand values: not worth a dispatch */
     else
-        run(pool, activate_task, &c);
-    run(pool, down_task, &c);
+        ds4n_pool_run(pool, activate_task, &c);
+    ds4n_pool_run(pool, down_task, &c);
     if (T == 1)
         combine_tokens(&c, 0, 1);
     else
-        run(pool, combine_task, &c);
+        ds4n_pool_run(pool, combine_task, &c);
     return DS4N_MOE_OK;
 }
