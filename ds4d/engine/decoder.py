@@ -25,7 +25,8 @@ from ds4d.engine.gguf_file import GGUFFile, Tensor
 from ds4d.engine.native import lib
 
 VECTOR_TYPES = {native.F32, native.F16, native.BF16}
-ERRORS = {-1: "context is full", -2: "token id out of range", -3: "out of memory"}
+ERRORS = {-1: "context is full", -2: "token id out of range", -3: "out of memory",
+          -4: "expert id out of range"}  # fmt: skip
 
 
 def _declare() -> None:

@@ -36,6 +36,8 @@ FAMILIES = {
     "qwen3": "ds4d.engine.qwen3",
     "gemma3": "ds4d.engine.gemma3",
     "phi3": "ds4d.engine.phi3",
+    "qwen3moe": "ds4d.engine.qwen3moe",
+    "gpt-oss": "ds4d.engine.gptoss",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
