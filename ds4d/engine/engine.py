@@ -32,6 +32,8 @@ from ds4d.engine.gguf_file import GGUFFile
 FAMILIES = {
     "llama": "ds4d.engine.llama",
     "deepseek4": "ds4d.engine.deepseek4",
+    "qwen3moe": "ds4d.engine.qwen3moe",
+    "gpt-oss": "ds4d.engine.gptoss",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
@@ -139,7 +141,7 @@ def _make_tokenizer(family: Any, gf: GGUFFile) -> Any:
     except ImportError:  # pragma: no cover - only while the tokenizer is being built
         return None
     try:
-        return Tokenizer.from_gguf(gf.reader)
+        return Tokenizer.from_gguf(gf)
     except EngineError:
         raise
     except Exception as e:
