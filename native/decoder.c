@@ -143,9 +143,14 @@ int ds4n_rope_init(ds4n_rope *r, const ds4n_rope_params *p) {
     const int yarn = p->ext_factor > 0.0f;
     if (yarn) {
         if (p->n_ctx_orig <= 0 || !(p->beta_fast > 0.0f) || !(p->beta_slow > 0.0f)) return -1;
-        lo = fmaxf(0.0f, floorf(yarn_corr_dim(p->n_rot, p->n_ctx_orig, p->beta_fast, p->base)));
-        hi = fminf(p->n_rot - 1,
-                   ceilf(yarn_corr_dim(p->n_rot, p->n_ctx_orig, p->beta_slow, p->base)));
+        lo = yarn_corr_dim(p->n_rot, p->n_ctx_orig, p->beta_fast, p->base);
+        hi = yarn_corr_dim(p->n_rot, p->n_ctx_orig, p->beta_slow, p->base);
+        if (!p->yarn_exact_range) {
+            lo = floorf(lo);
+            hi = ceilf(hi);
+        }
+        lo = fmaxf(0.0f, lo);
+        hi = fminf(p->n_rot - 1, hi);
         r->mscale *= 1.0f + 0.1f * logf(1.0f / p->freq_scale);
     }
     for (int i = 0; i < p->n_rot / 2; i++) {

@@ -93,6 +93,8 @@ typedef struct ds4n_rope_params {
     float attn_factor;          /* multiplies cos and sin (1: none) */
     float beta_fast, beta_slow; /* YaRN correction range (32, 1 in llama.cpp) */
     int32_t n_ctx_orig;         /* YaRN: the training context before scaling */
+    int32_t yarn_exact_range;   /* nonzero: the ramp's ends are not rounded to whole dims
+                                 * (transformers' truncate=False, e.g. gpt-oss) */
 } ds4n_rope_params;
 
 #define DS4N_ROPE_MAX_DIMS 1024

@@ -25,6 +25,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -103,11 +104,65 @@ class Sequence:
     top_logprobs: np.ndarray  # float32 (n, TOP_K)
 
 
+def load_sequences(npz: Path, names: list[str]) -> list[Sequence]:
+    with np.load(npz) as z:
+        return [
+            Sequence(name, z[f"{name}.tokens"], z[f"{name}.top_ids"], z[f"{name}.top_logprobs"])
+            for name in names
+        ]
+
+
 def kit_reference(family: str) -> list[Sequence]:
     """The teacher-forced reference sequences of a family (plain text, chat, code)."""
     manifest = kit_manifest(family)
-    with np.load(KIT_DIR / manifest["reference"]) as z:
-        return [
-            Sequence(name, z[f"{name}.tokens"], z[f"{name}.top_ids"], z[f"{name}.top_logprobs"])
-            for name in manifest["sequences"]
-        ]
+    return load_sequences(KIT_DIR / manifest["reference"], manifest["sequences"])
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+# Tokens per prefill call in teacher_forced: small enough that a 262k vocabulary's logits
+# stay ~40 MB, and calls start at different offsets within the sliding windows.
+PREFILL_CALL = 40
+
+
+@dataclass(frozen=True)
+class Comparison:
+    mean_abs: float  # mean |ours - reference| over every position's top-k
+    max_abs: float
+    argmax_misses: list[int]  # positions whose reference margin exceeds the bar
+
+
+def teacher_forced(engine: Any, seq: Sequence, margin: float) -> Comparison:
+    """Runs seq through an ds4d Engine and compares with the reference: the first two
+    thirds through prefill calls (several tokens, all logits), the rest through
+    single-token decode calls, so both paths are measured."""
+    n = len(seq.tokens)
+    split = 2 * n // 3
+    ours = np.empty(seq.top_logprobs.shape)
+    argmax = np.empty(n, np.int64)
+    session = engine.new_session(n)
+    try:
+        pos = 0
+        while pos < n:
+            if pos < split:
+                end = min(pos + PREFILL_CALL, split)
+                logits = session.eval_all_logits(seq.tokens[pos:end].tolist())
+            else:
+                end = pos + 1
+                session.eval([int(seq.tokens[pos])])
+                logits = session.logits[None, :]
+            lp = log_softmax(logits)
+            rows = np.arange(end - pos)[:, None]
+            ours[pos:end] = lp[rows, seq.top_ids[pos:end]]
+            argmax[pos:end] = lp.argmax(axis=-1)
+            pos = end
+    finally:
+        session.close()
+    diff = np.abs(ours - seq.top_logprobs)
+    ref_margin = seq.top_logprobs[:, 0] - seq.top_logprobs[:, 1]
+    misses = np.nonzero((ref_margin > margin) & (argmax != seq.top_ids[:, 0]))[0]
+    return Comparison(float(diff.mean()), float(diff.max()), misses.tolist())

@@ -266,13 +266,14 @@ class RopeScaling:
     `rope.scaling.attn_factor`."""
 
     def __init__(self, hp: HParams, n_ctx_train: int, allowed: Iterable[str]) -> None:
-        kind = str(hp("rope.scaling.type", "none"))
+        factor = float(hp("rope.scaling.factor", 0.0))
+        # A factor without a type is linear scaling, as llama.cpp reads it.
+        kind = str(hp("rope.scaling.type", "linear" if factor > 0 else "none"))
         allowed = tuple(allowed)
         if kind not in allowed:
             raise ModelLoadError(
                 f"rope scaling type {kind!r} is not supported ({', '.join(allowed)})"
             )
-        factor = float(hp("rope.scaling.factor", 0.0))
         self.kind = kind
         self.freq_scale = 1.0 / factor if kind in ("linear", "yarn") and factor > 0 else 1.0
         self.attn_factor = float(hp("rope.scaling.attn_factor", 1.0))
@@ -296,4 +297,59 @@ class RopeScaling:
             "rope_scale": self.freq_scale, "yarn_ext_factor": self.ext_factor,
             "rope_attn_factor": self.attn_factor, "yarn_beta_fast": self.beta_fast,
             "yarn_beta_slow": self.beta_slow, "n_ctx_orig": self.n_ctx_orig,
+        }  # fmt: skip
+
+
+class DenseShape:
+    """The hyper-parameters every attention decoder declares, read and checked once:
+    layers, widths, heads (GQA), head and rope dims, rope base, norm epsilon, context,
+    vocabulary (from the embedding when the file does not say)."""
+
+    def __init__(self, gf: GGUFFile, family: str, *, rope_even_head: bool = True) -> None:
+        hp = self.hp = HParams(gf)
+        self.n_layer = int(hp("block_count"))
+        self.n_embd = int(hp("embedding_length"))
+        self.n_ff = int(hp("feed_forward_length"))
+        self.n_head = int(hp("attention.head_count"))
+        self.n_head_kv = int(hp("attention.head_count_kv", self.n_head))
+        self.head_dim = int(hp("attention.key_length", self.n_embd // max(self.n_head, 1)))
+        value_len = int(hp("attention.value_length", self.head_dim))
+        self.n_rot = int(hp("rope.dimension_count", self.head_dim))
+        self.rope_base = float(hp("rope.freq_base", 10000.0))
+        self.rms_eps = float(hp("attention.layer_norm_rms_epsilon"))
+        self.n_ctx_train = int(hp("context_length"))
+        embd = gf.tensor("token_embd.weight")
+        self.n_vocab = int(hp("vocab_size", embd.shape[1] if len(embd.shape) == 2 else 0))
+        if gf.has_tensor("blk.0.ffn_gate_inp.weight") or int(hp("expert_count", 0)):
+            raise ModelLoadError(f"mixture-of-experts {family} models are not supported")
+        if (
+            min(self.n_layer, self.n_embd, self.n_ff, self.n_head, self.n_head_kv,
+                self.n_vocab) <= 0
+            or self.n_head % self.n_head_kv
+            or value_len != self.head_dim
+            or (rope_even_head and self.head_dim % 2)
+            or not 0 < self.n_rot <= self.head_dim
+            or self.n_rot % 2
+            or self.rope_base <= 0
+        ):  # fmt: skip
+            raise ModelLoadError(
+                f"unsupported {family} shape: {self.n_head} heads / {self.n_head_kv} kv heads,"
+                f" head dim {self.head_dim} (value {value_len}), rope dims {self.n_rot}"
+            )
+
+    @property
+    def n_q(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def n_kv(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    def fields(self) -> dict[str, int | float]:
+        """The shape fields of a family's HParams structure."""
+        return {
+            "n_vocab": self.n_vocab, "n_embd": self.n_embd, "n_layer": self.n_layer,
+            "n_head": self.n_head, "n_head_kv": self.n_head_kv, "head_dim": self.head_dim,
+            "n_ff": self.n_ff, "n_rot": self.n_rot, "rms_eps": self.rms_eps,
+            "rope_base": self.rope_base,
         }  # fmt: skip
