@@ -231,6 +231,17 @@ SPECS: dict[str, Spec] = {
         ),
     ),
 }
+# gpt-oss as released: the experts in MXFP4 (the weights drawn on its grid, so the GGUF's
+# MXFP4 blocks hold exactly the values transformers runs), intermediate size 96 (a
+# multiple of the 32-value block that is not the hidden size).
+SPECS["gpt-oss-mxfp4"] = Spec(
+    "GptOssForCausalLM",
+    "gptoss",
+    seed=1008,
+    template="openai-gpt-oss-120b.jinja",
+    config=dict(SPECS["gpt-oss"].config, intermediate_size=96),
+    extra=dict(mxfp4_experts=True),
+)
 
 PLAIN = (
     "The lighthouse keeper kept a ledger of every ship that passed the northern point. "
@@ -376,6 +387,59 @@ def vocab_tensor_names(model: Any) -> dict[str, str]:
     return names
 
 
+def snap_mxfp4(w: Any) -> Any:
+    """The nearest MXFP4 values of a transformers expert tensor [E, in, out], in blocks of
+    32 along the input dimension (the GGUF row)."""
+    import torch
+    from gguf import GGMLQuantizationType, quants
+
+    rows = w.transpose(1, 2).contiguous().numpy()
+    q = quants.quantize(rows, GGMLQuantizationType.MXFP4)
+    snapped = quants.dequantize(q, GGMLQuantizationType.MXFP4).reshape(rows.shape)
+    return torch.from_numpy(snapped).transpose(1, 2)
+
+
+def requantize_experts_mxfp4(path: Path) -> None:
+    """Rewrites a converted GGUF with its F16 expert matrices (*_exps.weight) in MXFP4, as
+    released gpt-oss files store them; their values are on the MXFP4 grid already, so the
+    quantization is exact (checked)."""
+    import gguf
+    from gguf import GGMLQuantizationType, quants
+
+    r = gguf.GGUFReader(path)
+    tmp = path.with_suffix(".mxfp4.gguf")
+    w = gguf.GGUFWriter(tmp, arch=str(r.fields["general.architecture"].contents()))
+    for f in r.fields.values():
+        if f.name == "general.architecture" or f.name.startswith("GGUF."):
+            continue
+        value = f.contents()
+        if f.name == "general.file_type":
+            value = int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE)
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, value, f.types[0], sub_type=sub)
+    datas = []
+    for t in r.tensors:
+        data = np.asarray(t.data)
+        if t.name.endswith("_exps.weight"):
+            f32 = data.astype(np.float32)
+            q = quants.quantize(f32, GGMLQuantizationType.MXFP4)
+            if not np.array_equal(quants.dequantize(q, GGMLQuantizationType.MXFP4), f32):
+                raise AssertionError(f"{t.name} is not on the MXFP4 grid")
+            w.add_tensor_info(t.name, f32.shape, np.dtype(np.float32), q.nbytes,
+                              GGMLQuantizationType.MXFP4)  # fmt: skip
+            datas.append(q)
+        else:
+            w.add_tensor_info(t.name, data.shape, data.dtype, data.nbytes, t.tensor_type)
+            datas.append(data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for data in datas:
+        w.write_tensor_data(data)
+    w.close()
+    os.replace(tmp, path)
+
+
 def fill_weights(spec: Spec, model: Any) -> dict[str, dict[str, Any]]:
     """Random F16-exact weights; returns the refill records of the vocabulary tensors."""
     import torch
@@ -408,6 +472,8 @@ def fill_weights(spec: Spec, model: Any) -> dict[str, dict[str, Any]]:
                 gain = QK_GAIN if any(s in name for s in ("q_proj", "k_proj", "qkv")) else 1.0
                 # Uniform of this half-width has standard deviation gain / sqrt(hidden).
                 p.copy_(uniform(p.shape, WEIGHT_GAIN * gain * math.sqrt(3.0 / hidden)))
+            if spec.extra.get("mxfp4_experts") and name.endswith(("gate_up_proj", "down_proj")):
+                p.copy_(snap_mxfp4(p))
             p.copy_(p.half().float())
         for name, p in model.named_parameters():
             if not torch.equal(p, p.half().float()):
@@ -550,6 +616,8 @@ def make_family(family: str) -> dict[str, Any]:
 
     gguf_path = model_dir / f"{family}.gguf"
     convert(model_dir, gguf_path)
+    if spec.extra.get("mxfp4_experts"):
+        requantize_experts_mxfp4(gguf_path)
     records = locate_refill(gguf_path, refill)
     data = bytearray(gguf_path.read_bytes())
     digest = sha256(data)

@@ -14,7 +14,7 @@ import pytest
 
 from tests.kit import kit_families, kit_manifest, kit_model, kit_reference, teacher_forced
 
-EXPECTED = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss")
+EXPECTED = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss", "gpt-oss-mxfp4")
 MEAN_ABS_MAX = 1e-3
 MARGIN = 0.01
 
