@@ -192,3 +192,30 @@ def test_decoder_attention_split_keys_windows_sinks(tmp_path: Path) -> None:
     result = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "vs definition: max |diff|" in result.stdout
+
+
+def test_engine_session_save_load_rewind_on_a_kit_model(tmp_path: Path) -> None:
+    """Through the Engine and Session API (payload file, rewind) on the kit's phi3 (the
+    quickest kit model to open): a loaded session continues exactly like the original,
+    and a rewound one like a fresh one."""
+    from ds4d.engine import Engine
+    from tests.kit import kit_model, kit_reference
+
+    toks = [int(t) for t in kit_reference("phi3")[0].tokens[:90]]
+    with Engine.open(kit_model("phi3"), threads=2) as engine:
+        first = engine.new_session(128)
+        first.eval(toks[:60])
+        with open(tmp_path / "s.bin", "wb") as f:
+            first.save(f)
+        loaded = engine.new_session(128)
+        with open(tmp_path / "s.bin", "rb") as f:
+            loaded.load(f)
+        np.testing.assert_array_equal(loaded.logits, first.logits)
+        first.eval(toks[60:])
+        loaded.eval(toks[60:])
+        np.testing.assert_array_equal(loaded.logits, first.logits)
+        first.rewind(40)
+        first.eval(toks[40:70])
+        fresh = engine.new_session(128)
+        fresh.eval(toks[:70])
+        assert np.abs(first.logits - fresh.logits).max() < 1e-4

@@ -103,6 +103,7 @@ int main(void) {
         ds4n_kv_release(&kv);
         if (pool) ds4n_pool_free(pool);
     }
+    free(wq), free(wk), free(wv), free(wo), free(x), free(out);
     printf("decoder attention (split keys, windows, sinks) vs definition: max |diff| %.3g\n",
            worst);
     return worst < 1e-4 ? 0 : 1;
