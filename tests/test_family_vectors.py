@@ -10,6 +10,8 @@ Run with -s to see the per-family distances."""
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
 from tests.kit import kit_families, kit_manifest, kit_model, kit_reference, teacher_forced
@@ -21,6 +23,14 @@ MARGIN = 0.01
 
 def test_kit_holds_every_expected_family() -> None:
     assert sorted(EXPECTED) == kit_families()
+
+
+@pytest.mark.parametrize("family", EXPECTED)
+def test_kit_rebuilds_the_exact_gguf(family: str) -> None:
+    """The cached GGUF is byte for byte the converter's output (whether or not the engine
+    runs that family yet)."""
+    path = kit_model(family)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == kit_manifest(family)["sha256"]
 
 
 @pytest.mark.timeout(900)
