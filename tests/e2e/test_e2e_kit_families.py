@@ -33,6 +33,7 @@ E2E_TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 HERMES = '<tool_call>\n{"name": "get_weather", "arguments": {'
 LLAMA = '{"name": "get_weather", "parameters": {'
+QWEN_XML = "<tool_call>\n<function=get_weather>\n<parameter="
 HARMONY = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"
 
 
@@ -68,6 +69,8 @@ FAMILIES = {
     ),
     "qwen3": Family("qwen3", HERMES, thinking="switch"),  # Qwen3's template
     "qwen3moe": Family("qwen3moe", HERMES, thinking="switch"),
+    # Qwen3-Coder-30B-A3B is a qwen3moe model with its own template and XML calls.
+    "qwen3coder": Family("qwen3moe", QWEN_XML, TEMPLATES / "Qwen3-Coder.jinja"),
     # Gemma 3's and Phi-3.5's templates know no tools: ds4d's Hermes block stands in.
     "gemma3": Family("gemma3", HERMES),
     "phi3": Family(
@@ -124,6 +127,20 @@ def model_files(tmp_path_factory) -> dict[str, Path]:
             )
         out[name] = path
     return out
+
+
+def test_metadata_rewrite_keeps_the_rest_of_the_file(tmp_path: Path, model_files) -> None:
+    """Unchanged metadata writes the kit's file back byte for byte; a new template moves
+    the data section but keeps every tensor's bytes."""
+    src = kit_model("llama")
+    assert with_metadata(src, tmp_path / "same.gguf").read_bytes() == src.read_bytes()
+    changed = model_files["llama"].read_bytes()
+    original = src.read_bytes()
+    assert FAMILIES["llama"].template.read_text().encode() in changed
+    assert b"<|python_tag|>" in changed and b"<|python_tag|>" not in original
+    # the tensor data is the file's tail, aligned the same way
+    tail = 4 << 20
+    assert changed[-tail:] == original[-tail:]
 
 
 def serve_args(model: Path, trace: Path, *extra: str) -> tuple[str, ...]:
@@ -302,7 +319,9 @@ def test_forced_call_round_trip_in_native_syntax_reuses_the_kv(request, served: 
     assert second["prompt"].startswith(head)
     replayed = second["prompt"][len(head) :]
     assert served.family.call_markup in replayed
-    assert json.dumps(args["city"], ensure_ascii=False) in replayed
+    raw = served.family.call_markup == QWEN_XML  # values written as they are, not JSON
+    city = args["city"] if raw else json.dumps(args["city"], ensure_ascii=False)
+    assert city in replayed
 
 
 def test_named_call_streamed_and_anthropic_tool_choice(served: Served) -> None:
