@@ -405,7 +405,7 @@ def test_second_turn_is_served_from_the_cache(served: Served) -> None:
 def test_thinking_switch_or_split(served: Served) -> None:
     kind = served.family.thinking
     if not kind:
-        pytest.skip(f"{served.name}'s template has no thinking")
+        pytest.skip(f"{served.name}: no enable_thinking switch, no prompt that opens <think>")
     if kind == "switch":
         # Qwen 3: thinking off renders the closed empty block the model answers after.
         on = served.oai.chat.completions.create(model="m", messages=HI, max_tokens=2, seed=7)
