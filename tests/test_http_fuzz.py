@@ -555,6 +555,17 @@ def test_an_unread_body_does_not_wedge_the_connection(daemon):
     c.close()
 
 
+def test_a_reply_racing_the_apps_own_body_reader_keeps_the_connection(daemon):
+    # OPTIONS is answered by the framework while its reader takes the body: whichever
+    # side reads the last body message, the connection must go on.
+    for _ in range(20):
+        c = Conn(daemon.port)
+        reply = c.request("OPTIONS", "/v1/messages", b"{}")
+        assert reply.status == 200 and "POST" in reply.headers["allow"]
+        assert c.reusable()
+        c.close()
+
+
 def test_a_413_within_the_drain_limit_keeps_the_connection(daemon):
     c = Conn(daemon.port)
     reply = c.request("POST", "/v1/chat/completions", b"x" * (MAX_BODY + 1000))

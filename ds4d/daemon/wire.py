@@ -72,11 +72,19 @@ class _BodyTracker:
         return self.expected - self.received <= DRAIN_MAX_BYTES
 
     async def drain(self) -> bool:
-        """Read what is left of the body (the application's reader may be gone by now);
-        True once it is all in."""
-        with trio.move_on_after(DRAIN_TIMEOUT_S):
-            while not self.done.is_set():
+        """Read what is left of the body; True once it is all in. The application's
+        own reader may still be running and take the last message itself, so this
+        waits for the body to end, whoever reads it, rather than for its own read."""
+
+        async def pull() -> None:
+            while True:
                 await self.receive()
+
+        with trio.move_on_after(DRAIN_TIMEOUT_S):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pull)
+                await self.done.wait()
+                nursery.cancel_scope.cancel()
         return self.done.is_set()
 
 
