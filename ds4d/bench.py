@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import resource
 import sys
 import time
@@ -55,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check_sweep(args)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
     from ds4d.engine import Engine, EngineError
     from ds4d.engine.default_model import resolve_model_path
 

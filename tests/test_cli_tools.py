@@ -46,10 +46,10 @@ def test_bench_rejects_bad_sweep(tmp_path: Path) -> None:
     assert "ctx-max" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_generate_greedy_follows_exact_argmax(shared_dir: Path, engine) -> None:
+def test_generate_greedy_follows_exact_argmax(data_dir: Path, engine) -> None:
     """Greedy generation's first token is the exact-math argmax of the vector's first step."""
-    case = json.loads((shared_dir / "vectors/smollm2/chat_capital.json").read_text())
-    exact = json.loads((shared_dir / "vectors/smollm2/chat_capital.exact.json").read_text())
+    case = json.loads((data_dir / "vectors/smollm2/chat_capital.json").read_text())
+    exact = json.loads((data_dir / "vectors/smollm2/chat_capital.exact.json").read_text())
     first_id = exact["steps"][0]["top"][0][0]
     first_text = engine.tokenizer.decode([first_id])
     assert "capital of France" in case["prompt"]

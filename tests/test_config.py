@@ -105,8 +105,8 @@ def test_invalid_values_name_key_and_source(home, argv, env, file, pattern):
 
 
 def test_etc_file_documents_every_key_with_its_default():
-    text = (REPO / "etc" / "ds4d.toml").read_text()
-    assert tomllib.loads(text) == {}, "etc/ds4d.toml must set nothing (defaults only)"
+    text = (REPO / "ds4d" / "daemon" / "ds4d.toml").read_text()
+    assert tomllib.loads(text) == {}, "ds4d/daemon/ds4d.toml must set nothing (defaults only)"
     documented = tomllib.loads("\n".join(
         line[1:] for line in text.splitlines() if re.match(r"^#[a-z_]+ = ", line)))
     defaults = dataclasses.asdict(Config())

@@ -44,9 +44,9 @@ def tok():
 
 
 @pytest.mark.parametrize("case", VECTORS)
-def test_official_vector_prompt_tokens(shared_dir, tok, case):
+def test_official_vector_prompt_tokens(data_dir, tok, case):
     official = json.loads(
-        (shared_dir / "vectors/ds4-official/official" / f"{case}.official.json").read_text()
+        (data_dir / "vectors/ds4-official/official" / f"{case}.official.json").read_text()
     )
     req = official["request"]
     request = ChatRequest(messages=[Message(m["role"], m["content"]) for m in req["messages"]])
@@ -56,7 +56,7 @@ def test_official_vector_prompt_tokens(shared_dir, tok, case):
     assert len(ids) == official["usage"]["prompt_tokens"]
     assert ids[0] == tok.bos_id and ids[-2:] == [tok.assistant_id, tok.think_close_id]
     # The CLI's piecewise single-prompt form is the same token sequence here.
-    prompt = (shared_dir / "vectors/ds4-official/prompts" / f"{case}.txt").read_text()
+    prompt = (data_dir / "vectors/ds4-official/prompts" / f"{case}.txt").read_text()
     assert prompt == req["messages"][0]["content"]
     assert encode_single_prompt(tok, prompt, mode=mode) == ids
 

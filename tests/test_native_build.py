@@ -60,8 +60,34 @@ def test_missing_library_is_one_clear_error(tmp_path: Path) -> None:
         "try:\n    import ds4d.engine.native\n"
         "except Exception as e:\n    print(type(e).__name__, e)\n"
     )
-    env = dict(os.environ, DS4D_NATIVE_LIB=str(tmp_path / "nope.so"))
+    missing = tmp_path / "nope.so"
+    env = dict(os.environ, DS4D_NATIVE_LIB=str(missing))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "EngineError native library not built: run `make native`", (
-        out.stderr
+    assert (
+        out.stdout.strip() == f"EngineError native library {missing} (DS4D_NATIVE_LIB) not found"
+    ), out.stderr
+
+
+def test_installed_package_finds_its_library_as_package_data(tmp_path: Path) -> None:
+    """Outside a checkout (as in site-packages) the library is ds4d/lib/libds4n.so inside
+    the package, found through importlib.resources; without it, one line saying so."""
+    site = tmp_path / "site"
+    shutil.copytree(REPO / "ds4d", site / "ds4d", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "DS4D_NATIVE_LIB"}
+    env["PYTHONPATH"] = str(site)
+    code = (
+        "import ds4d\n"
+        "try:\n    from ds4d.engine import native\n"
+        "except Exception as e:\n    print(type(e).__name__, e)\n"
     )
+    run = dict(env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], **run)
+    packaged = site / "ds4d" / "lib" / "libds4n.so"
+    assert out.stdout.strip() == (
+        f"EngineError native library {packaged} is missing from the ds4d package: reinstall ds4d"
+    ), out.stderr
+    packaged.parent.mkdir()
+    shutil.copyfile(NATIVE / "build" / "libds4n.so", packaged)
+    smoke = subprocess.run([sys.executable, "-c", SMOKE + "print(native.library_path())"], **run)
+    assert smoke.stdout.startswith("ok"), smoke.stderr
+    assert smoke.stdout.splitlines()[-1] == str(packaged)

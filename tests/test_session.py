@@ -18,8 +18,8 @@ class Cancelled(Exception):
 
 
 @pytest.fixture(scope="module")
-def tokens(shared_dir: Path) -> list[int]:
-    case = json.loads((shared_dir / "vectors/smollm2/chat_redis.json").read_text())
+def tokens(data_dir: Path) -> list[int]:
+    case = json.loads((data_dir / "vectors/smollm2/chat_redis.json").read_text())
     return case["prompt_tokens"] + [s["token"] for s in case["steps"]]
 
 

@@ -22,8 +22,8 @@ from tests.e2e.daemon_process import running_daemon
 
 
 @pytest.fixture(scope="module")
-def book(shared_dir) -> str:
-    return (shared_dir / "data" / "promessi_sposi.txt").read_text()
+def book(data_dir) -> str:
+    return (data_dir / "text" / "promessi_sposi.txt").read_text()
 
 
 def client(d) -> openai.OpenAI:

@@ -1,6 +1,6 @@
 """`ds4d install-service --user | --system | --launchd [--dry-run]`.
 
-Fills the templates in units/ with this installation's real paths (the ds4d executable,
+Fills the templates in ds4d/daemon/units/ (package data) with this installation's real paths (the ds4d executable,
 the config file, PATH) and writes them where systemd or launchd looks, then prints the
 commands that enable the service. --dry-run prints what would be written instead.
 """
@@ -12,11 +12,12 @@ import os
 import shutil
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent.parent
-TEMPLATES = REPO / "units"
-DEFAULT_CONFIG = REPO / "etc" / "ds4d.toml"
+# Shipped inside the package, so an installed wheel has them as a checkout does.
+TEMPLATES = resources.files("ds4d.daemon") / "units"
+DEFAULT_CONFIG = resources.files("ds4d.daemon") / "ds4d.toml"
 SYSTEM_CONFIG = Path("/etc/ds4d/ds4d.toml")
 HOME_PREFIXES = ("/home/", "/root/", "/run/user/", "/Users/")
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {unit.path}")
         if args.kind == "system" and args.dest is None and not args.config.exists():
             args.config.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(DEFAULT_CONFIG, args.config)
+            args.config.write_text(DEFAULT_CONFIG.read_text("utf-8"), "utf-8")
             print(f"wrote {args.config} (every key commented out with its default)")
     except PermissionError as e:
         hint = " (run with sudo)" if args.kind == "system" else ""
@@ -119,9 +120,9 @@ def ds4d_executable() -> Path:
 def _fill(template: str, values: dict[str, str]) -> str:
     path = TEMPLATES / template
     if not path.is_file():
-        raise FileNotFoundError(f"unit template {path} not found (install-service needs a "
-                                "source checkout of ds4d)")
-    text = path.read_text()
+        raise FileNotFoundError(f"unit template {template} is missing from the ds4d package "
+                                "(reinstall ds4d)")
+    text = path.read_text("utf-8")
     for marker, value in values.items():
         text = text.replace(marker, value)
     return text

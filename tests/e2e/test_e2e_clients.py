@@ -26,8 +26,8 @@ def daemon(tmp_path_factory):
         yield d
 
 
-def load(shared_dir, name):
-    return json.loads((shared_dir / "fixtures" / "clients" / name).read_text())
+def load(data_dir, name):
+    return json.loads((data_dir / "fixtures" / "clients" / name).read_text())
 
 
 def test_ctx_above_training_is_a_warning(daemon):
@@ -39,8 +39,8 @@ def test_claude_code_head_probe(daemon):
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_first_request_accepted_as_sent(daemon, shared_dir, name):
-    fx = load(shared_dir, name)
+def test_first_request_accepted_as_sent(daemon, data_dir, name):
+    fx = load(data_dir, name)
     headers = {k: v for k, v in fx["headers"].items() if k.lower() not in DROPPED_HEADERS}
     with httpx.Client(timeout=120) as client:
         with client.stream(fx["method"], daemon.url + fx["path"], headers=headers,
@@ -60,8 +60,8 @@ def test_first_request_accepted_as_sent(daemon, shared_dir, name):
         time.sleep(0.1)
 
 
-def test_claude_code_request_counts_its_tokens(daemon, shared_dir):
-    body = load(shared_dir, FIXTURES[0])["body"]
+def test_claude_code_request_counts_its_tokens(daemon, data_dir):
+    body = load(data_dir, FIXTURES[0])["body"]
     body = {k: body[k] for k in ("model", "messages", "system", "tools", "thinking")}
     r = httpx.post(f"{daemon.url}/v1/messages/count_tokens", json=body, timeout=60)
     assert r.status_code == 200
