@@ -213,43 +213,30 @@ def test_cache_ls_and_evict(daemon):
     assert daemon.ctl("cache", "evict", check=False).returncode == 2  # needs a selector
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-def test_power_50_halves_the_busy_share_with_identical_output(daemon):
-    """CPU time / wall time of the daemon over a cold long-prompt request, at power 100
-    and 50. The machine is shared, so the two levels alternate (two rounds each) and
-    the shares are summed: a load change elsewhere hits both levels alike."""
+def test_power_50_keeps_the_output_identical(daemon):
+    """`ds4ctl power 50` changes only the timing: the same cold long-prompt request gives
+    the same text at 100 and 50. (How long the governor rests for the work done is
+    checked on the sleeps it requests, in tests/test_power.py, not by CPU share here.)"""
     prompt = "Continue the list: " + " ".join(f"w{i}" for i in range(120))
     cache_on = daemon.ctl_json("status")["cache"] is not None
 
-    def measured() -> tuple[float, float, str]:
+    def answer() -> str:
         if cache_on:
             daemon.ctl("cache", "evict", "--all")  # every run must prefill cold
         daemon.chat("Reply with one word.", max_tokens=1)  # and the slot must not hold it
-        cpu0, wall0 = _cpu_seconds(daemon.proc.pid), time.monotonic()
         out = daemon.chat(prompt, max_tokens=8)
-        cpu, wall = _cpu_seconds(daemon.proc.pid) - cpu0, time.monotonic() - wall0
         assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-        return cpu, wall, out["choices"][0]["message"]["content"]
+        return out["choices"][0]["message"]["content"]
 
-    runs: dict[int, list[tuple[float, float, str]]] = {100: [], 50: []}
+    outputs: dict[int, str] = {}
     try:
-        for level in (100, 50, 100, 50):
+        for level in (100, 50):
             assert daemon.ctl("power", str(level)).stdout.strip() == f"power: {level}%"
-            runs[level].append(measured())
+            assert daemon.ctl_json("status")["power"] == level
+            outputs[level] = answer()
     finally:
         assert daemon.ctl_json("power", "100") == {"power": 100}
-    outputs = {text for level in runs for _, _, text in runs[level]}
-    assert len(outputs) == 1, outputs  # identical output at both levels
-
-    def share(level: int) -> float:
-        return sum(c for c, _, _ in runs[level]) / sum(w for _, w, _ in runs[level])
-
-    assert share(50) / share(100) == pytest.approx(0.5, abs=0.15), runs
+    assert outputs[50] == outputs[100]
 
 
 # --- live config ------------------------------------------------------------------------

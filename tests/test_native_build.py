@@ -40,7 +40,8 @@ def test_library_builds_without_warnings(cc: str, tmp_path: Path) -> None:
     build = tmp_path / "build"
     env = dict(os.environ, CFLAGS="-O2 -Werror")
     proc = subprocess.run(
-        ["make", "-s", "-j2", "-C", str(NATIVE), f"CC={cc}", f"BUILD={build}"],
+        ["make", "-s", "-j2", "-C", str(NATIVE), f"CC={cc}", f"BUILD={build}",
+         f"PYTHON={sys.executable}"],
         env=env, capture_output=True, text=True, timeout=240,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from ds4d.state import kvfile
-from tests.e2e.daemon_process import running_daemon
+from tests.e2e.daemon_process import running_daemon, runtime_dir
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +223,7 @@ def test_kill_9_mid_write_and_damaged_files_never_accepted(tmp_path, book):
 
 def ds4ctl(tmp: Path, *args: str):
     """Run the real ds4ctl against the daemon started in `tmp`; its JSON result."""
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp / "xdg_runtime_dir"))
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime_dir(tmp)))
     out = subprocess.run([sys.executable, "-c", "import sys; from ds4ctl.cli import main; "
                           "sys.exit(main(sys.argv[1:]))", "--json", *args],
                          env=env, capture_output=True, text=True, timeout=60)
