@@ -254,8 +254,13 @@ def test_generated_control_tokens_stream_as_their_marker_text_and_replay(tok):
     the byte table). ds4d does the same, and that keeps the KV reusable: the client sends
     the text back, and the next prompt's text starts with exactly what the slot's tokens
     decode to (hiding the markers would break the match at the first one)."""
-    controls = ["<｜User｜>", "<｜tool▁call▁begin｜>", "<|EOT|>", "<｜place▁holder▁no▁5｜>",
-                "<｜begin▁of▁sentence｜>"]
+    controls = [
+        "<｜User｜>",
+        "<｜tool▁call▁begin｜>",
+        "<|EOT|>",
+        "<｜place▁holder▁no▁5｜>",
+        "<｜begin▁of▁sentence｜>",
+    ]
     ids = [tok.token_to_id(c) for c in controls]
     assert all(tok.is_special(i) for i in ids) and not set(ids) & tok.eog_ids
     assert tok.eog_ids == {tok.token_to_id(EOS)}
@@ -266,8 +271,9 @@ def test_generated_control_tokens_stream_as_their_marker_text_and_replay(tok):
 
     first = ChatRequest([Message("user", "q")])
     prompt = render_request(first, ThinkMode.NONE)
-    following = ChatRequest([Message("user", "q"), Message("assistant", content),
-                             Message("user", "more")])
+    following = ChatRequest(
+        [Message("user", "q"), Message("assistant", content), Message("user", "more")]
+    )
     live = tok.encode(prompt) + generated
     assert render_request(following, ThinkMode.NONE).startswith(tok.decode(live))
 

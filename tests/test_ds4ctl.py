@@ -50,6 +50,8 @@ class Daemon:
     def drain_notify(self, timeout: float = 0.0) -> list[tuple[float, str]]:
         """The datagrams that arrive within `timeout` seconds (0: none, just a marker)."""
         start = len(self.messages)
+        # Reviewed exception: counting the daemon's real-time watchdog pings over a span
+        # needs that span to pass; nothing else marks its end.
         time.sleep(timeout)
         return self.messages[start:]
 
@@ -61,11 +63,15 @@ class Daemon:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            time.sleep(0.02)
+            time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
 
     def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        done = subprocess.run([str(BIN / "ds4ctl"), "--socket", str(self.socket), *args],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [str(BIN / "ds4ctl"), "--socket", str(self.socket), *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         if check:
             assert done.returncode == 0, done.stderr
         return done
@@ -74,8 +80,11 @@ class Daemon:
         return json.loads(self.ctl("--json", *args).stdout)
 
     def chat(self, content: str, max_tokens: int = 4) -> dict:
-        body = {"messages": [{"role": "user", "content": content}],
-                "max_tokens": max_tokens, "temperature": 0}
+        body = {
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
         r = httpx.post(f"{self.url}/v1/chat/completions", json=body, timeout=300)
         r.raise_for_status()
         return r.json()
@@ -90,17 +99,40 @@ def daemon(model_path) -> Daemon:
     config = root / "ds4d.toml"
     config.write_text("# test config\npower = 100\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DS4D_")}
-    env.update(NOTIFY_SOCKET=str(notify_path), WATCHDOG_USEC=str(WATCHDOG_USEC),
-               XDG_STATE_HOME=str(root / "state"), XDG_CACHE_HOME=str(root / "cache"),
-               XDG_CONFIG_HOME=str(root / "cfg"), XDG_RUNTIME_DIR=str(root / "run"))
+    env.update(
+        NOTIFY_SOCKET=str(notify_path),
+        WATCHDOG_USEC=str(WATCHDOG_USEC),
+        XDG_STATE_HOME=str(root / "state"),
+        XDG_CACHE_HOME=str(root / "cache"),
+        XDG_CONFIG_HOME=str(root / "cfg"),
+        XDG_RUNTIME_DIR=str(root / "run"),
+    )
     port = free_port()
     log = root / "ds4d.log"
     with open(log, "wb") as log_fh:
         proc = subprocess.Popen(
-            [str(BIN / "ds4d"), "serve", "--config", str(config), "--port", str(port),
-             "--slots", "1", "--ctx", "4096", "--admin-socket", str(root / "ds4d" / "ds4d.sock"),
-             "--kv-disk-dir", str(root / "kv"), "--kv-cache-min-tokens", "64"],
-            env=env, stdout=log_fh, stderr=subprocess.STDOUT)
+            [
+                str(BIN / "ds4d"),
+                "serve",
+                "--config",
+                str(config),
+                "--port",
+                str(port),
+                "--slots",
+                "1",
+                "--ctx",
+                "4096",
+                "--admin-socket",
+                str(root / "ds4d" / "ds4d.sock"),
+                "--kv-disk-dir",
+                str(root / "kv"),
+                "--kv-cache-min-tokens",
+                "64",
+            ],
+            env=env,
+            stdout=log_fh,
+            stderr=subprocess.STDOUT,
+        )
     d = Daemon(proc, root, port, root / "ds4d" / "ds4d.sock", config, log, notify)
 
     def read_notify() -> None:  # what systemd does: read every datagram, timestamped
@@ -136,7 +168,7 @@ def test_ready_only_once_health_is_200(daemon):
     assert daemon.health_at_ready == 200
     ready = [i for i, (_, m) in enumerate(daemon.messages) if m.startswith("READY=1")]
     assert len(ready) == 1
-    before = [m for _, m in daemon.messages[:ready[0]]]
+    before = [m for _, m in daemon.messages[: ready[0]]]
     assert "STATUS=loading model" in before
     assert "STATUS=serving" in daemon.messages[ready[0]][1]
 
@@ -181,8 +213,11 @@ def test_slots_text_and_json(daemon):
 def test_trace_on_records_the_next_request_and_off_stops(daemon):
     trace = daemon.root / "trace.jsonl"
     assert "trace: on" in daemon.ctl("trace", "on", str(trace)).stdout
-    assert daemon.ctl_json("trace", "status") == {"enabled": True, "path": str(trace),
-                                                  "content": False}
+    assert daemon.ctl_json("trace", "status") == {
+        "enabled": True,
+        "path": str(trace),
+        "content": False,
+    }
     daemon.chat("Name a colour.")
     records = [json.loads(line) for line in trace.read_text().splitlines()]
     assert len(records) == 1 and records[0]["api"] == "chat"
@@ -247,7 +282,7 @@ def wait_for_power(daemon: Daemon, expected: int, within: float) -> float:
     while time.monotonic() - start < within:
         if daemon.ctl_json("power")["power"] == expected:
             return time.monotonic() - start
-        time.sleep(0.05)
+        time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
     raise AssertionError(f"power did not become {expected} within {within}s")
 
 
@@ -258,7 +293,7 @@ def test_config_file_edit_applies_within_2s_and_bad_edit_is_refused(daemon):
     deadline = time.monotonic() + 5
     while "power=400" not in daemon.log.read_text():
         assert time.monotonic() < deadline, "the invalid edit was not logged"
-        time.sleep(0.05)
+        time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
     assert "reload rejected" in daemon.log.read_text()
     assert daemon.ctl_json("power")["power"] == 40
     reload = daemon.ctl("config", "reload", check=False)
@@ -274,7 +309,7 @@ def test_sighup_reloads(daemon):
     deadline = time.monotonic() + 3
     while daemon.ctl_json("config", "get", "log_level")["values"]["log_level"] != "debug":
         assert time.monotonic() < deadline
-        time.sleep(0.05)
+        time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
     assert "reloading (SIGHUP)" in daemon.log.read_text()
     assert daemon.wait_notify("RELOADING=1", 2.0, since), "no RELOADING=1 around the reload"
 
@@ -297,8 +332,12 @@ def test_config_set_get_and_restart_required(daemon):
 
 def test_unreachable_daemon_exits_2_naming_the_socket(tmp_path):
     missing = tmp_path / "nobody.sock"
-    done = subprocess.run([str(BIN / "ds4ctl"), "--socket", str(missing), "status"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [str(BIN / "ds4ctl"), "--socket", str(missing), "status"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     assert str(missing) in done.stderr and "not running" in done.stderr
 
@@ -311,8 +350,10 @@ def test_sigterm_sends_stopping_and_exits_0(daemon):
     assert not daemon.socket.exists()
 
 
-@pytest.mark.parametrize("text, seconds", [("90", 90), ("90s", 90), ("15m", 900),
-                                           ("6h", 21600), ("2d", 172800), ("1.5h", 5400)])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [("90", 90), ("90s", 90), ("15m", 900), ("6h", 21600), ("2d", 172800), ("1.5h", 5400)],
+)
 def test_durations(text, seconds):
     from ds4ctl.cli import parse_duration
 
@@ -321,6 +362,10 @@ def test_durations(text, seconds):
 
 def test_bad_usage_exits_2(tmp_path):
     for argv in (["power", "0"], ["cache", "evict", "--older-than", "soon"], ["fly"]):
-        done = subprocess.run([str(BIN / "ds4ctl"), "--socket", str(tmp_path / "s"), *argv],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [str(BIN / "ds4ctl"), "--socket", str(tmp_path / "s"), *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 2 and done.stderr.startswith("usage: ds4ctl"), argv

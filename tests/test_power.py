@@ -69,7 +69,7 @@ def test_raising_the_level_ends_a_rest_at_once():
     async def main() -> float:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(g.rest, 1.0)  # owes 99 s at power 1
-            await trio.sleep(0.1)
+            await trio.sleep(0.1)  # virtual time
             g.set_level(100)
         return trio.current_time()
 

@@ -26,7 +26,11 @@ def tokens(data_dir: Path) -> list[int]:
 def test_info_and_empty_session(engine) -> None:
     info = engine.info
     assert (info.family, info.architecture, info.n_vocab, info.n_layer) == (
-        "llama", "llama", 49152, 30)
+        "llama",
+        "llama",
+        49152,
+        30,
+    )
     assert info.n_ctx_train == 8192 and info.quant == "Q4_1" and len(info.fingerprint) == 64
     assert engine.chat_template and "<|im_start|>" in engine.chat_template
     assert engine.tokenizer is not None
@@ -187,7 +191,9 @@ def test_sessions_in_parallel_threads_match_sequential(engine, tokens) -> None:
         t.start()
     for t in threads:
         t.join()
-    for (want_tokens, want_logits), (got_tokens, got_logits) in zip(sequential, results, strict=True):
+    for (want_tokens, want_logits), (got_tokens, got_logits) in zip(
+        sequential, results, strict=True
+    ):
         assert got_tokens == want_tokens
         np.testing.assert_array_equal(got_logits, want_logits)
 

@@ -20,13 +20,14 @@ def chat(*turns, open_assistant=True):
 
 SYSTEM = ("system", "You are a helpful assistant who answers questions about rivers. " * 8)
 TALK_A = chat(SYSTEM, ("user", "Tell me about the Po river and its delta, in detail. " * 6))
-TALK_B = chat(("system", "You write short poems about the sea and its moods. " * 8),
-              ("user", "A poem about waves at dusk, please. " * 6))
+TALK_B = chat(
+    ("system", "You write short poems about the sea and its moods. " * 8),
+    ("user", "A poem about waves at dusk, please. " * 6),
+)
 
 
 def make(engine, tmp_path, **policy) -> KVState:
-    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint,
-                     ctx=CTX)
+    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint, ctx=CTX)
     pol = SavePolicy.for_context(CTX, **policy)
     return KVState(engine.tokenizer, CTX, disk=disk, policy=pol)
 

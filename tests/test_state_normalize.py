@@ -20,8 +20,9 @@ def test_other_text_untouched():
 
 
 def test_real_claude_code_system_blocks(data_dir):
-    body = json.loads((data_dir / "fixtures/clients/claude-code-2.1.197-first-request.json")
-                      .read_text())["body"]
+    body = json.loads(
+        (data_dir / "fixtures/clients/claude-code-2.1.197-first-request.json").read_text()
+    )["body"]
     blocks = [b["text"] for b in body["system"]]
     out = normalize_system_blocks(blocks)
     assert len(out) == len(blocks) - 1  # the billing block disappears entirely

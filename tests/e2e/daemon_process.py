@@ -70,8 +70,18 @@ def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
     env["XDG_RUNTIME_DIR"] = str(runtime)
     env.pop("NOTIFY_SOCKET", None)
     log_path = tmp / "ds4d.log"
-    cmd = [sys.executable, "-m", "ds4d", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--no-kv-disk", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ds4d",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-kv-disk",
+        *args,
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     key = args[args.index("--api-key") + 1] if "--api-key" in args else None
@@ -82,15 +92,14 @@ def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
             if proc.poll() is not None:
                 raise RuntimeError(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
             try:
-                daemon.health_seen.append(httpx.get(f"{daemon.url}/health", timeout=2)
-                                          .status_code)
+                daemon.health_seen.append(httpx.get(f"{daemon.url}/health", timeout=2).status_code)
                 if daemon.health_seen[-1] == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ds4d did not become healthy:\n{daemon.log()}")
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll: waits on another process, bounded by the deadline
         yield daemon
     finally:
         if proc.poll() is None:
