@@ -44,12 +44,12 @@ lint: install
 # The fast tier (what CI runs): everything not marked slow, in parallel.
 test: install
 	$(MAKE) -C native check-neon PYTHON=$(abspath $(BIN)/python)
-	$(BIN)/pytest -q -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(JOBS) --dist loadscope -m "not slow" $(PYTEST_ARGS)
 
 # Every test, the slow ones too (the wheel build in a temp venv, long prompts, soak).
 test-all: install
 	$(MAKE) -C native check-neon PYTHON=$(abspath $(BIN)/python)
-	$(BIN)/pytest -q -n $(JOBS) $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(JOBS) --dist loadscope $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)

@@ -112,3 +112,64 @@ def test_outside_ci_skips_are_skips(tmp_path: Path) -> None:
     out = run_skips(tmp_path, None)
     assert out.returncode == 0, out.stdout
     assert "2 skipped" in out.stdout
+
+
+# Each layer imports only the layers below it (docs/architecture.md).
+LAYER_IMPORTS = {
+    "engine": {"engine"},
+    "chat": {"chat", "engine"},
+    "state": {"state", "chat", "engine"},
+    "api": {"api", "chat", "engine", "state"},
+}
+
+
+def ds4d_imports(path: Path) -> set[str]:
+    """The ds4d.* modules a file imports (relative imports resolved)."""
+    rel = path.relative_to(REPO).with_suffix("")
+    package = list(rel.parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "ds4d")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                found.add(".".join([*base, *([node.module] if node.module else [])]))
+            elif node.module and node.module.split(".")[0] == "ds4d":
+                found.add(node.module)
+    return found
+
+
+def test_layers_import_only_the_layers_below() -> None:
+    wrong = []
+    for layer, allowed in LAYER_IMPORTS.items():
+        for path in sorted((REPO / "ds4d" / layer).rglob("*.py")):
+            for module in ds4d_imports(path):
+                parts = module.split(".")
+                if len(parts) < 2 or parts[1] not in allowed:
+                    wrong.append(f"{path.relative_to(REPO)} imports {module}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_ds4ctl_imports_only_the_admin_protocol() -> None:
+    imported = set()
+    for path in (REPO / "ds4ctl").rglob("*.py"):
+        imported |= {m for m in ds4d_imports(path) if m.startswith("ds4d")}
+    assert imported <= {"ds4d.daemon.admin_protocol"}, imported
+
+
+def test_every_sleep_in_the_tests_is_a_reviewed_exception() -> None:
+    """No test waits on the wall clock unless the line says why: a bounded poll of another
+    process, virtual time, or a reviewed exception explained just above it."""
+    marks = ("# poll:", "virtual time", "Reviewed exception", "# a slow disk")
+    unexplained = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name == "test_packaging.py":
+            continue
+        lines = path.read_text("utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if re.search(r"\btime\.sleep\(|\btrio\.sleep\(", line):
+                context = "\n".join(lines[max(0, i - 3) : i + 1])
+                if not any(m in context for m in marks):
+                    unexplained.append(f"{path.relative_to(REPO)}:{i + 1}: {line.strip()}")
+    assert not unexplained, "\n".join(unexplained)
