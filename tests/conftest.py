@@ -26,6 +26,53 @@ ALLOWED_CI_SKIPS: dict[str, str] = {
 }
 
 
+# The slow tier: run by `make test-all`, left out of `make test` (CI) to keep it within
+# three minutes on two cores. A file marks all its tests; "file::test" marks one test (all
+# its parameters). Each names what makes it slow (measured under `--durations`).
+SLOW_TESTS: dict[str, str] = {
+    "tests/test_wheel.py": "builds the wheel and installs it into a fresh venv",
+    "tests/test_state_e2e.py": "real daemons restarted and killed over ~6000-token prompts",
+    "tests/test_vectors.py::test_teacher_forced_logprobs_match_exact[long_chat_6k]": (
+        "teacher-forces a 6k-token conversation"
+    ),
+    "tests/test_vectors.py::test_teacher_forced_logprobs_match_exact[long_story_2k]": (
+        "teacher-forces a 2k-token story"
+    ),
+    "tests/e2e/test_e2e_api.py::test_long_prefill_does_not_block_other_slots": (
+        "prefills a long prompt while a short request runs"
+    ),
+    "tests/e2e/test_e2e_api.py::test_memory_reuse_of_a_long_conversation": (
+        "a long conversation over several turns"
+    ),
+    "tests/test_ds4ctl.py::test_cache_ls_and_evict": "fills the disk cache with long prompts",
+    "tests/test_ds4ctl.py::test_power_50_keeps_the_output_identical": (
+        "two cold long-prompt requests, one at half power"
+    ),
+    "tests/test_llama_forward.py::test_prefill_then_decode_match_reference": (
+        "the numpy reference forward over a whole prompt"
+    ),
+    "tests/test_ds4_model_layout.py::test_full_size_file_opens_without_reading_weights": (
+        "writes a sparse file of the full DeepSeek V4 size"
+    ),
+    "tests/test_config.py::test_second_sigint_while_draining_exits_130_without_a_traceback": (
+        "a real daemon prefilling a long prompt"
+    ),
+}
+
+
+def is_slow(nodeid: str) -> bool:
+    for key in SLOW_TESTS:
+        if nodeid == key or nodeid.startswith((key + "::", key + "[")):
+            return True
+    return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if is_slow(item.nodeid):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def model_path() -> Path:
     from ds4d.engine.default_model import default_model_path

@@ -173,3 +173,22 @@ def test_every_sleep_in_the_tests_is_a_reviewed_exception() -> None:
                 if not any(m in context for m in marks):
                     unexplained.append(f"{path.relative_to(REPO)}:{i + 1}: {line.strip()}")
     assert not unexplained, "\n".join(unexplained)
+
+
+def test_every_slow_test_listed_exists() -> None:
+    """SLOW_TESTS in tests/conftest.py names files and test functions that exist, so a
+    rename cannot quietly move a slow test into the fast tier."""
+    from tests.conftest import SLOW_TESTS
+
+    for key in SLOW_TESTS:
+        file, _, test = key.partition("::")
+        path = REPO / file
+        assert path.is_file(), key
+        if test:
+            name = test.split("[")[0]
+            functions = {
+                node.name
+                for node in ast.walk(ast.parse(path.read_text("utf-8")))
+                if isinstance(node, ast.FunctionDef)
+            }
+            assert name in functions, key
