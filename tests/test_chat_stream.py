@@ -82,22 +82,23 @@ def test_tool_call_never_leaks_markup(cuts):
     assert set(kinds[1:-1]) == {ToolCallArgsDelta}
 
 
-def test_arguments_stream_while_generated():
+def test_a_call_is_announced_whole_when_its_block_closes():
     p = OutputParser(tools=True)
-    head = p.feed('<tool_call>\n{"name": "run", "arguments": {"cmd": "ls')
-    assert [type(e) for e in head] == [ToolCallStart, ToolCallArgsDelta]
-    assert head[0].name == "run" and head[1].text == '{"cmd": "ls'
-    more = p.feed(' -la"}')  # the "}" may close the wrapper: held
-    assert [e.text for e in more] == [' -la"']
-    end = p.feed("}\n</tool_call>") + p.flush()
-    assert [type(e) for e in end] == [ToolCallArgsDelta, ToolCallEnd]
-    assert end[0].text == "}" and json.loads(end[1].arguments) == {"cmd": "ls -la"}
+    assert p.feed('<tool_call>\n{"name": "run", "arguments": {"cmd": "ls') == []
+    assert p.feed(' -la"}}\n') == []
+    end = p.feed("</tool_call>") + p.flush()
+    assert [type(e) for e in end] == [ToolCallStart, ToolCallArgsDelta, ToolCallEnd]
+    assert end[0].name == "run" and json.loads(end[2].arguments) == {"cmd": "ls -la"}
+    assert end[1].text == end[2].arguments
 
 
-@pytest.mark.parametrize("body", [
-    '{"arguments": {"x": 1}, "name": "f"}',  # name last: parsed whole
-    '{"name": "f", "arguments": "{\\"x\\": 1}"}',  # double-encoded arguments
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"arguments": {"x": 1}, "name": "f"}',  # name last: parsed whole
+        '{"name": "f", "arguments": "{\\"x\\": 1}"}',  # double-encoded arguments
+    ],
+)
 def test_other_layouts_parse_whole(body):
     events, p = run(f"<tool_call>{body}</tool_call>", [15, 30], tools=True)
     kinds = [type(e) for e in events]
@@ -120,11 +121,12 @@ def test_two_calls_get_distinct_ids_and_indexes():
     assert joined(events, TextDelta) == ""
 
 
-def test_malformed_call_is_returned_as_text():
+def test_malformed_call_is_dropped_never_returned_as_text():
     text = "ok <tool_call>{not json}</tool_call>"
     events, p = run(text, [4, 9], tools=True)
-    assert joined(events, TextDelta) == "ok<tool_call>{not json}</tool_call>"
+    assert joined(events, TextDelta) == "ok"
     assert p.tool_calls == 0
+    assert "not valid JSON" in p.tools.malformed
 
 
 def test_unterminated_call_with_complete_json_is_accepted():

@@ -13,8 +13,9 @@ or `Allow(ids)` (sample one token among these ids), and is sent the text of each
 sampled token back.
 
 The pieces below the Hermes block (`offered_tools`, `choose`, `json_value`,
-`required_keys`) are syntax-free: a family with another call syntax (DeepSeek V4's DSML,
-`ds4d.chat.deepseek4_forced`) builds its block from the same steps.
+`required_keys`, `raw_text`) are syntax-free: every other call syntax builds its block
+from the same steps (`ds4d.chat.toolsyntax_*`, DeepSeek V4's DSML in
+`ds4d.chat.deepseek4_forced`).
 """
 
 from __future__ import annotations
@@ -74,6 +75,14 @@ class VocabIndex:
         )
         self.quote = np.array(self.by_text.get('"', []), dtype=np.int64)
 
+    @classmethod
+    def from_tokenizer(cls, tok: Any, n_logits: int | None = None) -> VocabIndex:
+        """Every token's text; special tokens and partial UTF-8 sequences are None.
+        `n_logits`: the model's output size, when it may differ from the vocabulary's
+        (only ids both know can be sampled)."""
+        n = tok.n_vocab if n_logits is None else min(tok.n_vocab, n_logits)
+        return cls([_token_text(tok, i) for i in range(n)])
+
     def with_markup(self, markup: str) -> VocabIndex:
         """The same vocabulary for a syntax whose `markup` characters must never appear
         inside a JSON string."""
@@ -90,6 +99,15 @@ class VocabIndex:
                     seen.add(p)
                     ids.update(self.by_text.get(p, ()))
         return np.array(sorted(ids), dtype=np.int64)
+
+
+def _token_text(tok: Any, token: int) -> str | None:
+    if tok.is_special(token):
+        return None
+    try:
+        return tok.token_bytes(token).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def forced_tool_call(vocab: VocabIndex, tools: list[Tool], choice: ToolChoice) -> Step:
@@ -188,6 +206,31 @@ def _string(vocab: VocabIndex) -> Step:
         if text == '"':
             return
     yield Force('"')
+
+
+def raw_text(
+    text_ids: np.ndarray,
+    closer_ids: np.ndarray,
+    ends: Sequence[str],
+    first_ids: np.ndarray | None = None,
+) -> Step:
+    """A non-empty raw (unquoted) value and its closing tag, for syntaxes that write
+    values as plain text between tags: the model picks body tokens (`text_ids`, which
+    cannot spell a tag; `first_ids` for the first one), and ends the value by picking a
+    token that starts one of the closing tags `ends` (`closer_ids`); the rest of that
+    tag is forced."""
+    first = text_ids if first_ids is None else first_ids
+    if not first.size:
+        yield Force(ends[0])
+        return
+    either = np.concatenate([text_ids, closer_ids])
+    for n in range(MAX_STRING_TOKENS):
+        text = yield Allow(first if n == 0 else either)
+        end = next((e for e in ends if e.startswith(text)), None)
+        if end is not None:
+            yield Force(end[len(text) :])
+            return
+    yield Force(ends[0])
 
 
 def _number(vocab: VocabIndex) -> Step:

@@ -8,21 +8,33 @@
         params = decode.sampling(params)       #   before each sampled token
         events = decode.feed(text)             #   its decoded text
         decode.stopped / decode.tool_block_closed  -> end the generation
+        if decode.call_opened:                 #   the model opened a call on its own:
+            step = decode.constrain_call(vocab)  #   constrain the rest (None: cannot)
         events = decode.flush()                #   at the end
+        decode.replay, decode.malformed        #   tool memory records; a dropped call
 
-Template-driven models (llama family: SmolLM2, Qwen, ...) use `TemplateChatFormat`
-(the GGUF's jinja template, Hermes tool calls); DeepSeek V4 uses
-`ds4d.chat.deepseek4_output.DS4ChatFormat` (its own encoding, DSML tool calls).
+Template-driven models (llama family: SmolLM2, Qwen, Llama, Mistral, gpt-oss, ...) use
+`TemplateChatFormat`: the GGUF's jinja template, and the tool-call syntax its source
+shows (`call_syntax_for`); DeepSeek V4 uses `ds4d.chat.deepseek4_output.DS4ChatFormat`
+(its own encoding, DSML tool calls).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any, TypeVar
 
-from ds4d.chat.constrain import Step, VocabIndex, forced_tool_call
-from ds4d.chat.render import Template, render_request
+from ds4d.chat.constrain import Step, VocabIndex
+from ds4d.chat.render import Template, render_request, template_supports_tools
 from ds4d.chat.stream import OutputParser
-from ds4d.chat.types import ChatRequest, Event, Message
+from ds4d.chat.toolsyntax import CallParser, Syntax, prefixed, read_replay_record
+from ds4d.chat.toolsyntax_harmony import HarmonyParser, HarmonySyntax
+from ds4d.chat.toolsyntax_hermes import HermesSyntax
+from ds4d.chat.toolsyntax_llama import LlamaSyntax
+from ds4d.chat.toolsyntax_mistral import MistralSyntax
+from ds4d.chat.toolsyntax_qwen_xml import QwenXMLSyntax
+from ds4d.chat.types import ChatRequest, Event, Message, Tool
 
 P = TypeVar("P")
 
@@ -34,15 +46,40 @@ FALLBACK_TEMPLATE = (
 )
 
 
+def call_syntax_for(source: str) -> Syntax:
+    """The tool-call syntax a chat template teaches its model, told by the markup its
+    source writes; a template that does not render tools gets ds4d's Hermes block (see
+    `render.py`), so its model is read as Hermes."""
+    if not template_supports_tools(source):
+        return HermesSyntax()
+    if "<|channel|>" in source:
+        return HarmonySyntax()
+    if "<function=" in source:
+        return QwenXMLSyntax()
+    if "[TOOL_CALLS]" in source:
+        return MistralSyntax(named="[ARGS]" in source)
+    if "<tool_call>" in source:
+        return HermesSyntax()
+    if "<|python_tag|>" in source or '"parameters"' in source:
+        return LlamaSyntax()
+    return HermesSyntax()
+
+
 class TemplateDecode:
     """The shared output pipeline; sampling is the client's, every token."""
 
-    def __init__(self, parser: OutputParser) -> None:
+    def __init__(
+        self, parser: OutputParser, syntax: Syntax | None = None, tools: list[Tool] | None = None
+    ) -> None:
         self.parser = parser
+        self.syntax = syntax
+        self.tools = tools or []
+        self._constrained = 0  # call blocks handed a constraint (or found unconstrainable)
 
     @property
     def stopped(self) -> bool:
-        return self.parser.stopped
+        """A stop sequence, or the end of the reply written out (harmony's `<|return|>`)."""
+        return self.parser.stopped or bool(getattr(self.parser.tools, "returned", False))
 
     @property
     def stop_sequence(self) -> str | None:
@@ -54,13 +91,35 @@ class TemplateDecode:
 
     @property
     def tool_block_closed(self) -> bool:
-        return False  # Hermes models may call several tools in a row; EOS ends the turn
+        """Harmony's `<|call|>` ends the turn; Hermes-style models may call several
+        tools in a row, and their end of sequence ends it."""
+        return bool(getattr(self.parser.tools, "ended", False))
 
     @property
     def replay(self) -> dict[str, str]:
-        """Call id -> the text the tool memory keeps for it, where that is more than the
-        call's arguments (which are remembered as each call ends)."""
-        return {}
+        """Call id -> the record the tool memory keeps for it (`toolsyntax.replay_record`:
+        the arguments and the text the model sampled)."""
+        return dict(getattr(self.parser.tools, "replay", {}))
+
+    @property
+    def malformed(self) -> str | None:
+        """Why a call block was dropped (one line), if one was."""
+        return getattr(self.parser.tools, "malformed", None)
+
+    @property
+    def call_opened(self) -> bool:
+        """The model has just opened a call block that is not constrained yet."""
+        tools = self.parser.tools
+        return self.syntax is not None and getattr(tools, "opened", 0) > self._constrained
+
+    def constrain_call(self, vocab: VocabIndex) -> Step | None:
+        """The constraint that finishes the call block the model opened (a valid call of
+        a declared tool), or None when what it wrote already cannot be continued."""
+        tools: Any = self.parser.tools
+        self._constrained = tools.opened
+        if self.syntax is None or not self.tools:
+            return None
+        return self.syntax.constrain_open(vocab, self.tools, tools.block_text + self.parser.held)
 
     def sampling(self, params: P) -> P:
         return params
@@ -75,36 +134,77 @@ class TemplateDecode:
 class TemplateChatFormat:
     family = "template"
 
-    def __init__(self, template: Template) -> None:
+    def __init__(self, template: Template, syntax: Syntax | None = None) -> None:
         self.template = template
+        self.syntax = syntax or call_syntax_for(template.source)
         self._opens_reasoning: dict[bool | None, bool] = {}
 
     def render(self, request: ChatRequest) -> str:
-        return render_request(self.template, request)
+        """The prompt; past calls the tool memory knows are written back as sampled."""
+        if request.raw_prompt is not None:
+            return render_request(self.template, request)
+        request, sampled = self._with_replayed_calls(request)
+        return put_back_sampled(render_request(self.template, request), sampled)
+
+    def _with_replayed_calls(
+        self, request: ChatRequest
+    ) -> tuple[ChatRequest, list[tuple[str, str]]]:
+        """The request with replay records swapped for their arguments, and per replayed
+        call (template's spelling, sampled spelling), in prompt order."""
+        pairs: list[tuple[str, str]] = []
+        messages = []
+        for m in request.messages:
+            calls = []
+            for c in m.tool_calls:
+                record = read_replay_record(c.arguments)
+                if record is not None:
+                    args, sampled = record
+                    # A template that prints arguments as given gets the sampled JSON
+                    # itself; one that re-serializes them is patched after rendering.
+                    c = dataclasses.replace(c, arguments=_same_json(sampled, args) or args)
+                    written = self.syntax.template_text(c.name, json.loads(args))
+                    if written != sampled:
+                        pairs.append((written, sampled))
+                calls.append(c)
+            messages.append(dataclasses.replace(m, tool_calls=calls) if m.tool_calls else m)
+        return dataclasses.replace(request, messages=messages), pairs
 
     def tokenize_special(self, request: ChatRequest) -> bool:
         # A legacy completion prompt is the user's own text: "<|im_start|>" in it is text.
         return request.raw_prompt is None
 
     def decode(self, request: ChatRequest) -> TemplateDecode:
-        return TemplateDecode(OutputParser(
-            tools=request.tools_active,
+        chat = request.raw_prompt is None
+        harmony = chat and isinstance(self.syntax, HarmonySyntax)
+        parser = OutputParser(
+            tools=False,
             stops=request.stop,
-            in_reasoning=self.opens_reasoning(request.thinking),
+            in_reasoning=not harmony and self.opens_reasoning(request.thinking),
             id_prefix=request.tool_id_prefix,
-            split_thinking=request.raw_prompt is None,
-        ))
+            split_thinking=chat and not harmony,
+        )
+        active = chat and request.tools_active
+        if harmony:  # channels carry the thinking split and the calls alike
+            parser.tools = HarmonyParser(request.tools, request.tool_id_prefix, active)
+        elif active:
+            parser.tools = CallParser(self.syntax, request.tools, request.tool_id_prefix)
+        return TemplateDecode(parser, self.syntax if active else None, request.tools)
 
     def forced_call(self, vocab: VocabIndex, request: ChatRequest) -> Step:
-        """The constraint that writes a forced (required / named) call in Hermes syntax."""
-        return forced_tool_call(vocab, request.tools, request.tool_choice)
+        """The constraint that writes a forced (required / named) call in the model's
+        syntax (closing the reasoning first when the prompt opened it)."""
+        step = self.syntax.forced(vocab, request.tools, request.tool_choice)
+        if not isinstance(self.syntax, HarmonySyntax) and self.opens_reasoning(request.thinking):
+            return prefixed("</think>\n\n", step)
+        return step
 
     def opens_reasoning(self, thinking: bool | None) -> bool:
         """Does the generation prompt end inside `<think>` (R1-distill style templates)?
         Found once per thinking setting by rendering a one-message conversation."""
         if thinking not in self._opens_reasoning:
-            probe = render_request(self.template, ChatRequest([Message("user", "x")],
-                                                              thinking=thinking))
+            probe = render_request(
+                self.template, ChatRequest([Message("user", "x")], thinking=thinking)
+            )
             self._opens_reasoning[thinking] = probe.rstrip().endswith("<think>")
         return self._opens_reasoning[thinking]
 
@@ -118,9 +218,34 @@ def chat_format_for(engine: Any, n_ctx: int) -> Any:
     from ds4d.chat.template import ChatTemplate
 
     tok = engine.tokenizer
-    return TemplateChatFormat(ChatTemplate(engine.chat_template or FALLBACK_TEMPLATE,
-                                           _token_text(tok, tok.bos_id),
-                                           _token_text(tok, tok.eos_id)))
+    return TemplateChatFormat(
+        ChatTemplate(
+            engine.chat_template or FALLBACK_TEMPLATE,
+            _token_text(tok, tok.bos_id),
+            _token_text(tok, tok.eos_id),
+        )
+    )
+
+
+def put_back_sampled(prompt: str, pairs: list[tuple[str, str]]) -> str:
+    """`prompt` with each template-written call span replaced by the text the model
+    sampled for it, searched in order (a span the template did not write stays)."""
+    at = 0
+    for written, sampled in pairs:
+        i = prompt.find(written, at)
+        if i < 0:
+            continue
+        prompt = prompt[:i] + sampled + prompt[i + len(written) :]
+        at = i + len(sampled)
+    return prompt
+
+
+def _same_json(text: str, compact_json: str) -> str | None:
+    """`text` when it is the JSON of the same value as `compact_json`."""
+    try:
+        return text if json.loads(text) == json.loads(compact_json) else None
+    except ValueError:
+        return None
 
 
 def _token_text(tok: Any, token: int | None) -> str:

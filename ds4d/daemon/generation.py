@@ -260,6 +260,14 @@ class Generator:
             if parser.tool_block_closed:
                 reason = "tool_calls"
                 break
+            if constraint is None and getattr(parser, "call_opened", False):
+                # The model opened a call on its own: the rest is constrained to a valid
+                # call of a declared tool, as a forced call is (bounded by its schema).
+                constraint = parser.constrain_call(await self.vocab())
+                if constraint is not None:
+                    step = next(constraint)
+                    budget = room
+                continue
             if constraint is not None:
                 step = _advance(constraint, self._vocab_text(token))
                 if step is None:
@@ -276,6 +284,10 @@ class Generator:
         if self.state is not None:  # e.g. a DS4 call's whole DSML block, as sampled
             for call_id, text in parser.replay.items():
                 self.state.remember_tool_call(session, call_id, text)
+        malformed = getattr(parser, "malformed", None)
+        if malformed:  # the markup was dropped, never sent as text
+            log.warning("slot %d: %s", slot.index, malformed)
+            job.record["malformed_call"] = malformed
         self.metrics.generated_tokens += generated
         if parser.tool_calls:
             reason = "tool_calls"
@@ -295,8 +307,7 @@ class Generator:
         return self._vocab
 
     def _build_vocab(self) -> VocabIndex:
-        n = self.engine.info.n_vocab
-        return VocabIndex([self._vocab_text(i) for i in range(n)])
+        return VocabIndex.from_tokenizer(self.tok, self.engine.info.n_vocab)
 
     def _vocab_text(self, token: int) -> str | None:
         if self.tok.is_special(token):
