@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -75,20 +76,25 @@ def test_installed_package_finds_its_library_as_package_data(tmp_path: Path) -> 
     site = tmp_path / "site"
     shutil.copytree(REPO / "ds4d", site / "ds4d", ignore=shutil.ignore_patterns("__pycache__"))
     env = {k: v for k, v in os.environ.items() if k != "DS4D_NATIVE_LIB"}
-    env["PYTHONPATH"] = str(site)
+    # -S with the environment's site-packages on PYTHONPATH: numpy and the rest are found,
+    # but no .pth runs, so an editable install of ds4d cannot shadow the copy.
+    paths = sysconfig.get_paths()
+    env["PYTHONPATH"] = os.pathsep.join([str(site), paths["purelib"], paths["platlib"]])
     code = (
         "import ds4d\n"
         "try:\n    from ds4d.engine import native\n"
         "except Exception as e:\n    print(type(e).__name__, e)\n"
     )
     run = dict(env=env, capture_output=True, text=True, cwd=tmp_path, timeout=60)
-    out = subprocess.run([sys.executable, "-c", code], **run)
+    out = subprocess.run([sys.executable, "-S", "-c", code], **run)
     packaged = site / "ds4d" / "lib" / "libds4n.so"
     assert out.stdout.strip() == (
         f"EngineError native library {packaged} is missing from the ds4d package: reinstall ds4d"
     ), out.stderr
     packaged.parent.mkdir()
     shutil.copyfile(NATIVE / "build" / "libds4n.so", packaged)
-    smoke = subprocess.run([sys.executable, "-c", SMOKE + "print(native.library_path())"], **run)
+    smoke = subprocess.run(
+        [sys.executable, "-S", "-c", SMOKE + "print(native.library_path())"], **run
+    )
     assert smoke.stdout.startswith("ok"), smoke.stderr
     assert smoke.stdout.splitlines()[-1] == str(packaged)
