@@ -7,7 +7,7 @@
             whether the output is identical.
 
 Usage: .venv/bin/python scripts/service_figures.py [PROMPT_TEXT_FILE]
-(default ../shared/data/promessi_sposi.txt). Ports are ephemeral, state lives in a
+(default tests/data/text/promessi_sposi.txt). Ports are ephemeral, state lives in a
 temporary directory. A measuring tool, not a test: it prints figures, it asserts nothing.
 """
 
@@ -87,7 +87,7 @@ def cached(r) -> int:
 
 def main() -> None:
     text_file = (
-        Path(sys.argv[1]) if len(sys.argv) > 1 else (REPO.parent / "shared/data/promessi_sposi.txt")
+        Path(sys.argv[1]) if len(sys.argv) > 1 else (REPO / "tests/data/text/promessi_sposi.txt")
     )
     text = text_file.read_text(encoding="utf-8")
     state = Path(tempfile.mkdtemp(prefix="ds4d-figures-"))
