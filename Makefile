@@ -11,7 +11,7 @@ ARGS   ?=
 JOBS   ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: install native run test test-all lint test-tools bench clean
+.PHONY: install native run test test-all lint test-tools bench wheel clean
 
 install: $(STAMP) native
 
@@ -51,9 +51,13 @@ test-all: install
 	$(MAKE) -C native check-neon PYTHON=$(abspath $(BIN)/python)
 	$(BIN)/pytest -q -n $(JOBS) --dist loadscope $(PYTEST_ARGS)
 
+# The wheel users get (libds4n built inside it by native/CMakeLists.txt), into dist/.
+wheel:
+	$(PYTHON) -m pip wheel --no-deps -w dist .
+
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)
 
 clean:
 	$(MAKE) -C native clean
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build dist *.egg-info
