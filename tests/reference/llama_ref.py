@@ -8,6 +8,7 @@ textbook definition in float64 unless asked otherwise. Used by tests only.
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from ds4d.engine.gguf_file import GGUFFile
@@ -38,8 +39,8 @@ class LlamaReference:
         """A tensor as a dtype matrix with numpy shape (ne1, ne0)."""
         if name not in self._cache:
             t = self.gf.tensor(name)
-            raw = self.gf.reader.tensors[self.gf.tensor_names().index(name)]
-            self._cache[name] = dequantize(raw.data, raw.tensor_type).astype(self.dtype)
+            qtype = GGMLQuantizationType(t.type)
+            self._cache[name] = dequantize(t.data, qtype).astype(self.dtype)
             assert self._cache[name].shape[-1] == t.shape[0]
         return self._cache[name]
 

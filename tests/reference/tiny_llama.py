@@ -5,6 +5,7 @@ for malformed files (unsupported architecture or quant type, wrong shapes, missi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -28,10 +29,11 @@ def write_tiny_llama(
     override_shape: dict[str, tuple[int, ...]] | None = None,
     drop: tuple[str, ...] = (),
     seed: int = 0,
+    extra: Callable[[GGUFWriter], None] | None = None,
 ) -> Path:
     """A 2-layer llama (GQA 2, head_dim 16) with random weights. Shapes are numpy order
     (rows, row length); override_type names a tensor to store in another type (raw
-    random bytes when gguf cannot quantize it)."""
+    random bytes when gguf cannot quantize it). `extra` may add metadata (a tokenizer)."""
     rng = np.random.default_rng(seed)
     override_type = override_type or {}
     override_shape = override_shape or {}
@@ -47,6 +49,8 @@ def write_tiny_llama(
     w.add_layer_norm_rms_eps(1e-5)
     w.add_vocab_size(N_VOCAB)
     w.add_rope_dimension_count(hd)
+    if extra is not None:
+        extra(w)
 
     def add(name: str, shape: tuple[int, ...], qtype: Q, scale: float = 0.2) -> None:
         if name in drop:
