@@ -185,7 +185,7 @@ def trace_of(path: Path, prompt_tokens: int, cached_tokens: int) -> dict:
         if found or time.monotonic() > deadline:
             assert found, "no trace record for the request"
             return found[-1]
-        time.sleep(0.02)
+        time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
 
 
 def check_usage(prompt: int, completion: int, total: int, max_tokens: int) -> None:
