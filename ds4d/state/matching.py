@@ -4,9 +4,10 @@ For a slot holding `live` tokens and a request whose rendered prompt is `prompt_
 (tokenized in full as `prompt_tokens`):
 
 1. memory-token: the live tokens are a prefix of the prompt's tokens.
-2. memory-text:  the live tokens' detokenized text is a byte prefix of the prompt text;
-   keep the live tokens and tokenize only the rest of the text (never slice the full
-   tokenization — BPE may merge differently across the boundary).
+2. memory-text:  the text that tokenizes to the live tokens (`decode`: special tokens as
+   their text, no SentencePiece space prefix) is a byte prefix of the prompt text; keep
+   the live tokens and tokenize only the rest of the text, as it reads after them (never
+   slice the full tokenization — BPE may merge differently across the boundary).
 3. partial memory-token (engines that rewind exactly): keep the common token prefix.
 4. disk-text:    the KV file whose text is the longest byte prefix of the prompt, when it
    holds more tokens than step 3 keeps.
