@@ -161,3 +161,16 @@ def test_full_size_file_opens_without_reading_weights(tmp_path):
                          capture_output=True, text=True).stdout.split()  # fmt: skip
     assert out[:3] == ["deepseek4", "43", str(size)]
     assert int(out[3]) < 1_500_000  # KiB
+
+
+def test_open_never_builds_the_slow_gguf_reader(synth_path):
+    """Validation and the tokenizer read GGUFFile's own index: gguf.GGUFReader (seconds of
+    per-element objects for a real vocabulary) is never built."""
+    from ds4d.engine import deepseek4
+    from ds4d.engine.gguf_file import GGUFFile
+
+    gf = GGUFFile(synth_path)
+    layout = L.validate(gf)
+    tok = deepseek4.make_tokenizer(gf)
+    assert layout.params.n_vocab == SYNTH_PARAMS.n_vocab
+    assert tok.encode("Hello") and gf._reader is None
