@@ -935,7 +935,8 @@ static int routes_valid(const ds4n_dsv4_model *m, const int32_t *tokens, int64_t
 int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *pool,
                    const int32_t *tokens, int64_t n, float *logits, int64_t n_logits,
                    int all_logits) {
-    if (!m || !st || st->m != m || n < 0 || (n > 0 && !tokens)) return DSV4_ERR_ARG;
+    if (!m || !st || st->m != m || n < 0 || n > DSV4_MAX_CHUNK || (n > 0 && !tokens))
+        return DSV4_ERR_ARG;
     const ds4n_dsv4_params *p = &m->p;
     if (n == 0) return DSV4_OK;
     if (n > st->n_ctx - st->pos) return DSV4_ERR_CONTEXT;

@@ -65,6 +65,9 @@ enum {
     DSV4_ERR_ARG = -7,       /* a bad argument: null pointer, index, length or count */
 };
 
+/* Most tokens one eval call takes (bounds every scratch size it computes). */
+#define DSV4_MAX_CHUNK 65536
+
 typedef struct ds4n_dsv4_model ds4n_dsv4_model;
 typedef struct ds4n_dsv4_state ds4n_dsv4_state;
 
@@ -104,11 +107,12 @@ int ds4n_dsv4_state_layer(ds4n_dsv4_state *st, int il, ds4n_dsv4_layer_state *ou
 int ds4n_dsv4_state_restore(ds4n_dsv4_state *st, int64_t n_pos, const int64_t *n_comp,
                             const int64_t *n_icomp, int64_t n_layers);
 
-/* Runs tokens[0..n) at positions pos..pos+n. When logits is not NULL it receives the
- * logits after the last token (n_vocab floats), or after every token (n x n_vocab) when
- * all_logits is set; n_logits is its length in floats and must hold that. Returns 0 or a
- * DSV4_ERR_* code; on any error the state is untouched (every input, the routing table
- * entries the tokens select included, is checked before the state changes). */
+/* Runs tokens[0..n) at positions pos..pos+n, n <= DSV4_MAX_CHUNK. When logits is not
+ * NULL it receives the logits after the last token (n_vocab floats), or after every token
+ * (n x n_vocab) when all_logits is set; n_logits is its length in floats and must hold
+ * that. Returns 0 or a DSV4_ERR_* code; on any error the state is untouched (every input,
+ * the routing-table entries the tokens select included, is checked before the state
+ * changes). */
 int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *pool,
                    const int32_t *tokens, int64_t n, float *logits, int64_t n_logits,
                    int all_logits);

@@ -6,6 +6,7 @@ index and count its entry points take, each failure a return code mapped to a me
 from __future__ import annotations
 
 import ctypes
+import io
 import re
 from pathlib import Path
 
@@ -196,3 +197,37 @@ def test_every_error_code_has_a_message():
     header = Path(D.__file__).parents[2] / "native" / "deepseek4.h"
     codes = {int(v) for v in re.findall(r"DSV4_ERR_\w+ = (-\d+)", header.read_text())}
     assert codes == set(D.ERRORS)
+
+
+def test_state_payload_with_an_out_of_range_token_is_refused(engine):
+    st = engine.model.new_state(64)
+    st.eval(np.array([1, 2, 3, 4], np.int32), None)
+    buf = io.BytesIO()
+    st.write_kv(buf, 4)
+    st.close()
+    data = bytearray(buf.getvalue())
+    at = D._PAYLOAD_HEADER.size + 4 * 2  # the third token id
+    data[at : at + 4] = P.n_vocab.to_bytes(4, "little")
+    fresh = engine.model.new_state(64)
+    try:
+        with pytest.raises(EngineError) as e:
+            fresh.read_kv(io.BytesIO(bytes(data)), 4)
+        assert str(e.value) == (
+            f"deepseek4 state payload holds token id {P.n_vocab} at position 2, outside the"
+            f" vocabulary of {P.n_vocab}"
+        )
+        assert fresh.n_past == 0
+        fresh.read_kv(io.BytesIO(buf.getvalue()), 4)  # the untouched payload loads
+        assert fresh.n_past == 4
+    finally:
+        fresh.close()
+
+
+def test_eval_refuses_a_chunk_past_the_c_limit(engine):
+    st = engine.model.new_state(70000)
+    try:
+        tokens = np.ones(65537, np.int32)
+        assert _eval(engine.model, st, tokens, None, 0) == -7
+        assert st.n_past == 0
+    finally:
+        st.close()

@@ -394,6 +394,12 @@ class DS4State:
         if n_tok != n or raw_live != want_live:
             raise EngineError("deepseek4 state payload token count does not match")
         tokens = np.frombuffer(_read_exact(fp, 4 * n), "<u4")
+        bad = np.flatnonzero(tokens >= p.n_vocab)
+        if len(bad):  # replaying them on a rewind would fail; refuse the payload now
+            raise EngineError(
+                f"deepseek4 state payload holds token id {int(tokens[bad[0]])} at position"
+                f" {int(bad[0])}, outside the vocabulary of {p.n_vocab}"
+            )
         counts = np.frombuffer(_read_exact(fp, 8 * n_layer), "<u4").astype(np.int64)
         n_comp, n_icomp = counts[:n_layer], counts[n_layer:]
         if list(n_comp) != want_comp or list(n_icomp) != want_icomp:
