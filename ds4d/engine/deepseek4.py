@@ -3,7 +3,10 @@ native/deepseek4.{c,h}, plugged into engine.py's family interface (see llama.py)
 
 `load(gguf_file, pool)` validates the file against deepseek4_layout (every problem one
 line of a ModelLoadError) and binds the mmapped tensors to C; no weight is copied, so a
-file larger than RAM opens and the OS pages experts in as they are used.
+file larger than RAM opens and the OS pages experts in as they are used. The C side trusts
+none of it: every pointer comes with its length, which must match the shape the parameters
+imply, and indices read from the file (the routing table's expert ids) are checked before
+use; every nonzero return code is raised as an EngineError with its ERRORS message.
 
 A session's state lives in C: the raw 128-row window, the compressed rows of the ratio-4
 and ratio-128 layers, the indexer rows and the compressor frontiers. Its payload (the

@@ -2,8 +2,11 @@
 
 Everything the forward pass relies on is checked here once, so the family code can trust
 the file: the `deepseek4.*` hyper-parameters (types and values), every tensor name, its
-GGUF dims and quant type, and that each tensor's bytes lie inside the file. A problem is
-reported as one line; all problems of a file are reported together.
+GGUF dims and quant type, that each tensor's bytes lie inside the file, and that the
+hash-routing tables name only existing experts (the forward indexes expert arrays with
+them). The file is read through GGUFFile's own index, never gguf.GGUFReader (seconds of
+per-element objects for a real vocabulary). A problem is reported as one line; all
+problems of a file are reported together, the first on the message's first line.
 
 Shapes come from metadata so that tiny synthetic models (`ds4d synth-gguf`) can exist.
 A file that does not declare itself synthetic (key `ds4d.synthetic`) must carry exactly
