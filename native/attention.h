@@ -4,7 +4,8 @@
  * The query heads that share the kv head are processed together (their rows are adjacent
  * in memory), so every K and V value loaded from the cache serves all of them. Keys are
  * visited in blocks with an online softmax (running max, running sum, rescaled output),
- * accumulated in float32 after max-subtraction.
+ * accumulated in float32 after max-subtraction. A job may restrict each query to a sliding
+ * window of keys and add per-head sink logits to the softmax denominator.
  *
  * Cache layout of one (layer, kv head):
  *   K: tiles of DS4N_KT positions, each tile [head_dim][DS4N_KT] (positions innermost), so a
@@ -31,10 +32,20 @@ typedef struct ds4n_attn_job {
     const float *k;    /* K tiles of this (layer, kv head) */
     const float *v;    /* V rows of this (layer, kv head) */
     int64_t k0, k1;    /* keys visited: [k0, min(k1, pos+1)) for a query at position pos */
+    int64_t window;    /* > 0: a sliding window, keys [pos-window+1, pos] only; 0: all */
+    /* Optional attention sinks: sinks[g] is an extra logit of query head g in the softmax
+     * denominator (no value). Applied only when the job normalizes (m == NULL); a split-key
+     * caller adds it when it merges the partials. */
+    const float *sinks;
     /* Split-key mode when non-NULL: o receives the unnormalized sum and m / l (one per row
      * r = t*n_group + g) the running max and sum, for ds4n_attn_merge. */
     float *m, *l;
 } ds4n_attn_job;
+
+/* The factor that turns an unnormalized output row (running max m, running sum l) into
+ * the softmax average: 1/l, or with a sink logit 1/(l + exp(sink - m)), computed without
+ * overflow. 0 when no key was visited. */
+float ds4n_attn_norm_factor(float m, float l, const float *sink);
 
 /* Floats of scratch a job with n_rows = n_tok*n_group query rows needs. */
 int64_t ds4n_attn_scratch_floats(int n_rows, int head_dim);
@@ -58,6 +69,18 @@ void ds4n_swiglu_avx2(float *g, const float *u, int64_t n);
 #endif
 #if defined(__aarch64__)
 void ds4n_swiglu_neon(float *g, const float *u, int64_t n);
+#endif
+
+
+/* g[i] = gelu(g[i]) * u[i] with GELU's tanh approximation (the GeGLU gate), with the best
+ * kernel set in force. */
+void ds4n_geglu(float *g, const float *u, int64_t n);
+void ds4n_geglu_scalar(float *g, const float *u, int64_t n);
+#if defined(__x86_64__) || defined(_M_X64)
+void ds4n_geglu_avx2(float *g, const float *u, int64_t n);
+#endif
+#if defined(__aarch64__)
+void ds4n_geglu_neon(float *g, const float *u, int64_t n);
 #endif
 
 #endif

@@ -89,10 +89,11 @@ INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
     }
 }
 
-/* One online-softmax step for one row: S row (n lanes, a multiple of 8; lanes >= lim are
- * masked) becomes P, m/l are updated, corr receives the factor for the old output. */
-INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *corr) {
-    if (lim <= 0) {
+/* One online-softmax step for one row: S row (n lanes, a multiple of 8; lanes outside
+ * [lo, lim) are masked) becomes P, m/l are updated, corr receives the factor for the old
+ * output. */
+INLINE void softmax_step(float *s, int n, int lo, int lim, float *m, float *l, float *corr) {
+    if (lim <= lo) {
         memset(s, 0, sizeof(float) * n);
         *corr = 1.0f;
         return;
@@ -102,10 +103,11 @@ INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *co
     __m256 vmax = ninf;
     for (int c = 0; c < n; c += 8) {
         __m256 x = _mm256_loadu_ps(s + c);
-        if (c + 8 > lim) {
+        if (c + 8 > lim || c < lo) {
             const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(c));
-            const __m256 keep =
-                _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(lim), idx));
+            const __m256i below = _mm256_cmpgt_epi32(_mm256_set1_epi32(lo), idx);
+            const __m256 keep = _mm256_castsi256_ps(_mm256_andnot_si256(
+                below, _mm256_cmpgt_epi32(_mm256_set1_epi32(lim), idx)));
             x = _mm256_blendv_ps(ninf, x, keep);
             _mm256_storeu_ps(s + c, x);
         }
@@ -144,4 +146,19 @@ void ds4n_swiglu_avx2(float *g, const float *u, int64_t n) {
         _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
     }
     for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* (1 + tanh(y)) / 2 = 1 / (1 + exp(-2y)): the tanh GELU as x * sigmoid(2y). */
+void ds4n_geglu_avx2(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f), m2c = _mm256_set1_ps(-2.0f * 0.7978845608028654f);
+    const __m256 a = _mm256_set1_ps(0.044715f);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 x = _mm256_loadu_ps(g + i);
+        const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+        const __m256 e = exp_ps(_mm256_mul_ps(m2c, _mm256_fmadd_ps(a, x3, x)));
+        const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
+    }
+    if (i < n) ds4n_geglu_scalar(g + i, u + i, n - i);
 }

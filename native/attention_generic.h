@@ -4,7 +4,7 @@
  *
  * The including file defines INLINE, RG_MAX and its vector primitives:
  *   qk_tile(Q, hd, kt, S, rg)                S[i][0..16) = Q[i] · K tile, rg rows
- *   softmax_step(s, n, lim, m, l, corr)      one row's online-softmax step
+ *   softmax_step(s, n, lo, lim, m, l, corr)  one row's online-softmax step
  *   pv_tile(P, nk, V, hd, O, corr, rg)       O[i] = O[i]*corr[i] + P[i] · V
  *   scale_row(out, o, inv, hd)               out = o * inv
  * then instantiates the entry point with DS4N_DEFINE_ATTN(name). */
@@ -33,28 +33,42 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
     }
     const int64_t last = j->pos0 + j->n_tok; /* one past the last query position */
     const int64_t kend = j->k1 < last ? j->k1 : last;
-    for (int64_t kb = j->k0; kb < kend; kb += DS4N_KBLOCK) {
+    /* A window: no query sees keys below the first query's window (k0 and the start stay
+     * multiples of DS4N_KT, the K tile size). */
+    int64_t kstart = j->k0;
+    if (j->window > 0 && j->pos0 - j->window + 1 > kstart)
+        kstart = (j->pos0 - j->window + 1) / DS4N_KT * DS4N_KT;
+    for (int64_t kb = kstart; kb < kend; kb += DS4N_KBLOCK) {
         for (int r0 = 0; r0 < Rp; r0 += rg) {
-            /* The group's last real row sees the most keys. */
+            /* The group's last real row sees the most keys, its first the lowest ones. */
             const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
             int64_t gend = j->pos0 + rlast / G + 1;
             if (gend > kend) gend = kend;
             if (gend > kb + DS4N_KBLOCK) gend = kb + DS4N_KBLOCK;
             const int nk = (int)(gend - kb);
             if (nk <= 0) continue;
+            int skip = 0; /* leading keys of the block below every row's window, whole tiles */
+            if (j->window > 0) {
+                const int64_t glo = j->pos0 + (r0 < R ? r0 : R - 1) / G - j->window + 1;
+                if (glo >= gend) continue;
+                if (glo > kb) skip = (int)(glo - kb) / DS4N_KT * DS4N_KT;
+            }
             const int ntile = (nk + DS4N_KT - 1) / DS4N_KT;
-            for (int tt = 0; tt < ntile; tt++)
+            for (int tt = skip / DS4N_KT; tt < ntile; tt++)
                 qk_tile(Q + (int64_t)r0 * hd, hd,
                         j->k + (kb / DS4N_KT + tt) * (int64_t)hd * DS4N_KT,
                         S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg);
             for (int r = r0; r < r0 + rg; r++) {
                 int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
                 if (rend > gend) rend = gend;
-                softmax_step(S + (int64_t)r * DS4N_KBLOCK, ntile * DS4N_KT, (int)(rend - kb),
-                             m + r, l + r, corr + r);
+                int64_t rlo = j->window > 0 && r < R ? j->pos0 + r / G - j->window + 1 : kb;
+                if (rlo < kb + skip) rlo = kb + skip;
+                softmax_step(S + (int64_t)r * DS4N_KBLOCK + skip, ntile * DS4N_KT - skip,
+                             (int)(rlo - kb - skip), (int)(rend - kb - skip), m + r, l + r,
+                             corr + r);
             }
-            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK, nk, j->v + kb * hd, hd,
-                    O + (int64_t)r0 * hd, corr + r0, rg);
+            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK + skip, nk - skip, j->v + (kb + skip) * hd,
+                    hd, O + (int64_t)r0 * hd, corr + r0, rg);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -65,7 +79,8 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
             j->l[r] = l[r];
             memcpy(out, o, sizeof(float) * hd);
         } else {
-            scale_row(out, o, l[r] > 0.0f ? 1.0f / l[r] : 0.0f, hd);
+            scale_row(out, o,
+                      ds4n_attn_norm_factor(m[r], l[r], j->sinks ? j->sinks + r % G : NULL), hd);
         }
     }
 }

@@ -66,8 +66,8 @@ INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
     }
 }
 
-INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *corr) {
-    if (lim <= 0) {
+INLINE void softmax_step(float *s, int n, int lo, int lim, float *m, float *l, float *corr) {
+    if (lim <= lo) {
         memset(s, 0, sizeof(float) * n);
         *corr = 1.0f;
         return;
@@ -77,9 +77,10 @@ INLINE void softmax_step(float *s, int n, int lim, float *m, float *l, float *co
     float32x4_t vmax = ninf;
     for (int c = 0; c < n; c += 4) {
         float32x4_t x = vld1q_f32(s + c);
-        if (c + 4 > lim) {
-            const uint32x4_t in = vcltq_u32(vaddq_u32(lane, vdupq_n_u32((uint32_t)c)),
-                                            vdupq_n_u32((uint32_t)lim));
+        if (c + 4 > lim || c < lo) {
+            const uint32x4_t idx = vaddq_u32(lane, vdupq_n_u32((uint32_t)c));
+            const uint32x4_t in = vandq_u32(vcltq_u32(idx, vdupq_n_u32((uint32_t)lim)),
+                                            vcgeq_u32(idx, vdupq_n_u32((uint32_t)lo)));
             x = vbslq_f32(in, x, ninf);
             vst1q_f32(s + c, x);
         }
@@ -114,4 +115,18 @@ void ds4n_swiglu_neon(float *g, const float *u, int64_t n) {
         vst1q_f32(g + i, vmulq_f32(y, vld1q_f32(u + i)));
     }
     for (; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+/* (1 + tanh(y)) / 2 = 1 / (1 + exp(-2y)): the tanh GELU as x * sigmoid(2y). */
+void ds4n_geglu_neon(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t x = vld1q_f32(g + i);
+        const float32x4_t x3 = vmulq_f32(vmulq_f32(x, x), x);
+        const float32x4_t inner = vfmaq_f32(x, vdupq_n_f32(0.044715f), x3);
+        const float32x4_t e = exp_ps(vmulq_n_f32(inner, -2.0f * 0.7978845608028654f));
+        const float32x4_t y = vdivq_f32(x, vaddq_f32(vdupq_n_f32(1.0f), e));
+        vst1q_f32(g + i, vmulq_f32(y, vld1q_f32(u + i)));
+    }
+    if (i < n) ds4n_geglu_scalar(g + i, u + i, n - i);
 }

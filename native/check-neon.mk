@@ -1,4 +1,6 @@
-# `make check-neon`: the SIMD kernels against the scalar ones, with tests/check_kernels.c.
+# `make check-neon`: the SIMD kernels against the scalar ones, with tests/check_kernels.c
+# (quant kernels) and ../tests/reference/check_attention.c (attention with windows and
+# sinks, SwiGLU, GeGLU).
 #  - NEON: kernel sources cross-compiled for aarch64 (static) and run under qemu-user;
 #    skipped, with a line saying so, when the cross compiler or qemu is missing.
 #  - this machine's own SIMD set (AVX2 on x86-64): the same program against libds4n.so.
@@ -8,6 +10,7 @@ QEMU_AARCH64 ?= qemu-aarch64
 KERNEL_SRCS  := quants.c simd.c threadpool.c matmul.c
 NEON_SRCS    := quants_neon.c matmul_neon.c
 CHECK_SRC    := tests/check_kernels.c
+ATTN_CHECK   := ../tests/reference/check_attention.c
 CHECK_CFLAGS := -O2 -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -pthread -D_GNU_SOURCE -I. -I$(BUILD)
 KERNEL_HDRS  := ds4n.h quants.h quants_neon.h $(BUILD)/iq2xxs_tables.h $(BUILD)/nibble_tables.h
 
@@ -17,13 +20,19 @@ check-neon: check-neon-native check-neon-cross
 check-neon-native: $(BUILD)/libds4n.so $(CHECK_SRC)
 	$(CC) $(CHECK_CFLAGS) $(CHECK_SRC) -o $(BUILD)/check_kernels -L$(BUILD) -lds4n -Wl,-rpath,'$$ORIGIN' -lm
 	$(BUILD)/check_kernels
+	$(CC) $(CHECK_CFLAGS) $(SIMD_FLAGS) attention.c $(filter attention_%,$(SIMD_SRCS)) $(ATTN_CHECK) \
+	  -o $(BUILD)/check_attention -lm
+	$(BUILD)/check_attention
 
 check-neon-cross: $(KERNEL_SRCS) $(NEON_SRCS) $(CHECK_SRC) $(KERNEL_HDRS)
 	@if command -v $(AARCH64_CC) >/dev/null 2>&1 && command -v $(QEMU_AARCH64) >/dev/null 2>&1; then \
 	  echo "$(AARCH64_CC) -static ... -o $(BUILD)/check_kernels_aarch64" && \
 	  $(AARCH64_CC) -static $(CHECK_CFLAGS) $(KERNEL_SRCS) $(NEON_SRCS) $(CHECK_SRC) \
 	    -o $(BUILD)/check_kernels_aarch64 -lm && \
-	  $(QEMU_AARCH64) $(BUILD)/check_kernels_aarch64; \
+	  $(QEMU_AARCH64) $(BUILD)/check_kernels_aarch64 && \
+	  $(AARCH64_CC) -static $(CHECK_CFLAGS) attention.c attention_neon.c $(ATTN_CHECK) \
+	    -o $(BUILD)/check_attention_aarch64 -lm && \
+	  $(QEMU_AARCH64) $(BUILD)/check_attention_aarch64; \
 	else \
 	  echo "check-neon: skipped (needs $(AARCH64_CC) and $(QEMU_AARCH64))"; \
 	fi

@@ -2,8 +2,8 @@
  * token (embedding, every layer, final norm, output head) against a session's KV cache.
  *
  * The model borrows the weight pointers (the GGUF mmap, kept alive by the caller) and
- * copies nothing. A session owns its float32 KV cache, sized to its n_ctx, in C memory
- * (zero pages until touched). Calls on the same model and pool must not overlap; the
+ * copies nothing. A session (decoder.h) owns its float32 KV cache, sized to its n_ctx, in C
+ * memory (zero pages until touched). Calls on the same model and pool must not overlap; the
  * functions never touch Python objects.
  */
 #ifndef DS4N_LLAMA_H
@@ -11,6 +11,7 @@
 
 #include <stdint.h>
 
+#include "decoder.h"
 #include "ds4n.h"
 
 #ifdef __cplusplus
@@ -22,6 +23,10 @@ typedef struct ds4n_llama_hparams {
     float rope_base;       /* theta_i = pos * rope_scale * rope_base^(-2i/n_rot) / freq_factor_i */
     float rope_scale;      /* 1 / linear scaling factor (1 when unscaled) */
     float rms_eps;
+    /* YaRN (yarn_ext_factor > 0) and the rope attention factor (0 or 1: none); see
+     * ds4n_rope_params in decoder.h. */
+    float yarn_ext_factor, rope_attn_factor, yarn_beta_fast, yarn_beta_slow;
+    int32_t n_ctx_orig;
 } ds4n_llama_hparams;
 
 /* Weight slots: tensors[] and types[] hold DS4N_LLAMA_N_GLOBAL entries, then
@@ -43,38 +48,21 @@ enum {
 };
 
 typedef struct ds4n_llama ds4n_llama;
-typedef struct ds4n_llama_session ds4n_llama_session;
 
 /* NULL on a shape the engine cannot run (head_dim odd, n_rot > head_dim, ...) or no memory. */
 ds4n_llama *ds4n_llama_new(const ds4n_llama_hparams *hp, const void *const *tensors,
                            const int32_t *types);
 void ds4n_llama_free(ds4n_llama *model);
 
-ds4n_llama_session *ds4n_llama_session_new(const ds4n_llama *model, int64_t n_ctx);
-void ds4n_llama_session_free(ds4n_llama_session *sess);
-int64_t ds4n_llama_session_n_past(const ds4n_llama_session *sess);
-int64_t ds4n_llama_session_n_ctx(const ds4n_llama_session *sess);
-/* Bytes of KV memory the session reserved for its n_ctx. */
-int64_t ds4n_llama_session_kv_bytes(const ds4n_llama_session *sess);
-
-/* Sets the number of held positions (n <= n_ctx): truncation (rewind), or, after
- * ds4n_llama_kv_set of every layer, the count of a loaded state. Returns 0, or -1. */
-int ds4n_llama_session_set_n_past(ds4n_llama_session *sess, int64_t n);
-
-enum { DS4N_OK = 0, DS4N_ERR_CONTEXT_FULL = -1, DS4N_ERR_BAD_TOKEN = -2, DS4N_ERR_NO_MEMORY = -3 };
+/* A session of this model (the ds4n_dec_session_* functions of decoder.h serve it). */
+ds4n_dec_session *ds4n_llama_session_new(const ds4n_llama *model, int64_t n_ctx);
 
 /* Appends n tokens at position n_past: runs the forward pass, stores their K/V, advances
  * n_past. logits receives n_vocab floats for the last token, or n*n_vocab (one row per
- * token) when all_logits; logits may be NULL. On an error nothing changes. */
-int ds4n_llama_eval(const ds4n_llama *model, ds4n_llama_session *sess, ds4n_pool *pool,
+ * token) when all_logits; logits may be NULL. Returns DS4N_OK or a DS4N_ERR_* of
+ * decoder.h; on an error nothing changes. */
+int ds4n_llama_eval(const ds4n_llama *model, ds4n_dec_session *sess, ds4n_pool *pool,
                     const int32_t *tokens, int64_t n, float *logits, int all_logits);
-
-/* K (which = 0) or V (which = 1) of one layer for positions [0, n), as
- * [n_head_kv][n][head_dim] float32 — the session payload's row format. */
-int ds4n_llama_kv_get(const ds4n_llama_session *sess, int layer, int which, int64_t n,
-                      float *dst);
-int ds4n_llama_kv_set(ds4n_llama_session *sess, int layer, int which, int64_t n,
-                      const float *src);
 
 #ifdef __cplusplus
 }

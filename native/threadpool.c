@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "ds4n.h"
@@ -113,8 +114,10 @@ static uint64_t publish(ds4n_pool *pool) {
 ds4n_pool *ds4n_pool_new(int n_threads) {
     if (n_threads < 1) n_threads = 1;
     if (n_threads > 1024) n_threads = 1024; /* shares must fit the claim bits */
-    ds4n_pool *pool = calloc(1, sizeof *pool);
+    /* The struct's cache-line-aligned members need an aligned block (calloc gives 16). */
+    ds4n_pool *pool = aligned_alloc(_Alignof(ds4n_pool), sizeof *pool);
     if (!pool) return NULL;
+    memset(pool, 0, sizeof *pool);
     pool->threads = calloc((size_t)n_threads, sizeof *pool->threads);
     if (!pool->threads) {
         free(pool);

@@ -32,6 +32,12 @@ from ds4d.engine.gguf_file import GGUFFile
 FAMILIES = {
     "llama": "ds4d.engine.llama",
     "deepseek4": "ds4d.engine.deepseek4",
+    "qwen2": "ds4d.engine.qwen2",
+    "qwen3": "ds4d.engine.qwen3",
+    "gemma3": "ds4d.engine.gemma3",
+    "phi3": "ds4d.engine.phi3",
+    "qwen3moe": "ds4d.engine.qwen3moe",
+    "gpt-oss": "ds4d.engine.gptoss",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to

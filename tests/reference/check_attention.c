@@ -1,5 +1,6 @@
-/* Checks the SIMD attention and SwiGLU kernels against the scalar ones on random jobs:
- * prefill blocks, decode rows, split key ranges, grouped heads of several sizes. Built and run by
+/* Checks the SIMD attention, SwiGLU and GeGLU kernels against the scalar ones on random jobs:
+ * prefill blocks, decode rows, split key ranges, grouped heads of several sizes, sliding
+ * windows and attention sinks. Built and run by
  * tests/test_llama_forward.py (natively for AVX2, under qemu for NEON).
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>
@@ -14,12 +15,43 @@ int ds4n_simd_level(void) { return 0; } /* the kernels are called directly */
 #if defined(__aarch64__)
 #define SIMD ds4n_attn_neon
 #define SWIGLU ds4n_swiglu_neon
+#define GEGLU ds4n_geglu_neon
 #else
 #define SIMD ds4n_attn_avx2
 #define SWIGLU ds4n_swiglu_avx2
+#define GEGLU ds4n_geglu_avx2
 #endif
 
 static float frand(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
+
+static float kval(const float *k, long p, int d, int hd) {
+    return k[(p / DS4N_KT) * hd * DS4N_KT + d * DS4N_KT + p % DS4N_KT];
+}
+
+/* The textbook definition in double: softmax over the row's visible keys (and its sink). */
+static void naive(const ds4n_attn_job *j, int r, double *out) {
+    const int hd = j->head_dim, t = r / j->n_group, g = r % j->n_group;
+    const long pos = j->pos0 + t;
+    long lo = j->k0, hi = j->k1 < pos + 1 ? j->k1 : pos + 1;
+    if (j->window > 0 && pos - j->window + 1 > lo) lo = pos - j->window + 1;
+    const float *q = j->q + t * j->q_stride + g * hd;
+    double mx = j->sinks ? j->sinks[g] : -INFINITY, sum = 0.0;
+    for (long p = lo; p < hi; p++) {
+        double s = 0.0;
+        for (int d = 0; d < hd; d++) s += (double)q[d] * kval(j->k, p, d, hd);
+        if (s > mx) mx = s;
+    }
+    for (int d = 0; d < hd; d++) out[d] = 0.0;
+    if (j->sinks) sum = exp(j->sinks[g] - mx);
+    for (long p = lo; p < hi; p++) {
+        double s = 0.0;
+        for (int d = 0; d < hd; d++) s += (double)q[d] * kval(j->k, p, d, hd);
+        const double e = exp(s - mx);
+        sum += e;
+        for (int d = 0; d < hd; d++) out[d] += e * j->v[p * hd + d];
+    }
+    for (int d = 0; d < hd; d++) out[d] /= sum;
+}
 
 int main(void) {
     srand(7);
@@ -31,12 +63,23 @@ int main(void) {
     }
     float *scratch = malloc(sizeof(float) * ds4n_attn_scratch_floats(64, hd));
     float worst = 0.0f;
-    const struct { int n_tok, G; long pos0, k0, k1; int split; } cases[] = {
-        {1, 3, 0, 0, 1L << 40, 0},     {1, 3, 300, 0, 1L << 40, 0},  {16, 3, 0, 0, 1L << 40, 0},
-        {16, 3, 200, 0, 1L << 40, 0},  {5, 3, 77, 0, 1L << 40, 0},   {1, 3, 400, 128, 256, 1},
-        {1, 1, 333, 0, 1L << 40, 0},   {6, 8, 100, 0, 1L << 40, 0},  {48, 1, 400, 0, 1L << 40, 0},
-        {2, 3, 250, 192, 1L << 40, 1}, {3, 2, 90, 64, 128, 1},
+    /* window > 0: a sliding window; sinks: per-head sink logits (normalized jobs only). */
+    const struct { int n_tok, G; long pos0, k0, k1; int split; long window; int sinks; } cases[] = {
+        {1, 3, 0, 0, 1L << 40, 0, 0, 0},     {1, 3, 300, 0, 1L << 40, 0, 0, 0},
+        {16, 3, 0, 0, 1L << 40, 0, 0, 0},    {16, 3, 200, 0, 1L << 40, 0, 0, 0},
+        {5, 3, 77, 0, 1L << 40, 0, 0, 0},    {1, 3, 400, 128, 256, 1, 0, 0},
+        {1, 1, 333, 0, 1L << 40, 0, 0, 0},   {6, 8, 100, 0, 1L << 40, 0, 0, 0},
+        {48, 1, 400, 0, 1L << 40, 0, 0, 0},  {2, 3, 250, 192, 1L << 40, 1, 0, 0},
+        {3, 2, 90, 64, 128, 1, 0, 0},
+        /* windows narrower and wider than a key block, across block and tile edges */
+        {1, 3, 300, 0, 1L << 40, 0, 37, 0},  {16, 3, 200, 0, 1L << 40, 0, 37, 0},
+        {48, 1, 400, 0, 1L << 40, 0, 100, 0}, {6, 8, 100, 0, 1L << 40, 0, 16, 1},
+        {5, 3, 77, 0, 1L << 40, 0, 200, 1},  {2, 3, 250, 192, 1L << 40, 1, 50, 0},
+        {1, 2, 450, 384, 1L << 40, 1, 100, 0}, {16, 2, 3, 0, 1L << 40, 0, 4, 1},
+        /* sinks alone, one far above the scores (the output shrinks toward 0) */
+        {1, 3, 300, 0, 1L << 40, 0, 0, 1},   {16, 3, 0, 0, 1L << 40, 0, 0, 1},
     };
+    const float sink_logits[8] = {0.5f, -1.0f, 8.0f, 0.0f, 2.0f, -3.0f, 1.0f, 30.0f};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         const int R = cases[c].n_tok * cases[c].G;
         float *q = malloc(sizeof(float) * R * hd);
@@ -47,9 +90,18 @@ int main(void) {
         ds4n_attn_job j = {.q = q, .q_stride = (int64_t)cases[c].G * hd, .o = o1,
                            .o_stride = (int64_t)cases[c].G * hd, .n_tok = cases[c].n_tok,
                            .n_group = cases[c].G, .head_dim = hd, .pos0 = cases[c].pos0,
-                           .k = k, .v = v, .k0 = cases[c].k0, .k1 = cases[c].k1};
+                           .k = k, .v = v, .k0 = cases[c].k0, .k1 = cases[c].k1,
+                           .window = cases[c].window,
+                           .sinks = cases[c].sinks ? sink_logits : NULL};
         if (cases[c].split) { j.m = m1; j.l = l1; }
         ds4n_attn_scalar(&j, scratch);
+        if (!cases[c].split)
+            for (int r = 0; r < R; r++) {
+                double ref[64];
+                naive(&j, r, ref);
+                const float *got = o1 + (r / cases[c].G) * j.o_stride + (r % cases[c].G) * hd;
+                for (int d = 0; d < hd; d++) worst = fmaxf(worst, (float)fabs(got[d] - ref[d]));
+            }
         j.o = o2;
         if (cases[c].split) { j.m = m2; j.l = l2; }
         SIMD(&j, scratch);
@@ -72,6 +124,18 @@ int main(void) {
     SWIGLU(g2, u, NG);
     for (int i = 0; i < NG; i++)
         worst = fmaxf(worst, fabsf(g1[i] - g2[i]) / fmaxf(1.0f, fabsf(g1[i])));
-    printf("attention and SwiGLU SIMD vs scalar: max |diff| %.3g\n", worst);
+    /* GeGLU the same way, and its scalar kernel against the definition in double. */
+    for (int i = 0; i < NG; i++) g1[i] = g2[i] = (i - NG / 2) * 0.02f;
+    ds4n_geglu_scalar(g1, u, NG);
+    GEGLU(g2, u, NG);
+    for (int i = 0; i < NG; i++) {
+        const double x = (i - NG / 2) * 0.02f;
+        const double inner = sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x);
+        const double ref = 0.5 * x * (1.0 + tanh(inner)) * u[i];
+        worst = fmaxf(worst, fabsf(g1[i] - g2[i]) / fmaxf(1.0f, fabsf(g1[i])));
+        worst = fmaxf(worst, (float)fabs(g1[i] - ref) / fmaxf(1.0f, (float)fabs(ref)));
+    }
+    printf("attention (scalar also vs the definition) SwiGLU and GeGLU SIMD vs scalar:"
+           " max |diff| %.3g\n", worst);
     return worst < 1e-4f ? 0 : 1;
 }

@@ -1,0 +1,355 @@
+"""What the attention-decoder families share on the Python side (the C side is
+native/decoder.{h,c}): reading hyper-parameters, binding GGUF tensors to weight slots with
+their shapes and types checked, and the session state (KV cache in C memory).
+
+A family module validates its GGUF with `Binder`, builds its native model, and returns a
+model object whose `new_state(n_ctx)` is a `DecoderState` over the family's
+`ds4n_<family>_session_new` and `ds4n_<family>_eval`. engine.py drives the state through:
+
+    state.eval(tokens_int32, logits_out, all_logits), state.n_past, state.set_n_past(n),
+    state.kv_bytes, state.kv_payload_bytes(n), state.write_kv(fp, n), state.read_kv(fp, n),
+    state.close()
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Iterable
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ds4d.engine import native
+from ds4d.engine.errors import EngineError, ModelLoadError
+from ds4d.engine.gguf_file import GGUFFile, Tensor
+from ds4d.engine.native import lib
+
+VECTOR_TYPES = {native.F32, native.F16, native.BF16}
+ERRORS = {-1: "context is full", -2: "token id out of range", -3: "out of memory",
+          -4: "expert id out of range"}  # fmt: skip
+
+
+def _declare() -> None:
+    vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    fp = native.c_float_p
+    for name, restype, argtypes in (
+        ("ds4n_dec_session_free", None, [vp]),
+        ("ds4n_dec_session_n_past", i64, [vp]),
+        ("ds4n_dec_session_n_ctx", i64, [vp]),
+        ("ds4n_dec_session_kv_bytes", i64, [vp]),
+        ("ds4n_dec_session_set_n_past", c_int, [vp, i64]),
+        ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, fp]),
+        ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, fp]),
+    ):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+
+
+_declare()
+
+
+def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
+    """ctypes signatures of ds4n_<prefix>_{new,free,session_new,eval}."""
+    vp, i64, i32, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int
+    for name, restype, argtypes in (
+        (f"ds4n_{prefix}_new", vp, [ctypes.POINTER(hparams), ctypes.POINTER(vp),
+                                    ctypes.POINTER(i32)]),
+        (f"ds4n_{prefix}_free", None, [vp]),
+        (f"ds4n_{prefix}_session_new", vp, [vp, i64]),
+        (f"ds4n_{prefix}_eval", c_int, [vp, vp, vp, ctypes.POINTER(i32), i64, native.c_float_p,
+                                        c_int]),
+    ):  # fmt: skip
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+
+
+def fptr(a: np.ndarray | None) -> ctypes._Pointer | None:
+    if a is None:
+        return None
+    assert a.dtype == np.float32 and a.flags.c_contiguous
+    return ctypes.cast(a.ctypes.data, native.c_float_p)
+
+
+class HParams:
+    """`{arch}.{key}` metadata of a GGUF: required unless a default is given, one value."""
+
+    def __init__(self, gf: GGUFFile) -> None:
+        self.gf = gf
+        self.arch = gf.architecture
+
+    def __call__(self, key: str, default: object = None) -> Any:
+        full = f"{self.arch}.{key}"
+        value = self.gf.require(full) if default is None else self.gf.get(full, default)
+        if isinstance(value, (list, tuple)):  # e.g. per-layer head counts
+            raise ModelLoadError(f"hyper-parameter {full} is a list; one value expected")
+        return value
+
+    def has(self, key: str) -> bool:
+        return self.gf.get(f"{self.arch}.{key}", None) is not None
+
+
+class Binder:
+    """Fills the C weight-slot arrays: every name is checked for presence (unless
+    optional), shape (numpy order reversed: GGUF ne0 first) and type; half-precision
+    vectors are converted to float32 copies kept alive here."""
+
+    def __init__(self, gf: GGUFFile, names: list[str]) -> None:
+        self.gf = gf
+        self.names = names
+        self.ptrs = (ctypes.c_void_p * len(names))()
+        self.types = (ctypes.c_int32 * len(names))()
+        self.keep: list[np.ndarray] = []
+
+    def bind_all(self, expected: Callable[[str], tuple[int, ...]], optional: Iterable[str],
+                 matrices: Iterable[str]) -> None:  # fmt: skip
+        """expected(short name) -> shape; short names drop the `blk.N.` prefix."""
+        optional, matrices = set(optional), set(matrices)
+        for i, name in enumerate(self.names):
+            short = name.split(".", 2)[2] if name.startswith("blk.") else name
+            if short in optional and not self.gf.has_tensor(name):
+                continue
+            t = self.gf.tensor(name)
+            shape = expected(short)
+            if t.shape != shape:
+                raise ModelLoadError(
+                    f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}"
+                )
+            self.ptrs[i], self.types[i] = self.bind(t, matrix=short in matrices)
+
+    def bind(self, t: Tensor, matrix: bool) -> tuple[int, int]:
+        if matrix:
+            if not lib.ds4n_type_supported(t.type):
+                supported = ", ".join(n for n, v in native.TYPES.items()
+                                      if lib.ds4n_type_supported(v))  # fmt: skip
+                raise ModelLoadError(
+                    f"tensor {t.name} has quant type {t.type_name}, which this engine cannot run"
+                    f" (supported: {supported})"
+                )
+            if t.shape[0] % lib.ds4n_type_block_size(t.type):
+                raise ModelLoadError(f"tensor {t.name}: row length {t.shape[0]} is not a"
+                                     f" multiple of the {t.type_name} block size")  # fmt: skip
+            return t.address, t.type
+        if t.type not in VECTOR_TYPES:
+            raise ModelLoadError(
+                f"tensor {t.name} has type {t.type_name}, expected F32, F16 or BF16"
+            )
+        if t.type == native.F32:
+            return t.address, t.type
+        vec = native.dequantize(t.type, np.ascontiguousarray(t.data).view(np.uint8),
+                                int(np.prod(t.shape)))  # fmt: skip
+        self.keep.append(vec)
+        return vec.ctypes.data, native.F32
+
+    def vector(self, arr: np.ndarray) -> int:
+        """A float32 vector computed here (e.g. a norm weight + 1), kept alive."""
+        vec = np.ascontiguousarray(arr, dtype=np.float32)
+        self.keep.append(vec)
+        return vec.ctypes.data
+
+
+class DecoderModel:
+    """The parts of a family's model object that do not depend on the family."""
+
+    family = ""
+    prefix = ""
+    n_vocab = n_ctx_train = n_embd = n_layer = n_head_kv = head_dim = 0
+    pool: native.Pool
+    _handle: int | None = None
+
+    @property
+    def handle(self) -> int:
+        if not self._handle:
+            raise EngineError("model is closed")
+        return self._handle
+
+    @property
+    def kv_token_bytes(self) -> int:
+        """Per token: K and V of every layer, n_head_kv * head_dim float32 each."""
+        return 2 * self.n_layer * self.n_head_kv * self.head_dim * 4
+
+    def new_state(self, n_ctx: int) -> DecoderState:
+        return DecoderState(self, n_ctx)
+
+    def close(self) -> None:
+        if self._handle:
+            getattr(lib, f"ds4n_{self.prefix}_free")(self._handle)
+            self._handle = None
+
+
+class DecoderState:
+    """One session's KV cache (C memory) and position count."""
+
+    def __init__(self, model: DecoderModel, n_ctx: int) -> None:
+        self.model = model
+        self.n_ctx = int(n_ctx)
+        self._eval = getattr(lib, f"ds4n_{model.prefix}_eval")
+        self._handle = getattr(lib, f"ds4n_{model.prefix}_session_new")(model.handle, self.n_ctx)
+        if not self._handle:
+            raise EngineError(f"cannot allocate a KV cache for {n_ctx} tokens")
+
+    @property
+    def handle(self) -> int:
+        if not self._handle:
+            raise EngineError("session is closed")
+        return self._handle
+
+    @property
+    def n_past(self) -> int:
+        return int(lib.ds4n_dec_session_n_past(self.handle))
+
+    def set_n_past(self, n: int) -> None:
+        if lib.ds4n_dec_session_set_n_past(self.handle, n) != 0:
+            raise EngineError(f"cannot hold {n} tokens in a {self.n_ctx}-token session")
+
+    @property
+    def kv_bytes(self) -> int:
+        return int(lib.ds4n_dec_session_kv_bytes(self.handle))
+
+    def eval(self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False) -> None:
+        """Appends tokens (int32, C-contiguous); fills logits (n_vocab, or n x n_vocab)."""
+        rc = self._eval(
+            self.model.handle, self.handle, self.model.pool.handle,
+            tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(tokens),
+            fptr(logits), int(all_logits),
+        )  # fmt: skip
+        if rc != 0:
+            raise EngineError(f"{self.model.family} eval failed: {ERRORS.get(rc, rc)}")
+
+    def kv_payload_bytes(self, n: int) -> int:
+        return n * self.model.kv_token_bytes
+
+    def write_kv(self, fp: BinaryIO, n: int) -> None:
+        """K then V of each layer for positions [0, n), as [n_head_kv][n][head_dim] f32."""
+        m = self.model
+        buf = np.empty(m.n_head_kv * n * m.head_dim, np.float32)
+        for il in range(m.n_layer):
+            for which in (0, 1):
+                lib.ds4n_dec_session_kv_get(self.handle, il, which, n, fptr(buf))
+                fp.write(memoryview(buf).cast("B"))
+
+    def read_kv(self, fp: BinaryIO, n: int) -> None:
+        m = self.model
+        buf = np.empty(m.n_head_kv * n * m.head_dim, np.float32)
+        view = memoryview(buf).cast("B")
+        for il in range(m.n_layer):
+            for which in (0, 1):
+                _read_exact(fp, view)
+                lib.ds4n_dec_session_kv_set(self.handle, il, which, n, fptr(buf))
+
+    def close(self) -> None:
+        if self._handle:
+            lib.ds4n_dec_session_free(self._handle)
+            self._handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _read_exact(fp: BinaryIO, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        got = fp.readinto(view[done:])
+        if not got:
+            raise EngineError("session payload is truncated (KV rows)")
+        done += got
+
+
+def layer_names(global_slots: Iterable[str], layer_slots: Iterable[str], n_layer: int) -> list[str]:
+    """The slot order of a family's C header: globals, then each layer's slots."""
+    layer_slots = list(layer_slots)
+    return list(global_slots) + [f"blk.{il}.{s}" for il in range(n_layer) for s in layer_slots]
+
+
+class RopeScaling:
+    """The file's RoPE scaling as llama.cpp reads it: linear (freq_scale = 1/factor), or
+    YaRN (ext_factor 1, the correction range, and the magnitude factor), times the file's
+    `rope.scaling.attn_factor`."""
+
+    def __init__(self, hp: HParams, n_ctx_train: int, allowed: Iterable[str]) -> None:
+        factor = float(hp("rope.scaling.factor", 0.0))
+        # A factor without a type is linear scaling, as llama.cpp reads it.
+        kind = str(hp("rope.scaling.type", "linear" if factor > 0 else "none"))
+        allowed = tuple(allowed)
+        if kind not in allowed:
+            raise ModelLoadError(
+                f"rope scaling type {kind!r} is not supported ({', '.join(allowed)})"
+            )
+        self.kind = kind
+        self.freq_scale = 1.0 / factor if kind in ("linear", "yarn") and factor > 0 else 1.0
+        self.attn_factor = float(hp("rope.scaling.attn_factor", 1.0))
+        self.ext_factor = 0.0
+        self.beta_fast = float(hp("rope.scaling.yarn_beta_fast", 32.0))
+        self.beta_slow = float(hp("rope.scaling.yarn_beta_slow", 1.0))
+        self.n_ctx_orig = int(hp("rope.scaling.original_context_length", n_ctx_train))
+        if kind == "yarn" and factor > 1.0:
+            self.ext_factor = float(hp("rope.scaling.yarn_ext_factor", 1.0))
+            log_mul = float(hp("rope.scaling.yarn_log_multiplier", 0.0))
+            if log_mul:
+                # llama.cpp's overall magnitude is then (1 + 0.1 ln f) / (1 + 0.1 log_mul ln f),
+                # and the native rope already multiplies by the numerator.
+                self.attn_factor /= 0.1 * log_mul * float(np.log(factor)) + 1.0
+        if self.ext_factor and (self.n_ctx_orig <= 0 or self.beta_fast <= 0 or self.beta_slow <= 0):
+            raise ModelLoadError("YaRN rope scaling needs a positive original context and betas")
+
+    def fields(self) -> dict[str, float | int]:
+        """The ds4n_rope_params-style fields of a family's HParams structure."""
+        return {
+            "rope_scale": self.freq_scale, "yarn_ext_factor": self.ext_factor,
+            "rope_attn_factor": self.attn_factor, "yarn_beta_fast": self.beta_fast,
+            "yarn_beta_slow": self.beta_slow, "n_ctx_orig": self.n_ctx_orig,
+        }  # fmt: skip
+
+
+class DenseShape:
+    """The hyper-parameters every attention decoder declares, read and checked once:
+    layers, widths, heads (GQA), head and rope dims, rope base, norm epsilon, context,
+    vocabulary (from the embedding when the file does not say)."""
+
+    def __init__(self, gf: GGUFFile, family: str, *, rope_even_head: bool = True) -> None:
+        hp = self.hp = HParams(gf)
+        self.n_layer = int(hp("block_count"))
+        self.n_embd = int(hp("embedding_length"))
+        self.n_ff = int(hp("feed_forward_length"))
+        self.n_head = int(hp("attention.head_count"))
+        self.n_head_kv = int(hp("attention.head_count_kv", self.n_head))
+        self.head_dim = int(hp("attention.key_length", self.n_embd // max(self.n_head, 1)))
+        value_len = int(hp("attention.value_length", self.head_dim))
+        self.n_rot = int(hp("rope.dimension_count", self.head_dim))
+        self.rope_base = float(hp("rope.freq_base", 10000.0))
+        self.rms_eps = float(hp("attention.layer_norm_rms_epsilon"))
+        self.n_ctx_train = int(hp("context_length"))
+        embd = gf.tensor("token_embd.weight")
+        self.n_vocab = int(hp("vocab_size", embd.shape[1] if len(embd.shape) == 2 else 0))
+        if gf.has_tensor("blk.0.ffn_gate_inp.weight") or int(hp("expert_count", 0)):
+            raise ModelLoadError(f"mixture-of-experts {family} models are not supported")
+        if (
+            min(self.n_layer, self.n_embd, self.n_ff, self.n_head, self.n_head_kv,
+                self.n_vocab) <= 0
+            or self.n_head % self.n_head_kv
+            or value_len != self.head_dim
+            or (rope_even_head and self.head_dim % 2)
+            or not 0 < self.n_rot <= self.head_dim
+            or self.n_rot % 2
+            or self.rope_base <= 0
+        ):  # fmt: skip
+            raise ModelLoadError(
+                f"unsupported {family} shape: {self.n_head} heads / {self.n_head_kv} kv heads,"
+                f" head dim {self.head_dim} (value {value_len}), rope dims {self.n_rot}"
+            )
+
+    @property
+    def n_q(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def n_kv(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    def fields(self) -> dict[str, int | float]:
+        """The shape fields of a family's HParams structure."""
+        return {
+            "n_vocab": self.n_vocab, "n_embd": self.n_embd, "n_layer": self.n_layer,
+            "n_head": self.n_head, "n_head_kv": self.n_head_kv, "head_dim": self.head_dim,
+            "n_ff": self.n_ff, "n_rot": self.n_rot, "rms_eps": self.rms_eps,
+            "rope_base": self.rope_base,
+        }  # fmt: skip

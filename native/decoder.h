@@ -1,0 +1,223 @@
+/* Shared pieces of the attention-based decoder families (llama.c, qwen, gemma3, phi3, ...):
+ * a family's C file is its layer loop and its quirks, composed from these.
+ *
+ * Conventions: activations are float32 rows, T tokens x width, row-major. Weight matrices
+ * are GGUF tensors of any type ds4n_type_supported() accepts (rows of ne0 = input width);
+ * norm weights, biases, rope factors and sinks are float32 vectors. NULL means absent.
+ *
+ *   KV cache (ds4n_kv): K and V of every layer for positions [0, n_ctx), float32, in the
+ *     layout of attention.h. ds4n_kv_init / ds4n_kv_release; ds4n_kv_store writes one
+ *     position; ds4n_kv_get / ds4n_kv_set copy the rows of [0, n) of one layer as
+ *     [n_head_kv][n][head_dim] (the session payload format).
+ *
+ *   Workspace (ds4n_dec_ws): scratch of the attention and FFN steps. Call
+ *     ds4n_dec_ws_reserve(ws, dims, T, n_threads) before an eval of T tokens (it is the only
+ *     call that allocates, so a failure there leaves the session untouched), and
+ *     ds4n_dec_ws_release at the end. Zero-initialize the struct first.
+ *
+ *   Norms: ds4n_rms_norm (rows of n, weight of n; also used per head with n = head_dim).
+ *
+ *   RoPE (ds4n_rope): ds4n_rope_init from ds4n_rope_params — llama.cpp's NORMAL (adjacent
+ *     pairs) or NEOX (halves) rotation of the first n_rot dims of each head, theta_i =
+ *     pos * base^(-2i/n_rot) / freq_factor_i, with linear scaling (freq_scale) and YaRN
+ *     (ext_factor > 0: llama.cpp's ramp between interpolated and extrapolated angles and its
+ *     magnitude factor) and an attention factor multiplying cos and sin. One ds4n_rope per
+ *     distinct base (Gemma 3's local layers have their own).
+ *
+ *   Attention (ds4n_attention): the whole block after the input norm — Q/K/V projections
+ *     (separate or one fused QKV tensor, rows Q then K then V) with optional biases, optional
+ *     per-head RMSNorm of q and k (weights of head_dim), RoPE, q times q_scale, K/V stored
+ *     at positions [pos0, pos0+T), causal GQA attention with an optional sliding window (keys
+ *     [pos-window+1, pos]) and optional per-head sink logits, output projection with
+ *     optional bias. out receives T x n_embd (the caller adds the residual).
+ *
+ *   FFN (ds4n_ffn): gate and up projections (or one fused tensor whose rows are gate then
+ *     up), act(gate) * up with SiLU or GELU (tanh approximation), down projection.
+ *     out receives T x n_embd.
+ */
+#ifndef DS4N_DECODER_H
+#define DS4N_DECODER_H
+
+#include <stdint.h>
+
+#include "ds4n.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ds4n_dec_dims {
+    int32_t n_embd, n_head, n_head_kv, head_dim;
+    int32_t n_ff;      /* widest FFN the workspace must hold (0: the caller has its own) */
+    float norm_eps;    /* of the per-head q/k norms */
+} ds4n_dec_dims;
+
+/* ---- KV cache ----------------------------------------------------------------------- */
+
+typedef struct ds4n_kv {
+    int n_layer, n_head_kv, head_dim;
+    int64_t n_ctx, n_ctx_pad;
+    float *k, *v; /* [layer][kv head][n_ctx_pad positions] */
+} ds4n_kv;
+
+/* 0, or -1 (bad shape, no memory). Untouched positions stay unbacked zero pages. */
+int ds4n_kv_init(ds4n_kv *kv, int n_layer, int n_head_kv, int head_dim, int64_t n_ctx);
+void ds4n_kv_release(ds4n_kv *kv);
+int64_t ds4n_kv_bytes(const ds4n_kv *kv);
+float *ds4n_kv_k(const ds4n_kv *kv, int layer, int kv_head);
+float *ds4n_kv_v(const ds4n_kv *kv, int layer, int kv_head);
+/* k, v: rows of n_head_kv * head_dim for one position (pos < n_ctx, checked by the caller). */
+void ds4n_kv_store(ds4n_kv *kv, int layer, int64_t pos, const float *k, const float *v);
+/* which: 0 = K, 1 = V. Returns 0, or -1 on a bad layer, which or n. */
+int ds4n_kv_get(const ds4n_kv *kv, int layer, int which, int64_t n, float *dst);
+int ds4n_kv_set(ds4n_kv *kv, int layer, int which, int64_t n, const float *src);
+
+/* ---- norms, pool helper ------------------------------------------------------------- */
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for rows of n (out may be x). */
+void ds4n_rms_norm(const float *x, const float *w, float *out, int64_t rows, int n, float eps);
+
+/* fn on every worker of the pool, or once on the caller (ith 0 of 1) when pool is NULL. */
+void ds4n_dec_run(ds4n_pool *pool, void (*fn)(void *, int, int), void *ctx);
+
+/* ---- RoPE --------------------------------------------------------------------------- */
+
+enum { DS4N_ROPE_NORMAL = 0, DS4N_ROPE_NEOX = 2 }; /* llama.cpp's rope type numbers */
+
+typedef struct ds4n_rope_params {
+    int32_t n_rot, mode;
+    float base;
+    float freq_scale;           /* 1 / scaling factor (1: none) */
+    const float *freq_factors;  /* n_rot/2 divisors of the angle rates, or NULL */
+    float ext_factor;           /* YaRN: > 0 enables the ramp (1 for YaRN models) */
+    float attn_factor;          /* multiplies cos and sin (1: none) */
+    float beta_fast, beta_slow; /* YaRN correction range (32, 1 in llama.cpp) */
+    int32_t n_ctx_orig;         /* YaRN: the training context before scaling */
+    int32_t yarn_exact_range;   /* nonzero: the ramp's ends are not rounded to whole dims
+                                 * (transformers' truncate=False, e.g. gpt-oss) */
+} ds4n_rope_params;
+
+#define DS4N_ROPE_MAX_DIMS 1024
+
+typedef struct ds4n_rope {
+    int32_t n_rot, mode;
+    float mscale;                           /* applied to cos and sin */
+    float inv_freq[DS4N_ROPE_MAX_DIMS / 2]; /* angle per position of each pair */
+} ds4n_rope;
+
+/* 0, or -1 on a bad n_rot (odd, <= 0, > DS4N_ROPE_MAX_DIMS), mode or base. */
+int ds4n_rope_init(ds4n_rope *rope, const ds4n_rope_params *p);
+/* cs[t*n_rot + 2i], cs[t*n_rot + 2i + 1] = cos, sin of pair i at position pos0 + t. */
+void ds4n_rope_table(const ds4n_rope *rope, int64_t pos0, int64_t T, float *cs);
+/* Rotates the first n_rot dims of n_heads heads of head_dim (one token, angles cs of that
+ * token) and multiplies the whole head by scale. */
+void ds4n_rope_apply(const ds4n_rope *rope, float *x, const float *cs, int n_heads,
+                     int head_dim, float scale);
+
+/* ---- workspace ---------------------------------------------------------------------- */
+
+#define DS4N_WS_ROPES 2 /* rope tables held at once (distinct ds4n_rope objects per eval) */
+
+typedef struct ds4n_dec_ws {
+    int64_t cap_tok;
+    int32_t cap_q, cap_kv, cap_ff, cap_rot;
+    float *q, *kx, *vx, *att, *qkv, *gate, *gu;
+    float *rope_cs[DS4N_WS_ROPES];
+    const ds4n_rope *rope_of[DS4N_WS_ROPES];
+    int64_t rope_pos0[DS4N_WS_ROPES], rope_T[DS4N_WS_ROPES];
+    int cap_threads;
+    int64_t attn_floats; /* per thread */
+    float *attn_scratch;
+    int64_t cap_part;
+    float *part;         /* split-key partials */
+} ds4n_dec_ws;
+
+/* 0, or -1 when out of memory (the workspace is then empty but valid). */
+int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t T, int n_threads);
+void ds4n_dec_ws_release(ds4n_dec_ws *ws);
+/* The cos/sin table of rope for positions [pos0, pos0+T), computed once per eval. */
+const float *ds4n_dec_ws_rope(ds4n_dec_ws *ws, const ds4n_rope *rope, int64_t pos0, int64_t T);
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+typedef struct ds4n_attn_layer {
+    const void *wq, *wk, *wv; /* n_embd -> n_head*hd, n_head_kv*hd, n_head_kv*hd */
+    const void *wqkv;         /* or fused (wq, wk, wv NULL) */
+    const void *wo;           /* n_head*hd -> n_embd */
+    int32_t tq, tk, tv, tqkv, to;
+    const float *bq, *bk, *bv, *bqkv, *bo;
+    const float *q_norm, *k_norm; /* head_dim each */
+    const float *sinks;           /* n_head */
+    const ds4n_rope *rope;
+    float q_scale;                /* e.g. 1/sqrt(head_dim) */
+    int64_t window;               /* 0: full causal */
+} ds4n_attn_layer;
+
+/* xn: T normalized rows of n_embd; positions [pos0, pos0+T) (the caller checked they fit
+ * in kv). The workspace must be reserved for T. */
+void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, ds4n_kv *kv, int layer,
+                    ds4n_dec_ws *ws, ds4n_pool *pool, const float *xn, int64_t T,
+                    int64_t pos0, float *out);
+
+/* ---- FFN ---------------------------------------------------------------------------- */
+
+enum { DS4N_ACT_SILU = 0, DS4N_ACT_GELU_TANH = 1 };
+
+typedef struct ds4n_ffn_layer {
+    const void *gate, *up, *down; /* gate NULL: up holds 2*n_ff rows, gate then up */
+    int32_t tgate, tup, tdown;
+    int32_t act;
+} ds4n_ffn_layer;
+
+void ds4n_ffn(const ds4n_dec_dims *d, const ds4n_ffn_layer *w, ds4n_dec_ws *ws,
+              ds4n_pool *pool, const float *xn, int64_t T, float *out);
+
+/* ---- session ------------------------------------------------------------------------ */
+
+/* Results of the eval calls of the families built on these pieces. */
+enum { DS4N_OK = 0, DS4N_ERR_CONTEXT_FULL = -1, DS4N_ERR_BAD_TOKEN = -2, DS4N_ERR_NO_MEMORY = -3 };
+
+/* One sequence's state: KV cache sized to n_ctx, the position count, the workspace and the
+ * residual-stream rows of the current call. A family's eval is:
+ *   rc = ds4n_dec_begin(s, pool, embd, embd_type, n_vocab, tokens, T);  (s->x = embeddings)
+ *   per layer: ds4n_rms_norm(s->x -> s->xn), ds4n_attention(... s->xn ... s->tmp),
+ *              add s->tmp to s->x, the FFN likewise;
+ *   ds4n_dec_finish(s, pool, output norm, head, ..., logits, all_logits). */
+typedef struct ds4n_dec_session {
+    ds4n_dec_dims dims;
+    int64_t n_ctx, n_past;
+    ds4n_kv kv;
+    ds4n_dec_ws ws;
+    int64_t cap_tok;
+    float *x, *xn, *tmp; /* residual stream, normalized rows, a step's output: T x n_embd */
+} ds4n_dec_session;
+
+ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx);
+void ds4n_dec_session_free(ds4n_dec_session *s);
+int64_t ds4n_dec_session_n_past(const ds4n_dec_session *s);
+int64_t ds4n_dec_session_n_ctx(const ds4n_dec_session *s);
+int64_t ds4n_dec_session_kv_bytes(const ds4n_dec_session *s);
+/* Truncation (rewind), or after ds4n_dec_session_kv_set of every layer the count of a loaded
+ * state. 0, or -1 when n is outside [0, n_ctx]. */
+int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n);
+int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int layer, int which, int64_t n,
+                            float *dst);
+int ds4n_dec_session_kv_set(ds4n_dec_session *s, int layer, int which, int64_t n,
+                            const float *src);
+
+/* Checks the call (room for T tokens, ids in [0, n_vocab)), reserves all scratch, and
+ * writes the tokens' embedding rows to s->x, times embd_scale when it is not 1. DS4N_OK,
+ * or an error with nothing changed. */
+int ds4n_dec_begin(ds4n_dec_session *s, ds4n_pool *pool, const void *embd, int32_t embd_type,
+                   int32_t n_vocab, const int32_t *tokens, int64_t T, float embd_scale);
+/* Advances n_past by T; when logits is not NULL, fills it with the last row's (or every
+ * row's when all_logits) logits: RMSNorm(norm_w, eps), the head matrix, then
+ * softcap * tanh(logit / softcap) when softcap > 0. */
+void ds4n_dec_finish(ds4n_dec_session *s, ds4n_pool *pool, const float *norm_w, float eps,
+                     const void *head, int32_t head_type, int32_t n_vocab, int64_t T,
+                     float *logits, int all_logits, float softcap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,144 @@
+/* The gpt-oss forward pass (see gptoss.h), composed from the shared decoder pieces
+ * (decoder.h, whose session it uses) and the MoE FFN (moe.h). */
+#include "gptoss.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe.h"
+
+struct ds4n_gptoss {
+    ds4n_gptoss_hparams hp;
+    ds4n_dec_dims dims;
+    ds4n_rope rope;
+    const void **w; /* DS4N_GPTOSS_N_GLOBAL + n_layer * DS4N_GPTOSS_N_PER_LAYER */
+    int32_t *type;
+    ds4n_attn_layer *attn; /* per layer */
+    ds4n_moe *moe;         /* per layer */
+    ds4n_moe_scratch *scratch; /* the MoE working memory of every eval (they never overlap) */
+};
+
+static const void *weight(const ds4n_gptoss *m, int il, int slot) {
+    return m->w[DS4N_GPTOSS_N_GLOBAL + il * DS4N_GPTOSS_N_PER_LAYER + slot];
+}
+static int wtype(const ds4n_gptoss *m, int il, int slot) {
+    return m->type[DS4N_GPTOSS_N_GLOBAL + il * DS4N_GPTOSS_N_PER_LAYER + slot];
+}
+
+ds4n_gptoss *ds4n_gptoss_new(const ds4n_gptoss_hparams *hp, const void *const *tensors,
+                             const int32_t *types) {
+    if (hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
+        hp->n_head % hp->n_head_kv != 0 || hp->head_dim <= 0 || hp->n_vocab <= 0 ||
+        hp->n_embd <= 0 || hp->n_rot <= 0 || hp->n_rot > hp->head_dim || hp->window < 0 ||
+        !hp->sliding || !tensors[DS4N_GPTOSS_OUTPUT])
+        return NULL;
+    ds4n_gptoss *m = calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->hp = *hp;
+    m->hp.sliding = NULL; /* the caller's arrays are read here, not kept */
+    m->hp.rope_factors = NULL;
+    m->dims = (ds4n_dec_dims){.n_embd = hp->n_embd, .n_head = hp->n_head,
+                              .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
+                              .n_ff = 0, .norm_eps = hp->rms_eps};
+    const ds4n_rope_params rp = {.n_rot = hp->n_rot, .mode = DS4N_ROPE_NEOX,
+                                 .base = hp->rope_base, .freq_scale = 1.0f,
+                                 .freq_factors = hp->rope_factors,
+                                 .attn_factor = hp->rope_attn_factor};
+    const int n_slots = DS4N_GPTOSS_N_GLOBAL + hp->n_layer * DS4N_GPTOSS_N_PER_LAYER;
+    m->w = malloc(sizeof(void *) * n_slots);
+    m->type = malloc(sizeof(int32_t) * n_slots);
+    m->attn = calloc((size_t)hp->n_layer, sizeof *m->attn);
+    m->moe = calloc((size_t)hp->n_layer, sizeof *m->moe);
+    m->scratch = ds4n_moe_scratch_new();
+    if (!m->w || !m->type || !m->attn || !m->moe || !m->scratch ||
+        ds4n_rope_init(&m->rope, &rp) != 0) {
+        ds4n_gptoss_free(m);
+        return NULL;
+    }
+    memcpy(m->w, tensors, sizeof(void *) * n_slots);
+    memcpy(m->type, types, sizeof(int32_t) * n_slots);
+    for (int il = 0; il < hp->n_layer; il++) {
+        m->attn[il] = (ds4n_attn_layer){
+            .wq = weight(m, il, DS4N_GPTOSS_WQ), .wk = weight(m, il, DS4N_GPTOSS_WK),
+            .wv = weight(m, il, DS4N_GPTOSS_WV), .wo = weight(m, il, DS4N_GPTOSS_WO),
+            .tq = wtype(m, il, DS4N_GPTOSS_WQ), .tk = wtype(m, il, DS4N_GPTOSS_WK),
+            .tv = wtype(m, il, DS4N_GPTOSS_WV), .to = wtype(m, il, DS4N_GPTOSS_WO),
+            .bq = weight(m, il, DS4N_GPTOSS_BQ), .bk = weight(m, il, DS4N_GPTOSS_BK),
+            .bv = weight(m, il, DS4N_GPTOSS_BV), .bo = weight(m, il, DS4N_GPTOSS_BO),
+            .sinks = weight(m, il, DS4N_GPTOSS_SINKS),
+            .rope = &m->rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim),
+            .window = hp->sliding[il] ? hp->window : 0,
+        };
+        m->moe[il] = (ds4n_moe){
+            .n_expert = hp->n_expert, .n_used = hp->n_used, .n_embd = hp->n_embd,
+            .n_ff = hp->n_ff_exp, .gating = DS4N_MOE_SOFTMAX_WEIGHT,
+            .activation = DS4N_MOE_SWIGLU_OAI, .norm_weights = 0,
+            .weights_scale = hp->weights_scale, .oai_alpha = hp->swiglu_alpha,
+            .oai_limit = hp->swiglu_limit,
+            .router = weight(m, il, DS4N_GPTOSS_GATE_INP),
+            .router_type = wtype(m, il, DS4N_GPTOSS_GATE_INP),
+            .router_bias = weight(m, il, DS4N_GPTOSS_GATE_INP_B),
+            .gate = weight(m, il, DS4N_GPTOSS_GATE_EXPS),
+            .up = weight(m, il, DS4N_GPTOSS_UP_EXPS),
+            .down = weight(m, il, DS4N_GPTOSS_DOWN_EXPS),
+            .gate_type = wtype(m, il, DS4N_GPTOSS_GATE_EXPS),
+            .up_type = wtype(m, il, DS4N_GPTOSS_UP_EXPS),
+            .down_type = wtype(m, il, DS4N_GPTOSS_DOWN_EXPS),
+            .gate_bias = weight(m, il, DS4N_GPTOSS_GATE_EXPS_B),
+            .up_bias = weight(m, il, DS4N_GPTOSS_UP_EXPS_B),
+            .down_bias = weight(m, il, DS4N_GPTOSS_DOWN_EXPS_B),
+        };
+        if (!ds4n_moe_valid(&m->moe[il])) {
+            ds4n_gptoss_free(m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+void ds4n_gptoss_free(ds4n_gptoss *m) {
+    if (!m) return;
+    free(m->w);
+    free(m->type);
+    free(m->attn);
+    free(m->moe);
+    ds4n_moe_scratch_free(m->scratch);
+    free(m);
+}
+
+ds4n_dec_session *ds4n_gptoss_session_new(const ds4n_gptoss *m, int64_t n_ctx) {
+    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
+}
+
+int64_t ds4n_gptoss_expert_bytes(const ds4n_gptoss *m) { return ds4n_moe_expert_bytes(m->scratch); }
+
+static void add_rows(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+int ds4n_gptoss_eval(const ds4n_gptoss *m, ds4n_dec_session *s, ds4n_pool *pool,
+                     const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+    const ds4n_gptoss_hparams *hp = &m->hp;
+    const int rc = ds4n_dec_begin(s, pool, m->w[DS4N_GPTOSS_TOKEN_EMBD],
+                                  m->type[DS4N_GPTOSS_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
+    if (rc != DS4N_OK || T <= 0) return rc;
+    if (ds4n_moe_scratch_reserve(m->scratch, &m->moe[0], T) != DS4N_MOE_OK)
+        return DS4N_ERR_NO_MEMORY; /* every layer's experts have the same shape */
+    const int E = hp->n_embd;
+    for (int il = 0; il < hp->n_layer; il++) {
+        ds4n_rms_norm(s->x, weight(m, il, DS4N_GPTOSS_ATTN_NORM), s->xn, T, E, hp->rms_eps);
+        ds4n_attention(&m->dims, &m->attn[il], &s->kv, il, &s->ws, pool, s->xn, T, s->n_past,
+                       s->tmp);
+        add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(s->x, weight(m, il, DS4N_GPTOSS_POST_ATTN_NORM), s->xn, T, E,
+                      hp->rms_eps);
+        const int mrc = ds4n_moe_forward(pool, &m->moe[il], m->scratch, s->xn, T, s->tmp);
+        if (mrc != DS4N_MOE_OK) /* n_past unchanged: the K/V rows written are not held */
+            return mrc == DS4N_MOE_ERR_BAD_EXPERT ? DS4N_ERR_BAD_EXPERT : DS4N_ERR_NO_MEMORY;
+        add_rows(s->x, s->tmp, T * E);
+    }
+    ds4n_dec_finish(s, pool, m->w[DS4N_GPTOSS_OUTPUT_NORM], hp->rms_eps, m->w[DS4N_GPTOSS_OUTPUT],
+                    m->type[DS4N_GPTOSS_OUTPUT], hp->n_vocab, T, logits, all_logits, 0.0f);
+    return DS4N_OK;
+}
