@@ -52,15 +52,15 @@ enum {
 };
 
 /* Return codes of every int-returning entry point (0 is success). The Python side maps
- * each to its message (ds4d/engine/deepseek4.py ERRORS); -1..-3 mean what they mean for
- * the other families. */
+ * each to its message (ds4d/engine/deepseek4.py ERRORS); -1..-4 mean what they mean for
+ * the other families (decoder.h, moe). */
 enum {
     DSV4_OK = 0,
     DSV4_ERR_CONTEXT = -1,   /* the tokens would overflow the session's context */
     DSV4_ERR_TOKEN = -2,     /* a token id outside the vocabulary */
     DSV4_ERR_NOMEM = -3,     /* out of memory */
-    DSV4_ERR_UNBOUND = -4,   /* a tensor the forward needs is not bound */
-    DSV4_ERR_EXPERT = -5,    /* the hash-routing table names an expert outside 0..n_expert-1 */
+    DSV4_ERR_EXPERT = -4,    /* the hash-routing table names an expert outside 0..n_expert-1 */
+    DSV4_ERR_UNBOUND = -5,   /* a tensor the forward needs is not bound */
     DSV4_ERR_TENSOR = -6,    /* a tensor's type or byte length does not fit its slot */
     DSV4_ERR_ARG = -7,       /* a bad argument: null pointer, index, length or count */
 };

@@ -39,8 +39,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ds4d.engine import decoder, native
 from ds4d.engine import deepseek4_layout as layout
-from ds4d.engine import native
 from ds4d.engine.errors import EngineError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
@@ -76,13 +76,11 @@ PAYLOAD_MAGIC = 0x34565344  # "DSV4"
 PAYLOAD_VERSION = 1
 _PAYLOAD_HEADER = struct.Struct("<13I")
 
-# The DSV4_ERR_* codes of native/deepseek4.h; -1..-3 as for the other families.
+# The DSV4_ERR_* codes of native/deepseek4.h: the other families' codes (-1..-4, the
+# expert id -4 is a hash-routing table entry here) and those only this family returns.
 ERRORS = {
-    -1: "context is full",
-    -2: "token id out of range",
-    -3: "out of memory",
-    -4: "a tensor the forward needs is not bound",
-    -5: "the hash-routing table (ffn_gate_tid2eid) names an expert that does not exist",
+    **decoder.ERRORS,
+    -5: "a tensor the forward needs is not bound",
     -6: "a tensor's type or size does not fit its slot",
     -7: "bad argument (pointer, index, length or count)",
 }
