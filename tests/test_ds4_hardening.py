@@ -8,6 +8,7 @@ from __future__ import annotations
 import ctypes
 import io
 import re
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -231,3 +232,28 @@ def test_eval_refuses_a_chunk_past_the_c_limit(engine):
         assert st.n_past == 0
     finally:
         st.close()
+
+
+@pytest.mark.parametrize(
+    ("replacement", "why"),
+    [
+        (lambda m: m.replace(" ", "x", 1), "expected two tokens separated by a space"),
+        # U+0283 is no byte-level symbol; the first merge ("\u0120 t") starts with one
+        (lambda m: "\u0283" + m[1:], "out of vocabulary"),
+    ],
+)
+def test_corrupt_merge_refused_at_open_with_one_line(synth_path, tmp_path, replacement, why):
+    """A damaged merge (found by mutating the file) used to escape as tokenizers' bare
+    Exception, or as a many-line TypeError."""
+    gf = GGUFFile(synth_path)
+    merge = gf.get_array("tokenizer.ggml.merges").strings()[0]
+    new = replacement(merge)
+    old_entry = struct.pack("<Q", len(merge.encode())) + merge.encode()
+    new_entry = struct.pack("<Q", len(new.encode())) + new.encode()
+    data = synth_path.read_bytes()
+    assert data.count(old_entry) == 1 and len(new_entry) == len(old_entry)
+    bad = tmp_path / "bad_merge.gguf"
+    bad.write_bytes(data.replace(old_entry, new_entry))
+    with pytest.raises(ModelLoadError) as e:
+        Engine.open(bad, threads=1)
+    assert "\n" not in str(e.value) and why in str(e.value) and str(bad) in str(e.value)
