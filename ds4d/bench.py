@@ -6,6 +6,10 @@ the span added since the previous frontier (so each row measures prefill at that
 then `--gen-tokens` tokens are generated greedily (end-of-generation tokens skipped so
 every row generates the same count) and rewound, leaving the prompt state for the next
 span. Output: a table on stdout, `--csv FILE`, `--plot FILE.png`.
+
+`--bandwidth` measures the machine's multi-threaded read bandwidth (the decode bound) and
+exits; `--profile` adds, at each frontier, a profiled generation that splits a token's time
+into its parts (see ds4d/bench_profile.py), written with `--profile-csv` / `--profile-plot`.
 """
 
 from __future__ import annotations
@@ -23,8 +27,15 @@ import numpy as np
 from ds4d.cli import CliError
 
 CSV_FIELDS = (
-    "ctx", "prefill_tokens", "prefill_s", "prefill_tps", "gen_tokens", "gen_s", "gen_tps",
-    "kv_bytes", "peak_rss_bytes",
+    "ctx",
+    "prefill_tokens",
+    "prefill_s",
+    "prefill_tps",
+    "gen_tokens",
+    "gen_s",
+    "gen_tps",
+    "kv_bytes",
+    "peak_rss_bytes",
 )
 
 
@@ -43,7 +54,8 @@ class Row:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="GGUF file (default: the embedded model)")
-    p.add_argument("--prompt-file", required=True, help="text to prefill (repeated if short)")
+    p.add_argument("--prompt-file", help="text to prefill (repeated if short); required "
+                   "unless --bandwidth")  # fmt: skip
     p.add_argument("--ctx-start", type=int, default=512, help="first frontier (tokens)")
     p.add_argument("--ctx-max", type=int, default=4096, help="last frontier (tokens)")
     p.add_argument("--step-incr", type=int, default=512, help="tokens added per frontier")
@@ -51,9 +63,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
     p.add_argument("--csv", type=Path, help="write rows as CSV to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of t/s against context")
+    p.add_argument(
+        "--bandwidth",
+        action="store_true",
+        help="measure the read bandwidth of --threads threads and exit",
+    )
+    p.add_argument(
+        "--bandwidth-mib",
+        type=int,
+        default=512,
+        help="buffer streamed by the bandwidth measure (far above the caches)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile a generation at each frontier (time per part)",
+    )
+    p.add_argument("--profile-csv", type=Path, help="write the profile as CSV (implies --profile)")
+    p.add_argument("--profile-plot", type=Path,
+                   help="write the profile as a PNG (implies --profile)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bandwidth:
+        return run_bandwidth(args)
+    if not args.prompt_file:
+        raise CliError("--prompt-file is required (unless --bandwidth)", 2)
     _check_sweep(args)
     from ds4d.engine import Engine, EngineError
     from ds4d.engine.default_model import resolve_model_path
@@ -70,21 +105,86 @@ def run(args: argparse.Namespace) -> int:
         f"threads {engine.threads}, prompt {args.prompt_file}",
         flush=True,
     )
-    rows = sweep(engine, tokens, args.ctx_start, args.ctx_max, args.step_incr, args.gen_tokens)
+    profiler = None
+    if args.profile or args.profile_csv or args.profile_plot:
+        profiler = _Profiler(engine, args.bandwidth_mib)
+    rows = sweep(engine, tokens, args.ctx_start, args.ctx_max, args.step_incr, args.gen_tokens,
+                 after_generation=profiler)  # fmt: skip
     if args.csv:
         write_csv(args.csv, rows)
     if args.plot:
         write_plot(args.plot, rows, title=f"ds4d bench: {info.name}, {engine.threads} threads")
+    if profiler is not None:
+        profiler.report(args, title=f"ds4d decode profile: {info.name}, {engine.threads} threads")
     return 0
 
 
-def sweep(engine, tokens: list[int], ctx_start: int, ctx_max: int, step: int,
-          gen_tokens: int) -> list[Row]:
-    """Runs the sweep on one session and returns one Row per frontier (also printed)."""
+def run_bandwidth(args: argparse.Namespace) -> int:
+    from ds4d.engine import EngineError, native
+
+    if args.bandwidth_mib < 1:
+        raise CliError("--bandwidth-mib must be ≥ 1", 2)
+    try:
+        with native.Pool(args.threads) as pool:
+            bw = native.read_bandwidth(pool, args.bandwidth_mib << 20)
+            threads = pool.threads
+    except EngineError as e:
+        raise CliError(str(e)) from None
+    print(f"read bandwidth: {bw / 1e9:.1f} GB/s ({threads} threads, "
+          f"{args.bandwidth_mib} MiB buffer, best of 5)")  # fmt: skip
+    return 0
+
+
+class _Profiler:
+    """The --profile hook of the sweep: a profiled generation at every frontier."""
+
+    def __init__(self, engine, bandwidth_mib: int) -> None:
+        from ds4d.engine import native
+
+        self.engine = engine
+        self.bandwidth = native.read_bandwidth(engine.pool, bandwidth_mib << 20)
+        self.parts: list = []
+        print(f"# read bandwidth {self.bandwidth / 1e9:.1f} GB/s ({engine.threads} threads): "
+              f"the bound of the profile", flush=True)  # fmt: skip
+
+    def __call__(self, session, ctx: int, gen_tokens: int, stop_ids: np.ndarray) -> None:
+        from ds4d.bench_profile import print_parts, profile_decode
+
+        if gen_tokens == 0:
+            return
+        parts = profile_decode(self.engine, session, gen_tokens, stop_ids, self.bandwidth)
+        session.rewind(ctx)
+        print_parts(parts)
+        self.parts += parts
+
+    def report(self, args: argparse.Namespace, title: str) -> None:
+        from ds4d.bench_profile import write_parts_csv, write_parts_plot
+
+        if args.profile_csv and self.parts:
+            write_parts_csv(args.profile_csv, self.parts)
+        if args.profile_plot and self.parts:
+            write_parts_plot(args.profile_plot, self.parts, title)
+
+
+def sweep(
+    engine,
+    tokens: list[int],
+    ctx_start: int,
+    ctx_max: int,
+    step: int,
+    gen_tokens: int,
+    after_generation=None,
+) -> list[Row]:
+    """Runs the sweep on one session and returns one Row per frontier (also printed).
+    after_generation(session, ctx, gen_tokens, stop_ids), if given, runs at each frontier
+    after the timed generation (the session rewound to ctx), and must leave it at ctx."""
     session = engine.new_session(ctx_max + gen_tokens)
     stop_ids = np.fromiter(engine.tokenizer.eog_ids, dtype=np.int64)
-    print(f"{'ctx':>7} {'prefill':>8} {'prefill t/s':>12} {'gen t/s':>9} {'KV MB':>8} "
-          f"{'peak RSS MB':>12}", flush=True)
+    print(
+        f"{'ctx':>7} {'prefill':>8} {'prefill t/s':>12} {'gen t/s':>9} {'KV MB':>8} "
+        f"{'peak RSS MB':>12}",
+        flush=True,
+    )
     rows: list[Row] = []
     frontier = 0
     for ctx in range(ctx_start, ctx_max + 1, step):
@@ -96,15 +196,25 @@ def sweep(engine, tokens: list[int], ctx_start: int, ctx_max: int, step: int,
         session.rewind(ctx)
         frontier = ctx
         row = Row(
-            ctx=ctx, prefill_tokens=len(span), prefill_s=prefill_s,
-            prefill_tps=len(span) / prefill_s, gen_tokens=gen_tokens, gen_s=gen_s,
+            ctx=ctx,
+            prefill_tokens=len(span),
+            prefill_s=prefill_s,
+            prefill_tps=len(span) / prefill_s,
+            gen_tokens=gen_tokens,
+            gen_s=gen_s,
             gen_tps=gen_tokens / gen_s if gen_tokens else 0.0,
-            kv_bytes=session.kv_bytes, peak_rss_bytes=_peak_rss(),
+            kv_bytes=session.kv_bytes,
+            peak_rss_bytes=_peak_rss(),
         )
         rows.append(row)
-        print(f"{row.ctx:>7} {row.prefill_tokens:>8} {row.prefill_tps:>12.1f} "
-              f"{row.gen_tps:>9.1f} {row.kv_bytes / 1e6:>8.1f} "
-              f"{row.peak_rss_bytes / 1e6:>12.1f}", flush=True)
+        print(
+            f"{row.ctx:>7} {row.prefill_tokens:>8} {row.prefill_tps:>12.1f} "
+            f"{row.gen_tps:>9.1f} {row.kv_bytes / 1e6:>8.1f} "
+            f"{row.peak_rss_bytes / 1e6:>12.1f}",
+            flush=True,
+        )
+        if after_generation is not None:
+            after_generation(session, ctx, gen_tokens, stop_ids)
     session.close()
     return rows
 
@@ -125,8 +235,9 @@ def write_csv(path: Path, rows: list[Row]) -> None:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         w.writeheader()
         for r in rows:
-            w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v)
-                        for k, v in asdict(r).items()})
+            w.writerow(
+                {k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in asdict(r).items()}
+            )
 
 
 def write_plot(path: Path, rows: list[Row], title: str) -> None:
@@ -158,7 +269,6 @@ def _check_sweep(args: argparse.Namespace) -> None:
         raise CliError("--ctx-max must be ≥ --ctx-start", 2)
 
 
-
 def _read_prompt(path: str) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -180,8 +290,10 @@ def _prompt_tokens(engine, text: str, needed: int) -> list[int]:
         chars *= 2
     if len(tokens) < needed:
         reps = -(-needed // len(tokens))
-        print(f"# prompt has {len(tokens)} tokens; repeated {reps}x to reach {needed}",
-              file=sys.stderr)
+        print(
+            f"# prompt has {len(tokens)} tokens; repeated {reps}x to reach {needed}",
+            file=sys.stderr,
+        )
         tokens = tokens * reps
     return tokens[:needed]
 

@@ -7,7 +7,7 @@
 
 AARCH64_CC   ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
-KERNEL_SRCS  := quants.c simd.c threadpool.c matmul.c
+KERNEL_SRCS  := quants.c simd.c threadpool.c matmul.c profile.c
 NEON_SRCS    := quants_neon.c matmul_neon.c
 CHECK_SRC    := tests/check_kernels.c
 ATTN_CHECK   := ../tests/reference/check_attention.c

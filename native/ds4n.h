@@ -63,6 +63,38 @@ void ds4n_matmul(ds4n_pool *pool, int type, const void *W, int64_t rows, int64_t
 void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K,
                       const float *X, int64_t T, float *Y, int ith, int nth);
 
+/* Multi-threaded read bandwidth, bytes per second, the bound decode is measured against: the
+ * pool's threads each stream their share of a buffer of `bytes` (allocated and written here;
+ * make it far larger than the caches); the best of reps passes. -1 if it cannot allocate. */
+double ds4n_read_bandwidth(ds4n_pool *pool, int64_t bytes, int reps);
+
+/* Next-token draw from the candidates' logits values[0..n): top_k (0 = off), then top_p
+ * (1 = off), then min_p (0 = off), judged at temperature 1, then temperature (> 0) reshapes
+ * the draw among the survivors; u in [0, 1) is the one uniform number the draw uses.
+ * Returns the chosen position (the first NaN, or the best if its logit is infinite, as a
+ * greedy pick); -1 for a bad argument, -2 out of memory. One pass per filter, no sort of
+ * the vocabulary, no allocation per call. */
+int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, float min_p,
+                    float temperature, double u);
+
+/* Decode profile (off by default; costs one relaxed load per hook when off). enable(1)
+ * clears the counters and starts timing every pool dispatch and matmul part; mark() closes
+ * one forward pass (call it between tokens). read() copies up to max entries (one per
+ * matmul shape: type, decode or prefill, rows, K), returns how many exist, and fills
+ * totals[DS4N_PROFILE_TOTALS]: dispatches, dispatch wall ns, busy ns (summed over
+ * threads), wall and busy ns of non-matmul pool work (attention), wall ns of the marked
+ * forward passes from first dispatch start to last dispatch end, passes marked.
+ * A dispatch's wall time is shared among its matmuls and other work by busy time. */
+typedef struct {
+    int32_t type, prefill;
+    int64_t rows, K, calls, wall_ns, busy_ns;
+    int64_t parts; /* shares run: calls x threads */
+} ds4n_profile_entry;
+#define DS4N_PROFILE_TOTALS 7
+void ds4n_profile_enable(int on);
+void ds4n_profile_mark(void);
+int ds4n_profile_read(ds4n_profile_entry *out, int max, int64_t *totals);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,7 +1,9 @@
 /* Y = X · Wᵀ for quantized W, float32 X and Y. Activations are never quantized.
  *
- * T == 1 (decode): one fused dequantize-dot per weight row; the rows are split across the
- * workers, so each streams its share of the matrix from memory exactly once.
+ * T == 1 (decode): fused dequantize-dot kernels over DS4N_MV_ROWS rows at a time (each block
+ * of x loaded once for all of them, the rows from DS4N_MV_ROWS sequential streams); the rows
+ * are split across the workers, so each streams its share of the matrix once. The per-32 sums of x are taken once per
+ * matvec for the types whose blocks carry a min (min·Σx).
  *
  * T > 1 (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
  * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into a float buffer (64 KB,
@@ -9,10 +11,12 @@
  * DS4N_TILE_COLS tokens of SIMD accumulators) over every token against it; each micro-kernel
  * call streams its 3 token rows from L1. Long panels measured best (fewer horizontal sums and
  * partial-sum passes over Y); the typical model row (K <= 1024) is a single panel. */
+#include "profile.h"
 #include "quants.h"
 
 #define PANEL_ROWS 16
 #define PANEL_K 1024 /* a multiple of every block size */
+#define XSUM_MAX 4096 /* per-32 sums of x kept on the stack: rows up to 131072 values */
 
 struct matmul_job {
     int type;
@@ -33,10 +37,33 @@ static void share(int64_t rows, int ith, int nth, int64_t *begin, int64_t *end) 
 
 static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
-    ds4n_dot_fn dot = ds4n_active_kernels(m->type)->dot;
+    const struct ds4n_row_kernels *k = ds4n_active_kernels(m->type);
     int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
-    for (int64_t r = r0; r < r1; r++, w += row_bytes) m->Y[r] = dot(w, m->X, m->K);
+    if (!k->rows || m->K % QK != 0 || m->K / QK > XSUM_MAX) {
+        for (int64_t r = r0; r < r1; r++, w += row_bytes) m->Y[r] = k->dot(w, m->X, m->K);
+        return;
+    }
+    float xsum[XSUM_MAX];
+    for (int64_t b = 0; b < m->K / QK; b++) {
+        float s = 0.0f;
+        for (int j = 0; j < QK; j++) s += m->X[b * QK + j];
+        xsum[b] = s;
+    }
+    /* DS4N_MV_ROWS streams, each a contiguous run of rows: the kernel reads one row of each
+     * per pass. Adjacent rows per pass measured slower: rows of a small model are a few
+     * cache lines, and hopping between them defeats the hardware prefetcher; long runs
+     * keep every stream sequential. */
+    const int64_t n = r1 - r0;
+    const int R = n < DS4N_MV_ROWS ? (int)n : DS4N_MV_ROWS;
+    const int64_t len = n / R;
+    float out[DS4N_MV_ROWS];
+    for (int64_t j = 0; j < len; j++) {
+        k->rows(w + j * row_bytes, len * row_bytes, m->X, xsum, m->K, out, R);
+        for (int r = 0; r < R; r++) m->Y[r0 + r * len + j] = out[r];
+    }
+    for (int64_t r = r0 + R * len; r < r1; r++)
+        k->rows((const uint8_t *)m->W + r * row_bytes, row_bytes, m->X, xsum, m->K, m->Y + r, 1);
 }
 
 static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
@@ -72,9 +99,10 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const fl
     struct matmul_job m = {type, W, rows, K, T, X, Y};
     int64_t r0, r1;
     share(rows, ith, nth, &r0, &r1);
-    if (r0 >= r1) return;
-    if (T == 1) matvec_rows(&m, r0, r1);
-    else gemm_rows(&m, r0, r1);
+    const int64_t t0 = ds4n_profile_on() ? ds4n_now_ns() : 0;
+    if (r0 < r1 && T == 1) matvec_rows(&m, r0, r1);
+    else if (r0 < r1) gemm_rows(&m, r0, r1);
+    if (t0) ds4n_profile_matmul(type, rows, K, T, ds4n_now_ns() - t0);
 }
 
 static void matmul_task(void *ctx, int ith, int nth) {

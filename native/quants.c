@@ -313,7 +313,7 @@ static void tile_scalar(const float *W, int64_t ldw, const float *X, int64_t ldx
         }
 }
 
-#define ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name}
+#define ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL} /* no multi-row kernels */
 const struct ds4n_kernel_set ds4n_scalar_set = {
     .row = {
         ROW(F32, f32), ROW(F16, f16), ROW(BF16, bf16),

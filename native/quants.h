@@ -113,9 +113,16 @@ static inline int ds4n_iq4_xs_scale(const block_iq4_xs *b, int ib) {
 /* Row kernels of one type at one SIMD level; n is a multiple of the block size. */
 typedef void (*ds4n_dequant_fn)(const void *src, float *dst, int64_t n);
 typedef float (*ds4n_dot_fn)(const void *w, const float *x, int64_t n);
+/* Decode matvec over R (1..DS4N_MV_ROWS) rows, row_stride bytes apart: y[r] = row r · x.
+ * Each block of x is loaded once for all R rows, and the R weight streams are read in step.
+ * xsum[b] = Σ x[32b .. 32b+32): the types with a per-block min fold it in as min·xsum. */
+typedef void (*ds4n_rows_fn)(const void *w, int64_t row_stride, const float *x,
+                             const float *xsum, int64_t n, float *y, int R);
+#define DS4N_MV_ROWS 4
 struct ds4n_row_kernels {
     ds4n_dequant_fn dequantize;
     ds4n_dot_fn dot;
+    ds4n_rows_fn rows; /* NULL: the matvec runs dot row by row */
 };
 
 /* GEMM micro-kernel: for r < R (1..4) and t < C (1..3), acc[r][t] = dot(W + r*ldw, X + t*ldx)

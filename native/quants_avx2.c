@@ -26,6 +26,12 @@ static inline vacc v16_dot(v16 q, const float *x) {
     return _mm256_fmadd_ps(q.v[1], _mm256_loadu_ps(x + 8), lo);
 }
 
+/* acc + q·x, lane-wise (no horizontal sum). */
+static inline vacc v16_fma(vacc acc, v16 q, const float *x) {
+    acc = _mm256_fmadd_ps(q.v[0], _mm256_loadu_ps(x), acc);
+    return _mm256_fmadd_ps(q.v[1], _mm256_loadu_ps(x + 8), acc);
+}
+
 static inline vacc v16_sum(const float *x) {
     return _mm256_add_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(x + 8));
 }

@@ -5,6 +5,7 @@
  *   vfma_s(acc, s, v)     acc + s·v (s a float)
  *   v16                   16 floats in registers
  *   v16_dot(q, x)         Σ q·x over x[0..16), as a vector;   v16_sum(x)  Σ x, as a vector
+ *   v16_fma(acc, q, x)    acc + that Σ q·x
  *   v16_store(y, q, d)    y = d·q;   v16_store_affine(y, q, d, m)  y = d·q + m (no FMA)
  *   f16(h)                half -> float
  *   dequant_float(), dot_float()   for F32/F16/BF16 rows
@@ -18,7 +19,8 @@
  *                                              (IQ4_NL, IQ4_XS, MXFP4)
  *
  * Dequantizers do the scalar kernels' products in the same order without fusing, so they
- * are bit-identical to them; dots apply each block's scales once to Σq·x (and its min to Σx). */
+ * are bit-identical to them; dots apply each block's scales once to Σq·x (and its min to Σx).
+ * The multi-row matvecs (rows_*) run R rows of a decode matvec in one pass over x. */
 #ifndef DS4N_QUANTS_GENERIC_H
 #define DS4N_QUANTS_GENERIC_H
 
@@ -104,6 +106,29 @@ DS4N_INLINE float dot_legacy(int type, int64_t block_bytes, const void *w, const
     return vhsum(vadd(acc, accm));
 }
 
+/* Σq·x over one 32-value block, as a vector: one multiply and three FMAs. */
+DS4N_INLINE vacc block32_dot(const v16 q[2], const float *x) {
+    return v16_fma(v16_dot(q[0], x), q[1], x + 16);
+}
+
+DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64_t row_stride,
+                             const float *x, const float *xsum, int64_t n, float *y,
+                             const int R) {
+    vacc acc[DS4N_MV_ROWS];
+    float accm[DS4N_MV_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = vzero(), accm[r] = 0.0f;
+    const uint8_t *p = w;
+    struct legacy_block b;
+    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK) {
+        for (int r = 0; r < R; r++) {
+            load_legacy(type, p + r * row_stride, &b);
+            acc[r] = vfma_s(acc[r], b.d, block32_dot(b.q, x));
+            if (is_affine(type)) accm[r] += b.m * xsum[i];
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]) + accm[r];
+}
+
 /* ---- Q4_K / Q5_K: eight sub-blocks of 32, y = d·sc·q - dmin·m ---------------------------- */
 
 DS4N_INLINE void dequant_k_sub32(uint16_t d16, uint16_t dmin16, const uint8_t *scales,
@@ -142,6 +167,34 @@ DS4N_INLINE float dot_q45_K(const void *w, const float *x, int64_t n, int five) 
     return vhsum(vsub(acc, accm));
 }
 
+DS4N_INLINE void rows_q45_K(int five, const void *w, int64_t row_stride, const float *x,
+                            const float *xsum, int64_t n, float *y, const int R) {
+    const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    vacc acc[DS4N_MV_ROWS];
+    float accm[DS4N_MV_ROWS], d[DS4N_MV_ROWS], dmin[DS4N_MV_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = vzero(), accm[r] = 0.0f;
+    v16 q[2];
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += bb) {
+        for (int r = 0; r < R; r++) {
+            const block_q4_K *b4 = (const block_q4_K *)(p + r * row_stride);
+            d[r] = f16(b4->d), dmin[r] = f16(b4->dmin); /* same offsets in both layouts */
+        }
+        for (int s = 0; s < 8; s++, x += 32, xsum++) {
+            for (int r = 0; r < R; r++) {
+                const block_q4_K *b4 = (const block_q4_K *)(p + r * row_stride);
+                const block_q5_K *b5 = (const block_q5_K *)(p + r * row_stride);
+                uint8_t sc, m;
+                ds4n_k_scale_min(b4->scales, s, &sc, &m);
+                k45_codes(five ? b5->qs : b4->qs, five ? b5->qh : NULL, s, q);
+                acc[r] = vfma_s(acc[r], d[r] * (float)sc, block32_dot(q, x));
+                accm[r] += dmin[r] * (float)m * xsum[0];
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]) - accm[r];
+}
+
 static float dot_q4_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 0); }
 static float dot_q5_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 1); }
 
@@ -173,6 +226,27 @@ static float dot_q6_K(const void *w, const float *x, int64_t n) {
         }
     }
     return vhsum(acc);
+}
+
+DS4N_INLINE void rows_q6_K(const void *w, int64_t row_stride, const float *x, const float *xsum,
+                           int64_t n, float *y, const int R) {
+    vacc acc[DS4N_MV_ROWS];
+    float d[DS4N_MV_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = vzero();
+    v16 q[2];
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += sizeof(block_q6_K)) {
+        for (int r = 0; r < R; r++) d[r] = f16(((const block_q6_K *)(p + r * row_stride))->d);
+        for (int g = 0; g < 8; g++, x += 32) {
+            for (int r = 0; r < R; r++) {
+                const block_q6_K *b = (const block_q6_K *)(p + r * row_stride);
+                q6_codes(b, g / 4, g % 4, q);
+                acc[r] = vfma_s(acc[r], d[r] * (float)b->scales[2 * g], v16_dot(q[0], x));
+                acc[r] = vfma_s(acc[r], d[r] * (float)b->scales[2 * g + 1], v16_dot(q[1], x + 16));
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]);
 }
 
 /* ---- Q2_K / Q3_K: sixteen groups of 16 ---------------------------------------------------- */
@@ -299,6 +373,32 @@ static float dot_iq4_xs(const void *w, const float *x, int64_t n) {
 
 /* ---- the kernel set ------------------------------------------------------------------- */
 
+/* rows_<name>(w, row_stride, x, xsum, n, y, R) over body(args..., R) with R a constant, so the
+ * R accumulators stay in registers. */
+#define DS4N_ROWS_KERNEL(name, body, ...)                                                   \
+    static void rows_##name(const void *w, int64_t rb, const float *x, const float *xs,    \
+                            int64_t n, float *y, int R) {                                   \
+        switch (R) {                                                                        \
+        case 1: body(__VA_ARGS__, w, rb, x, xs, n, y, 1); break;                            \
+        case 2: body(__VA_ARGS__, w, rb, x, xs, n, y, 2); break;                            \
+        case 3: body(__VA_ARGS__, w, rb, x, xs, n, y, 3); break;                            \
+        default: body(__VA_ARGS__, w, rb, x, xs, n, y, 4); break;                           \
+        }                                                                                   \
+    }
+_Static_assert(DS4N_MV_ROWS == 4, "DS4N_ROWS_KERNEL covers 1..4 rows");
+#define DS4N_LEGACY_ROWS(name, T, block) DS4N_ROWS_KERNEL(name, rows_legacy, T, sizeof(block))
+DS4N_LEGACY_ROWS(q4_0, DS4N_Q4_0, block_q4_0)
+DS4N_LEGACY_ROWS(q4_1, DS4N_Q4_1, block_q4_1)
+DS4N_LEGACY_ROWS(q5_0, DS4N_Q5_0, block_q5_0)
+DS4N_LEGACY_ROWS(q5_1, DS4N_Q5_1, block_q5_1)
+DS4N_LEGACY_ROWS(q8_0, DS4N_Q8_0, block_q8_0)
+DS4N_LEGACY_ROWS(iq4_nl, DS4N_IQ4_NL, block_iq4_nl)
+DS4N_LEGACY_ROWS(mxfp4, DS4N_MXFP4, block_mxfp4)
+DS4N_ROWS_KERNEL(q4_K, rows_q45_K, 0)
+DS4N_ROWS_KERNEL(q5_K, rows_q45_K, 1)
+#define rows_q6_K_body(unused, ...) rows_q6_K(__VA_ARGS__)
+DS4N_ROWS_KERNEL(q6_K_R, rows_q6_K_body, 0)
+
 #define DS4N_GENERIC_KERNELS(name, T, block, kind)                             \
     static void dequant_##name(const void *s, float *y, int64_t n) {          \
         dequant_##kind(T, sizeof(block), s, y, n);                             \
@@ -328,16 +428,18 @@ DS4N_FLOAT_KERNELS(f16, DS4N_F16)
 DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
 
 /* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn`. */
-#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name}
+#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL}
+#define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name}
 #define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn)                                        \
     const struct ds4n_kernel_set set_name = {                                            \
         .row = {                                                                         \
             DS4N_ROW(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),                \
-            DS4N_ROW(Q4_0, q4_0), DS4N_ROW(Q4_1, q4_1), DS4N_ROW(Q5_0, q5_0),            \
-            DS4N_ROW(Q5_1, q5_1), DS4N_ROW(Q8_0, q8_0),                                  \
-            DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW(Q4_K, q4_K),            \
-            DS4N_ROW(Q5_K, q5_K), DS4N_ROW(Q6_K, q6_K), DS4N_ROW(IQ2_XXS, iq2_xxs),      \
-            DS4N_ROW(IQ4_NL, iq4_nl), DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW(MXFP4, mxfp4),  \
+            DS4N_ROW_MV(Q4_0, q4_0), DS4N_ROW_MV(Q4_1, q4_1), DS4N_ROW_MV(Q5_0, q5_0),   \
+            DS4N_ROW_MV(Q5_1, q5_1), DS4N_ROW_MV(Q8_0, q8_0),                            \
+            DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW_MV(Q4_K, q4_K),         \
+            DS4N_ROW_MV(Q5_K, q5_K), [DS4N_Q6_K] = {dequant_q6_K, dot_q6_K, rows_q6_K_R}, \
+            DS4N_ROW(IQ2_XXS, iq2_xxs), DS4N_ROW_MV(IQ4_NL, iq4_nl),                     \
+            DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW_MV(MXFP4, mxfp4),                         \
         },                                                                               \
         .tile = tile_fn,                                                                 \
     };

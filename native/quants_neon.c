@@ -26,6 +26,12 @@ static inline vacc v16_dot(v16 q, const float *x) {
     return vaddq_f32(a, b);
 }
 
+/* acc + q·x, lane-wise (no horizontal sum). */
+static inline vacc v16_fma(vacc acc, v16 q, const float *x) {
+    for (int k = 0; k < 4; k++) acc = vfmaq_f32(acc, q.v[k], vld1q_f32(x + 4 * k));
+    return acc;
+}
+
 static inline vacc v16_sum(const float *x) {
     return vaddq_f32(vaddq_f32(vld1q_f32(x), vld1q_f32(x + 4)),
                      vaddq_f32(vld1q_f32(x + 8), vld1q_f32(x + 12)));

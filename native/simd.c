@@ -67,6 +67,8 @@ int ds4n_set_simd(int level) {
         const struct ds4n_row_kernels *own = &set->row[t], *fallback = &scalar->row[t];
         active[t].dequantize = own->dequantize ? own->dequantize : fallback->dequantize;
         active[t].dot = own->dot ? own->dot : fallback->dot;
+        /* A multi-row kernel only with the set's own dot, so a matvec never mixes levels. */
+        active[t].rows = own->dot ? own->rows : fallback->rows;
     }
     active_tile = set->tile;
     active_level = level;

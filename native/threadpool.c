@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "ds4n.h"
+#include "profile.h"
 
 #define SPIN_NS 200000 /* how long an idle worker spins before sleeping */
 #define CLAIM_BITS 16  /* job word: generation << CLAIM_BITS | next share to claim */
@@ -30,6 +31,12 @@ struct ds4n_pool {
     _Alignas(64) atomic_int done;          /* shares of the current job finished */
     atomic_int sleepers;                   /* workers waiting on `wake` */
     atomic_int stop;
+    struct ds4n_prof_log *logs;            /* per thread, for the decode profile */
+};
+
+struct worker_arg {
+    ds4n_pool *pool;
+    int index;
 };
 
 static inline void cpu_relax(void) {
@@ -55,7 +62,14 @@ static void run_shares(ds4n_pool *pool, uint64_t gen) {
     while (generation(job) == gen && (int)(job & ((1u << CLAIM_BITS) - 1)) < nth) {
         if (!atomic_compare_exchange_weak(&pool->job, &job, job + 1)) continue;
         /* The job cannot finish while we hold a share, so fn and ctx are this job's. */
-        pool->fn(pool->ctx, (int)(job & ((1u << CLAIM_BITS) - 1)), nth);
+        if (ds4n_profile_on()) {
+            struct ds4n_prof_log *log = ds4n_profile_log();
+            const int64_t t0 = ds4n_now_ns();
+            pool->fn(pool->ctx, (int)(job & ((1u << CLAIM_BITS) - 1)), nth);
+            if (log) log->share_ns += ds4n_now_ns() - t0;
+        } else {
+            pool->fn(pool->ctx, (int)(job & ((1u << CLAIM_BITS) - 1)), nth);
+        }
         atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
         job = atomic_load(&pool->job);
     }
@@ -87,7 +101,10 @@ static uint64_t wait_for_job(ds4n_pool *pool, uint64_t seen) {
 }
 
 static void *worker_main(void *arg) {
-    ds4n_pool *pool = arg;
+    struct worker_arg a = *(struct worker_arg *)arg;
+    free(arg);
+    ds4n_pool *pool = a.pool;
+    ds4n_profile_set_log(&pool->logs[a.index]);
     uint64_t seen = 0;
     for (;;) {
         seen = wait_for_job(pool, seen);
@@ -119,7 +136,10 @@ ds4n_pool *ds4n_pool_new(int n_threads) {
     if (!pool) return NULL;
     memset(pool, 0, sizeof *pool);
     pool->threads = calloc((size_t)n_threads, sizeof *pool->threads);
-    if (!pool->threads) {
+    pool->logs = calloc((size_t)n_threads, sizeof *pool->logs);
+    if (!pool->threads || !pool->logs) {
+        free(pool->threads);
+        free(pool->logs);
         free(pool);
         return NULL;
     }
@@ -127,7 +147,10 @@ ds4n_pool *ds4n_pool_new(int n_threads) {
     pthread_cond_init(&pool->wake, NULL);
     pool->n_threads = n_threads;
     for (int i = 1; i < n_threads; i++) {
-        if (pthread_create(&pool->threads[i], NULL, worker_main, pool) != 0) {
+        struct worker_arg *arg = malloc(sizeof *arg);
+        if (arg) *arg = (struct worker_arg){pool, i};
+        if (!arg || pthread_create(&pool->threads[i], NULL, worker_main, arg) != 0) {
+            free(arg);
             pool->n_threads = i; /* run with the workers we have */
             break;
         }
@@ -143,14 +166,35 @@ void ds4n_pool_free(ds4n_pool *pool) {
     pthread_cond_destroy(&pool->wake);
     pthread_mutex_destroy(&pool->mutex);
     free(pool->threads);
+    free(pool->logs);
     free(pool);
 }
 
 int ds4n_pool_threads(const ds4n_pool *pool) { return pool ? pool->n_threads : 1; }
 
+static void run_jobs(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx);
+
 void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
+    if (!pool || !ds4n_profile_on()) {
+        run_jobs(pool, fn, ctx);
+        return;
+    }
+    ds4n_profile_set_log(&pool->logs[0]); /* the caller's: whichever thread calls */
+    const int64_t t0 = ds4n_now_ns();
+    run_jobs(pool, fn, ctx);
+    ds4n_profile_dispatch(pool->logs, pool->n_threads, t0, ds4n_now_ns());
+    ds4n_profile_set_log(NULL);
+}
+
+static void run_jobs(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
     if (!pool || pool->n_threads == 1) {
-        fn(ctx, 0, 1);
+        if (pool && ds4n_profile_on()) {
+            const int64_t t0 = ds4n_now_ns();
+            fn(ctx, 0, 1);
+            pool->logs[0].share_ns += ds4n_now_ns() - t0;
+        } else {
+            fn(ctx, 0, 1);
+        }
         return;
     }
     pool->fn = fn;

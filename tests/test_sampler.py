@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from ds4d.engine import native
 from ds4d.engine.sampler import SamplingParams, make_rng, sample
 
 N_VOCAB = 49152
@@ -115,6 +116,43 @@ def test_allowed_mask_and_ids_are_respected(logits: np.ndarray) -> None:
         sample(logits, SamplingParams(), make_rng(0), np.zeros(N_VOCAB, dtype=bool))
     with pytest.raises(ValueError, match="allowed"):
         sample(logits, SamplingParams(), make_rng(0), np.array([N_VOCAB]))
+
+
+def native_draws(values: np.ndarray, n: int, top_k: int = 0, top_p: float = 1.0,
+                 min_p: float = 0.0, temperature: float = 1.0) -> np.ndarray:  # fmt: skip
+    rng = make_rng(99)
+    return np.array([native.sample(values, top_k, top_p, min_p, temperature, rng.random())
+                     for _ in range(n)])  # fmt: skip
+
+
+def test_native_draw_without_filters_and_with_min_p_alone() -> None:
+    """ds4n_sample's own paths the Python sampler leaves to numpy: no filter, min_p only."""
+    small = np.array([2.0, 1.0, 0.5, 0.0, -1.0, -3.0], dtype=np.float32)
+    counts = np.bincount(native_draws(small, 20_000, temperature=0.7), minlength=small.size)
+    assert chi_square_ok(counts, softmax(small / 0.7))
+    counts = np.bincount(native_draws(small, 20_000, min_p=0.3), minlength=small.size)
+    kept = softmax(small) >= 0.3 * softmax(small).max()
+    assert counts[~kept].sum() == 0 and chi_square_ok(counts[kept], softmax(small[kept]))
+
+
+def test_native_top_k_keeps_the_k_best_with_ties_by_position() -> None:
+    values = np.array([1.0, 3.0, 2.0, 3.0, 2.0, 0.0, 2.0], dtype=np.float32)
+    got = set(native_draws(values, 3000, top_k=4).tolist())
+    assert got == {1, 3, 2, 4}  # the two 3s, then the first two of the tied 2s
+    # top_k = 1 keeps the first of the tied best, whatever u.
+    assert native.sample(values, 1, 1.0, 0.0, 1.0, 0.999999) == 1
+
+
+def test_native_sample_edge_values_and_bad_arguments() -> None:
+    values = np.array([0.0, np.nan, 5.0, np.nan], dtype=np.float32)
+    assert native.sample(values, 0, 1.0, 0.0, 1.0, 0.5) == 1  # numpy's argmax: first NaN
+    values = np.array([0.0, np.inf, 5.0], dtype=np.float32)
+    assert native.sample(values, 0, 0.9, 0.0, 1.0, 0.5) == 1
+    ok = np.zeros(4, dtype=np.float32)
+    for bad in [(-1, 1.0, 0.0, 1.0, 0.5), (0, 0.0, 0.0, 1.0, 0.5), (0, 1.0, 1.5, 1.0, 0.5),
+                (0, 1.0, 0.0, 0.0, 0.5), (0, 1.0, 0.0, 1.0, 1.0)]:  # fmt: skip
+        with pytest.raises(ValueError, match="bad sampling arguments"):
+            native.sample(ok, *bad)
 
 
 def test_masked_logits_are_never_drawn() -> None:

@@ -24,6 +24,7 @@ TYPES = {
     "Q5_1": Q5_1, "Q8_0": Q8_0, "Q2_K": Q2_K, "Q3_K": Q3_K, "Q4_K": Q4_K, "Q5_K": Q5_K,
     "Q6_K": Q6_K, "IQ2_XXS": IQ2_XXS, "IQ4_NL": IQ4_NL, "IQ4_XS": IQ4_XS, "MXFP4": MXFP4,
 }  # fmt: skip
+TYPES_BY_ID = {v: k for k, v in TYPES.items()}
 
 SIMD_AUTO, SIMD_SCALAR, SIMD_AVX2, SIMD_NEON = -1, 0, 1, 2
 SIMD_NAMES = {SIMD_SCALAR: "scalar", SIMD_AVX2: "avx2", SIMD_NEON: "neon"}
@@ -33,6 +34,21 @@ DEFAULT_LIB = REPO / "native" / "build" / "libds4n.so"
 
 c_float_p = ctypes.POINTER(ctypes.c_float)
 POOL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
+
+
+class ProfileEntry(ctypes.Structure):
+    """ds4n_profile_entry: one matmul shape's share of the profiled dispatches."""
+
+    _fields_ = [
+        ("type", ctypes.c_int32), ("prefill", ctypes.c_int32), ("rows", ctypes.c_int64),
+        ("K", ctypes.c_int64), ("calls", ctypes.c_int64), ("wall_ns", ctypes.c_int64),
+        ("busy_ns", ctypes.c_int64), ("parts", ctypes.c_int64),
+    ]  # fmt: skip
+
+
+PROFILE_TOTALS = ("dispatches", "wall_ns", "busy_ns", "other_wall_ns", "other_busy_ns",
+                  "span_ns", "passes")  # fmt: skip
+_MAX_PROFILE_ENTRIES = 256
 
 
 def library_path() -> Path:
@@ -64,6 +80,25 @@ def _load() -> ctypes.CDLL:
         "ds4n_matmul_part": (
             None,
             [ctypes.c_int, vp, i64, i64, c_float_p, i64, c_float_p, ctypes.c_int, ctypes.c_int],
+        ),
+        "ds4n_read_bandwidth": (ctypes.c_double, [vp, i64, ctypes.c_int]),
+        "ds4n_sample": (
+            i64,
+            [
+                c_float_p,
+                i64,
+                ctypes.c_int32,
+                ctypes.c_float,
+                ctypes.c_float,
+                ctypes.c_float,
+                ctypes.c_double,
+            ],
+        ),  # fmt: skip
+        "ds4n_profile_enable": (None, [ctypes.c_int]),
+        "ds4n_profile_mark": (None, []),
+        "ds4n_profile_read": (
+            ctypes.c_int,
+            [ctypes.POINTER(ProfileEntry), ctypes.c_int, ctypes.POINTER(i64)],
         ),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -219,3 +254,51 @@ def matmul(
     handle = pool.handle if pool is not None else None
     lib.ds4n_matmul(handle, t, w, rows, K, _fptr(X2), T, _fptr(out, True))
     return out
+
+
+def sample(values: np.ndarray, top_k: int, top_p: float, min_p: float, temperature: float,
+           u: float) -> int:  # fmt: skip
+    """The position drawn from the candidates' float32 logits (ds4n_sample); u in [0, 1)."""
+    n = values.shape[0]
+    got = lib.ds4n_sample(_fptr(values), n, top_k, top_p, min_p, temperature, u)
+    if got == -2:
+        raise MemoryError(f"no memory for sampling over {n} candidates")
+    if got < 0:
+        raise ValueError(f"bad sampling arguments: top_k {top_k}, top_p {top_p}, "
+                         f"min_p {min_p}, temperature {temperature}, u {u}")  # fmt: skip
+    return int(got)
+
+
+def read_bandwidth(pool: Pool, n_bytes: int = 256 << 20, reps: int = 5) -> float:
+    """The read bandwidth of the pool's threads streaming a fresh n_bytes buffer, bytes/s
+    (best of reps passes)."""
+    bw = lib.ds4n_read_bandwidth(pool.handle, int(n_bytes), int(reps))
+    if bw <= 0:
+        raise EngineError(f"cannot measure bandwidth over {n_bytes} bytes (out of memory?)")
+    return float(bw)
+
+
+class Profile:
+    """The native decode profile (ds4n.h): enable() clears and starts it, mark() closes a
+    forward pass, read() returns (entries, totals) and disable() stops it."""
+
+    @staticmethod
+    def enable() -> None:
+        lib.ds4n_profile_enable(1)
+
+    @staticmethod
+    def disable() -> None:
+        lib.ds4n_profile_enable(0)
+
+    @staticmethod
+    def mark() -> None:
+        lib.ds4n_profile_mark()
+
+    @staticmethod
+    def read() -> tuple[list[ProfileEntry], dict[str, int]]:
+        entries = (ProfileEntry * _MAX_PROFILE_ENTRIES)()
+        totals = (ctypes.c_int64 * len(PROFILE_TOTALS))()
+        n = lib.ds4n_profile_read(entries, _MAX_PROFILE_ENTRIES, totals)
+        return list(entries[: min(n, _MAX_PROFILE_ENTRIES)]), dict(
+            zip(PROFILE_TOTALS, totals, strict=True)
+        )

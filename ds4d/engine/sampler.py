@@ -3,6 +3,11 @@
 The filters run in llama.cpp's default order: top_k -> top_p -> min_p -> temperature ->
 draw. top_p and min_p therefore judge probabilities at temperature 1; temperature only
 reshapes the draw among the survivors. Temperature 0 is greedy (argmax).
+
+With top_k or top_p on, the filters and the draw run natively (ds4n_sample: a heap for the
+k best, a first look at the 64 best for the nucleus, no sort of the vocabulary, no per-token
+allocation), 2-4x faster than numpy's argpartition and argsort there; without them numpy's
+vectorised exp is as fast, and the draw stays here.
 """
 
 from __future__ import annotations
@@ -12,9 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# top_p looks at this many best candidates first and widens only if they fall short of
-# the requested mass, so a 49k-entry vocabulary is rarely sorted whole.
-_TOP_P_FIRST_LOOK = 64
+from ds4d.engine import native
+
 _DRAW_BLOCK = 1024
 
 
@@ -81,15 +85,15 @@ def sample(
     if params.greedy or not math.isfinite(values[best]):
         return _token(ids, best)
 
+    if 0 < params.top_k < values.size or params.top_p < 1:
+        pick = native.sample(np.ascontiguousarray(values), params.top_k, params.top_p,
+                             params.min_p, params.temperature, rng.random())  # fmt: skip
+        return _token(ids, pick)
+
     # Candidates as positions into `values`; None means all of them.
     keep: np.ndarray | None = None
-    if 0 < params.top_k < values.size:
-        keep = np.argpartition(values, -params.top_k)[-params.top_k :]
-    if params.top_p < 1:
-        keep = _top_p(values, keep, params.top_p)
     if params.min_p > 0:
-        cut = values[best] + np.float32(math.log(params.min_p))
-        keep = np.flatnonzero(values >= cut) if keep is None else keep[values[keep] >= cut]
+        keep = np.flatnonzero(values >= values[best] + np.float32(math.log(params.min_p)))
 
     chosen = values if keep is None else values[keep]
     weights = np.exp((chosen - values[best]) / np.float32(params.temperature))
@@ -135,26 +139,3 @@ def _draw(weights: np.ndarray, u: float) -> int:
     if i >= block.size or block[i] == 0:  # rounding at the block's end
         i = int(np.flatnonzero(block)[-1])
     return int(starts[b]) + i
-
-
-def _top_p(values: np.ndarray, keep: np.ndarray | None, top_p: float) -> np.ndarray:
-    """The smallest best-first prefix of the candidates whose probability reaches top_p."""
-    pool = np.arange(values.size) if keep is None else keep
-    weights = np.exp(values[pool] - values[pool].max())
-    total = weights.sum(dtype=np.float64)
-    target = top_p * total
-    # Usually a handful of tokens carry the mass: look at the best few first.
-    head = (
-        np.argpartition(weights, -_TOP_P_FIRST_LOOK)[-_TOP_P_FIRST_LOOK:]
-        if pool.size > _TOP_P_FIRST_LOOK
-        else np.arange(pool.size)
-    )
-    if weights[head].sum() < target:
-        # Everything below tau together weighs at most (1 - top_p) of the total, so the
-        # prefix lies among the candidates at or above it.
-        tau = (1 - top_p) * total / pool.size
-        head = np.flatnonzero(weights >= tau)
-    head = head[np.argsort(-weights[head], kind="stable")]
-    mass = np.cumsum(weights[head], dtype=np.float64)
-    n = min(int(np.searchsorted(mass, target, side="left")) + 1, head.size)
-    return pool[head[:n]]

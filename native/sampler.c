@@ -1,0 +1,179 @@
+/* Next-token sampling on the native side (the semantics of ds4d/engine/sampler.py): a pass
+ * per filter over the vocabulary, no sort of it, and no allocation per token (scratch is
+ * per thread and grows to the largest vocabulary seen). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ds4n.h"
+
+static _Thread_local int32_t *pos_buf; /* candidate positions into values */
+static _Thread_local float *w_buf;     /* their weights */
+static _Thread_local int64_t cap;
+
+static int grow(int64_t n) {
+    if (n <= cap) return 0;
+    int32_t *p = realloc(pos_buf, sizeof *p * (size_t)n);
+    if (p) pos_buf = p;
+    float *w = realloc(w_buf, sizeof *w * (size_t)n);
+    if (w) w_buf = w;
+    if (!p || !w) return -1;
+    cap = n;
+    return 0;
+}
+
+/* e^x for x <= 0, within a few ulp of expf, 0 below e^-86 (under 1e-37: nothing next to the
+ * best token's weight of 1). Branch-free, so the compiler vectorises the per-token pass over
+ * a whole vocabulary (this file is built with -fno-trapping-math, so the selects vectorise). */
+static inline float exp_nonpos(float x) {
+    const float xc = x < -86.0f ? -86.0f : x;
+    const int32_t ni = (int32_t)(xc * 1.44269504f - 0.5f); /* round(x / ln 2), x <= 0 */
+    const float n = (float)ni;
+    const float r = (xc - n * 0.693145752f) - n * 1.42860677e-6f; /* x - n ln 2, Cody-Waite */
+    float p = 1.98756912e-4f;
+    p = p * r + 1.39819994e-3f;
+    p = p * r + 8.33345205e-3f;
+    p = p * r + 4.16657962e-2f;
+    p = p * r + 1.66666657e-1f;
+    p = p * r + 5.0e-1f;
+    p = p * r * r + r + 1.0f; /* e^r, |r| <= ln 2 / 2 */
+    int32_t bits;
+    memcpy(&bits, &p, 4);
+    bits += ni * (1 << 23); /* p * 2^n, n >= -124: stays a normal float */
+    float y;
+    memcpy(&y, &bits, 4);
+    return x < -86.0f ? 0.0f : y;
+}
+
+/* a ranks before b: larger key, then lower position (a total order: deterministic). */
+static inline int before(float ka, int32_t pa, float kb, int32_t pb) {
+    return ka > kb || (ka == kb && pa < pb);
+}
+
+/* Keeps in pos[0..k) the k best of pos[0..m) by key[pos] (a min-heap of the best so far,
+ * sorted best-first at the end); returns k (or m if smaller). */
+static int64_t best_k(const float *key, int32_t *pos, int64_t m, int64_t k) {
+    if (k >= m) k = m;
+    int32_t *h = pos; /* the heap lives in the first k slots */
+    for (int64_t i = 0; i < m; i++) {
+        const int32_t p = pos[i];
+        int64_t j;
+        if (i < k) { /* sift up */
+            j = i;
+            while (j > 0 && before(key[h[(j - 1) / 2]], h[(j - 1) / 2], key[p], p)) {
+                h[j] = h[(j - 1) / 2];
+                j = (j - 1) / 2;
+            }
+            h[j] = p;
+        } else if (before(key[p], p, key[h[0]], h[0])) { /* replace the worst, sift down */
+            j = 0;
+            for (;;) {
+                int64_t c = 2 * j + 1;
+                if (c >= k) break;
+                if (c + 1 < k && before(key[h[c]], h[c], key[h[c + 1]], h[c + 1])) c++;
+                if (!before(key[p], p, key[h[c]], h[c])) break;
+                h[j] = h[c];
+                j = c;
+            }
+            h[j] = p;
+        }
+    }
+    /* heap sort: worst to the back, leaving best-first order */
+    for (int64_t end = k - 1; end > 0; end--) {
+        const int32_t p = h[end];
+        h[end] = h[0];
+        int64_t j = 0;
+        for (;;) {
+            int64_t c = 2 * j + 1;
+            if (c >= end) break;
+            if (c + 1 < end && before(key[h[c]], h[c], key[h[c + 1]], h[c + 1])) c++;
+            if (!before(key[p], p, key[h[c]], h[c])) break;
+            h[j] = h[c];
+            j = c;
+        }
+        h[j] = p;
+    }
+    return k;
+}
+
+/* The smallest best-first prefix of pos[0..m) whose probability (at temperature 1) reaches
+ * top_p: moved first, best-first; returns its length. w: per position scratch. */
+static int64_t top_p_prefix(const float *values, int32_t *pos, int64_t m, float top_p, float *w,
+                            int64_t n) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < m; j++) mx = fmaxf(mx, values[pos[j]]);
+    double total = 0.0;
+    if (m == n) { /* every position: a contiguous, vectorisable pass */
+        for (int64_t i = 0; i < n; i++) w[i] = exp_nonpos(values[i] - mx);
+        for (int64_t i = 0; i < n; i++) total += w[i];
+    } else {
+        for (int64_t j = 0; j < m; j++) total += w[pos[j]] = exp_nonpos(values[pos[j]] - mx);
+    }
+    const double target = (double)top_p * total;
+    double mass = 0.0;
+    if (m == n && n > 64) {
+        /* Usually a few candidates carry the mass: look at the best 64 first (every position
+         * is a candidate here, so the list is rebuilt if they fall short). */
+        const int64_t c = best_k(w, pos, n, 64);
+        for (int64_t j = 0; j < c; j++)
+            if ((mass += w[pos[j]]) >= target) return j + 1;
+        for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
+    }
+    /* The prefix lies among the candidates at or above tau: all those below it weigh less
+     * than (1 - top_p) of the total together. */
+    const double tau = (1.0 - (double)top_p) * total / (double)m;
+    int64_t c = 0;
+    for (int64_t j = 0; j < m; j++)
+        if (w[pos[j]] >= tau) pos[c++] = pos[j];
+    c = best_k(w, pos, c, c);
+    mass = 0.0;
+    for (int64_t j = 0; j < c; j++)
+        if ((mass += w[pos[j]]) >= target) return j + 1;
+    return c;
+}
+
+int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, float min_p,
+                    float temperature, double u) {
+    if (!values || n <= 0 || n > INT32_MAX || !(temperature > 0.0f) || top_k < 0 ||
+        !(top_p > 0.0f && top_p <= 1.0f) || !(min_p >= 0.0f && min_p <= 1.0f) ||
+        !(u >= 0.0 && u < 1.0))
+        return -1;
+    /* argmax as numpy's: the first NaN if any, else the first maximum */
+    float vbest = values[0];
+    int nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        nan |= values[i] != values[i];
+        vbest = values[i] > vbest ? values[i] : vbest;
+    }
+    int64_t best = 0;
+    if (nan) {
+        while (!isnan(values[best])) best++;
+        return best;
+    }
+    while (values[best] != vbest) best++;
+    if (!isfinite(vbest)) return best;
+    if (grow(n) != 0) return -2;
+    float *w = w_buf;
+    int32_t *pos = pos_buf;
+    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
+    int64_t m = n;
+    if (top_k > 0 && top_k < n) m = best_k(values, pos, n, top_k);
+    if (top_p < 1.0f) m = top_p_prefix(values, pos, m, top_p, w, n);
+    if (min_p > 0.0f) {
+        const float cut = vbest + (float)log((double)min_p);
+        int64_t kept = 0;
+        for (int64_t j = 0; j < m; j++)
+            if (values[pos[j]] >= cut) pos[kept++] = pos[j];
+        m = kept;
+    }
+    double total = 0.0;
+    for (int64_t j = 0; j < m; j++)
+        total += w[pos[j]] = exp_nonpos((values[pos[j]] - vbest) / temperature);
+    const double target = u * total;
+    double run = 0.0;
+    for (int64_t j = 0; j < m; j++)
+        if ((run += w[pos[j]]) > target) return pos[j];
+    for (int64_t j = m - 1; j >= 0; j--) /* rounding at the end */
+        if (w[pos[j]] > 0.0f) return pos[j];
+    return best;
+}
