@@ -74,14 +74,8 @@ FAMILIES = {
     "qwen3coder": Family("qwen3moe", QWEN_XML, TEMPLATES / "Qwen3-Coder.jinja"),
     # Gemma 3's and Phi-3.5's templates know no tools: ds4d's Hermes block stands in.
     "gemma3": Family("gemma3", HERMES),
-    "phi3": Family(
-        "phi3",
-        HERMES,
-        # Its SentencePiece vocabulary puts a space piece after every special token (as
-        # llama.cpp does), so the text of the slot's tokens is not the rendered prompt:
-        # the text match fails and only the prompt's own tokens match.
-        known_bug="phi3: the tool result turn reuses the prompt's KV, not the call's",
-    ),
+    # SentencePiece with add_space_prefix: a space piece after every special token.
+    "phi3": Family("phi3", HERMES),
     "gpt-oss": Family("gpt-oss", HARMONY),  # harmony
 }
 
