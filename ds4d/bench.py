@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import resource
 import sys
 import time
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.prompt_file:
         raise CliError("--prompt-file is required (unless --bandwidth)", 2)
     _check_sweep(args)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
     from ds4d.engine import Engine, EngineError
     from ds4d.engine.default_model import resolve_model_path
 

@@ -2,7 +2,8 @@
 # (quant kernels) and ../tests/reference/check_attention.c (attention with windows and
 # sinks, SwiGLU, GeGLU).
 #  - NEON: kernel sources cross-compiled for aarch64 (static) and run under qemu-user;
-#    skipped, with a line saying so, when the cross compiler or qemu is missing.
+#    skipped, with a line saying so, when the cross compiler or qemu is missing (in CI,
+#    CI=true, that is an error: `make test-tools` installs them).
 #  - this machine's own SIMD set (AVX2 on x86-64): the same program against libds4n.so.
 
 AARCH64_CC   ?= aarch64-linux-gnu-gcc
@@ -33,6 +34,9 @@ check-neon-cross: $(KERNEL_SRCS) $(NEON_SRCS) $(CHECK_SRC) $(KERNEL_HDRS)
 	  $(AARCH64_CC) -static $(CHECK_CFLAGS) attention.c attention_neon.c $(ATTN_CHECK) \
 	    -o $(BUILD)/check_attention_aarch64 -lm && \
 	  $(QEMU_AARCH64) $(BUILD)/check_attention_aarch64; \
+	elif [ "$${CI:-}" = true ]; then \
+	  echo "check-neon: $(AARCH64_CC) and $(QEMU_AARCH64) missing in CI (run make test-tools)"; \
+	  exit 1; \
 	else \
 	  echo "check-neon: skipped (needs $(AARCH64_CC) and $(QEMU_AARCH64))"; \
 	fi

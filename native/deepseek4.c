@@ -211,9 +211,27 @@ static void tensor_row(struct tensor t, int64_t r, int64_t n, float *dst) {
     ds4n_dequantize(t.type, (const char *)t.data + r * row_bytes(t.type, n), dst, n);
 }
 
-ds4n_dsv4_model *ds4n_dsv4_model_new(const ds4n_dsv4_params *p, const int32_t *ratios) {
-    if (p->n_layer <= 0 || p->n_hc <= 0 || p->n_rot % 2 || p->head_dim <= p->n_rot ||
-        p->o_groups <= 0 || p->n_head % p->o_groups || p->n_expert_used > p->n_expert)
+/* Bounds on every dimension: far above the released model, low enough that no size the
+ * forward computes from them (chunk x heads x dims, capacities) can overflow int64. */
+#define MAX_DIM (1 << 20)
+#define MAX_LAYERS 4096
+
+static int in_range(int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; }
+
+ds4n_dsv4_model *ds4n_dsv4_model_new(const ds4n_dsv4_params *p, const int32_t *ratios,
+                                     int64_t n_ratios) {
+    if (!p || !ratios || !in_range(p->n_layer, 1, MAX_LAYERS) || n_ratios != p->n_layer)
+        return NULL;
+    const int32_t dims[] = {p->n_embd, p->n_vocab, p->n_head, p->head_dim, p->q_lora_rank,
+                            p->o_lora_rank, p->o_groups, p->n_expert, p->n_ff_exp, p->window,
+                            p->idx_n_head, p->idx_head_dim, p->idx_top_k, p->rope_orig_ctx};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (!in_range(dims[i], 1, MAX_DIM)) return NULL;
+    /* fixed-size arrays in the forward: mix[16], pre[16], best[64], rope c/s[64] */
+    if (!in_range(p->n_hc, 1, 16) || !in_range(p->n_expert_used, 1, 64) ||
+        p->n_expert_used > p->n_expert || !in_range(p->n_rot, 2, 128) || p->n_rot % 2 ||
+        p->head_dim <= p->n_rot || p->idx_head_dim < p->n_rot || p->n_head % p->o_groups ||
+        !in_range(p->n_hash_layer, 0, p->n_layer) || !in_range(p->sinkhorn_iters, 0, 1000))
         return NULL;
     for (int il = 0; il < p->n_layer; il++)
         if (ratios[il] != 0 && ratios[il] != 4 && ratios[il] != 128) return NULL;
@@ -238,15 +256,92 @@ void ds4n_dsv4_model_free(ds4n_dsv4_model *m) {
     free(m);
 }
 
-int ds4n_dsv4_set_tensor(ds4n_dsv4_model *m, int il, int slot, const void *data, int type) {
-    if (il < 0) {
-        if (slot < 0 || slot >= DSV4_N_GLOBAL) return -1;
-        m->g[slot] = (struct tensor){data, type};
-        return 0;
+/* What a slot holds: float vectors read in place, matrices the kernels read (any type
+ * they support), and the int32 hash-routing table. */
+enum slot_kind { SLOT_UNUSED, SLOT_F32, SLOT_MATRIX, SLOT_I32 };
+
+/* The kind and shape (rows of ne0 values) of a slot in layer il (-1: global). */
+static enum slot_kind slot_shape(const ds4n_dsv4_model *m, int il, int slot, int64_t *ne0,
+                                 int64_t *rows) {
+    const ds4n_dsv4_params *p = &m->p;
+    int64_t E = p->n_embd, hd = p->head_dim, ihd = p->idx_head_dim, nh = p->n_hc;
+    int64_t hc = nh * E, mixn = 2 * nh + nh * nh, G = p->o_groups, olr = p->o_lora_rank;
+    int64_t qlr = p->q_lora_rank, ff = p->n_ff_exp, nE = p->n_expert;
+    int r = il < 0 ? 0 : m->ratio[il];
+    int64_t W = (r == 4 ? 2 : 1) * hd;
+#define V(n) (*ne0 = (n), *rows = 1, SLOT_F32)
+#define M(r_, k_) (*ne0 = (k_), *rows = (r_), SLOT_MATRIX)
+    if (il < 0) switch (slot) {
+        case DSV4_TOKEN_EMBD: return M(p->n_vocab, E);
+        case DSV4_OUT_HC_BASE: return V(nh);
+        case DSV4_OUT_HC_FN: return M(nh, hc);
+        case DSV4_OUT_HC_SCALE: return V(1);
+        case DSV4_OUT_NORM: return V(E);
+        case DSV4_OUTPUT: return M(p->n_vocab, E);
+        default: return SLOT_UNUSED;
+        }
+    switch (slot) {
+    case DSV4_HC_ATTN_FN: case DSV4_HC_FFN_FN: return M(mixn, hc);
+    case DSV4_HC_ATTN_SCALE: case DSV4_HC_FFN_SCALE: return V(3);
+    case DSV4_HC_ATTN_BASE: case DSV4_HC_FFN_BASE: return V(mixn);
+    case DSV4_ATTN_NORM: case DSV4_FFN_NORM: return V(E);
+    case DSV4_Q_A: return M(qlr, E);
+    case DSV4_Q_A_NORM: return V(qlr);
+    case DSV4_Q_B: return M(p->n_head * hd, qlr);
+    case DSV4_KV: return M(hd, E);
+    case DSV4_KV_NORM: return V(hd);
+    case DSV4_SINKS: return V(p->n_head);
+    case DSV4_OUT_A: return M(G * olr, p->n_head / G * hd);
+    case DSV4_OUT_B: return M(E, G * olr);
+    case DSV4_CMP_APE: return r ? M(r, W) : SLOT_UNUSED;
+    case DSV4_CMP_KV: case DSV4_CMP_GATE: return r ? M(W, E) : SLOT_UNUSED;
+    case DSV4_CMP_NORM: return r ? V(hd) : SLOT_UNUSED;
+    case DSV4_IDX_Q_B: return r == 4 ? M(p->idx_n_head * ihd, qlr) : SLOT_UNUSED;
+    case DSV4_IDX_PROJ: return r == 4 ? M(p->idx_n_head, E) : SLOT_UNUSED;
+    case DSV4_IDX_CMP_APE: return r == 4 ? M(4, 2 * ihd) : SLOT_UNUSED;
+    case DSV4_IDX_CMP_KV: case DSV4_IDX_CMP_GATE: return r == 4 ? M(2 * ihd, E) : SLOT_UNUSED;
+    case DSV4_IDX_CMP_NORM: return r == 4 ? V(ihd) : SLOT_UNUSED;
+    case DSV4_GATE_INP: return M(nE, E);
+    case DSV4_EXP_BIAS: return V(nE);
+    case DSV4_GATE_EXPS: case DSV4_UP_EXPS: return M(ff * nE, E);
+    case DSV4_DOWN_EXPS: return M(E * nE, ff);
+    case DSV4_GATE_SH: case DSV4_UP_SH: return M(ff, E);
+    case DSV4_DOWN_SH: return M(E, ff);
+    case DSV4_TID2EID:
+        if (il >= p->n_hash_layer) return SLOT_UNUSED;
+        *ne0 = p->n_expert_used;
+        *rows = p->n_vocab;
+        return SLOT_I32;
+    default: return SLOT_UNUSED;
     }
-    if (il >= m->p.n_layer || slot < 0 || slot >= DSV4_N_LAYER_SLOT) return -1;
-    m->l[il][slot] = (struct tensor){data, type};
-    return 0;
+#undef V
+#undef M
+}
+
+int ds4n_dsv4_set_tensor(ds4n_dsv4_model *m, int il, int slot, const void *data, int type,
+                         int64_t n_bytes) {
+    if (!m || !data || il < -1 || il >= m->p.n_layer || slot < 0 ||
+        slot >= (il < 0 ? DSV4_N_GLOBAL : DSV4_N_LAYER_SLOT))
+        return DSV4_ERR_ARG;
+    int64_t ne0 = 0, rows = 0, want;
+    switch (slot_shape(m, il, slot, &ne0, &rows)) {
+    case SLOT_UNUSED: return DSV4_ERR_ARG;
+    case SLOT_F32:
+        if (type != DS4N_F32) return DSV4_ERR_TENSOR;
+        want = rows * ne0 * (int64_t)sizeof(float);
+        break;
+    case SLOT_I32:
+        if (type != 26) return DSV4_ERR_TENSOR; /* GGML_TYPE_I32 */
+        want = rows * ne0 * (int64_t)sizeof(int32_t);
+        break;
+    default:
+        if (!ds4n_type_supported(type) || ne0 % ds4n_type_block_size(type)) return DSV4_ERR_TENSOR;
+        want = rows * row_bytes(type, ne0);
+    }
+    if (n_bytes != want) return DSV4_ERR_TENSOR;
+    if (il < 0) m->g[slot] = (struct tensor){data, type};
+    else m->l[il][slot] = (struct tensor){data, type};
+    return DSV4_OK;
 }
 
 /* ---- state ------------------------------------------------------------------------ */
@@ -278,8 +373,9 @@ void ds4n_dsv4_state_free(ds4n_dsv4_state *st) {
 }
 
 void ds4n_dsv4_state_reset(ds4n_dsv4_state *st) {
+    if (!st) return;
     st->pos = 0;
-    for (int il = 0; il < st->m->p.n_layer; il++) {
+    for (int il = 0; il < st->n_layer; il++) {
         struct layer_state *ls = &st->L[il];
         ls->n_comp = ls->n_icomp = 0;
         if (ls->a.rows) frontier_clear(&ls->a);
@@ -288,8 +384,9 @@ void ds4n_dsv4_state_reset(ds4n_dsv4_state *st) {
 }
 
 ds4n_dsv4_state *ds4n_dsv4_state_new(const ds4n_dsv4_model *m, int64_t n_ctx) {
+    /* the bound keeps every capacity product (rows x head_dim) far from overflow */
+    if (!m || n_ctx <= 0 || n_ctx > ((int64_t)1 << 32)) return NULL;
     const ds4n_dsv4_params *p = &m->p;
-    if (n_ctx <= 0) return NULL;
     ds4n_dsv4_state *st = calloc(1, sizeof *st);
     if (!st) return NULL;
     st->m = m;
@@ -326,10 +423,10 @@ fail:
     return NULL;
 }
 
-int64_t ds4n_dsv4_state_pos(const ds4n_dsv4_state *st) { return st->pos; }
+int64_t ds4n_dsv4_state_pos(const ds4n_dsv4_state *st) { return st ? st->pos : 0; }
 
 int ds4n_dsv4_state_layer(ds4n_dsv4_state *st, int il, ds4n_dsv4_layer_state *out) {
-    if (il < 0 || il >= st->m->p.n_layer) return -1;
+    if (!st || !out || il < 0 || il >= st->n_layer) return DSV4_ERR_ARG;
     struct layer_state *ls = &st->L[il];
     *out = (ds4n_dsv4_layer_state){
         .raw = ls->raw, .comp = ls->comp, .icomp = ls->icomp,
@@ -338,25 +435,26 @@ int ds4n_dsv4_state_layer(ds4n_dsv4_state *st, int il, ds4n_dsv4_layer_state *ou
         .attn_rows = ls->a.rows, .attn_width = ls->a.width, .idx_rows = ls->x.rows, .idx_width = ls->x.width,
         .ratio = st->m->ratio[il], .head_dim = st->m->p.head_dim, .idx_head_dim = st->m->p.idx_head_dim,
     };
-    return 0;
+    return DSV4_OK;
 }
 
 int ds4n_dsv4_state_restore(ds4n_dsv4_state *st, int64_t n_pos, const int64_t *n_comp,
-                            const int64_t *n_icomp) {
-    if (n_pos < 0 || n_pos > st->n_ctx) return -1;
-    for (int il = 0; il < st->m->p.n_layer; il++) {
+                            const int64_t *n_icomp, int64_t n_layers) {
+    if (!st || !n_comp || !n_icomp || n_layers != st->n_layer) return DSV4_ERR_ARG;
+    if (n_pos < 0 || n_pos > st->n_ctx) return DSV4_ERR_ARG;
+    for (int il = 0; il < st->n_layer; il++) {
         struct layer_state *ls = &st->L[il];
         int64_t nc = ls->comp ? n_comp[il] : 0, ni = ls->icomp ? n_icomp[il] : 0;
-        if (nc < 0 || nc > ls->comp_cap || ni < 0 || ni > ls->comp_cap) return -1;
-        if (!ls->comp && n_comp[il]) return -1;
-        if (!ls->icomp && n_icomp[il]) return -1;
+        if (nc < 0 || nc > ls->comp_cap || ni < 0 || ni > ls->comp_cap) return DSV4_ERR_ARG;
+        if (!ls->comp && n_comp[il]) return DSV4_ERR_ARG;
+        if (!ls->icomp && n_icomp[il]) return DSV4_ERR_ARG;
     }
-    for (int il = 0; il < st->m->p.n_layer; il++) {
+    for (int il = 0; il < st->n_layer; il++) {
         st->L[il].n_comp = st->L[il].comp ? n_comp[il] : 0;
         st->L[il].n_icomp = st->L[il].icomp ? n_icomp[il] : 0;
     }
     st->pos = n_pos;
-    return 0;
+    return DSV4_OK;
 }
 
 /* ---- forward pieces ------------------------------------------------------------- */
@@ -819,16 +917,36 @@ static int bound(const ds4n_dsv4_model *m) {
     return 1;
 }
 
-int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *pool,
-                   const int32_t *tokens, int64_t n, float *logits, int all_logits) {
+/* Every routing-table entry the tokens select names an existing expert. */
+static int routes_valid(const ds4n_dsv4_model *m, const int32_t *tokens, int64_t n) {
     const ds4n_dsv4_params *p = &m->p;
-    if (n <= 0) return 0;
-    if (st->pos + n > st->n_ctx) return -1;
-    if (!bound(m) || p->n_hc > 16 || p->n_rot > 128 || p->n_expert_used > 64) return -2;
+    int64_t K = p->n_expert_used;
+    for (int il = 0; il < p->n_hash_layer; il++) {
+        const int32_t *tid = m->l[il][DSV4_TID2EID].data;
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t k = 0; k < K; k++) {
+                int32_t e = tid[(int64_t)tokens[t] * K + k];
+                if (e < 0 || e >= p->n_expert) return 0;
+            }
+    }
+    return 1;
+}
+
+int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *pool,
+                   const int32_t *tokens, int64_t n, float *logits, int64_t n_logits,
+                   int all_logits) {
+    if (!m || !st || st->m != m || n < 0 || n > DSV4_MAX_CHUNK || (n > 0 && !tokens))
+        return DSV4_ERR_ARG;
+    const ds4n_dsv4_params *p = &m->p;
+    if (n == 0) return DSV4_OK;
+    if (n > st->n_ctx - st->pos) return DSV4_ERR_CONTEXT;
+    if (logits && n_logits < (all_logits ? n : 1) * (int64_t)p->n_vocab) return DSV4_ERR_ARG;
+    if (!bound(m)) return DSV4_ERR_UNBOUND;
     for (int64_t t = 0; t < n; t++)
-        if (tokens[t] < 0 || tokens[t] >= p->n_vocab) return -3;
+        if (tokens[t] < 0 || tokens[t] >= p->n_vocab) return DSV4_ERR_TOKEN;
+    if (!routes_valid(m, tokens, n)) return DSV4_ERR_EXPERT;
     struct scratch s;
-    if (scratch_alloc(&s, m, st, n)) return -2;
+    if (scratch_alloc(&s, m, st, n)) return DSV4_ERR_NOMEM;
     int64_t E = p->n_embd, nh = p->n_hc;
     for (int64_t t = 0; t < n; t++) {
         float *X = s.X + t * nh * E;
@@ -843,5 +961,5 @@ int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *poo
         head(m, pool, &s, t, logits + (all_logits ? t * p->n_vocab : 0));
     st->pos += n;
     free(s.block);
-    return 0;
+    return DSV4_OK;
 }

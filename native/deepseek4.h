@@ -51,14 +51,36 @@ enum {
     DSV4_N_LAYER_SLOT
 };
 
+/* Return codes of every int-returning entry point (0 is success). The Python side maps
+ * each to its message (ds4d/engine/deepseek4.py ERRORS); -1..-4 mean what they mean for
+ * the other families (decoder.h, moe). */
+enum {
+    DSV4_OK = 0,
+    DSV4_ERR_CONTEXT = -1,   /* the tokens would overflow the session's context */
+    DSV4_ERR_TOKEN = -2,     /* a token id outside the vocabulary */
+    DSV4_ERR_NOMEM = -3,     /* out of memory */
+    DSV4_ERR_EXPERT = -4,    /* the hash-routing table names an expert outside 0..n_expert-1 */
+    DSV4_ERR_UNBOUND = -5,   /* a tensor the forward needs is not bound */
+    DSV4_ERR_TENSOR = -6,    /* a tensor's type or byte length does not fit its slot */
+    DSV4_ERR_ARG = -7,       /* a bad argument: null pointer, index, length or count */
+};
+
+/* Most tokens one eval call takes (bounds every scratch size it computes). */
+#define DSV4_MAX_CHUNK 65536
+
 typedef struct ds4n_dsv4_model ds4n_dsv4_model;
 typedef struct ds4n_dsv4_state ds4n_dsv4_state;
 
-/* ratios: n_layer compression ratios (0, 4 or 128). NULL on a bad parameter set. */
-ds4n_dsv4_model *ds4n_dsv4_model_new(const ds4n_dsv4_params *p, const int32_t *ratios);
+/* ratios: n_ratios (== p->n_layer) compression ratios (0, 4 or 128). NULL on a bad
+ * parameter set (a dimension out of range, ratios of the wrong count or value). */
+ds4n_dsv4_model *ds4n_dsv4_model_new(const ds4n_dsv4_params *p, const int32_t *ratios,
+                                     int64_t n_ratios);
 void ds4n_dsv4_model_free(ds4n_dsv4_model *m);
-/* Binds one tensor (pointer into the mmap, GGML type). Returns 0, or -1 for a bad slot. */
-int ds4n_dsv4_set_tensor(ds4n_dsv4_model *m, int il, int slot, const void *data, int type);
+/* Binds one tensor: a pointer into the mmap of n_bytes bytes, of GGML type `type`.
+ * The slot fixes the shape the parameters imply; a type the slot cannot use or a length
+ * other than that shape's bytes is DSV4_ERR_TENSOR, a bad layer/slot DSV4_ERR_ARG. */
+int ds4n_dsv4_set_tensor(ds4n_dsv4_model *m, int il, int slot, const void *data, int type,
+                         int64_t n_bytes);
 
 /* A state belongs to its model: every call on it needs the model alive, except
  * ds4n_dsv4_state_free, which may come after ds4n_dsv4_model_free. */
@@ -77,19 +99,23 @@ typedef struct {
     int32_t ratio, head_dim, idx_head_dim;
 } ds4n_dsv4_layer_state;
 
+/* Returns 0, or DSV4_ERR_ARG for a layer index out of range. */
 int ds4n_dsv4_state_layer(ds4n_dsv4_state *st, int il, ds4n_dsv4_layer_state *out);
-/* After writing the buffers: set the position and the per-layer row counts.
- * Returns 0, or -1 when a count exceeds its capacity. */
+/* After writing the buffers: set the position and the per-layer row counts (n_layers
+ * entries each, == the model's n_layer). Returns 0, or DSV4_ERR_ARG when a count exceeds
+ * its capacity or the lengths do not match (state untouched). */
 int ds4n_dsv4_state_restore(ds4n_dsv4_state *st, int64_t n_pos, const int64_t *n_comp,
-                            const int64_t *n_icomp);
+                            const int64_t *n_icomp, int64_t n_layers);
 
-/* Runs tokens[0..n) at positions pos..pos+n. When logits is not NULL it receives the
- * logits after the last token (n_vocab floats), or after every token (n x n_vocab) when
- * all_logits is set. Returns 0; -1 when the context would overflow, -2 when a tensor is
- * unbound or memory runs out, -3 for a token id outside the vocabulary (state untouched
- * in all three cases). */
+/* Runs tokens[0..n) at positions pos..pos+n, n <= DSV4_MAX_CHUNK. When logits is not
+ * NULL it receives the logits after the last token (n_vocab floats), or after every token
+ * (n x n_vocab) when all_logits is set; n_logits is its length in floats and must hold
+ * that. Returns 0 or a DSV4_ERR_* code; on any error the state is untouched (every input,
+ * the routing-table entries the tokens select included, is checked before the state
+ * changes). */
 int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *pool,
-                   const int32_t *tokens, int64_t n, float *logits, int all_logits);
+                   const int32_t *tokens, int64_t n, float *logits, int64_t n_logits,
+                   int all_logits);
 
 #ifdef __cplusplus
 }

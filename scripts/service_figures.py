@@ -7,7 +7,7 @@
             whether the output is identical.
 
 Usage: .venv/bin/python scripts/service_figures.py [PROMPT_TEXT_FILE]
-(default ../shared/data/promessi_sposi.txt). Ports are ephemeral, state lives in a
+(default tests/data/text/promessi_sposi.txt). Ports are ephemeral, state lives in a
 temporary directory. A measuring tool, not a test: it prints figures, it asserts nothing.
 """
 
@@ -37,12 +37,15 @@ def daemon(state: Path, *args: str) -> Iterator[tuple[openai.OpenAI, subprocess.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, XDG_CACHE_HOME=str(state / "cache"),
-               XDG_RUNTIME_DIR=str(state / "run"))
+    env = dict(os.environ, XDG_CACHE_HOME=str(state / "cache"), XDG_RUNTIME_DIR=str(state / "run"))
     (state / "run").mkdir(mode=0o700, exist_ok=True)
     with open(state / "ds4d.log", "ab") as log:
-        proc = subprocess.Popen([str(BIN / "ds4d"), "--port", str(port), *args], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [str(BIN / "ds4d"), "--port", str(port), *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         while True:
             if proc.poll() is not None:
@@ -61,14 +64,17 @@ def daemon(state: Path, *args: str) -> Iterator[tuple[openai.OpenAI, subprocess.
 
 def ask(client: openai.OpenAI, messages: list[dict], max_tokens: int = 1):
     t = time.perf_counter()
-    r = client.chat.completions.create(model="local", messages=messages,
-                                       max_tokens=max_tokens, temperature=0)
+    r = client.chat.completions.create(
+        model="local", messages=messages, max_tokens=max_tokens, temperature=0
+    )
     return r, time.perf_counter() - t
 
 
 def then(messages: list[dict], reply, user: str) -> list[dict]:
-    return messages + [{"role": "assistant", "content": reply.choices[0].message.content},
-                       {"role": "user", "content": user}]
+    return messages + [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": user},
+    ]
 
 
 def last_trace(path: Path) -> dict:
@@ -80,8 +86,9 @@ def cached(r) -> int:
 
 
 def main() -> None:
-    text_file = Path(sys.argv[1]) if len(sys.argv) > 1 else (
-        REPO.parent / "shared/data/promessi_sposi.txt")
+    text_file = (
+        Path(sys.argv[1]) if len(sys.argv) > 1 else (REPO / "tests/data/text/promessi_sposi.txt")
+    )
     text = text_file.read_text(encoding="utf-8")
     state = Path(tempfile.mkdtemp(prefix="ds4d-figures-"))
     trace = state / "trace.jsonl"
@@ -90,18 +97,29 @@ def main() -> None:
         conv = [{"role": "user", "content": text[50000:56000]}]
         r1, t1 = ask(client, conv)
         r2, t2 = ask(client, then(conv, r1, "Go on."))
-        print(f"reuse: prompt {r1.usage.prompt_tokens}, next turn cached {cached(r2)} "
-              f"({100 * cached(r2) / r1.usage.prompt_tokens:.1f}% of the old prompt), "
-              f"TTFT {t1:.2f}s -> {t2:.2f}s ({100 * t2 / t1:.1f}%)")
+        print(
+            f"reuse: prompt {r1.usage.prompt_tokens}, next turn cached {cached(r2)} "
+            f"({100 * cached(r2) / r1.usage.prompt_tokens:.1f}% of the old prompt), "
+            f"TTFT {t1:.2f}s -> {t2:.2f}s ({100 * t2 / t1:.1f}%)"
+        )
 
-        convs = [[{"role": "user", "content": f"Conversation {i}.\n"
-                   + text[100000 + 9000 * i:106000 + 9000 * i]}] for i in range(3)]
+        convs = [
+            [
+                {
+                    "role": "user",
+                    "content": f"Conversation {i}.\n" + text[100000 + 9000 * i : 106000 + 9000 * i],
+                }
+            ]
+            for i in range(3)
+        ]
         firsts = [ask(client, c)[0] for c in convs]
         r, _ = ask(client, then(convs[0], firsts[0], "Again."))
-        print(f"eviction: 3 conversations through 2 slots, the first again: cached "
-              f"{cached(r)} of {firsts[0].usage.prompt_tokens} "
-              f"({100 * cached(r) / firsts[0].usage.prompt_tokens:.1f}%), "
-              f"source {last_trace(trace)['cache_source']}")
+        print(
+            f"eviction: 3 conversations through 2 slots, the first again: cached "
+            f"{cached(r)} of {firsts[0].usage.prompt_tokens} "
+            f"({100 * cached(r) / firsts[0].usage.prompt_tokens:.1f}%), "
+            f"source {last_trace(trace)['cache_source']}"
+        )
 
         conv = [{"role": "user", "content": "Summarise:\n" + text[:15500]}]
         cold, _ = ask(client, conv, 8)
@@ -109,10 +127,12 @@ def main() -> None:
     with daemon(state, "--slots", "2", "--trace", str(trace)) as (client, _):
         warm, _ = ask(client, then(conv, cold, "Now in one line."), 8)
         warm_trace = last_trace(trace)
-    print(f"restart: cold prompt {cold.usage.prompt_tokens} (TTFT {cold_trace['ttft_s']:.2f}s); "
-          f"after SIGTERM + restart, prompt {warm.usage.prompt_tokens}: cached {cached(warm)} "
-          f"from {warm_trace['cache_source']}, TTFT {warm_trace['ttft_s']:.2f}s "
-          f"({100 * warm_trace['ttft_s'] / cold_trace['ttft_s']:.1f}% of cold)")
+    print(
+        f"restart: cold prompt {cold.usage.prompt_tokens} (TTFT {cold_trace['ttft_s']:.2f}s); "
+        f"after SIGTERM + restart, prompt {warm.usage.prompt_tokens}: cached {cached(warm)} "
+        f"from {warm_trace['cache_source']}, TTFT {warm_trace['ttft_s']:.2f}s "
+        f"({100 * warm_trace['ttft_s'] / cold_trace['ttft_s']:.1f}% of cold)"
+    )
 
     # One slot, no disk cache: every run of the same prompt is a cold prefill.
     sock = state / "run" / "ds4d" / "ds4d.sock"
@@ -126,16 +146,21 @@ def main() -> None:
         shares: dict[int, list[float]] = {100: [], 50: []}
         outputs = set()
         for level in (100, 50, 100, 50):
-            subprocess.run([str(BIN / "ds4ctl"), "--socket", str(sock), "power", str(level)],
-                           check=True, capture_output=True)
+            subprocess.run(
+                [str(BIN / "ds4ctl"), "--socket", str(sock), "power", str(level)],
+                check=True,
+                capture_output=True,
+            )
             c0, w0 = cpu_seconds(), time.perf_counter()
             r, _ = ask(client, [{"role": "user", "content": text[200000:204000]}], 16)
             shares[level].append((cpu_seconds() - c0) / (time.perf_counter() - w0))
             outputs.add(r.choices[0].message.content)
             ask(client, [{"role": "user", "content": text[300000:303000]}])  # displace it
         mean = {lv: sum(v) / len(v) for lv, v in shares.items()}
-        print(f"power: CPU/wall {mean[100]:.2f} at 100, {mean[50]:.2f} at 50 "
-              f"(ratio {mean[50] / mean[100]:.2f}); identical output: {len(outputs) == 1}")
+        print(
+            f"power: CPU/wall {mean[100]:.2f} at 100, {mean[50]:.2f} at 50 "
+            f"(ratio {mean[50] / mean[100]:.2f}); identical output: {len(outputs) == 1}"
+        )
 
 
 if __name__ == "__main__":

@@ -12,22 +12,32 @@ import numpy as np
 from ds4d.chat.constrain import Allow, Force
 from ds4d.chat.types import Tool
 
-WEATHER = Tool("get_weather", "Weather for a city", {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string"},
-        "days": {"type": "integer"},
-        "metric": {"type": "boolean"},
-        "unit": {"type": "string", "enum": ["c", "f", "celsius"]},
-        "note": {"type": "string"},
-        "tags": {"type": "array", "items": {"type": "string"}},
-        "where": {"type": "object", "properties": {"lat": {"type": "number"}},
-                  "required": ["lat"]},
+WEATHER = Tool(
+    "get_weather",
+    "Weather for a city",
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "metric": {"type": "boolean"},
+            "unit": {"type": "string", "enum": ["c", "f", "celsius"]},
+            "note": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}},
+            "where": {
+                "type": "object",
+                "properties": {"lat": {"type": "number"}},
+                "required": ["lat"],
+            },
+        },
+        "required": ["city", "days", "metric", "unit", "tags", "where"],
     },
-    "required": ["city", "days", "metric", "unit", "tags", "where"],
-})
-TOOLS = [WEATHER, Tool("get_time", "Current time", {"type": "object", "properties": {}}),
-         Tool("get", "A prefix of the others' names", {})]
+)
+TOOLS = [
+    WEATHER,
+    Tool("get_time", "Current time", {"type": "object", "properties": {}}),
+    Tool("get", "A prefix of the others' names", {}),
+]
 TOOL_NAMES = {t.name for t in TOOLS}
 
 

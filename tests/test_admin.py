@@ -44,14 +44,18 @@ class StandInDaemon:
 def make_live(tmp_path: Path) -> LiveConfig:
     parser = argparse.ArgumentParser()
     add_serve_arguments(parser)
-    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
-           "XDG_STATE_HOME": str(tmp_path / "state")}
+    env = {
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+    }
     return LiveConfig.load(parser.parse_args([]), env)
 
 
 @contextlib.contextmanager
-def running_server(path: Path, commands: AdminCommands,
-                   allowed: frozenset[int] | None = None) -> Iterator[list[str]]:
+def running_server(
+    path: Path, commands: AdminCommands, allowed: frozenset[int] | None = None
+) -> Iterator[list[str]]:
     """Serve `path` on a trio loop in a background thread; yields the server's log."""
     logged: list[str] = []
     ready = threading.Event()
@@ -61,9 +65,11 @@ def running_server(path: Path, commands: AdminCommands,
         box["token"] = trio.lowlevel.current_trio_token()
         box["stop"] = trio.Event()
         async with trio.open_nursery() as nursery:
-            await nursery.start(lambda task_status: admin.serve(
-                path, commands, allowed_uids=allowed, log=logged.append,
-                task_status=task_status))
+            await nursery.start(
+                lambda task_status: admin.serve(
+                    path, commands, allowed_uids=allowed, log=logged.append, task_status=task_status
+                )
+            )
             ready.set()
             await box["stop"].wait()
             nursery.cancel_scope.cancel()
@@ -207,8 +213,16 @@ def test_protocol_errors_keep_the_connection_usable(tmp_path, sock_path):
     with running_server(sock_path, commands):
         replies = raw_exchange(sock_path, b"\n".join(lines) + b"\n")
     codes = [r["error"]["code"] if not r["ok"] else "ok" for r in replies]
-    assert codes == ["bad_request", "unsupported_version", "unknown_command", "bad_request",
-                     "bad_request", "unavailable", "ok", "ok"]
+    assert codes == [
+        "bad_request",
+        "unsupported_version",
+        "unknown_command",
+        "bad_request",
+        "bad_request",
+        "unavailable",
+        "ok",
+        "ok",
+    ]
     assert all(r["v"] == 1 for r in replies)
     assert replies[6]["result"] == {"power": 30}
     assert daemon.stopped

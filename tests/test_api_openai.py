@@ -21,26 +21,52 @@ from ds4d.chat.types import (
 )
 
 D = Sampling()
-TOOL = {"type": "function", "function": {"name": "ls", "description": "list",
-                                         "parameters": {"type": "object"}}}
+TOOL = {
+    "type": "function",
+    "function": {"name": "ls", "description": "list", "parameters": {"type": "object"}},
+}
 
 
 def test_messages_roles_parts_and_tool_history():
-    req = openai_chat.parse({
-        "model": "gpt-x", "max_completion_tokens": 9, "stop": "END", "seed": 3,
-        "temperature": 0.2, "top_k": 5, "unknown_field": {"ignored": True},
-        "stream": True, "stream_options": {"include_usage": True},
-        "tools": [TOOL, {"type": "web_search"}], "tool_choice": "auto",
-        "messages": [
-            {"role": "developer", "content": "rules"},
-            {"role": "user", "content": [{"type": "text", "text": "a"},
-                                         {"type": "image_url", "image_url": {"url": "x"}},
-                                         {"type": "text", "text": "b"}]},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function",
-                 "function": {"name": "ls", "arguments": "{\"path\": \"/\"}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "etc"},
-        ]}, D)
+    req = openai_chat.parse(
+        {
+            "model": "gpt-x",
+            "max_completion_tokens": 9,
+            "stop": "END",
+            "seed": 3,
+            "temperature": 0.2,
+            "top_k": 5,
+            "unknown_field": {"ignored": True},
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "tools": [TOOL, {"type": "web_search"}],
+            "tool_choice": "auto",
+            "messages": [
+                {"role": "developer", "content": "rules"},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "a"},
+                        {"type": "image_url", "image_url": {"url": "x"}},
+                        {"type": "text", "text": "b"},
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {"name": "ls", "arguments": '{"path": "/"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "call_1", "content": "etc"},
+            ],
+        },
+        D,
+    )
     assert [m.role for m in req.messages] == ["system", "user", "assistant", "tool"]
     assert req.messages[1].content == "ab"
     assert req.messages[2].tool_calls[0].arguments == '{"path": "/"}'
@@ -51,35 +77,52 @@ def test_messages_roles_parts_and_tool_history():
     assert req.stream and req.include_usage and req.model == "gpt-x"
 
 
-@pytest.mark.parametrize("choice,mode,name", [
-    ("auto", "auto", None), ("none", "none", None), ("required", "required", None),
-    ({"type": "function", "function": {"name": "ls"}}, "named", "ls"),
-])
+@pytest.mark.parametrize(
+    "choice,mode,name",
+    [
+        ("auto", "auto", None),
+        ("none", "none", None),
+        ("required", "required", None),
+        ({"type": "function", "function": {"name": "ls"}}, "named", "ls"),
+    ],
+)
 def test_tool_choice(choice, mode, name):
-    req = openai_chat.parse({"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
-                             "tool_choice": choice}, D)
+    req = openai_chat.parse(
+        {"messages": [{"role": "user", "content": "x"}], "tools": [TOOL], "tool_choice": choice}, D
+    )
     assert (req.tool_choice.mode, req.tool_choice.name) == (mode, name)
 
 
-@pytest.mark.parametrize("body,needle", [
-    ([], "JSON object"),
-    ({}, "messages"),
-    ({"messages": []}, "empty"),
-    ({"messages": "hi"}, "array"),
-    ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
-    ({"messages": [{"role": "user", "content": 5}]}, "content"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens"),
-    ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n=1"),
-    ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": [TOOL],
-      "tool_choice": {"type": "function", "function": {"name": "rm"}}}, "rm"),
-    ({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"},
-     "reasoning_effort"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ([], "JSON object"),
+        ({}, "messages"),
+        ({"messages": []}, "empty"),
+        ({"messages": "hi"}, "array"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "content"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": [1]}, "stop"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n=1"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool"),
+        (
+            {
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [TOOL],
+                "tool_choice": {"type": "function", "function": {"name": "rm"}},
+            },
+            "rm",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "extreme"},
+            "reasoning_effort",
+        ),
+    ],
+)
 def test_bad_requests(body, needle):
     with pytest.raises(ApiError) as e:
         openai_chat.parse(body, D)
@@ -109,11 +152,20 @@ def test_chat_response_json():
     r = openai_chat.response(req, c, "m")
     msg = r["choices"][0]["message"]
     assert msg["content"] == "Hi" and msg["reasoning_content"] == "hmm"
-    assert msg["tool_calls"] == [{"id": "call_abc", "type": "function",
-                                  "function": {"name": "ls", "arguments": '{"path":"/"}'}}]
+    assert msg["tool_calls"] == [
+        {
+            "id": "call_abc",
+            "type": "function",
+            "function": {"name": "ls", "arguments": '{"path":"/"}'},
+        }
+    ]
     assert r["choices"][0]["finish_reason"] == "tool_calls"
-    assert r["usage"] == {"prompt_tokens": 50, "completion_tokens": 7, "total_tokens": 57,
-                          "prompt_tokens_details": {"cached_tokens": 40}}
+    assert r["usage"] == {
+        "prompt_tokens": 50,
+        "completion_tokens": 7,
+        "total_tokens": 57,
+        "prompt_tokens_details": {"cached_tokens": 40},
+    }
 
 
 def _data(frames):
@@ -126,8 +178,14 @@ def _data(frames):
 
 
 def test_chat_stream_sequence():
-    req = openai_chat.parse({"messages": [{"role": "user", "content": "x"}], "stream": True,
-                             "stream_options": {"include_usage": True}}, D)
+    req = openai_chat.parse(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        D,
+    )
     s = openai_chat.Stream(req, "m")
     frames = s.open()
     for ev in _events():
@@ -136,12 +194,17 @@ def test_chat_stream_sequence():
     deltas = [c["choices"][0]["delta"] for c in chunks[:-2]]
     assert deltas[0]["role"] == "assistant"
     assert deltas[1] == {"reasoning_content": "hmm"} and deltas[2] == {"content": "Hi"}
-    assert deltas[3]["tool_calls"][0] == {"index": 0, "id": "call_abc", "type": "function",
-                                          "function": {"name": "ls", "arguments": ""}}
+    assert deltas[3]["tool_calls"][0] == {
+        "index": 0,
+        "id": "call_abc",
+        "type": "function",
+        "function": {"name": "ls", "arguments": ""},
+    }
     assert deltas[4]["tool_calls"][0] == {"index": 0, "function": {"arguments": '{"path":"/"}'}}
     assert chunks[-3]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-2]["choices"] == [] and chunks[-2]["usage"]["prompt_tokens_details"] == {
-        "cached_tokens": 40}
+        "cached_tokens": 40
+    }
     assert chunks[-1] == "[DONE]"
     assert len({c["id"] for c in chunks[:-1]}) == 1
 

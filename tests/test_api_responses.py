@@ -25,27 +25,50 @@ D = Sampling()
 
 
 def test_input_items_and_tools():
-    req = rs.parse({
-        "model": "gpt-5", "instructions": "be kind", "max_output_tokens": 50,
-        "reasoning": {"effort": "low", "summary": "auto"}, "store": False,
-        "include": ["reasoning.encrypted_content"], "prompt_cache_key": "k",
-        "tools": [
-            {"type": "function", "name": "exec", "parameters": {"type": "object"}},
-            {"type": "namespace", "name": "ns", "tools": [
-                {"type": "function", "name": "inner", "description": "d"}]},
-            {"type": "web_search", "external_web_access": False},
-        ],
-        "input": [
-            {"type": "message", "role": "developer",
-             "content": [{"type": "input_text", "text": "dev"}]},
-            {"role": "user", "content": [{"type": "input_text", "text": "go"},
-                                         {"type": "input_image", "image_url": "x"}]},
-            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}]},
-            {"type": "function_call", "call_id": "call_1", "name": "exec",
-             "arguments": "{\"cmd\":\"ls\"}"},
-            {"type": "function_call_output", "call_id": "call_1", "output": "a b"},
-            {"type": "item_reference", "id": "x"},
-        ]}, D)
+    req = rs.parse(
+        {
+            "model": "gpt-5",
+            "instructions": "be kind",
+            "max_output_tokens": 50,
+            "reasoning": {"effort": "low", "summary": "auto"},
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+            "prompt_cache_key": "k",
+            "tools": [
+                {"type": "function", "name": "exec", "parameters": {"type": "object"}},
+                {
+                    "type": "namespace",
+                    "name": "ns",
+                    "tools": [{"type": "function", "name": "inner", "description": "d"}],
+                },
+                {"type": "web_search", "external_web_access": False},
+            ],
+            "input": [
+                {
+                    "type": "message",
+                    "role": "developer",
+                    "content": [{"type": "input_text", "text": "dev"}],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "go"},
+                        {"type": "input_image", "image_url": "x"},
+                    ],
+                },
+                {"type": "reasoning", "summary": [{"type": "summary_text", "text": "plan"}]},
+                {
+                    "type": "function_call",
+                    "call_id": "call_1",
+                    "name": "exec",
+                    "arguments": '{"cmd":"ls"}',
+                },
+                {"type": "function_call_output", "call_id": "call_1", "output": "a b"},
+                {"type": "item_reference", "id": "x"},
+            ],
+        },
+        D,
+    )
     assert [m.role for m in req.messages] == ["system", "system", "user", "assistant", "tool"]
     assert req.messages[0].content == "be kind" and req.messages[2].content == "go"
     asst = req.messages[3]
@@ -55,21 +78,37 @@ def test_input_items_and_tools():
     assert req.max_tokens == 50 and req.thinking is True
 
 
-@pytest.mark.parametrize("body,needle", [
-    ({}, "input"),
-    ({"input": 5}, "input"),
-    ({"input": []}, "at least one message"),
-    ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"input": [{"role": "critic", "content": "x"}]}, "role"),
-    ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
-    ({"input": "x", "reasoning": {"effort": "galactic"}}, "reasoning.effort"),
-    ({"input": "x", "tool_choice": "required"}, "tool"),
-    ({"input": [{"role": "user", "content": "x"},
-                {"type": "function_call_output", "call_id": {"a": 1}, "output": "o"}]},
-     "call_id"),
-    ({"input": [{"role": "user", "content": "x"},
-                {"type": "function_call_output", "output": "o"}]}, "call_id"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({}, "input"),
+        ({"input": 5}, "input"),
+        ({"input": []}, "at least one message"),
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"role": "critic", "content": "x"}]}, "role"),
+        ({"input": "x", "max_output_tokens": -1}, "max_output_tokens"),
+        ({"input": "x", "reasoning": {"effort": "galactic"}}, "reasoning.effort"),
+        ({"input": "x", "tool_choice": "required"}, "tool"),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "x"},
+                    {"type": "function_call_output", "call_id": {"a": 1}, "output": "o"},
+                ]
+            },
+            "call_id",
+        ),
+        (
+            {
+                "input": [
+                    {"role": "user", "content": "x"},
+                    {"type": "function_call_output", "output": "o"},
+                ]
+            },
+            "call_id",
+        ),
+    ],
+)
 def test_bad_requests(body, needle):
     with pytest.raises(ApiError) as e:
         rs.parse(body, D)
@@ -100,24 +139,37 @@ def test_stream_lifecycle():
     assert [e["sequence_number"] for e in evs] == list(range(len(evs)))
     types = [e["type"] for e in evs]
     assert types == [
-        "response.created", "response.in_progress",
-        "response.output_item.added", "response.reasoning_summary_part.added",
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.reasoning_summary_part.added",
         "response.reasoning_summary_text.delta",
-        "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
         "response.output_item.done",
-        "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done",
-        "response.completed"]
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     final = evs[-1]["response"]
     assert [o["type"] for o in final["output"]] == ["reasoning", "message", "function_call"]
     assert final["output"][1]["content"][0]["text"] == "Hello"
     assert final["output"][2]["call_id"] == "call_z"
     assert final["usage"]["input_tokens_details"] == {"cached_tokens": 12}
-    assert [e.get("output_index") for e in evs if e["type"] == "response.output_item.added"] \
-        == [0, 1, 2]
+    assert [e.get("output_index") for e in evs if e["type"] == "response.output_item.added"] == [
+        0,
+        1,
+        2,
+    ]
 
 
 def test_incomplete_and_failed():
@@ -135,7 +187,13 @@ def test_incomplete_and_failed():
 
 
 def _codex_body() -> dict:
-    path = Path(__file__).parent / "data" / "codex-cli-0.171.0-first-request.json"
+    path = (
+        Path(__file__).parent
+        / "data"
+        / "fixtures"
+        / "clients"
+        / "codex-cli-0.171.0-first-request.json"
+    )
     return json.loads(path.read_text())["body"]
 
 
@@ -143,10 +201,16 @@ def test_codex_namespaced_tool_call_carries_its_namespace_both_ways():
     body = _codex_body()
     req = rs.parse(body, D)
     assert "resume_agent" in [t.name for t in req.tools]
-    events = [Usage(9, 0), ToolCallStart(0, "call_r", "resume_agent"),
-              ToolCallArgsDelta(0, '{"id":"a"}'), ToolCallEnd(0, '{"id":"a"}'),
-              ToolCallStart(1, "call_e", "exec_command"), ToolCallEnd(1, '{"cmd":"ls"}'),
-              Usage(9, 4), Finish("tool_calls")]
+    events = [
+        Usage(9, 0),
+        ToolCallStart(0, "call_r", "resume_agent"),
+        ToolCallArgsDelta(0, '{"id":"a"}'),
+        ToolCallEnd(0, '{"id":"a"}'),
+        ToolCallStart(1, "call_e", "exec_command"),
+        ToolCallEnd(1, '{"cmd":"ls"}'),
+        Usage(9, 4),
+        Finish("tool_calls"),
+    ]
     s = rs.Stream(req, "m")
     frames = s.open()
     for ev in events:
@@ -163,8 +227,11 @@ def test_codex_namespaced_tool_call_carries_its_namespace_both_ways():
     plain = rs.response(req, c, "m")["output"]
     assert plain[0]["namespace"] == "multi_agent_v1" and "namespace" not in plain[1]
     # The client sends the item back, namespace and all, with its output.
-    body["input"] = [*body["input"], done[0],
-                     {"type": "function_call_output", "call_id": "call_r", "output": "ok"}]
+    body["input"] = [
+        *body["input"],
+        done[0],
+        {"type": "function_call_output", "call_id": "call_r", "output": "ok"},
+    ]
     again = rs.parse(body, D)
     call = again.messages[-2].tool_calls[0]
     assert (call.id, call.name, call.arguments) == ("call_r", "resume_agent", '{"id":"a"}')

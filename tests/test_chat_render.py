@@ -98,8 +98,8 @@ def test_native_tool_templates_get_the_tools():
         ("codex-cli-0.171.0-first-request.json", openai_responses.parse),
     ],
 )
-def test_real_client_requests_parse_and_render(shared_dir, template, name, parse):
-    body = json.loads((shared_dir / "fixtures" / "clients" / name).read_text())["body"]
+def test_real_client_requests_parse_and_render(data_dir, template, name, parse):
+    body = json.loads((data_dir / "fixtures" / "clients" / name).read_text())["body"]
     req = parse(body, Sampling())
     assert req.stream and req.tools and req.tool_choice.mode == "auto"
     text = render_request(template, req)

@@ -16,17 +16,39 @@ from tests.conftest import REPO
 
 def ds4d(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.run([sys.executable, "-m", "ds4d", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ds4d", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_bench_writes_csv_and_plot(tmp_path: Path) -> None:
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Quel ramo del lago di Como, che volge a mezzogiorno. " * 40)
     out_csv, out_png = tmp_path / "b.csv", tmp_path / "b.png"
-    r = ds4d("bench", "--prompt-file", str(prompt), "--ctx-start", "64", "--ctx-max", "192",
-             "--step-incr", "64", "--gen-tokens", "4", "--threads", "2",
-             "--csv", str(out_csv), "--plot", str(out_png))
+    r = ds4d(
+        "bench",
+        "--prompt-file",
+        str(prompt),
+        "--ctx-start",
+        "64",
+        "--ctx-max",
+        "192",
+        "--step-incr",
+        "64",
+        "--gen-tokens",
+        "4",
+        "--threads",
+        "2",
+        "--csv",
+        str(out_csv),
+        "--plot",
+        str(out_png),
+    )
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(out_csv.open()))
     assert [int(x["ctx"]) for x in rows] == [64, 128, 192]
@@ -40,16 +62,23 @@ def test_bench_writes_csv_and_plot(tmp_path: Path) -> None:
 
 
 def test_bench_rejects_bad_sweep(tmp_path: Path) -> None:
-    r = ds4d("bench", "--prompt-file", str(tmp_path / "missing.txt"), "--ctx-start", "256",
-             "--ctx-max", "128")
+    r = ds4d(
+        "bench",
+        "--prompt-file",
+        str(tmp_path / "missing.txt"),
+        "--ctx-start",
+        "256",
+        "--ctx-max",
+        "128",
+    )
     assert r.returncode == 2
     assert "ctx-max" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_generate_greedy_follows_exact_argmax(shared_dir: Path, engine) -> None:
+def test_generate_greedy_follows_exact_argmax(data_dir: Path, engine) -> None:
     """Greedy generation's first token is the exact-math argmax of the vector's first step."""
-    case = json.loads((shared_dir / "vectors/smollm2/chat_capital.json").read_text())
-    exact = json.loads((shared_dir / "vectors/smollm2/chat_capital.exact.json").read_text())
+    case = json.loads((data_dir / "vectors/smollm2/chat_capital.json").read_text())
+    exact = json.loads((data_dir / "vectors/smollm2/chat_capital.exact.json").read_text())
     first_id = exact["steps"][0]["top"][0][0]
     first_text = engine.tokenizer.decode([first_id])
     assert "capital of France" in case["prompt"]

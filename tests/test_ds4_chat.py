@@ -44,9 +44,9 @@ def tok():
 
 
 @pytest.mark.parametrize("case", VECTORS)
-def test_official_vector_prompt_tokens(shared_dir, tok, case):
+def test_official_vector_prompt_tokens(data_dir, tok, case):
     official = json.loads(
-        (shared_dir / "vectors/ds4-official/official" / f"{case}.official.json").read_text()
+        (data_dir / "vectors/ds4-official/official" / f"{case}.official.json").read_text()
     )
     req = official["request"]
     request = ChatRequest(messages=[Message(m["role"], m["content"]) for m in req["messages"]])
@@ -56,7 +56,7 @@ def test_official_vector_prompt_tokens(shared_dir, tok, case):
     assert len(ids) == official["usage"]["prompt_tokens"]
     assert ids[0] == tok.bos_id and ids[-2:] == [tok.assistant_id, tok.think_close_id]
     # The CLI's piecewise single-prompt form is the same token sequence here.
-    prompt = (shared_dir / "vectors/ds4-official/prompts" / f"{case}.txt").read_text()
+    prompt = (data_dir / "vectors/ds4-official/prompts" / f"{case}.txt").read_text()
     assert prompt == req["messages"][0]["content"]
     assert encode_single_prompt(tok, prompt, mode=mode) == ids
 
@@ -254,8 +254,13 @@ def test_generated_control_tokens_stream_as_their_marker_text_and_replay(tok):
     the byte table). ds4d does the same, and that keeps the KV reusable: the client sends
     the text back, and the next prompt's text starts with exactly what the slot's tokens
     decode to (hiding the markers would break the match at the first one)."""
-    controls = ["<｜User｜>", "<｜tool▁call▁begin｜>", "<|EOT|>", "<｜place▁holder▁no▁5｜>",
-                "<｜begin▁of▁sentence｜>"]
+    controls = [
+        "<｜User｜>",
+        "<｜tool▁call▁begin｜>",
+        "<|EOT|>",
+        "<｜place▁holder▁no▁5｜>",
+        "<｜begin▁of▁sentence｜>",
+    ]
     ids = [tok.token_to_id(c) for c in controls]
     assert all(tok.is_special(i) for i in ids) and not set(ids) & tok.eog_ids
     assert tok.eog_ids == {tok.token_to_id(EOS)}
@@ -266,8 +271,9 @@ def test_generated_control_tokens_stream_as_their_marker_text_and_replay(tok):
 
     first = ChatRequest([Message("user", "q")])
     prompt = render_request(first, ThinkMode.NONE)
-    following = ChatRequest([Message("user", "q"), Message("assistant", content),
-                             Message("user", "more")])
+    following = ChatRequest(
+        [Message("user", "q"), Message("assistant", content), Message("user", "more")]
+    )
     live = tok.encode(prompt) + generated
     assert render_request(following, ThinkMode.NONE).startswith(tok.decode(live))
 

@@ -17,20 +17,43 @@ from tests.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constr
 # Single characters, fragments holding markup and escapes, digits, and unusable tokens.
 VOCAB = (
     [chr(c) for c in range(32, 127)]
-    + ["\n", "\t", "</", "<｜", "&lt;", '",', '"}', "\\n", " Paris", "get", "_weather",
-       "true", "false", "tr", "fa", "00", "12", "0", "\ufffd", "é", "ab", "<br>"]
+    + [
+        "\n",
+        "\t",
+        "</",
+        "<｜",
+        "&lt;",
+        '",',
+        '"}',
+        "\\n",
+        " Paris",
+        "get",
+        "_weather",
+        "true",
+        "false",
+        "tr",
+        "fa",
+        "00",
+        "12",
+        "0",
+        "\ufffd",
+        "é",
+        "ab",
+        "<br>",
+    ]
     + [None, None]
 )
 
+
 def drive(choice: ToolChoice, rng: random.Random, close_thinking: bool = False) -> str:
-    gen = forced_dsml_call(DSMLVocab(VocabIndex(VOCAB)), TOOLS, choice,
-                           close_thinking=close_thinking)
+    gen = forced_dsml_call(
+        DSMLVocab(VocabIndex(VOCAB)), TOOLS, choice, close_thinking=close_thinking
+    )
     return run_constraint(gen, VOCAB, rng)
 
 
 def parse(text: str, thinking: bool = False, pieces: int = 1):
-    request = ChatRequest([Message("user", "x")], tools=TOOLS,
-                          tool_choice=ToolChoice("required"))
+    request = ChatRequest([Message("user", "x")], tools=TOOLS, tool_choice=ToolChoice("required"))
     decode = DS4Decode(request, ThinkMode.HIGH if thinking else ThinkMode.NONE)
     events = []
     size = max(1, len(text) // pieces)
@@ -42,7 +65,7 @@ def parse(text: str, thinking: bool = False, pieces: int = 1):
     events += decode.flush()
     (start,) = [e for e in events if isinstance(e, ToolCallStart)]
     (end,) = [e for e in events if isinstance(e, ToolCallEnd)]
-    assert decode.replay == {start.id: text[text.index("\n\n"):]}  # exact block remembered
+    assert decode.replay == {start.id: text[text.index("\n\n") :]}  # exact block remembered
     return start.name, json.loads(end.arguments)
 
 

@@ -28,8 +28,8 @@ def test_synthetic_file_validates(synth_path):
     assert layout.synthetic and layout.expert == "q2"
     assert p.compress_ratios == (0, 0, 4, 128, 4)
     assert p.n_embd == SYNTH_PARAMS.n_embd and p.n_vocab == SYNTH_PARAMS.n_vocab
-    assert layout.tensors["blk.4.ffn_gate_exps.weight"].tensor_type == T.IQ2_XXS
-    assert layout.tensors["blk.4.ffn_down_exps.weight"].tensor_type == T.Q2_K
+    assert layout.tensors["blk.4.ffn_gate_exps.weight"].type == T.IQ2_XXS
+    assert layout.tensors["blk.4.ffn_down_exps.weight"].type == T.Q2_K
     assert list(layout.tensors["blk.3.attn_compressor_ape.weight"].shape) == [128, 128]
     assert list(layout.tensors["blk.2.attn_compressor_ape.weight"].shape) == [256, 4]
     assert "blk.2.ffn_gate_tid2eid.weight" in layout.tensors
@@ -43,11 +43,15 @@ def test_q4_expert_variant_validates(tmp_path):
     assert L.load(path).expert == "q4"
 
 
-def test_real_shape_required_without_synthetic_marker(synth_path):
-    reader = L.open_gguf(str(synth_path))
-    del reader.fields[L.SYNTHETIC_KEY]
+def test_real_shape_required_without_synthetic_marker(synth_path, tmp_path):
+    # renaming the key (same length, so the file stays consistent) removes the marker
+    data = synth_path.read_bytes()
+    marker = L.SYNTHETIC_KEY.encode()
+    assert data.count(marker) == 1
+    unmarked = tmp_path / "unmarked.gguf"
+    unmarked.write_bytes(data.replace(marker, marker[:-1] + b"X"))
     with pytest.raises(L.DS4LayoutError) as e:
-        L.validate(reader, "x.gguf")
+        L.load(unmarked)
     assert "hyper-parameter n_embd: 256, the DeepSeek V4 Flash shape is 4096" in e.value.problems
 
 
@@ -63,7 +67,8 @@ def _broken(tmp_path, mutate) -> list[str]:
 
 def test_missing_tensor_refused(tmp_path):
     lines = _broken(tmp_path, lambda s: [x for x in s if x.name != "blk.3.attn_kv.weight"])
-    assert lines[1:] == ["tensor blk.3.attn_kv.weight: missing"]
+    assert len(lines) == 1
+    assert lines[0].endswith(": not a valid deepseek4 GGUF: tensor blk.3.attn_kv.weight: missing")
 
 
 def test_wrong_shape_and_type_refused(tmp_path):
@@ -78,10 +83,14 @@ def test_wrong_shape_and_type_refused(tmp_path):
         return out + [L.TensorSpec("blk.9.extra.weight", (4,), (T.F32,))]
 
     lines = _broken(tmp_path, mutate)
-    assert "tensor blk.2.attn_sinks.weight: dims [8], expected [4]" in lines
-    assert "tensor output.weight: type F16, expected Q8_0" in lines
-    assert "tensor blk.9.extra.weight: not part of the deepseek4 layout" in lines
-    assert len(lines) == 4
+    assert lines[0].endswith(
+        ": not a valid deepseek4 GGUF: tensor output.weight: type F16, expected Q8_0"
+        " (and 2 more below)"
+    )
+    assert lines[1:] == [
+        "tensor blk.2.attn_sinks.weight: dims [8], expected [4]",
+        "tensor blk.9.extra.weight: not part of the deepseek4 layout",
+    ]
 
 
 def test_truncated_file_refused(synth_path, tmp_path):
@@ -152,3 +161,16 @@ def test_full_size_file_opens_without_reading_weights(tmp_path):
                          capture_output=True, text=True).stdout.split()  # fmt: skip
     assert out[:3] == ["deepseek4", "43", str(size)]
     assert int(out[3]) < 1_500_000  # KiB
+
+
+def test_open_never_builds_the_slow_gguf_reader(synth_path):
+    """Validation and the tokenizer read GGUFFile's own index: gguf.GGUFReader (seconds of
+    per-element objects for a real vocabulary) is never built."""
+    from ds4d.engine import deepseek4
+    from ds4d.engine.gguf_file import GGUFFile
+
+    gf = GGUFFile(synth_path)
+    layout = L.validate(gf)
+    tok = deepseek4.make_tokenizer(gf)
+    assert layout.params.n_vocab == SYNTH_PARAMS.n_vocab
+    assert tok.encode("Hello") and gf._reader is None

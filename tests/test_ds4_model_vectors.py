@@ -1,4 +1,4 @@
-"""deepseek4 against the official DeepSeek V4 Flash API vectors (../shared/vectors/ds4-official).
+"""deepseek4 against the official DeepSeek V4 Flash API vectors (tests/data/vectors/ds4-official).
 
 Needs the real model: set DS4D_TEST_MODEL to a ds4 GGUF (about 86 GB; 96-128 GB RAM).
 As ds4's own runner does: render [BOS][User]prompt[Assistant][</think>], prefill at the
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import SHARED
+from tests.conftest import DATA
 
 SKIP_CASES = {"long_memory_archive"}
 LOGPROB_TOLERANCE = 4.0
@@ -40,7 +40,7 @@ def parse_vec(path: Path) -> list[dict]:
 
 
 def _cases() -> list[dict]:
-    vec = SHARED / "vectors" / "ds4-official"
+    vec = DATA / "vectors" / "ds4-official"
     if not (vec / "official.vec").is_file():
         return []
     cases = parse_vec(vec / "official.vec")
@@ -62,8 +62,8 @@ def engine():
         yield e
 
 
-def test_vector_file_parses(shared_dir):
-    cases = parse_vec(shared_dir / "vectors" / "ds4-official" / "official.vec")
+def test_vector_file_parses(data_dir):
+    cases = parse_vec(data_dir / "vectors" / "ds4-official" / "official.vec")
     assert [c["id"] for c in cases] == [
         "short_italian_fact", "short_code_completion", "short_reasoning_plain",
         "long_memory_archive", "long_code_audit",

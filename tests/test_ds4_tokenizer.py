@@ -86,10 +86,10 @@ def test_special_ids_and_generation_end(tok):
             tok.decode([5, bad])
 
 
-def test_token_bytes_cover_the_official_api_tokens(shared_dir, tok):
+def test_token_bytes_cover_the_official_api_tokens(data_dir, tok):
     by_bytes = {tok.token_bytes(i): i for i in range(tok.n_vocab)}
     seen = 0
-    for path in sorted((shared_dir / "vectors/ds4-official/official").glob("*.official.json")):
+    for path in sorted((data_dir / "vectors/ds4-official/official").glob("*.official.json")):
         for step in json.loads(path.read_text())["steps"]:
             for entry in [step, *step["top_logprobs"]]:
                 if "｜" in entry["token"]["text"]:

@@ -25,8 +25,8 @@ LOGIT_TOL = 5e-3
 
 
 @pytest.fixture(scope="module")
-def prompt(shared_dir: Path) -> list[int]:
-    case = json.loads((shared_dir / "vectors/smollm2/chat_capital.json").read_text())
+def prompt(data_dir: Path) -> list[int]:
+    case = json.loads((data_dir / "vectors/smollm2/chat_capital.json").read_text())
     return case["prompt_tokens"] + [s["token"] for s in case["steps"]]
 
 

@@ -1,40 +1,22 @@
 """Power governor and the engine gate that applies it: the rest owed follows the level,
 level changes apply mid-rest, a cancelled request stops resting at once (and frees the
-engine), and a paced loop's busy share is the level.
+engine), and a paced loop rests exactly what its work owes.
 
-Work units here are sleeps measured in wall time, as the engine gate measures its calls;
-the machine is shared, so the checks compare wall times the loop itself measured rather
-than assume the CPU is ours."""
+Rests run on trio's MockClock (autojump), so every check is on the sleeps the governor
+requests, never on wall time or CPU share of a shared machine."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import trio
+from trio.testing import MockClock
 
 from ds4d.daemon.power import PowerGovernor
 from ds4d.daemon.scheduler import EngineGate
 
 
-def paced_share(level: int, units: int = 10, unit_s: float = 0.02) -> float:
-    """Wall time of `units` engine-gate calls paced at `level`, over the work's own time."""
-    gate = EngineGate(PowerGovernor(level).rest)
-    work = 0.0
-
-    def unit() -> None:
-        nonlocal work
-        t = time.perf_counter()
-        time.sleep(unit_s)
-        work += time.perf_counter() - t
-
-    async def main() -> float:
-        start = time.perf_counter()
-        for _ in range(units):
-            await gate.run(unit)
-        return time.perf_counter() - start
-
-    return trio.run(main) / work
+def run_virtual(fn):
+    return trio.run(fn, clock=MockClock(autojump_threshold=0))
 
 
 def test_rest_formula():
@@ -49,36 +31,63 @@ def test_rest_formula():
             g.set_level(bad)
 
 
-@pytest.mark.parametrize("level", [100, 50, 25])
-def test_wall_time_is_work_over_level(level):
-    assert paced_share(level) == pytest.approx(100 / level, rel=0.15)
+@pytest.mark.parametrize("level", [100, 50, 25, 1])
+def test_paced_calls_rest_what_their_work_owes(level):
+    """Every gate call is followed by the rest its measured work owes at the level, so
+    wall time = work * 100 / level: the busy share is the level."""
+    governor = PowerGovernor(level)
+    work: list[float] = []
+
+    async def pace(seconds: float) -> None:
+        work.append(seconds)
+        await governor.rest(seconds)
+
+    async def main() -> float:
+        gate = EngineGate(pace)
+        start = trio.current_time()
+        for n in range(5):
+            assert await gate.run(lambda n=n: n * n) == n * n
+        return trio.current_time() - start
+
+    rested = run_virtual(main)
+    assert len(work) == 5 and all(w >= 0 for w in work)
+    assert rested == pytest.approx(sum(work) * (100 / level - 1), abs=1e-9)
+
+
+def test_a_long_rest_is_the_requested_length():
+    async def main() -> float:
+        start = trio.current_time()
+        await PowerGovernor(10).rest(2.0)  # owes 18 s
+        return trio.current_time() - start
+
+    assert run_virtual(main) == pytest.approx(18.0)
 
 
 def test_raising_the_level_ends_a_rest_at_once():
     g = PowerGovernor(1)
 
     async def main() -> float:
-        started = time.perf_counter()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(g.rest, 1.0)  # owes 99 s at power 1
-            await trio.sleep(0.1)
+            await trio.sleep(0.1)  # virtual time
             g.set_level(100)
-        return time.perf_counter() - started
+        return trio.current_time()
 
-    assert trio.run(main) < 1.0
+    # the rest re-reads the level at least every 50 ms
+    assert run_virtual(main) <= 0.15 + 1e-9
 
 
 def test_cancelled_request_stops_resting_and_frees_the_engine():
     """A client that goes away mid-rest must not hold the engine for the rest owed."""
-    gate = EngineGate(PowerGovernor(1).rest)
+    governor = PowerGovernor(1)
+    gate = EngineGate(lambda _work: governor.rest(0.05))  # each call owes 4.95 s of rest
 
     async def main() -> tuple[float, str]:
-        started = time.perf_counter()
-        with trio.move_on_after(0.2):  # the request is cancelled 0.2 s in
-            await gate.run(time.sleep, 0.05)  # owes ~5 s of rest at power 1
-        cancelled_after = time.perf_counter() - started
+        with trio.move_on_after(0.2):  # the request is cancelled 0.2 s in, mid-rest
+            await gate.run(str, "first")
+        cancelled_after = trio.current_time()
         gate.pace = None
         return cancelled_after, await gate.run(str, "engine free")
 
-    cancelled_after, result = trio.run(main)
-    assert cancelled_after < 0.5 and result == "engine free"
+    cancelled_after, result = run_virtual(main)
+    assert cancelled_after == pytest.approx(0.2) and result == "engine free"

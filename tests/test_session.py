@@ -18,15 +18,19 @@ class Cancelled(Exception):
 
 
 @pytest.fixture(scope="module")
-def tokens(shared_dir: Path) -> list[int]:
-    case = json.loads((shared_dir / "vectors/smollm2/chat_redis.json").read_text())
+def tokens(data_dir: Path) -> list[int]:
+    case = json.loads((data_dir / "vectors/smollm2/chat_redis.json").read_text())
     return case["prompt_tokens"] + [s["token"] for s in case["steps"]]
 
 
 def test_info_and_empty_session(engine) -> None:
     info = engine.info
     assert (info.family, info.architecture, info.n_vocab, info.n_layer) == (
-        "llama", "llama", 49152, 30)
+        "llama",
+        "llama",
+        49152,
+        30,
+    )
     assert info.n_ctx_train == 8192 and info.quant == "Q4_1" and len(info.fingerprint) == 64
     assert engine.chat_template and "<|im_start|>" in engine.chat_template
     assert engine.tokenizer is not None
@@ -187,7 +191,9 @@ def test_sessions_in_parallel_threads_match_sequential(engine, tokens) -> None:
         t.start()
     for t in threads:
         t.join()
-    for (want_tokens, want_logits), (got_tokens, got_logits) in zip(sequential, results, strict=True):
+    for (want_tokens, want_logits), (got_tokens, got_logits) in zip(
+        sequential, results, strict=True
+    ):
         assert got_tokens == want_tokens
         np.testing.assert_array_equal(got_logits, want_logits)
 

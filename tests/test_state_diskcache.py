@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -28,8 +27,15 @@ class Clock:
 
 
 def cache(tmp_path, budget=0, clock=None, **kw) -> DiskCache:
-    return DiskCache(tmp_path / "kv", budget_bytes=budget, fingerprint=FP, ctx=8192,
-                     min_tokens=kw.pop("min_tokens", 16), clock=clock or Clock(), **kw)
+    return DiskCache(
+        tmp_path / "kv",
+        budget_bytes=budget,
+        fingerprint=FP,
+        ctx=8192,
+        min_tokens=kw.pop("min_tokens", 16),
+        clock=clock or Clock(),
+        **kw,
+    )
 
 
 def payload(n: int) -> bytes:
@@ -48,7 +54,7 @@ def test_longest_prefix_lookup_and_load(tmp_path):
     assert m is not None and m.tokens == 120 and m.text_bytes == len(base + "user: hi\n")
     loaded = c.load(m, prompt)
     assert loaded.text == base + "user: hi\n" and len(loaded.payload) == 1200
-    assert prompt[len(loaded.text):] == "assistant: hello\n"
+    assert prompt[len(loaded.text) :] == "assistant: hello\n"
 
     # the hit was written into the file's header, in place
     h = kvfile.read_header(m.path)
@@ -64,8 +70,7 @@ def test_lookup_filters_min_tokens_and_context(tmp_path):
     c = cache(tmp_path, min_tokens=100)
     assert c.save(Reason.COLD, "a" * 50, 99, payload(100)) is None  # below min: not saved
     c.save(Reason.COLD, "a" * 60, 150, payload(100))
-    small_ctx = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=FP, ctx=150,
-                          min_tokens=100)
+    small_ctx = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=FP, ctx=150, min_tokens=100)
     assert small_ctx.lookup("a" * 100) is None  # 150 tokens do not fit a ctx of 150
     assert c.lookup("a" * 100).tokens == 150
 
@@ -76,9 +81,15 @@ def test_bad_files_are_quarantined_never_crash(tmp_path):
     trunc = c.save(Reason.COLD, "truncated " * 40, 100, payload(3000))
     flipped_hdr = c.save(Reason.COLD, "header flip " * 40, 100, payload(3000))
     flipped_body = c.save(Reason.COLD, "body flip " * 40, 100, payload(3000))
-    foreign = kvfile.write_file(c.dir, "foreign " * 40, payload(3000), reason=Reason.COLD,
-                                tokens=100, ctx=8192,
-                                fingerprint=kvfile.fingerprint_digest("other-model"))[0]
+    foreign = kvfile.write_file(
+        c.dir,
+        "foreign " * 40,
+        payload(3000),
+        reason=Reason.COLD,
+        tokens=100,
+        ctx=8192,
+        fingerprint=kvfile.fingerprint_digest("other-model"),
+    )[0]
     (c.dir / "not-a-cache-file.txt").write_text("left alone")
     with open(trunc.path, "r+b") as f:
         f.truncate(trunc.size - 100)
@@ -135,8 +146,7 @@ def test_eviction_follows_score(tmp_path):
     popular = _entry(c, "popular", Reason.CONTINUED, 100, 10_000, hits=7, used_h_ago=0)
     stale = _entry(c, "stale", Reason.CONTINUED, 100, 10_000, hits=1000, used_h_ago=84)
 
-    fresh = DiskCache(c.dir, budget_bytes=0, fingerprint=FP, ctx=8192, min_tokens=16,
-                      clock=clock)
+    fresh = DiskCache(c.dir, budget_bytes=0, fingerprint=FP, ctx=8192, min_tokens=16, clock=clock)
     scores = {e["name"]: e["score"] for e in fresh.ls()}
     # stale: 1000 hits decayed over 14 half-lives = 0.06 -> about (1.06) * 0.01
     assert scores[sparse.name] < scores[stale.name] < scores[anchor.name]
@@ -219,7 +229,7 @@ CHILD = textwrap.dedent("""
             fp.write(b"k" * 65536)
             if i == 20:
                 print("writing", flush=True)
-            time.sleep(0.005)
+            time.sleep(0.005)  # a slow disk, so the kill lands mid-write
     kvfile.write_file(Path(sys.argv[1]), "killed mid write " * 50, slow,
                       reason=kvfile.Reason.COLD, tokens=900, ctx=8192,
                       fingerprint=kvfile.fingerprint_digest(sys.argv[2]))
@@ -229,10 +239,10 @@ CHILD = textwrap.dedent("""
 
 def test_kill_9_mid_write_never_leaves_an_accepted_file(tmp_path):
     c = cache(tmp_path)
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(c.dir), FP],
-                             stdout=subprocess.PIPE, text=True)
-    assert child.stdout.readline().strip() == "writing"
-    time.sleep(0.05)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(c.dir), FP], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout.readline().strip() == "writing"  # mid-write: 21 of 400 chunks
     child.send_signal(signal.SIGKILL)
     child.wait()
     assert child.returncode == -signal.SIGKILL

@@ -18,12 +18,12 @@ import openai
 import pytest
 
 from ds4d.state import kvfile
-from tests.e2e.daemon_process import running_daemon
+from tests.e2e.daemon_process import running_daemon, runtime_dir
 
 
 @pytest.fixture(scope="module")
-def book(shared_dir) -> str:
-    return (shared_dir / "data" / "promessi_sposi.txt").read_text()
+def book(data_dir) -> str:
+    return (data_dir / "text" / "promessi_sposi.txt").read_text()
 
 
 def client(d) -> openai.OpenAI:
@@ -36,13 +36,13 @@ def traces(path: Path) -> list[dict]:
 
 def start(tmp: Path, *args: str):
     kv, trace = tmp / "kv", tmp / "trace.jsonl"
-    return running_daemon(tmp, "--kv-disk", "--kv-disk-dir", str(kv), "--trace", str(trace),
-                          *args)
+    return running_daemon(tmp, "--kv-disk", "--kv-disk-dir", str(kv), "--trace", str(trace), *args)
 
 
 def ask(c: openai.OpenAI, messages: list[dict], max_tokens: int = 8, **kw):
-    return c.chat.completions.create(model="ds4d", messages=messages, max_tokens=max_tokens,
-                                     temperature=0, **kw)
+    return c.chat.completions.create(
+        model="ds4d", messages=messages, max_tokens=max_tokens, temperature=0, **kw
+    )
 
 
 def dir_bytes(path: Path) -> int:
@@ -53,16 +53,20 @@ def test_restart_reuses_a_long_prompt_from_disk(tmp_path, book):
     """~6000-token prompt cold; SIGTERM; restart; same conversation plus one user turn:
     >= 5000 cached tokens from disk-text, time to first token <= 10% of the cold one."""
     trace = tmp_path / "trace.jsonl"
-    messages = [{"role": "system", "content": "You summarise Italian novels."},
-                {"role": "user", "content": "Summarise this chapter:\n" + book[:15500]}]
+    messages = [
+        {"role": "system", "content": "You summarise Italian novels."},
+        {"role": "user", "content": "Summarise this chapter:\n" + book[:15500]},
+    ]
     with start(tmp_path, "--slots", "1") as d:
         first = ask(client(d), messages)
         assert 5500 <= first.usage.prompt_tokens <= 7000
         assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert "saved 1 slot(s) to the disk KV cache" in d.log()
 
-    messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": "Now in one sentence."}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Now in one sentence."},
+    ]
     with start(tmp_path, "--slots", "1") as d:
         second = ask(client(d), messages, max_tokens=4)
     cold, warm = traces(trace)
@@ -72,10 +76,22 @@ def test_restart_reuses_a_long_prompt_from_disk(tmp_path, book):
     assert kvfile.read_header(tmp_path / "kv" / warm["disk_file"]).hits == 1
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather forecast for a city",
-    "parameters": {"type": "object", "required": ["city", "unit", "days"], "properties": {
-        "city": {"type": "string"}, "unit": {"type": "string"}, "days": {"type": "integer"}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather forecast for a city",
+        "parameters": {
+            "type": "object",
+            "required": ["city", "unit", "days"],
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string"},
+                "days": {"type": "integer"},
+            },
+        },
+    },
+}
 
 
 def reserialized(arguments: str) -> str:
@@ -85,23 +101,37 @@ def reserialized(arguments: str) -> str:
 
 def test_tool_replay_with_reserialized_arguments_survives_restart(tmp_path):
     trace = tmp_path / "trace.jsonl"
-    messages = [{"role": "system", "content": "You are a weather bot. " * 60},
-                {"role": "user", "content": "Weather in Rome for 3 days in celsius?"}]
+    messages = [
+        {"role": "system", "content": "You are a weather bot. " * 60},
+        {"role": "user", "content": "Weather in Rome for 3 days in celsius?"},
+    ]
     with start(tmp_path, "--slots", "1", "--ctx", "2048", "--trace-content") as d:
         c = client(d)
         first = ask(c, messages, max_tokens=80, tools=[WEATHER], tool_choice="required")
         (call,) = first.choices[0].message.tool_calls
         (record,) = traces(trace)  # opted in: the rendered prompt and the output
-        assert record["prompt"].startswith("<|im_start|>system") and "weather bot" in record[
-            "prompt"]
+        assert (
+            record["prompt"].startswith("<|im_start|>system") and "weather bot" in record["prompt"]
+        )
         assert call.id in record["output"] and record["finish_reason"] == "tool_calls"
         assert reserialized(call.function.arguments) != call.function.arguments
         history = messages + [
-            {"role": "assistant", "content": None, "tool_calls": [{
-                "id": call.id, "type": "function", "function": {
-                    "name": call.function.name,
-                    "arguments": reserialized(call.function.arguments)}}]},
-            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 25C"}]
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {
+                            "name": call.function.name,
+                            "arguments": reserialized(call.function.arguments),
+                        },
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": call.id, "content": "sunny, 25C"},
+        ]
         second = ask(c, history, tools=[WEATHER])
         # everything the slot held (prompt + the sampled call) is reused
         held = first.usage.prompt_tokens + first.usage.completion_tokens
@@ -116,8 +146,10 @@ def test_tool_replay_with_reserialized_arguments_survives_restart(tmp_path):
         # back to the real conversation (its state is on disk from the contrast's evict)
         second = ask(c, history, tools=[WEATHER])
 
-    history += [{"role": "assistant", "content": second.choices[0].message.content},
-                {"role": "user", "content": "Thanks!"}]
+    history += [
+        {"role": "assistant", "content": second.choices[0].message.content},
+        {"role": "user", "content": "Thanks!"},
+    ]
     with start(tmp_path, "--slots", "1", "--ctx", "2048") as d:
         third = ask(client(d), history, tools=[WEATHER])
     last = traces(trace)[-1]
@@ -130,18 +162,23 @@ def test_evicted_conversations_come_back_from_disk_within_budget(tmp_path, book)
     >= 90% of it; with a small budget the directory stays within it after every request."""
     budget_mb = 150
     kv = tmp_path / "kv"
-    talks = [[{"role": "user", "content": f"Riassumi:\n{book[i * 2500:(i + 1) * 2500]}"}]
-             for i in range(3)]
-    with start(tmp_path, "--slots", "2", "--ctx", "2048",
-               "--kv-disk-space-mb", str(budget_mb)) as d:
+    talks = [
+        [{"role": "user", "content": f"Riassumi:\n{book[i * 2500 : (i + 1) * 2500]}"}]
+        for i in range(3)
+    ]
+    with start(
+        tmp_path, "--slots", "2", "--ctx", "2048", "--kv-disk-space-mb", str(budget_mb)
+    ) as d:
         c = client(d)
         replies = []
         for talk in talks:
             r = ask(c, talk)
             replies.append(r)
             assert dir_bytes(kv) <= budget_mb * 2**20
-        again = talks[0] + [{"role": "assistant", "content": replies[0].choices[0].message.content},
-                            {"role": "user", "content": "E poi?"}]
+        again = talks[0] + [
+            {"role": "assistant", "content": replies[0].choices[0].message.content},
+            {"role": "user", "content": "E poi?"},
+        ]
         r = ask(c, again)
         assert dir_bytes(kv) <= budget_mb * 2**20
         metrics = d.metrics()
@@ -186,7 +223,7 @@ def test_kill_9_mid_write_and_damaged_files_never_accepted(tmp_path, book):
             caught = kv.is_dir() and any(kvfile.TMP_MARKER in n for n in os.listdir(kv))
             if caught:
                 d.proc.send_signal(signal.SIGKILL)
-            time.sleep(0.002)
+            time.sleep(0.002)  # poll: waits on another process, bounded by the deadline
         d.proc.wait()
         worker.join(10)
     assert caught, "no checkpoint write was observed"
@@ -199,8 +236,13 @@ def test_kill_9_mid_write_and_damaged_files_never_accepted(tmp_path, book):
     assert not any(kvfile.TMP_MARKER in n for n in os.listdir(kv))
     # (the shutdown checkpoint goes last: it holds the reply too, so it is no prefix of
     # the prompt and never loaded for it)
-    files = sorted(kv.glob("*.kv"), key=lambda p: (
-        kvfile.read_header(p).reason != kvfile.Reason.SHUTDOWN, kvfile.read_header(p).tokens))
+    files = sorted(
+        kv.glob("*.kv"),
+        key=lambda p: (
+            kvfile.read_header(p).reason != kvfile.Reason.SHUTDOWN,
+            kvfile.read_header(p).tokens,
+        ),
+    )
     assert len(files) >= 2
 
     # 3. damage every file: the longest prefix of the prompt bit-flipped in its KV rows
@@ -223,10 +265,20 @@ def test_kill_9_mid_write_and_damaged_files_never_accepted(tmp_path, book):
 
 def ds4ctl(tmp: Path, *args: str):
     """Run the real ds4ctl against the daemon started in `tmp`; its JSON result."""
-    env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp / "xdg_runtime_dir"))
-    out = subprocess.run([sys.executable, "-c", "import sys; from ds4ctl.cli import main; "
-                          "sys.exit(main(sys.argv[1:]))", "--json", *args],
-                         env=env, capture_output=True, text=True, timeout=60)
+    env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime_dir(tmp)))
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from ds4ctl.cli import main; sys.exit(main(sys.argv[1:]))",
+            "--json",
+            *args,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

@@ -18,14 +18,17 @@ TEXT = "<|im_start|>system\nYou are terse. ünïcode ✓<|im_end|>\n"
 def write(tmp_path, payload=None, **kw):
     args = dict(reason=Reason.COLD, tokens=700, ctx=8192, fingerprint=FP)
     args.update(kw)
-    return kvfile.write_file(tmp_path, TEXT, payload if payload is not None else
-                             os.urandom(5000), **args)
+    return kvfile.write_file(
+        tmp_path, TEXT, payload if payload is not None else os.urandom(5000), **args
+    )
 
 
 def test_round_trip_with_tool_map(tmp_path):
     payload = os.urandom(70_001)
-    tools = {"call_1": '<tool_call>\n{"name": "ls", "arguments": {"a": 1}}\n</tool_call>',
-             "call_2": "ünï"}
+    tools = {
+        "call_1": '<tool_call>\n{"name": "ls", "arguments": {"a": 1}}\n</tool_call>',
+        "call_2": "ünï",
+    }
     path, header = write(tmp_path, payload, tool_map=tools, now=1234)
     assert path.name == kvfile.file_name(TEXT) and kvfile.is_kv_name(path.name)
     assert path.stat().st_size == header.file_size
@@ -34,8 +37,14 @@ def test_round_trip_with_tool_map(tmp_path):
 
     read = kvfile.read_header(path)
     assert read == header
-    assert (read.reason, read.tokens, read.ctx, read.created_ms, read.last_used_ms,
-            read.hits) == (Reason.COLD, 700, 8192, 1234, 1234, 0)
+    assert (read.reason, read.tokens, read.ctx, read.created_ms, read.last_used_ms, read.hits) == (
+        Reason.COLD,
+        700,
+        8192,
+        1234,
+        1234,
+        0,
+    )
     assert read.flags & kvfile.FLAG_TOOL_MAP
     body = kvfile.read_body(path, read, expect_text=TEXT.encode())
     assert (body.text, body.payload, body.tool_map) == (TEXT, payload, tools)
@@ -123,4 +132,4 @@ def test_header_layout_is_little_endian_and_documented(tmp_path):
     assert raw[:4] == b"DS4K" and raw[4:6] == b"\x01\x00"
     assert raw[48:52] == b"\x04\x03\x02\x01"
     assert int.from_bytes(raw[92:96], "little") == zlib.crc32(raw[:92])
-    assert raw[kvfile.HEADER_SIZE:kvfile.HEADER_SIZE + header.text_bytes] == TEXT.encode()
+    assert raw[kvfile.HEADER_SIZE : kvfile.HEADER_SIZE + header.text_bytes] == TEXT.encode()

@@ -24,13 +24,14 @@ def chat(*turns, open_assistant=True):
 
 SYSTEM = ("system", "You are a helpful assistant who answers questions about rivers. " * 8)
 TALK_A = chat(SYSTEM, ("user", "Tell me about the Po river and its delta, in detail. " * 6))
-TALK_B = chat(("system", "You write short poems about the sea and its moods. " * 8),
-              ("user", "A poem about waves at dusk, please. " * 6))
+TALK_B = chat(
+    ("system", "You write short poems about the sea and its moods. " * 8),
+    ("user", "A poem about waves at dusk, please. " * 6),
+)
 
 
 def make(engine, tmp_path, **policy) -> KVState:
-    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint,
-                     ctx=CTX)
+    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint, ctx=CTX)
     pol = SavePolicy.for_context(CTX, **policy)
     return KVState(engine.tokenizer, CTX, disk=disk, policy=pol)
 
@@ -167,15 +168,18 @@ def _payload_with_token(engine, tokens, at: int, value: int) -> bytes:
 
 
 @pytest.mark.parametrize("bad_id", ["n_vocab", -1, 2**31 - 1])
-def test_checkpoint_with_out_of_range_token_ids_is_refused_and_goes_cold(engine, tmp_path,
-                                                                        bad_id):
+def test_checkpoint_with_out_of_range_token_ids_is_refused_and_goes_cold(engine, tmp_path, bad_id):
     tok = engine.tokenizer
     kv = make(engine, tmp_path)
     prompt = tok.encode(TALK_A)
     head = prompt[:300]
     value = engine.info.n_vocab if bad_id == "n_vocab" else bad_id
-    kv.disk.save(kvfile.Reason.COLD, tok.decode(head), len(head),
-                 _payload_with_token(engine, head, 17, value))
+    kv.disk.save(
+        kvfile.Reason.COLD,
+        tok.decode(head),
+        len(head),
+        _payload_with_token(engine, head, 17, value),
+    )
     (entry,) = kv.disk.entries()
     with engine.new_session(CTX) as s:
         r = kv.sync(s, TALK_A, prompt)

@@ -27,8 +27,15 @@ def chat(*turns):
 
 
 def plan(tok, live, text, **kw):
-    return plan_sync(live, text, tok.encode(text), decode=tok.decode, encode=tok.encode,
-                     min_tokens=kw.pop("min_tokens", 8), **kw)
+    return plan_sync(
+        live,
+        text,
+        tok.encode(text),
+        decode=tok.decode,
+        encode=tok.encode,
+        min_tokens=kw.pop("min_tokens", 8),
+        **kw,
+    )
 
 
 def test_memory_token(tok):
@@ -52,7 +59,9 @@ def test_memory_text_keeps_live_tokens_and_tokenizes_only_the_rest(tok):
 
 
 def test_partial_rewind_disk_and_cold(tok, tmp_path):
-    system = chat(("system", "You are a careful assistant. " * 12))[: -len("<|im_start|>assistant\n")]
+    system = chat(("system", "You are a careful assistant. " * 12))[
+        : -len("<|im_start|>assistant\n")
+    ]
     a = system + chat(("user", "Tell me about apples."))
     b = system + chat(("user", "Tell me about pears, please."))
     live = tok.encode(a) + tok.encode("Apples are fruit.")

@@ -19,9 +19,10 @@ def test_other_text_untouched():
     assert strip_billing_header("plain") == "plain"
 
 
-def test_real_claude_code_system_blocks(shared_dir):
-    body = json.loads((shared_dir / "fixtures/clients/claude-code-2.1.197-first-request.json")
-                      .read_text())["body"]
+def test_real_claude_code_system_blocks(data_dir):
+    body = json.loads(
+        (data_dir / "fixtures/clients/claude-code-2.1.197-first-request.json").read_text()
+    )["body"]
     blocks = [b["text"] for b in body["system"]]
     out = normalize_system_blocks(blocks)
     assert len(out) == len(blocks) - 1  # the billing block disappears entirely

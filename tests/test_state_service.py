@@ -34,23 +34,30 @@ def session(engine):
 
 
 def service(tmp_path, tok, **kw) -> StateService:
-    return StateService.create(tokenizer=tok, fingerprint=FP, ctx=8192,
-                               kv_dir=tmp_path / "kv", **kw)
+    return StateService.create(
+        tokenizer=tok, fingerprint=FP, ctx=8192, kv_dir=tmp_path / "kv", **kw
+    )
 
 
 def conversation(call_id: str, billing: str = "cch=0a1b2;") -> ChatRequest:
-    return ChatRequest(messages=[
-        Message("system", f"x-anthropic-billing-header: cc_version=2.1.1.abc; {billing}\n"
-                          "You list files."),
-        Message("user", "list /tmp"),
-        Message("assistant", "", tool_calls=[ToolCall(call_id, "ls", CLIENT)]),
-        Message("tool", "a b c", tool_call_id=call_id),
-    ])
+    return ChatRequest(
+        messages=[
+            Message(
+                "system",
+                f"x-anthropic-billing-header: cc_version=2.1.1.abc; {billing}\nYou list files.",
+            ),
+            Message("user", "list /tmp"),
+            Message("assistant", "", tool_calls=[ToolCall(call_id, "ls", CLIENT)]),
+            Message("tool", "a b c", tool_call_id=call_id),
+        ]
+    )
 
 
 def rendered(req: ChatRequest) -> str:
-    return "\n".join([m.content for m in req.messages]
-                     + [hermes_call_text(c) for m in req.messages for c in m.tool_calls])
+    return "\n".join(
+        [m.content for m in req.messages]
+        + [hermes_call_text(c) for m in req.messages for c in m.tool_calls]
+    )
 
 
 def test_replay_restores_sampled_argument_order(tmp_path, tok, session):
@@ -60,8 +67,11 @@ def test_replay_restores_sampled_argument_order(tmp_path, tok, session):
     out = s.prepare_request(req)
     assert out.messages[2].tool_calls[0].arguments == SAMPLED
     assert req.messages[2].tool_calls[0].arguments == CLIENT  # the request is not mutated
-    body = json.loads(hermes_call_text(out.messages[2].tool_calls[0])
-                      .removeprefix("<tool_call>\n").removesuffix("\n</tool_call>"))
+    body = json.loads(
+        hermes_call_text(out.messages[2].tool_calls[0])
+        .removeprefix("<tool_call>\n")
+        .removesuffix("\n</tool_call>")
+    )
     assert list(body["arguments"]) == ["path", "recursive", "limit"]
     assert tool_call_ids(req) == ["call_1", "call_1"]
 
@@ -80,8 +90,7 @@ def test_replay_survives_restart_through_kv_tool_map(tmp_path, tok, session):
     s.remember_tool_call(session, "call_2", SAMPLED)
     s.tool_memory.remember("call_unrelated", "{}")
     text = "a conversation with a tool call " * 4
-    s.disk.save(Reason.SHUTDOWN, text, 100, b"payload",
-                tool_map=s.tool_memory.select(["call_2"]))
+    s.disk.save(Reason.SHUTDOWN, text, 100, b"payload", tool_map=s.tool_memory.select(["call_2"]))
 
     after = service(tmp_path, tok, policy={"min_tokens": 16})  # a new process
     assert len(after.tool_memory) == 0
@@ -97,7 +106,6 @@ def test_metrics_lines(tmp_path, tok):
     assert "# TYPE ds4d_kv_disk_bytes_written_total counter" in text
     assert "ds4d_kv_disk_files_written_total 1" in text
     assert "ds4d_kv_disk_evictions_total 0" in text
-    nodisk = StateService.create(tokenizer=tok, fingerprint=FP, ctx=8192,
-                                 kv_dir=None)
+    nodisk = StateService.create(tokenizer=tok, fingerprint=FP, ctx=8192, kv_dir=None)
     assert nodisk.disk is None and nodisk.kv.disk is None
     assert "ds4d_kv_disk" not in "\n".join(nodisk.metrics_lines())

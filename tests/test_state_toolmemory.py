@@ -32,8 +32,15 @@ def test_round_trip_through_kv_file(tmp_path):
     m.remember("call_other", "not in this conversation")
     section = m.select(["call_0123456789abcdef0123456789abcdef", "call_unknown"])
     path, header = kvfile.write_file(
-        tmp_path, "prompt " + sampled, b"payload", reason=kvfile.Reason.EVICT, tokens=10,
-        ctx=100, fingerprint=kvfile.fingerprint_digest("m"), tool_map=section)
+        tmp_path,
+        "prompt " + sampled,
+        b"payload",
+        reason=kvfile.Reason.EVICT,
+        tokens=10,
+        ctx=100,
+        fingerprint=kvfile.fingerprint_digest("m"),
+        tool_map=section,
+    )
 
     restarted = ToolMemory()
     restarted.update(kvfile.read_body(path, header).tool_map)

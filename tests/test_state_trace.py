@@ -10,9 +10,19 @@ from ds4d.state.trace import TraceRecord, TraceWriter
 
 
 def record(**kw):
-    base = dict(api="chat", slot=1, prompt_tokens=6000, cache_source="disk-text",
-                cached_tokens=5888, prefill_s=0.25, decode_s=1.5, generated_tokens=12,
-                finish_reason="stop", disk_file="ab12.kv", time=1_700_000_000.5)
+    base = dict(
+        api="chat",
+        slot=1,
+        prompt_tokens=6000,
+        cache_source="disk-text",
+        cached_tokens=5888,
+        prefill_s=0.25,
+        decode_s=1.5,
+        generated_tokens=12,
+        finish_reason="stop",
+        disk_file="ab12.kv",
+        time=1_700_000_000.5,
+    )
     base.update(kw)
     return TraceRecord(**base)
 
@@ -27,10 +37,20 @@ def test_record_shape_and_mode(tmp_path):
     t.close()
     (line,) = path.read_text().splitlines()
     rec = json.loads(line)
-    assert rec == {"api": "chat", "slot": 1, "prompt_tokens": 6000, "cache_source": "disk-text",
-                   "cached_tokens": 5888, "prefill_s": 0.25, "decode_s": 1.5,
-                   "generated_tokens": 12, "finish_reason": "stop", "disk_file": "ab12.kv",
-                   "time": "2023-11-14T22:13:20.500Z", "shortfall": 0}
+    assert rec == {
+        "api": "chat",
+        "slot": 1,
+        "prompt_tokens": 6000,
+        "cache_source": "disk-text",
+        "cached_tokens": 5888,
+        "prefill_s": 0.25,
+        "decode_s": 1.5,
+        "generated_tokens": 12,
+        "finish_reason": "stop",
+        "disk_file": "ab12.kv",
+        "time": "2023-11-14T22:13:20.500Z",
+        "shortfall": 0,
+    }
 
 
 def test_runtime_switching_and_opt_in_text(tmp_path):

@@ -29,9 +29,9 @@ def smollm_template(model_path: Path) -> ChatTemplate:
 USER_TURN = "<|im_start|>user\n"
 
 
-def test_reproduces_reference_chat_prompts(smollm_template: ChatTemplate, shared_dir: Path) -> None:
+def test_reproduces_reference_chat_prompts(smollm_template: ChatTemplate, data_dir: Path) -> None:
     chats = []
-    for path in sorted((shared_dir / "vectors" / "smollm2").glob("*.json")):
+    for path in sorted((data_dir / "vectors" / "smollm2").glob("*.json")):
         case = json.loads(path.read_text())
         if path.name.endswith(".exact.json") or not case.get("chat"):
             continue

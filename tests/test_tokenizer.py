@@ -28,8 +28,8 @@ def tok(reader: gguf.GGUFReader) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def vectors(shared_dir: Path) -> Path:
-    return shared_dir / "vectors" / "smollm2"
+def vectors(data_dir: Path) -> Path:
+    return data_dir / "vectors" / "smollm2"
 
 
 def test_reproduces_llama_cpp_ids(tok: Tokenizer, vectors: Path) -> None:
@@ -106,8 +106,8 @@ def test_incremental_decoder_holds_partial_utf8(tok: Tokenizer) -> None:
     assert dec.feed(tok.encode("ok")[0]) == "ok"
 
 
-def test_long_text_is_fast(tok: Tokenizer, shared_dir: Path) -> None:
-    text = (shared_dir / "data" / "promessi_sposi.txt").read_text()[:60_000]
+def test_long_text_is_fast(tok: Tokenizer, data_dir: Path) -> None:
+    text = (data_dir / "text" / "promessi_sposi.txt").read_text()[:60_000]
     start = time.perf_counter()
     ids = tok.encode(text)
     elapsed = time.perf_counter() - start
@@ -178,13 +178,13 @@ SPM_USER = "<tool>"
 
 
 @pytest.fixture(scope="module")
-def spm_vocab(shared_dir: Path) -> tuple[list[str], list[int], list[float]]:
+def spm_vocab(data_dir: Path) -> tuple[list[str], list[int], list[float]]:
     """A SentencePiece-style vocabulary (▁ pieces, byte tokens, scores falling with the
     piece's rank) learned here with tokenizers' BPE trainer from the Italian text."""
     from tokenizers import Tokenizer as HF
     from tokenizers import models, normalizers, pre_tokenizers, trainers
 
-    text = (shared_dir / "data" / "promessi_sposi.txt").read_text()[:300_000]
+    text = (data_dir / "text" / "promessi_sposi.txt").read_text()[:300_000]
     trainer_tok = HF(models.BPE())
     trainer_tok.normalizer = normalizers.Replace(" ", "▁")
     trainer_tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="always")
@@ -265,7 +265,7 @@ def _spm_span(ids: dict[str, int], scores: list[float], text: str) -> list[int]:
 
 
 def test_sentencepiece_matches_llama_cpp_algorithm(
-    tmp_path: Path, spm_vocab: tuple[list[str], list[int], list[float]], shared_dir: Path
+    tmp_path: Path, spm_vocab: tuple[list[str], list[int], list[float]], data_dir: Path
 ) -> None:
     tokens, types, scores = spm_vocab
     path = _write_gguf(
@@ -282,7 +282,7 @@ def test_sentencepiece_matches_llama_cpp_algorithm(
     assert spm.add_bos and spm.bos_id == 1
     assert spm.token_to_id("<|im_end|>") in spm.eog_ids and 2 in spm.eog_ids
 
-    novel = (shared_dir / "data" / "promessi_sposi.txt").read_text()
+    novel = (data_dir / "text" / "promessi_sposi.txt").read_text()
     texts = [
         "Quel ramo del lago di Como",
         "  due  spazi,\tuna tab\n\ne righe    vuote ",

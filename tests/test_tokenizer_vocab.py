@@ -81,6 +81,29 @@ def test_llama_cpp_vectors(name: str, tokenizer_of) -> None:
         assert tok.decode(ids) == prefix + text, repr(text)
 
 
+@pytest.mark.parametrize("name", ["phi-3", "llama-spm"])
+def test_spm_source_text_and_continuation(name: str, tokenizer_of) -> None:
+    """`source_text` gives back the very text of llama.cpp's ids (without the space
+    prefix that `decode` shows); text cut after a word and its rest tokenized as a
+    continuation gives llama.cpp's ids of the whole."""
+    tok = tokenizer_of(f"ggml-vocab-{name}.gguf.xz")
+    assert tok.add_space_prefix
+    cuts = 0
+    for text, ids in llama_cpp_cases(name):
+        if not text:
+            continue
+        assert tok.source_text(ids) == text, repr(text)
+        # a space after a word: no SentencePiece piece spans that boundary
+        cut = next((i for i in range(1, len(text)) if text[i] == " " != text[i - 1]), None)
+        if cut is None or text[cut - 1].isspace():
+            continue
+        cuts += 1
+        head = tok.encode(text[:cut], special=False)
+        assert head + tok.encode_continuation(text[cut:], special=False) == ids, repr(text)
+        assert head + tok.encode(text[cut:], special=False) != ids  # the prefix doubles
+    assert cuts >= 10
+
+
 def hf_cases(name: str) -> list[dict]:
     return json.loads((VOCAB / f"{name}.ids.json").read_text(encoding="utf-8"))["cases"]
 
@@ -99,6 +122,7 @@ def test_decode_round_trips(name: str, tokenizer_of) -> None:
     tok = tokenizer_of(f"{name}.gguf.xz")
     for case in hf_cases(name):
         assert tok.decode(case["ids"]) == case["text"], repr(case["text"])
+        assert tok.source_text(case["ids"]) == case["text"], repr(case["text"])
         assert b"".join(map(tok.token_bytes, case["ids"])) == case["text"].encode()
 
 

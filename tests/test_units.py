@@ -16,13 +16,19 @@ import pytest
 from ds4d.daemon import exitcodes
 
 DS4D = Path(sys.executable).parent / "ds4d"
-needs_analyze = pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                                   reason="systemd-analyze not installed (make test-tools)")
+needs_analyze = pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None,
+    reason="systemd-analyze not installed (make test-tools)",
+)
 
 
 def install(kind: str, dest: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(DS4D), "install-service", f"--{kind}", "--dest", str(dest),
-                           *extra], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [str(DS4D), "install-service", f"--{kind}", "--dest", str(dest), *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def verify(unit: Path, user: bool, tmp_path: Path) -> str:
@@ -35,8 +41,9 @@ def verify(unit: Path, user: bool, tmp_path: Path) -> str:
         env["XDG_RUNTIME_DIR"] = str(runtime)
         cmd.insert(1, "--user")
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
-    return (done.stdout + done.stderr).strip() + ("" if done.returncode == 0 else
-                                                  f"\nexit status {done.returncode}")
+    return (done.stdout + done.stderr).strip() + (
+        "" if done.returncode == 0 else f"\nexit status {done.returncode}"
+    )
 
 
 def service_section(path: Path) -> configparser.SectionProxy:
@@ -63,11 +70,17 @@ def test_systemd_units_render_and_verify(kind, tmp_path):
         assert svc[key]
     if kind == "system":
         assert svc["ExecStart"].endswith("--config /etc/ds4d/ds4d.toml")
-        for key, value in [("DynamicUser", "yes"), ("RuntimeDirectory", "ds4d"),
-                           ("RuntimeDirectoryMode", "0700"), ("StateDirectory", "ds4d"),
-                           ("CacheDirectory", "ds4d"), ("LogsDirectory", "ds4d"),
-                           ("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"),
-                           ("PrivateTmp", "yes")]:
+        for key, value in [
+            ("DynamicUser", "yes"),
+            ("RuntimeDirectory", "ds4d"),
+            ("RuntimeDirectoryMode", "0700"),
+            ("StateDirectory", "ds4d"),
+            ("CacheDirectory", "ds4d"),
+            ("LogsDirectory", "ds4d"),
+            ("NoNewPrivileges", "yes"),
+            ("ProtectSystem", "strict"),
+            ("PrivateTmp", "yes"),
+        ]:
             assert svc[key] == value, key
         assert svc["ProtectHome"] in ("yes", "read-only")
 
@@ -111,6 +124,7 @@ def test_dry_run_prints_and_writes_nothing(tmp_path):
 
 
 def test_a_kind_is_required():
-    done = subprocess.run([str(DS4D), "install-service"], capture_output=True, text=True,
-                          timeout=60)
+    done = subprocess.run(
+        [str(DS4D), "install-service"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2 and "one of the arguments" in done.stderr

@@ -1,4 +1,4 @@
-"""Accuracy acceptance: teacher-forced over every SmolLM2 case in shared/vectors, our top-20
+"""Accuracy acceptance: teacher-forced over every SmolLM2 case in tests/data/vectors, our top-20
 log-probabilities against the exact float32 forward (*.exact.json).
 
 Bar: mean |ours - exact| <= 0.05 over every step's top-20 (llama.cpp is about 0.1 away),
@@ -18,10 +18,10 @@ CASES_DIR = "vectors/smollm2"
 
 
 def case_names() -> list[str]:
-    from tests.conftest import SHARED
+    from tests.conftest import DATA
 
     found = sorted(p.name.removesuffix(".exact.json")
-                   for p in (SHARED / CASES_DIR).glob("*.exact.json"))  # fmt: skip
+                   for p in (DATA / CASES_DIR).glob("*.exact.json"))  # fmt: skip
     return found or ["(no cases found)"]
 
 
@@ -33,10 +33,10 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", case_names())
-def test_teacher_forced_logprobs_match_exact(engine, shared_dir: Path, case: str) -> None:
-    path = shared_dir / CASES_DIR / f"{case}.exact.json"
+def test_teacher_forced_logprobs_match_exact(engine, data_dir: Path, case: str) -> None:
+    path = data_dir / CASES_DIR / f"{case}.exact.json"
     if not path.is_file():
-        pytest.skip(f"no exact vectors under {shared_dir / CASES_DIR}")
+        pytest.skip(f"no exact vectors under {data_dir / CASES_DIR}")
     exact = json.loads(path.read_text())
     steps = exact["steps"]
     session = engine.new_session(len(exact["prompt_tokens"]) + len(steps))

@@ -7,7 +7,7 @@ is `--config PATH` (or `DS4D_CONFIG`), else `$XDG_CONFIG_HOME/ds4d/ds4d.toml`, e
 
 `Config` is immutable; a reload builds a new one (see `ds4d.daemon.reload`). Keys marked
 reloadable take effect in the running daemon; any other changed key needs a restart.
-Every key is documented with its default in `etc/ds4d.toml` (a test keeps the two in step).
+Every key is documented with its default in `ds4d/daemon/ds4d.toml` (a test keeps the two in step).
 """
 
 from __future__ import annotations

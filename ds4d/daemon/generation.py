@@ -82,6 +82,14 @@ class Generator:
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, special=True)
 
+    def encode_after(self, previous: int | None, text: str) -> list[int]:
+        """`text` tokenized as it reads after token `previous`: continuing a span (after
+        a non-special token) it gets no SentencePiece space prefix."""
+        continues = getattr(self.tok, "encode_continuation", None)
+        if continues is None or previous is None or self.tok.is_special(previous):
+            return self.encode(text)
+        return continues(text, special=True)
+
     def tokenize_prompt(self, text: str, raw: bool = False) -> list[int]:
         tokens = self.tok.encode(text, special=not raw)
         bos = self.tok.bos_id
@@ -296,7 +304,8 @@ class Generator:
             if isinstance(step, Force):
                 # Markup tokenized as the prompt is (chat markers as their tokens): the
                 # next turn renders this call back, and its tokens must be these.
-                ids = self.encode(step.text)
+                held = pending or list(session.tokens[-1:])
+                ids = self.encode_after(held[-1] if held else None, step.text)
                 await self.gate.run(session.eval, pending + ids)
                 pending = []
                 generated += len(ids)

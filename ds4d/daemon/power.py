@@ -14,8 +14,6 @@ client went away) stops resting at once and frees the engine.
 
 from __future__ import annotations
 
-import time
-
 import trio
 
 MIN_POWER, MAX_POWER = 1, 100
@@ -39,10 +37,12 @@ class PowerGovernor:
         return max(0.0, work_seconds) * (MAX_POWER / self._level - 1.0)
 
     async def rest(self, work_seconds: float) -> None:
-        """Rest on the trio loop for what `work_seconds` of work owes (cancellable)."""
-        start = time.perf_counter()
+        """Rest on the trio loop for what `work_seconds` of work owes (cancellable).
+
+        Timed by the loop's own clock, so tests can run it on trio's MockClock."""
+        start = trio.current_time()
         while True:
-            remaining = start + self.rest_for(work_seconds) - time.perf_counter()
+            remaining = start + self.rest_for(work_seconds) - trio.current_time()
             if remaining <= 0:
                 return
             await trio.sleep(min(remaining, _LEVEL_POLL_S))

@@ -3,7 +3,10 @@ native/deepseek4.{c,h}, plugged into engine.py's family interface (see llama.py)
 
 `load(gguf_file, pool)` validates the file against deepseek4_layout (every problem one
 line of a ModelLoadError) and binds the mmapped tensors to C; no weight is copied, so a
-file larger than RAM opens and the OS pages experts in as they are used.
+file larger than RAM opens and the OS pages experts in as they are used. The C side trusts
+none of it: every pointer comes with its length, which must match the shape the parameters
+imply, and indices read from the file (the routing table's expert ids) are checked before
+use; every nonzero return code is raised as an EngineError with its ERRORS message.
 
 A session's state lives in C: the raw 128-row window, the compressed rows of the ratio-4
 and ratio-128 layers, the indexer rows and the compressor frontiers. Its payload (the
@@ -36,8 +39,8 @@ from typing import BinaryIO
 
 import numpy as np
 
+from ds4d.engine import decoder, native
 from ds4d.engine import deepseek4_layout as layout
-from ds4d.engine import native
 from ds4d.engine.errors import EngineError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
@@ -73,7 +76,25 @@ PAYLOAD_MAGIC = 0x34565344  # "DSV4"
 PAYLOAD_VERSION = 1
 _PAYLOAD_HEADER = struct.Struct("<13I")
 
-ERRORS = {-1: "context is full", -2: "unbound tensor or out of memory", -3: "token id out of range"}
+# The DSV4_ERR_* codes of native/deepseek4.h: the other families' codes (-1..-4, the
+# expert id -4 is a hash-routing table entry here) and those only this family returns.
+ERRORS = {
+    **decoder.ERRORS,
+    -5: "a tensor the forward needs is not bound",
+    -6: "a tensor's type or size does not fit its slot",
+    -7: "bad argument (pointer, index, length or count)",
+}
+
+
+def error_text(rc: int) -> str:
+    return ERRORS.get(rc, f"unknown native error {rc}")
+
+
+def _check(rc: int, what: str) -> None:
+    """Raises EngineError for a nonzero native return code."""
+    if rc != 0:
+        raise EngineError(f"deepseek4 {what} failed: {error_text(rc)}")
+
 
 _INT_FIELDS = (
     "n_layer", "n_embd", "n_vocab", "n_head", "head_dim", "n_rot", "q_lora_rank",
@@ -107,17 +128,18 @@ def _declare() -> None:
     vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     i64p = ctypes.POINTER(i64)
     for name, restype, argtypes in (
-        ("ds4n_dsv4_model_new", vp, [ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_int32)]),
+        ("ds4n_dsv4_model_new", vp,
+         [ctypes.POINTER(Params), ctypes.POINTER(ctypes.c_int32), i64]),
         ("ds4n_dsv4_model_free", None, [vp]),
-        ("ds4n_dsv4_set_tensor", c_int, [vp, c_int, c_int, vp, c_int]),
+        ("ds4n_dsv4_set_tensor", c_int, [vp, c_int, c_int, vp, c_int, i64]),
         ("ds4n_dsv4_state_new", vp, [vp, i64]),
         ("ds4n_dsv4_state_free", None, [vp]),
         ("ds4n_dsv4_state_reset", None, [vp]),
         ("ds4n_dsv4_state_pos", i64, [vp]),
         ("ds4n_dsv4_state_layer", c_int, [vp, c_int, ctypes.POINTER(LayerState)]),
-        ("ds4n_dsv4_state_restore", c_int, [vp, i64, i64p, i64p]),
+        ("ds4n_dsv4_state_restore", c_int, [vp, i64, i64p, i64p, i64]),
         ("ds4n_dsv4_eval", c_int,
-         [vp, vp, vp, ctypes.POINTER(ctypes.c_int32), i64, native.c_float_p, c_int]),
+         [vp, vp, vp, ctypes.POINTER(ctypes.c_int32), i64, native.c_float_p, i64, c_int]),
     ):  # fmt: skip
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -132,13 +154,13 @@ class DS4Model:
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
         self.gguf = gf
         self.pool = pool
-        self.layout = layout.validate(gf.reader, str(gf.path))
+        self.layout = layout.validate(gf)
         p = self.params = self.layout.params
         self.n_vocab, self.n_embd, self.n_layer = p.n_vocab, p.n_embd, p.n_layer
         self.n_ctx_train = p.n_ctx_train
         cp = Params(**{f: getattr(p, f) for f in _INT_FIELDS + _FLOAT_FIELDS})
         ratios = (ctypes.c_int32 * p.n_layer)(*p.compress_ratios)
-        self._handle = lib.ds4n_dsv4_model_new(ctypes.byref(cp), ratios)
+        self._handle = lib.ds4n_dsv4_model_new(ctypes.byref(cp), ratios, p.n_layer)
         if not self._handle:
             raise EngineError("the native deepseek4 forward rejected these parameters")
         for slot, name in enumerate(GLOBAL_SLOTS):
@@ -146,15 +168,15 @@ class DS4Model:
         for il in range(p.n_layer):
             for slot, name in enumerate(LAYER_SLOTS):
                 self._bind(il, slot, f"blk.{il}.{name}")
-        self.layout.reader = None  # keep only the tensor views (see GGUFFile.release_reader)
 
     def _bind(self, il: int, slot: int, name: str) -> None:
         t = self.layout.tensors.get(name)
         if t is None:  # absent optional tensor (e.g. the router bias of hash layers)
             return
-        # tensors are numpy views on the read-only mmap: the address is all C needs
-        if lib.ds4n_dsv4_set_tensor(self._handle, il, slot, t.data.ctypes.data, int(t.tensor_type)):
-            raise EngineError(f"cannot bind tensor {name}")
+        # tensors are numpy views on the read-only mmap: C needs the address and the length
+        rc = lib.ds4n_dsv4_set_tensor(self._handle, il, slot, t.address, t.type, t.n_bytes)
+        if rc:
+            raise EngineError(f"cannot bind tensor {name}: {error_text(rc)}")
 
     @property
     def handle(self) -> int:
@@ -241,8 +263,9 @@ class DS4State:
         counts = [np.asarray(c, np.int64) for c in (n_comp, n_icomp)]
         i64p = ctypes.POINTER(ctypes.c_int64)
         rc = lib.ds4n_dsv4_state_restore(
-            self.handle, pos, counts[0].ctypes.data_as(i64p), counts[1].ctypes.data_as(i64p)
-        )
+            self.handle, pos, counts[0].ctypes.data_as(i64p), counts[1].ctypes.data_as(i64p),
+            self.model.n_layer,
+        )  # fmt: skip
         if rc:  # cannot happen for a snapshot of this state; be safe: start over
             self._snapshots = []
             return 0
@@ -264,16 +287,17 @@ class DS4State:
     def eval(self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False) -> None:
         """Appends tokens (int32, C-contiguous); fills logits (n_vocab, or n x n_vocab)."""
         tokens = np.ascontiguousarray(tokens, dtype=np.int32)
+        if logits is not None and (logits.dtype != np.float32 or not logits.flags.c_contiguous):
+            raise EngineError("deepseek4 eval: logits must be a C-contiguous float32 array")
         if len(tokens) > 1:  # a prefill call: remember where it started, for rewinds
             self._take_snapshot()
         out = None if logits is None else logits.ctypes.data_as(native.c_float_p)
         rc = lib.ds4n_dsv4_eval(
             self.model.handle, self.handle, self.model.pool.handle,
             tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(tokens), out,
-            int(all_logits),
+            0 if logits is None else logits.size, int(all_logits),
         )  # fmt: skip
-        if rc != 0:
-            raise EngineError(f"deepseek4 eval failed: {ERRORS.get(rc, rc)}")
+        _check(rc, "eval")
         self._tokens.extend(int(t) for t in tokens)
 
     # -- payload ------------------------------------------------------------------------
@@ -282,7 +306,7 @@ class DS4State:
         out = []
         for il in range(self.model.n_layer):
             ls = LayerState()
-            lib.ds4n_dsv4_state_layer(self.handle, il, ctypes.byref(ls))
+            _check(lib.ds4n_dsv4_state_layer(self.handle, il, ctypes.byref(ls)), "state_layer")
             out.append(ls)
         return out
 
@@ -371,6 +395,12 @@ class DS4State:
         if n_tok != n or raw_live != want_live:
             raise EngineError("deepseek4 state payload token count does not match")
         tokens = np.frombuffer(_read_exact(fp, 4 * n), "<u4")
+        bad = np.flatnonzero(tokens >= p.n_vocab)
+        if len(bad):  # replaying them on a rewind would fail; refuse the payload now
+            raise EngineError(
+                f"deepseek4 state payload holds token id {int(tokens[bad[0]])} at position"
+                f" {int(bad[0])}, outside the vocabulary of {p.n_vocab}"
+            )
         counts = np.frombuffer(_read_exact(fp, 8 * n_layer), "<u4").astype(np.int64)
         n_comp, n_icomp = counts[:n_layer], counts[n_layer:]
         if list(n_comp) != want_comp or list(n_icomp) != want_icomp:
@@ -384,7 +414,7 @@ class DS4State:
         if lib.ds4n_dsv4_state_restore(
             self.handle, n,
             n_comp.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-            n_icomp.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+            n_icomp.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)), n_layer,
         ):  # fmt: skip
             lib.ds4n_dsv4_state_reset(self.handle)
             raise EngineError(f"deepseek4 state payload does not fit a {self.n_ctx}-token session")
@@ -414,4 +444,4 @@ def make_tokenizer(gf: GGUFFile):
     """The V4 tokenizer from the GGUF's own vocabulary."""
     from ds4d.engine.ds4_tokenizer import DS4Tokenizer
 
-    return DS4Tokenizer.from_gguf(gf.reader)
+    return DS4Tokenizer.from_gguf(gf)

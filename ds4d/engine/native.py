@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,7 @@ TYPES_BY_ID = {v: k for k, v in TYPES.items()}
 SIMD_AUTO, SIMD_SCALAR, SIMD_AVX2, SIMD_NEON = -1, 0, 1, 2
 SIMD_NAMES = {SIMD_SCALAR: "scalar", SIMD_AVX2: "avx2", SIMD_NEON: "neon"}
 
-REPO = Path(__file__).resolve().parents[2]
-DEFAULT_LIB = REPO / "native" / "build" / "libds4n.so"
+LIB_NAME = "libds4n.so"
 
 c_float_p = ctypes.POINTER(ctypes.c_float)
 POOL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
@@ -51,14 +51,41 @@ PROFILE_TOTALS = ("dispatches", "wall_ns", "busy_ns", "other_wall_ns", "other_bu
 _MAX_PROFILE_ENTRIES = 256
 
 
+def checkout_native_dir() -> Path | None:
+    """native/ of the source checkout ds4d is imported from (editable or PYTHONPATH), else
+    None. A checkout uses the library `make native` builds, so a C change is picked up
+    without reinstalling."""
+    root = Path(__file__).resolve().parents[2]
+    native = root / "native"
+    if (root / "pyproject.toml").is_file() and (native / "Makefile").is_file():
+        return native
+    return None
+
+
 def library_path() -> Path:
-    return Path(os.environ.get("DS4D_NATIVE_LIB") or DEFAULT_LIB)
+    """DS4D_NATIVE_LIB when set; in a source checkout native/build/libds4n.so; otherwise
+    the library the wheel ships inside the package (ds4d/lib/libds4n.so)."""
+    override = os.environ.get("DS4D_NATIVE_LIB")
+    if override:
+        return Path(override)
+    native = checkout_native_dir()
+    if native is not None:
+        return native / "build" / LIB_NAME
+    return Path(str(resources.files("ds4d").joinpath("lib").joinpath(LIB_NAME)))
+
+
+def _missing_message(path: Path) -> str:
+    if os.environ.get("DS4D_NATIVE_LIB"):
+        return f"native library {path} (DS4D_NATIVE_LIB) not found"
+    if checkout_native_dir() is not None:
+        return f"native library {path} not built: run `make native`"
+    return f"native library {path} is missing from the ds4d package: reinstall ds4d"
 
 
 def _load() -> ctypes.CDLL:
     path = library_path()
     if not path.is_file():
-        raise EngineError("native library not built: run `make native`")
+        raise EngineError(_missing_message(path))
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as exc:

@@ -430,6 +430,12 @@ class Tokenizer:
         plain.add_tokens(user)
         plain.encode_special_tokens = True
         self._backend_plain = plain
+        # SentencePiece without the space prefix, for text that continues a span.
+        self._backend_cont: HFTokenizer | None = None
+        if self.add_space_prefix:
+            cont = HFTokenizer(backend.model)
+            cont.normalizer = normalizers.Replace(" ", _SPM_SPACE)
+            self._backend_cont = cont
 
         self._bytes = self._token_bytes_table()
 
@@ -613,6 +619,50 @@ class Tokenizer:
             return []
         backend = self._backend if special else self._backend_plain
         return backend.encode(text, add_special_tokens=False).ids
+
+    def encode_continuation(self, text: str, special: bool = True) -> list[int]:
+        """Token ids of ``text`` written right after a non-special token: it continues
+        that token's span, so SentencePiece's space prefix (``add_space_prefix``) goes
+        only before the spans that follow a special token inside ``text``."""
+        if not text or self._backend_cont is None:
+            return self.encode(text, special)
+        backend = self._backend if special else self._backend_plain
+        enc = backend.encode(text, add_special_tokens=False)
+        cut = len(text)
+        for token, (start, end) in zip(enc.ids, enc.offsets, strict=True):
+            # a special token matched in the text (not an unknown piece of a span)
+            if self.is_special(token) and text[start:end] == self._tokens[token]:
+                cut = start
+                break
+        head = self._backend_cont.encode(text[:cut], add_special_tokens=False).ids if cut else []
+        return head + self.encode(text[cut:], special)
+
+    def source_text(self, ids: Sequence[int]) -> str | None:
+        """The text whose tokenization (special tokens parsed, as ``encode``) gives
+        ``ids``: ``decode`` less the space SentencePiece's ``add_space_prefix`` inserts
+        where a span starts (the start, after each special token). None when ``ids``
+        cannot come from such text (a span not opening with that space) or end inside a
+        UTF-8 character."""
+        table = self._bytes
+        if not self.add_space_prefix:
+            parts = [table[i] for i in ids]
+        else:
+            parts = []
+            span_start = True
+            for i in ids:
+                piece = table[i]
+                if self.is_special(i):
+                    span_start = True
+                elif span_start:
+                    if not piece.startswith(b" "):
+                        return None
+                    piece = piece[1:]
+                    span_start = False
+                parts.append(piece)
+        try:
+            return b"".join(parts).decode()
+        except UnicodeDecodeError:
+            return None
 
     def decode(self, ids: Iterable[int], special: bool = True) -> str:
         """Text of ``ids``; invalid UTF-8 becomes U+FFFD. ``special=False`` drops control

@@ -73,8 +73,7 @@ class KVState:
         self.tool_memory = tool_memory if tool_memory is not None else ToolMemory()
         self.can_rewind = can_rewind
         self._lock = threading.Lock()
-        self._state: weakref.WeakKeyDictionary[Any, _SessionState] = (
-            weakref.WeakKeyDictionary())
+        self._state: weakref.WeakKeyDictionary[Any, _SessionState] = weakref.WeakKeyDictionary()
 
     def _st(self, session: Any) -> _SessionState:
         with self._lock:
@@ -83,29 +82,62 @@ class KVState:
     def encode_suffix(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, special=True)
 
-    def decode(self, tokens: Sequence[int]) -> str:
-        return self.tokenizer.decode(tokens)
+    def encode_after(self, held: Sequence[int], text: str) -> list[int]:
+        """The tokens of `text` written after `held`: a text continuing a span (the last
+        held token is not special) gets no SentencePiece space prefix."""
+        tok = self.tokenizer
+        continues = getattr(tok, "encode_continuation", None)
+        if continues is None or not held or tok.is_special(held[-1]):
+            return self.encode_suffix(text)
+        return continues(text, special=True)
+
+    def decode(self, tokens: Sequence[int]) -> str | None:
+        """The text a slot holding `tokens` is matched by (see `key_text`)."""
+        return self.key_text(tokens)
 
     def key_text(self, tokens: Sequence[int]) -> str | None:
-        """The exact text of `tokens`, or None when their bytes are not valid UTF-8 (a
-        boundary inside a character): such a key could never be a prompt's prefix."""
+        """The text that tokenizes to `tokens`, a BOS as its text included (see
+        `full_text`); None when there is none (their bytes end inside a character, or a
+        SentencePiece span lacks the space its tokenizer puts first): such a key could
+        never be a prompt's prefix."""
+        source_text = getattr(self.tokenizer, "source_text", None)
+        if source_text is not None:
+            return source_text(tokens)
         token_bytes = self.tokenizer.token_bytes
         try:
             return b"".join([token_bytes(t) for t in tokens]).decode()
         except (UnicodeDecodeError, ValueError):  # ValueError: an id outside the vocabulary
             return None
 
+    def full_text(self, prompt_text: str) -> str:
+        """The rendered prompt as its tokens spell it: the BOS the tokenizer puts first
+        when the template did not write it, written out (keys hold every token's text)."""
+        tok = self.tokenizer
+        bos = getattr(tok, "bos_id", None)
+        if not getattr(tok, "add_bos", False) or bos is None:
+            return prompt_text
+        bos_text = tok.token_bytes(bos).decode(errors="replace")
+        return prompt_text if prompt_text.startswith(bos_text) else bos_text + prompt_text
+
     # ---- the pieces a slot's sync is made of -------------------------------------------
 
     def plan(self, session: Any, prompt_text: str, prompt_tokens: Sequence[int]) -> Plan:
+        live = list(session.tokens)
         return plan_sync(
-            list(session.tokens), prompt_text, prompt_tokens,
-            decode=self.decode, encode=self.encode_suffix, lookup=self.lookup,
-            can_rewind=self.can_rewind, min_tokens=self.policy.min_tokens,
+            live,
+            self.full_text(prompt_text),
+            prompt_tokens,
+            decode=self.decode,
+            encode=lambda text: self.encode_after(live, text),
+            lookup=self.lookup,
+            can_rewind=self.can_rewind,
+            min_tokens=self.policy.min_tokens,
         )
 
     def lookup(self, prompt_text: str) -> DiskMatch | None:
-        return self.disk.lookup(prompt_text) if self.disk is not None else None
+        if self.disk is None:
+            return None
+        return self.disk.lookup(self.full_text(prompt_text))
 
     def begin(self, session: Any, source: str, tool_ids: Iterable[str] = ()) -> None:
         """A request starts on `session` (after any evict save): a session that did not
@@ -119,6 +151,7 @@ class KVState:
         """Load `match` into `session`; the effective prompt tokens, or None (file moved
         aside, session emptied) when it cannot be used. Blocking."""
         assert self.disk is not None
+        prompt_text = self.full_text(prompt_text)
         loaded = self.disk.load(match, prompt_text)
         if loaded is None:
             return None
@@ -143,10 +176,16 @@ class KVState:
             return None
         self.tool_memory.update(loaded.tool_map)
         self._st(session).last_stored = reused
-        log.info("kv cache hit text tokens=%d text=%d file=%s", reused,
-                 len(loaded.text.encode()), loaded.entry.name)
-        return disk_effective(list(session.tokens), loaded.text, prompt_text,
-                              self.encode_suffix)
+        log.info(
+            "kv cache hit text tokens=%d text=%d file=%s",
+            reused,
+            len(loaded.text.encode()),
+            loaded.entry.name,
+        )
+        held = list(session.tokens)
+        return disk_effective(
+            held, loaded.text, prompt_text, lambda text: self.encode_after(held, text)
+        )
 
     def _implausible(self, session: Any) -> str | None:
         """Why a restored session cannot be this model's state for this context, or None:
@@ -201,8 +240,9 @@ class KVState:
         blocking call (the daemon interleaves the same pieces chunk by chunk)."""
         started = time.monotonic()
         plan = self.plan(session, prompt_text, prompt_tokens)
-        result = SyncResult(plan.source, plan.keep, len(prompt_tokens),
-                            miss_reason=plan.miss_reason)
+        result = SyncResult(
+            plan.source, plan.keep, len(prompt_tokens), miss_reason=plan.miss_reason
+        )
         if plan.evict_save and self.save_evict(session):
             result.saves.append("evict")
         self.begin(session, plan.source, tool_ids)
@@ -220,15 +260,17 @@ class KVState:
         result.prompt_tokens = len(tokens)
         pos = len(session.tokens)
         for stop, reason in self.stops(pos, len(tokens), result.cached_tokens) + [
-                (len(tokens), None)]:
+            (len(tokens), None)
+        ]:
             if stop <= pos:
                 continue
             base = pos
 
             def progress(done: int, _n: int, base: int = base) -> Any:
                 if on_chunk is not None:
-                    return on_chunk(base - result.cached_tokens + done,
-                                    len(tokens) - result.cached_tokens)
+                    return on_chunk(
+                        base - result.cached_tokens + done, len(tokens) - result.cached_tokens
+                    )
                 return None
 
             session.eval(tokens[pos:stop], on_chunk=progress)
@@ -252,8 +294,13 @@ class KVState:
             return False
         st = self._st(session)
         ids = st.tool_ids
-        entry = self.disk.save(reason, text, len(tokens), session.save,
-                               tool_map=self.tool_memory.select(ids) if ids else None)
+        entry = self.disk.save(
+            reason,
+            text,
+            len(tokens),
+            session.save,
+            tool_map=self.tool_memory.select(ids) if ids else None,
+        )
         if entry is None:
             return False
         if reason in (Reason.COLD, Reason.CONTINUED):

@@ -4,9 +4,10 @@ For a slot holding `live` tokens and a request whose rendered prompt is `prompt_
 (tokenized in full as `prompt_tokens`):
 
 1. memory-token: the live tokens are a prefix of the prompt's tokens.
-2. memory-text:  the live tokens' detokenized text is a byte prefix of the prompt text;
-   keep the live tokens and tokenize only the rest of the text (never slice the full
-   tokenization — BPE may merge differently across the boundary).
+2. memory-text:  the text that tokenizes to the live tokens (`decode`: special tokens as
+   their text, no SentencePiece space prefix) is a byte prefix of the prompt text; keep
+   the live tokens and tokenize only the rest of the text, as it reads after them (never
+   slice the full tokenization — BPE may merge differently across the boundary).
 3. partial memory-token (engines that rewind exactly): keep the common token prefix.
 4. disk-text:    the KV file whose text is the longest byte prefix of the prompt, when it
    holds more tokens than step 3 keeps.
@@ -24,7 +25,8 @@ from ds4d.state.diskcache import DiskMatch
 from ds4d.state.trace import CacheSource
 
 Encode = Callable[[str], list[int]]  # rendered-text suffix -> tokens (specials parsed, no BOS)
-Decode = Callable[[Sequence[int]], str]
+# tokens -> the text that tokenizes to them; None when no text does (never a prefix)
+Decode = Callable[[Sequence[int]], str | None]
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,8 @@ def plan_sync(
         if common == n_live:
             return Plan("memory-token", n_live, list(prompt_tokens))
         live_text = decode(live)
-        if prompt_text.startswith(live_text):
-            suffix = prompt_text[len(live_text):]
+        if live_text is not None and prompt_text.startswith(live_text):
+            suffix = prompt_text[len(live_text) :]
             return Plan("memory-text", n_live, list(live) + (encode(suffix) if suffix else []))
         # The next token's logits must come from an evaluation, so at least one prompt
         # token is always left to prefill. A short shared head (the chat template's
@@ -83,8 +85,11 @@ def plan_sync(
         keep = min(common, len(prompt_tokens) - 1) if can_rewind else 0
         if keep < min_tokens:
             keep = 0
-        reason = ("incoming-prompt-shorter-than-live" if len(prompt_tokens) < n_live
-                  and common == len(prompt_tokens) else "token-mismatch")
+        reason = (
+            "incoming-prompt-shorter-than-live"
+            if len(prompt_tokens) < n_live and common == len(prompt_tokens)
+            else "token-mismatch"
+        )
     else:
         keep, reason = 0, "no-live-checkpoint"
 
@@ -92,14 +97,16 @@ def plan_sync(
     if disk is not None and disk.tokens > keep:
         return Plan("disk-text", 0, None, disk, n_live >= min_tokens, reason)
     if keep > 0:
-        return Plan("memory-token", keep, list(prompt_tokens), None,
-                    n_live - keep >= min_tokens, reason)
+        return Plan(
+            "memory-token", keep, list(prompt_tokens), None, n_live - keep >= min_tokens, reason
+        )
     return Plan("none", 0, list(prompt_tokens), None, n_live >= min_tokens, reason)
 
 
-def disk_effective(loaded_tokens: Sequence[int], loaded_text: str, prompt_text: str,
-                   encode: Encode) -> list[int]:
+def disk_effective(
+    loaded_tokens: Sequence[int], loaded_text: str, prompt_text: str, encode: Encode
+) -> list[int]:
     """The prompt after a disk hit: the checkpoint's exact tokens, then the rest of the
     text tokenized on its own."""
-    suffix = prompt_text[len(loaded_text):]
+    suffix = prompt_text[len(loaded_text) :]
     return list(loaded_tokens) + (encode(suffix) if suffix else [])

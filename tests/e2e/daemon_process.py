@@ -3,7 +3,9 @@ dirs, waits for /health 200, SIGTERM on teardown."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,6 +19,13 @@ from pathlib import Path
 import httpx
 
 LOAD_TIMEOUT_S = 120
+
+
+def runtime_dir(tmp: Path) -> Path:
+    """The daemon's XDG_RUNTIME_DIR for a test's `tmp`: short, because the admin socket
+    inside it must fit a Unix socket path (about 100 bytes) and pytest's tmp paths under
+    xdist do not; derived from `tmp` so a test can point ds4ctl at the same place."""
+    return Path("/tmp") / f"ds4d-rt-{hashlib.sha1(str(tmp).encode()).hexdigest()[:12]}"
 
 
 def free_port() -> int:
@@ -52,14 +61,27 @@ class Daemon:
 def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
     port = free_port()
     env = dict(os.environ)
-    for var in ("XDG_CACHE_HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_STATE_HOME"):
+    for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME"):
         d = tmp / var.lower()
         d.mkdir(mode=0o700, exist_ok=True)
         env[var] = str(d)
+    runtime = runtime_dir(tmp)
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env["XDG_RUNTIME_DIR"] = str(runtime)
     env.pop("NOTIFY_SOCKET", None)
     log_path = tmp / "ds4d.log"
-    cmd = [sys.executable, "-m", "ds4d", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--no-kv-disk", *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ds4d",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-kv-disk",
+        *args,
+    ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     key = args[args.index("--api-key") + 1] if "--api-key" in args else None
@@ -70,15 +92,14 @@ def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
             if proc.poll() is not None:
                 raise RuntimeError(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
             try:
-                daemon.health_seen.append(httpx.get(f"{daemon.url}/health", timeout=2)
-                                          .status_code)
+                daemon.health_seen.append(httpx.get(f"{daemon.url}/health", timeout=2).status_code)
                 if daemon.health_seen[-1] == 200:
                     break
             except httpx.TransportError:
                 pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ds4d did not become healthy:\n{daemon.log()}")
-            time.sleep(0.1)
+            time.sleep(0.1)  # poll: waits on another process, bounded by the deadline
         yield daemon
     finally:
         if proc.poll() is None:
@@ -88,3 +109,4 @@ def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        shutil.rmtree(runtime, ignore_errors=True)

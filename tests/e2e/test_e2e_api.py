@@ -308,7 +308,7 @@ def test_long_prefill_does_not_block_other_slots(oai, daemon):
     deadline = time.monotonic() + 30
     while daemon.metrics()["ds4d_requests_running"] != 1:
         assert time.monotonic() < deadline
-        time.sleep(0.01)
+        time.sleep(0.01)  # poll: waits on another process, bounded by the deadline
     oai.chat.completions.create(model="m", max_tokens=4, messages=[
         {"role": "user", "content": "Quick: say yes."}])
     done["short"] = time.monotonic()
@@ -333,7 +333,7 @@ def test_killed_client_frees_its_slot_within_a_second(daemon):
     closed = time.monotonic()
     while daemon.metrics()["ds4d_requests_running"] != 0:
         assert time.monotonic() - closed < 1.0, "slot still busy 1 s after the disconnect"
-        time.sleep(0.02)
+        time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
 
 
 def test_full_queue_is_503_with_retry_after(daemon):
@@ -362,7 +362,7 @@ def test_full_queue_is_503_with_retry_after(daemon):
         deadline = time.monotonic() + 30
         while daemon.metrics()[name] != value:
             assert time.monotonic() < deadline, f"{name} never reached {value}"
-            time.sleep(0.05)
+            time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
 
     runners = [threading.Thread(target=long_stream) for _ in range(3)]
     waiters = [threading.Thread(target=queued) for _ in range(4)]

@@ -21,13 +21,14 @@ DROPPED_HEADERS = {"accept-encoding", "connection", "host", "content-length"}
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    with running_daemon(tmp_path_factory.mktemp("ds4d-clients"), "--slots", "1",
-                        "--ctx", "32768") as d:
+    with running_daemon(
+        tmp_path_factory.mktemp("ds4d-clients"), "--slots", "1", "--ctx", "32768"
+    ) as d:
         yield d
 
 
-def load(shared_dir, name):
-    return json.loads((shared_dir / "fixtures" / "clients" / name).read_text())
+def load(data_dir, name):
+    return json.loads((data_dir / "fixtures" / "clients" / name).read_text())
 
 
 def test_ctx_above_training_is_a_warning(daemon):
@@ -39,12 +40,16 @@ def test_claude_code_head_probe(daemon):
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_first_request_accepted_as_sent(daemon, shared_dir, name):
-    fx = load(shared_dir, name)
+def test_first_request_accepted_as_sent(daemon, data_dir, name):
+    fx = load(data_dir, name)
     headers = {k: v for k, v in fx["headers"].items() if k.lower() not in DROPPED_HEADERS}
     with httpx.Client(timeout=120) as client:
-        with client.stream(fx["method"], daemon.url + fx["path"], headers=headers,
-                           content=json.dumps(fx["body"]).encode()) as r:
+        with client.stream(
+            fx["method"],
+            daemon.url + fx["path"],
+            headers=headers,
+            content=json.dumps(fx["body"]).encode(),
+        ) as r:
             assert r.status_code == 200, r.read()
             assert r.headers["content-type"].startswith("text/event-stream")
             # A long prefill is no silence: the first bytes (a keepalive comment, or
@@ -57,11 +62,11 @@ def test_first_request_accepted_as_sent(daemon, shared_dir, name):
     deadline = time.monotonic() + 30
     while daemon.metrics()["ds4d_requests_running"] != 0:
         assert time.monotonic() < deadline
-        time.sleep(0.1)
+        time.sleep(0.1)  # poll: waits on another process, bounded by the deadline
 
 
-def test_claude_code_request_counts_its_tokens(daemon, shared_dir):
-    body = load(shared_dir, FIXTURES[0])["body"]
+def test_claude_code_request_counts_its_tokens(daemon, data_dir):
+    body = load(data_dir, FIXTURES[0])["body"]
     body = {k: body[k] for k in ("model", "messages", "system", "tools", "thinking")}
     r = httpx.post(f"{daemon.url}/v1/messages/count_tokens", json=body, timeout=60)
     assert r.status_code == 200

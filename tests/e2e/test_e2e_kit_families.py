@@ -74,14 +74,8 @@ FAMILIES = {
     "qwen3coder": Family("qwen3moe", QWEN_XML, TEMPLATES / "Qwen3-Coder.jinja"),
     # Gemma 3's and Phi-3.5's templates know no tools: ds4d's Hermes block stands in.
     "gemma3": Family("gemma3", HERMES),
-    "phi3": Family(
-        "phi3",
-        HERMES,
-        # Its SentencePiece vocabulary puts a space piece after every special token (as
-        # llama.cpp does), so the text of the slot's tokens is not the rendered prompt:
-        # the text match fails and only the prompt's own tokens match.
-        known_bug="phi3: the tool result turn reuses the prompt's KV, not the call's",
-    ),
+    # SentencePiece with add_space_prefix: a space piece after every special token.
+    "phi3": Family("phi3", HERMES),
     "gpt-oss": Family("gpt-oss", HARMONY),  # harmony
 }
 
@@ -185,7 +179,7 @@ def trace_of(path: Path, prompt_tokens: int, cached_tokens: int) -> dict:
         if found or time.monotonic() > deadline:
             assert found, "no trace record for the request"
             return found[-1]
-        time.sleep(0.02)
+        time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
 
 
 def check_usage(prompt: int, completion: int, total: int, max_tokens: int) -> None:

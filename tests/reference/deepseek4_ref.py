@@ -161,10 +161,10 @@ class Weights:
         if w is None:
             t = self.layout.tensors[name]
             data = np.asarray(t.data)
-            if t.tensor_type in (0, 1, 26):  # F32, F16, I32 arrive as typed arrays
-                w = data.astype(np.float32) if t.tensor_type != 26 else data.astype(np.int64)
+            if t.type in (0, 1, 26):  # F32, F16, I32 arrive as typed arrays
+                w = data.astype(np.float32) if t.type != 26 else data.astype(np.int64)
             else:
-                w = quants.dequantize(data, t.tensor_type).astype(np.float32)
+                w = quants.dequantize(data, t.type).astype(np.float32)
             w = w.reshape(tuple(reversed([int(d) for d in t.shape])))
             self._cache[name] = w
         return w

@@ -1,0 +1,194 @@
+"""Packaging facts that need no build: every third-party module ds4d/ and ds4ctl/ import is
+a declared dependency (optional ones behind an extra or a documented command), and the CI
+rule that a skipped test fails unless its reason is listed."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("ds4d", "ds4ctl")
+# Imported by name but not declared in `dependencies`, each with where it comes from.
+OPTIONAL = {
+    "matplotlib": "the `plot` extra (ds4d bench --plot)",
+}
+
+
+def imported_top_level_modules() -> set[str]:
+    found: set[str] = set()
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+                if isinstance(node, ast.Import):
+                    found.update(alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - set(PACKAGES) - {"__future__"}
+
+
+def requirement_name(requirement: str) -> str:
+    name = re.match(r"[A-Za-z0-9._-]+", requirement)
+    assert name, requirement
+    return re.sub(r"[-_.]+", "-", name.group(0)).lower()
+
+
+def project() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def test_every_third_party_import_is_declared() -> None:
+    declared = {requirement_name(r) for r in project()["dependencies"]}
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = {}
+    for module in sorted(imported_top_level_modules()):
+        if module in OPTIONAL:
+            continue
+        dists = {requirement_name(d) for d in distributions.get(module, [module])}
+        if not dists & declared:
+            undeclared[module] = sorted(dists)
+    assert not undeclared, f"imported but not in [project] dependencies: {undeclared}"
+
+
+def test_every_declared_dependency_is_imported() -> None:
+    imported = set()
+    distributions = importlib.metadata.packages_distributions()
+    for module in imported_top_level_modules():
+        imported.update(requirement_name(d) for d in distributions.get(module, [module]))
+    # tomli is imported on Python < 3.11 only; this interpreter takes tomllib instead
+    unused = {requirement_name(r) for r in project()["dependencies"]} - imported - {"tomli"}
+    assert not unused, f"declared but never imported: {sorted(unused)}"
+
+
+def test_optional_imports_have_their_extra() -> None:
+    extras = project()["optional-dependencies"]
+    assert [requirement_name(r) for r in extras["plot"]] == ["matplotlib"]
+    assert set(OPTIONAL) <= imported_top_level_modules()
+
+
+SKIPS = """
+import pytest
+
+def test_skipped_for_no_listed_reason():
+    pytest.skip("no widget on this machine")
+
+def test_skipped_for_a_listed_reason():
+    pytest.skip("DS4D_TEST_MODEL is not set: needs the real model")
+"""
+
+
+def run_skips(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_skips.py").write_text(SKIPS)
+    (tmp_path / "conftest.py").write_text(
+        "from tests.conftest import pytest_make_collect_report, pytest_runtest_makereport\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = str(REPO)
+    if ci is not None:
+        env["CI"] = ci
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+           "--rootdir", str(tmp_path), str(tmp_path)]  # fmt: skip
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_in_ci_an_unlisted_skip_fails(tmp_path: Path) -> None:
+    out = run_skips(tmp_path, "true")
+    assert out.returncode == 1, out.stdout
+    assert "1 failed, 1 skipped" in out.stdout
+    assert "skipped in CI without a listed reason: no widget on this machine" in out.stdout
+
+
+def test_outside_ci_skips_are_skips(tmp_path: Path) -> None:
+    out = run_skips(tmp_path, None)
+    assert out.returncode == 0, out.stdout
+    assert "2 skipped" in out.stdout
+
+
+# Each layer imports only the layers below it (docs/architecture.md).
+LAYER_IMPORTS = {
+    "engine": {"engine"},
+    "chat": {"chat", "engine"},
+    "state": {"state", "chat", "engine"},
+    "api": {"api", "chat", "engine", "state"},
+}
+
+
+def ds4d_imports(path: Path) -> set[str]:
+    """The ds4d.* modules a file imports (relative imports resolved)."""
+    rel = path.relative_to(REPO).with_suffix("")
+    package = list(rel.parts[:-1])
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "ds4d")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                found.add(".".join([*base, *([node.module] if node.module else [])]))
+            elif node.module and node.module.split(".")[0] == "ds4d":
+                found.add(node.module)
+    return found
+
+
+def test_layers_import_only_the_layers_below() -> None:
+    wrong = []
+    for layer, allowed in LAYER_IMPORTS.items():
+        for path in sorted((REPO / "ds4d" / layer).rglob("*.py")):
+            for module in ds4d_imports(path):
+                parts = module.split(".")
+                if len(parts) < 2 or parts[1] not in allowed:
+                    wrong.append(f"{path.relative_to(REPO)} imports {module}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_ds4ctl_imports_only_the_admin_protocol() -> None:
+    imported = set()
+    for path in (REPO / "ds4ctl").rglob("*.py"):
+        imported |= {m for m in ds4d_imports(path) if m.startswith("ds4d")}
+    assert imported <= {"ds4d.daemon.admin_protocol"}, imported
+
+
+def test_every_sleep_in_the_tests_is_a_reviewed_exception() -> None:
+    """No test waits on the wall clock unless the line says why: a bounded poll of another
+    process, virtual time, or a reviewed exception explained just above it."""
+    marks = ("# poll:", "virtual time", "Reviewed exception", "# a slow disk")
+    unexplained = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        if path.name == "test_packaging.py":
+            continue
+        lines = path.read_text("utf-8").splitlines()
+        for i, line in enumerate(lines):
+            if re.search(r"\btime\.sleep\(|\btrio\.sleep\(", line):
+                context = "\n".join(lines[max(0, i - 3) : i + 1])
+                if not any(m in context for m in marks):
+                    unexplained.append(f"{path.relative_to(REPO)}:{i + 1}: {line.strip()}")
+    assert not unexplained, "\n".join(unexplained)
+
+
+def test_every_slow_test_listed_exists() -> None:
+    """SLOW_TESTS in tests/conftest.py names files and test functions that exist, so a
+    rename cannot quietly move a slow test into the fast tier."""
+    from tests.conftest import SLOW_TESTS
+
+    for key in SLOW_TESTS:
+        file, _, test = key.partition("::")
+        path = REPO / file
+        assert path.is_file(), key
+        if test:
+            name = test.split("[")[0]
+            functions = {
+                node.name
+                for node in ast.walk(ast.parse(path.read_text("utf-8")))
+                if isinstance(node, ast.FunctionDef)
+            }
+            assert name in functions, key
