@@ -274,7 +274,8 @@ def create_app(daemon: Daemon) -> QuartTrio:
     async def _parsed(protocol: Any, **options: Any) -> Any:
         """The body read, decoded and translated on a worker thread: a large request
         must not hold the event loop (other requests, /health) while it is parsed."""
-        data = await request.get_data()
+        data = await request.get_data(as_text=False)
+        assert isinstance(data, bytes)  # as_text=False: the raw body
         sampling = defaults()
         return await trio.to_thread.run_sync(
             lambda: protocol.parse(parse_json_body(data), sampling, **options))

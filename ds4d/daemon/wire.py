@@ -18,7 +18,7 @@ Two cases the HTTP server leaves to the application:
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import trio
@@ -28,6 +28,9 @@ Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+# What `wrap` takes and gives: any ASGI application (frameworks type scopes and messages
+# as their own TypedDicts, which these plain dicts stand for).
+AnyApp = Callable[..., Awaitable[None]]
 
 # Unread body a response may still wait for before its last byte; beyond this the
 # connection is closed instead of read to the end.
@@ -100,7 +103,7 @@ def _http_scope_of(scope: Scope) -> Scope:
     return http
 
 
-def wrap(app: App) -> App:
+def wrap(app: AnyApp) -> Callable[..., Coroutine[Any, Any, None]]:
     async def wire(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             await _http(app, scope, receive, send)
