@@ -137,6 +137,26 @@ def test_stream_sequence():
     assert evs[-2]["usage"]["output_tokens"] == 5
 
 
+def test_stream_starts_on_the_prompt_count_and_the_final_delta_carries_the_split():
+    """The generation reports the prompt's size before prefilling (nothing reused known
+    yet): message_start goes out on it; keepalives are then `ping` events, and the
+    message_delta at the end has the reuse found by the prefill."""
+    req = am.parse({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, D)
+    s = am.Stream(req, "c")
+    assert s.open() == [] and s.keepalive().startswith(":")  # no event before message_start
+    evs = _events(s.feed(Usage(100, 0)))
+    assert [e["type"] for e in evs] == ["message_start", "ping"]
+    assert evs[0]["message"]["usage"] == {"input_tokens": 100, "output_tokens": 0,
+                                          "cache_read_input_tokens": 0,
+                                          "cache_creation_input_tokens": 0}
+    assert _events([s.keepalive()]) == [{"type": "ping"}]
+    assert s.feed(Usage(100, 0, 90, "slot")) == []  # after the prefill: no second start
+    frames = s.feed(TextDelta("hi")) + s.feed(Usage(100, 1, 90, "slot")) + s.feed(Finish("stop"))
+    delta = [e for e in _events(frames) if e["type"] == "message_delta"][0]
+    assert delta["usage"] == {"input_tokens": 10, "output_tokens": 1,
+                              "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0}
+
+
 def test_stream_of_thinking_only_still_has_a_text_block():
     req = am.parse({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, D)
     s = am.Stream(req, "c")

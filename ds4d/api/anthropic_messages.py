@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ds4d.api.common import (
+    KEEPALIVE,
     ApiError,
     Completion,
     bad,
@@ -285,7 +286,11 @@ def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
 
 class Stream:
     """message_start, content blocks (thinking, text, tool_use with input_json_delta),
-    message_delta with stop_reason and usage, message_stop."""
+    message_delta with stop_reason and usage, message_stop.
+
+    message_start's usage counts the whole prompt as input: the split into cache reads
+    and writes is known once the slot is synced, and message_delta carries it (its
+    counts are totals that replace message_start's)."""
 
     def __init__(self, req: ChatRequest, model: str) -> None:
         self.req = req
@@ -302,7 +307,14 @@ class Stream:
         return sse({"type": name, **data}, name)
 
     def open(self) -> list[str]:
-        return []  # message_start waits for the prompt usage (after prefill)
+        # message_start goes out with the first event: the prompt's token count, which
+        # the generation reports before it waits for a slot or prefills.
+        return []
+
+    def keepalive(self) -> str:
+        """A `ping` event: clients (Claude Code) count events, not SSE comments, as a
+        live stream. Before message_start only a comment is valid."""
+        return self._ev("ping", {}) if self.started else KEEPALIVE
 
     def _start(self, usage: Usage) -> list[str]:
         self.started = True

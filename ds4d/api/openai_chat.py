@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from ds4d.api.common import (
+    KEEPALIVE,
     ApiError,
     Completion,
     bad,
@@ -206,6 +207,9 @@ class Stream:
 
     def open(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
+
+    def keepalive(self) -> str:
+        return KEEPALIVE
 
     def feed(self, ev: Event) -> list[str]:
         if isinstance(ev, TextDelta):

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from ds4d.api.common import (
+    KEEPALIVE,
     ApiError,
     Completion,
     bad,
@@ -81,6 +82,9 @@ class Stream:
 
     def open(self) -> list[str]:
         return []
+
+    def keepalive(self) -> str:
+        return KEEPALIVE
 
     def feed(self, ev: Event) -> list[str]:
         if isinstance(ev, TextDelta):

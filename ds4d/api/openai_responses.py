@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ds4d.api.common import (
+    KEEPALIVE,
     ApiError,
     Completion,
     bad,
@@ -277,6 +278,9 @@ class Stream:
         env = self.b.envelope("in_progress")
         return [self._ev("response.created", response=env),
                 self._ev("response.in_progress", response=env)]
+
+    def keepalive(self) -> str:
+        return KEEPALIVE
 
     @property
     def _index(self) -> int:

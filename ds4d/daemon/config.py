@@ -88,6 +88,10 @@ class Config:
         16, "requests that may wait for a slot; beyond it 503 + Retry-After", lo=0, metavar="N")
     max_body_bytes: int = _key(
         64 * 1024 * 1024, "largest accepted request body in bytes", lo=1024, metavar="N")
+    keepalive_s: float = _key(
+        5.0, "longest silence of a stream in seconds: a keepalive (an Anthropic `ping` "
+        "event, an SSE comment for OpenAI streams) is sent when nothing else is",
+        reloadable=True, lo=0.05, hi=3600.0, metavar="S")
 
     # --- sampling defaults (when a request does not say) --------------------------------
     temperature: float = _key(1.0, "default sampling temperature (0 = greedy)",

@@ -164,11 +164,20 @@ class Generator:
     # -- the producer ----------------------------------------------------------------------
 
     async def run(self, job: Job, send: trio.MemorySendChannel[Event]) -> None:
-        """Generate into `send` once `job.ticket` grants a slot; releases the slot."""
+        """Generate into `send` once `job.ticket` grants a slot; releases the slot.
+
+        The first event is the prompt's usage as tokenized, sent before the wait for a
+        slot: a stream can open at once (Anthropic's message_start) however long the
+        queue and the prefill take. Later Usage events replace it."""
+        assert job.ticket is not None
         try:
+            await send.send(Usage(len(job.tokens), 0))
             slot = job.slot = await job.ticket.wait()
-        except BaseException:
-            send.close()  # the consumer sees the end; the ticket has left the queue
+        except BaseException as e:
+            job.ticket.cancel()  # leaves the queue, or hands on a slot granted meanwhile
+            send.close()  # the consumer sees the end
+            if isinstance(e, trio.BrokenResourceError | trio.ClosedResourceError):
+                return  # the client went away before its turn
             raise
         sync: SyncResult | None = None
         finish: Finish | None = None  # None: cancelled (client gone, shutdown)

@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
-from ds4d.api.common import KEEPALIVE, ApiError, Completion
+from ds4d.api.common import ApiError, Completion
 from ds4d.api.request_body import parse_json_body
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import Event, Sampling
@@ -38,7 +38,6 @@ from ds4d.state.trace import TraceWriter
 
 log = logging.getLogger("ds4d")
 
-KEEPALIVE_S = 5.0  # an SSE comment at least this often while nothing else is sent
 CONSUMER_START_S = 30.0  # a stream whose body is not read by then is abandoned
 CREATED = 1767225600
 
@@ -346,14 +345,14 @@ def create_app(daemon: Daemon) -> QuartTrio:
                     yield chunk.encode()
                 while True:
                     chunks = None
-                    with trio.move_on_after(KEEPALIVE_S):
+                    with trio.move_on_after(daemon.config.keepalive_s):
                         try:
                             ev = await recv.receive()
                         except trio.EndOfChannel:
                             return
                         chunks = encoder.feed(ev)
                     if chunks is None:  # nothing for a while (long prefill, queue)
-                        yield KEEPALIVE.encode()
+                        yield encoder.keepalive().encode()
                         continue
                     for chunk in chunks:
                         yield chunk.encode()

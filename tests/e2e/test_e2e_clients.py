@@ -52,12 +52,12 @@ def test_first_request_accepted_as_sent(daemon, data_dir, name):
         ) as r:
             assert r.status_code == 200, r.read()
             assert r.headers["content-type"].startswith("text/event-stream")
-            # A long prefill is no silence: the first bytes (a keepalive comment, or
-            # Responses' response.created) arrive long before the prompt is prefilled.
+            # A long prefill is no silence: the first event (Anthropic's message_start,
+            # Responses' response.created) arrives long before the prompt is prefilled.
             t0 = time.monotonic()
             first = next(r.iter_raw())
             assert time.monotonic() - t0 < 8
-            assert first.startswith((b": keepalive", b"event: response.created"))
+            assert first.startswith((b"event: message_start", b"event: response.created"))
     # Dropped mid-prefill: the single slot must come free again.
     deadline = time.monotonic() + 30
     while daemon.metrics()["ds4d_requests_running"] != 0:

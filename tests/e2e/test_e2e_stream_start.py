@@ -1,0 +1,202 @@
+"""Streams show life before their prompt is prefilled: a real ds4d (one slot, a 50 ms
+keepalive) driven by the real anthropic and openai SDKs.
+
+Clients such as Claude Code drop a stream that sends no event they recognise for a while;
+SSE comments do not count. So each protocol's opening events go out at once (Anthropic's
+message_start, the chat role chunk, Responses' created / in_progress), Anthropic streams
+then get `ping` events while the prompt is prefilled, and the usage at the end still
+tells what was reused.
+
+"Before the prefill" is shown by order, not by timing: /metrics counts a request's first
+token (`ds4d_time_to_first_token_seconds_count`) and shows the slot's KV growing chunk by
+chunk (`ds4d_slot_tokens`); a request queued behind the busy slot shows in
+`ds4d_requests_waiting`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import anthropic
+import openai
+import pytest
+
+from tests.e2e.daemon_process import running_daemon
+
+# About 3000 tokens: seconds of prefill on two shared cores, against 50 ms keepalives.
+LONG = "word " * 3000
+TTFT_COUNT = "ds4d_time_to_first_token_seconds_count"
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ds4d-stream-start")
+    with running_daemon(tmp, "--slots", "1", "--ctx", "4096", "--keepalive-s", "0.05") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def claude(daemon):
+    return anthropic.Anthropic(base_url=daemon.url, api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def oai(daemon):
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str | None, str | None]]:
+    """(event name, data) of each SSE frame; comments come as (None, None)."""
+    name = data = None
+    comment = False
+    for line in lines:
+        if line.startswith(":"):
+            comment = True
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif not line:
+            if name is not None or data is not None or comment:
+                yield name, data
+            name = data = None
+            comment = False
+
+
+def test_anthropic_message_start_comes_before_the_prefill(daemon, claude):
+    tokens = claude.messages.count_tokens(
+        model="c", messages=[{"role": "user", "content": LONG}]
+    ).input_tokens
+    first_tokens = daemon.metrics()[TTFT_COUNT]
+    stream = claude.messages.create(
+        model="c", max_tokens=2, stream=True, messages=[{"role": "user", "content": LONG}]
+    )
+    with stream:
+        events = iter(stream)
+        start = next(events)
+        assert start.type == "message_start"
+        # The request runs, has produced no token yet, and its slot (empty before: the
+        # module's first request) holds only part of the prompt: it is being prefilled.
+        m = daemon.metrics()
+        assert m["ds4d_requests_running"] == 1 and m[TTFT_COUNT] == first_tokens
+        assert m['ds4d_slot_tokens{slot="0"}'] < tokens
+        assert start.message.usage.input_tokens == tokens
+        assert start.message.usage.cache_read_input_tokens == 0
+        rest = list(events)
+    assert [e.type for e in rest][-2:] == ["message_delta", "message_stop"]
+    final = rest[-2].usage
+    assert final.output_tokens >= 1
+    assert final.input_tokens + final.cache_read_input_tokens == tokens
+
+
+def test_anthropic_pings_while_prefilling_and_reuse_in_the_final_usage(daemon, claude):
+    # A different prompt of the same length: the slot's cached prefix is mostly lost.
+    body = {
+        "model": "c",
+        "max_tokens": 2,
+        "stream": True,
+        "messages": [{"role": "user", "content": "other " + LONG}],
+    }
+    first_tokens = daemon.metrics()[TTFT_COUNT]
+    names: list[str | None] = []
+    prefilling_at_ping = None
+    with claude.messages.with_streaming_response.create(**body) as r:
+        for name, data in _sse_events(r.iter_lines()):
+            names.append(name)
+            if name == "ping" and names.count("ping") == 2:  # the first one after start
+                prefilling_at_ping = daemon.metrics()[TTFT_COUNT] == first_tokens
+            if name == "message_delta":
+                usage = json.loads(data)["usage"]
+    assert None not in names, "an Anthropic stream sends ping events, not comments"
+    assert names[:2] == ["message_start", "ping"]
+    head = names[: names.index("content_block_start")]
+    assert head.count("ping") >= 3 and set(head[1:]) == {"ping"}
+    assert prefilling_at_ping is True
+    assert names[-2:] == ["message_delta", "message_stop"]
+    assert usage["output_tokens"] >= 1 and usage["input_tokens"] > 1000
+
+    # The same prompt again: message_start cannot know the reuse, the final usage does.
+    with claude.messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as s:
+        start = None
+        for ev in s:
+            if ev.type == "message_start":
+                start = ev.message.usage
+        final = s.get_final_message().usage
+    assert start is not None and start.cache_read_input_tokens == 0
+    assert final.cache_read_input_tokens > 1000
+    assert final.input_tokens + final.cache_read_input_tokens == start.input_tokens
+
+
+def test_queued_streams_open_at_once_in_every_protocol(daemon, claude, oai):
+    """With the only slot busy prefilling a long prompt, each protocol's opening events
+    arrive while the new request still waits in the queue."""
+    busy = threading.Event()
+    failure: list[BaseException] = []
+
+    def hold_the_slot() -> None:
+        try:
+            with claude.messages.stream(
+                model="c", max_tokens=1, messages=[{"role": "user", "content": "third " + LONG}]
+            ) as s:
+                next(iter(s))  # message_start: the request has the slot
+                busy.set()
+                s.get_final_message()
+        except BaseException as e:  # reported by the test body
+            failure.append(e)
+            busy.set()
+
+    holder = threading.Thread(target=hold_the_slot)
+    holder.start()
+    try:
+        assert busy.wait(120) and not failure
+
+        def waiting() -> float:
+            return daemon.metrics()["ds4d_requests_waiting"]
+
+        # Opened one after another and held open: the n-th first event arrives while n
+        # requests wait for the slot.
+        with claude.messages.create(
+            model="c", max_tokens=1, stream=True, messages=[{"role": "user", "content": "Say yes."}]
+        ) as a:
+            assert next(iter(a)).type == "message_start" and waiting() == 1
+            with oai.chat.completions.create(
+                model="m",
+                max_tokens=1,
+                stream=True,
+                messages=[{"role": "user", "content": "Say yes."}],
+            ) as c:
+                first = next(iter(c))
+                assert first.choices[0].delta.role == "assistant" and waiting() == 2
+                with oai.responses.create(
+                    model="m", input="Say yes.", max_output_tokens=16, stream=True
+                ) as r:
+                    events = iter(r)
+                    assert next(events).type == "response.created"
+                    assert next(events).type == "response.in_progress" and waiting() == 3
+    finally:
+        holder.join(120)
+    assert not failure
+
+
+def test_openai_streams_keep_their_final_usage(oai):
+    chunks = list(
+        oai.chat.completions.create(
+            model="m",
+            max_tokens=2,
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "Say yes."}],
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens > 5 and usage.completion_tokens >= 1
+
+    with oai.responses.stream(model="m", input="Say yes.", max_output_tokens=16) as s:
+        events = list(s)
+    # completed, or incomplete when the 16 tokens run out: either carries the usage
+    last = events[-1]
+    assert last.type in ("response.completed", "response.incomplete")
+    usage = last.response.usage
+    assert usage is not None and usage.input_tokens > 5 and usage.output_tokens >= 1
