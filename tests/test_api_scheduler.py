@@ -1,8 +1,11 @@
 """Slot assignment and the wait queue, on real engine sessions: longest shared prefix,
 else least recently used; FIFO hand-over; a full queue refused; a cancelled waiter leaves
-the line; the engine gate runs one call at a time."""
+the line; the engine gate runs one call at a time, and lets decode steps go ahead of a
+prefill for as long as its last chunk took."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import trio
@@ -105,3 +108,123 @@ def test_engine_gate_runs_one_call_at_a_time():
         assert peak == 1
 
     trio.run(main)
+
+
+class _Work:
+    """Engine calls on a clock they advance themselves: each takes the seconds it is
+    given, so the gate's credit arithmetic is exact. The first call can be held until the
+    test has queued the others behind it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.order: list[str] = []
+        self.hold = threading.Event()
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self, name: str, seconds: float, held: bool = False) -> None:
+        if held:
+            self.hold.wait(30)  # released by the test once the queue is built
+        self.order.append(name)
+        self.now += seconds
+
+
+def _gate_order(calls: list[tuple[str, float, bool]]) -> list[str]:
+    """Runs calls[0] (held), queues the rest in order behind it, releases: the order in
+    which the gate ran them. Each call is (name, seconds, bulk)."""
+    work = _Work()
+
+    async def main() -> None:
+        gate = EngineGate(clock=work.clock)
+        async with trio.open_nursery() as nursery:
+            name, seconds, bulk = calls[0]
+            nursery.start_soon(lambda: gate.run(work.call, name, seconds, True, bulk=bulk))
+            await wait_all_tasks_blocked()
+            for name, seconds, bulk in calls[1:]:
+                nursery.start_soon(
+                    lambda n=name, s=seconds, b=bulk: gate.run(work.call, n, s, bulk=b)
+                )
+                await wait_all_tasks_blocked()
+            work.hold.set()
+
+    trio.run(main)
+    return work.order
+
+
+def test_gate_is_fifo_without_prefill_credit():
+    calls = [("step0", 1.0, False), ("chunk", 1.0, True), ("step1", 0.1, False)]
+    assert _gate_order(calls) == ["step0", "chunk", "step1"]
+
+
+def test_decode_steps_go_ahead_of_prefill_for_as_long_as_a_chunk_took():
+    # A 1 s chunk earns the steps 1 s: three 0.3 s steps pass the queued chunk...
+    calls = [
+        ("chunk1", 1.0, True),
+        ("chunk2", 1.0, True),
+        ("a", 0.3, False),
+        ("b", 0.3, False),
+        ("c", 0.3, False),
+    ]
+    assert _gate_order(calls) == ["chunk1", "a", "b", "c", "chunk2"]
+    # ...but once they have used it up, the chunk's turn comes before the next step.
+    calls = [
+        ("chunk1", 1.0, True),
+        ("chunk2", 1.0, True),
+        ("a", 0.6, False),
+        ("b", 0.6, False),
+        ("c", 0.3, False),
+    ]
+    assert _gate_order(calls) == ["chunk1", "a", "b", "chunk2", "c"]
+
+
+def test_a_decoding_slot_keeps_its_turns_while_the_credit_lasts():
+    """A slot asks for its next step only after handling the last one: the gate waits for
+    it rather than handing the turn to the queued chunk at once."""
+    work = _Work()
+
+    async def decode(gate: EngineGate) -> None:
+        for name in ("a", "b", "c"):
+            await gate.run(work.call, name, 0.3)
+            await trio.lowlevel.checkpoint()  # handling the token: emitting it, parsing
+
+    async def main() -> None:
+        gate = EngineGate(clock=work.clock)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: gate.run(work.call, "chunk1", 1.0, True, bulk=True))
+            await wait_all_tasks_blocked()
+            nursery.start_soon(lambda: gate.run(work.call, "chunk2", 1.0, bulk=True))
+            await wait_all_tasks_blocked()
+            nursery.start_soon(decode, gate)
+            await wait_all_tasks_blocked()
+            work.hold.set()
+
+    trio.run(main)
+    assert work.order == ["chunk1", "a", "b", "c", "chunk2"]
+
+
+def test_a_cancelled_waiter_leaves_the_gate_usable():
+    work = _Work()
+
+    async def main() -> None:
+        gate = EngineGate(clock=work.clock)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: gate.run(work.call, "chunk", 1.0, True, bulk=True))
+            await wait_all_tasks_blocked()
+            scope = trio.CancelScope()
+            nursery.start_soon(lambda: _cancellable(gate, work, scope))
+            await wait_all_tasks_blocked()
+            scope.cancel()  # while it waits behind the held chunk
+            await wait_all_tasks_blocked()
+            nursery.start_soon(lambda: gate.run(work.call, "after", 0.1))
+            await wait_all_tasks_blocked()
+            work.hold.set()
+        await gate.run(work.call, "last", 0.1)
+
+    trio.run(main)
+    assert work.order == ["chunk", "after", "last"]
+
+
+async def _cancellable(gate: EngineGate, work: _Work, scope: trio.CancelScope) -> None:
+    with scope:
+        await gate.run(work.call, "cancelled", 0.1)

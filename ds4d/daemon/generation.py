@@ -234,7 +234,9 @@ class Generator:
             if fn == session.eval and not evaluating[0]:
                 evaluating[0] = True
                 rec["cached_tokens"] = len(session.tokens)
-            return await self.gate.run(fn, *args)
+            # Prefill work is `bulk`: the gate lets other slots' decode steps go first
+            # for as long as each chunk took (see EngineGate).
+            return await self.gate.run(fn, *args, bulk=True)
 
         hooks = {"on_progress": progress, **self.sync_hooks}
         try:

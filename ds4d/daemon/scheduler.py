@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import trio
+import trio.testing
 
 from ds4d.api.common import ApiError
 from ds4d.state.matching import common_prefix
@@ -108,21 +109,99 @@ class SlotPool:
             self._waiters.popleft()._grant(self._take(slot))
 
 
+class _Turn:
+    """One engine call waiting for the gate."""
+
+    def __init__(self, bulk: bool) -> None:
+        self.bulk = bulk
+        self.granted = False
+        self.event = trio.Event()
+
+
 class EngineGate:
-    """Runs engine calls on a worker thread, one at a time in FIFO order (trio.Lock is
-    fair), so concurrent slots interleave at chunk/token granularity instead of fighting
-    over the cores. `pace(work_seconds)` (power throttling) is awaited after each call
-    while the gate is still held, so the whole process keeps to the power level; it runs
-    on the trio loop, so a cancelled request stops resting at once."""
+    """Runs engine calls on a worker thread, one at a time, so concurrent slots interleave
+    at chunk/token granularity instead of fighting over the cores.
 
-    def __init__(self, pace: Callable[[float], Awaitable[None]] | None = None) -> None:
-        self.lock = trio.Lock()
+    Calls wait in FIFO order, with one exception that keeps a long prefill from starving
+    the other slots: each `bulk` call (a prefill chunk) earns the short calls (decode
+    steps) as much engine time as it took, and while that credit lasts a waiting short
+    call goes ahead of the queue. So a slot that is generating gets a burst of tokens
+    between two chunks of another slot's prefill, not one token per chunk: it stalls at
+    most about one chunk, and the prefill still gets at least half of the engine time.
+
+    `pace(work_seconds)` (power throttling) is awaited after each call while the gate is
+    still held, so the whole process keeps to the power level; it runs on the trio loop,
+    so a cancelled request stops resting at once."""
+
+    def __init__(self, pace: Callable[[float], Awaitable[None]] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.pace = pace
+        self.clock = clock  # measures each call's work
+        self._busy = False
+        self._waiting: deque[_Turn] = deque()
+        self._credit = 0.0  # seconds of engine time short calls may take ahead of bulk ones
+        self._deferred = False  # a release waits for the tasks to settle
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        async with self.lock:
-            start = time.perf_counter()
+    async def run(self, fn: Callable[..., Any], *args: Any, bulk: bool = False) -> Any:
+        await self._acquire(bulk)
+        try:
+            start = self.clock()
             result = await trio.to_thread.run_sync(fn, *args)
+            work = self.clock() - start
+            self._credit = work if bulk else max(0.0, self._credit - work)
             if self.pace is not None:
-                await self.pace(time.perf_counter() - start)
+                await self.pace(work)
             return result
+        finally:
+            self._release(step_done=not bulk)
+
+    async def _acquire(self, bulk: bool) -> None:
+        if not self._busy and not self._waiting:
+            self._busy = True
+            try:
+                await trio.lowlevel.checkpoint()  # a checkpoint on every path, as a lock has
+            except BaseException:
+                self._release()
+                raise
+            return
+        turn = _Turn(bulk)
+        self._waiting.append(turn)
+        try:
+            await turn.event.wait()
+        except BaseException:
+            if turn.granted:  # handed the gate while being cancelled: pass it on
+                self._release()
+            else:
+                self._waiting.remove(turn)
+            raise
+
+    def _release(self, step_done: bool = False) -> None:
+        turn = self._next()
+        if step_done and turn is not None and turn.bulk and self._credit > 0:
+            # A decoding slot queues its next step only after handling this one's token:
+            # the gate stays reserved until every task has moved on (that slot's next
+            # step is then waiting, or it finished or waits for its client).
+            if not self._deferred:
+                self._deferred = True
+                trio.lowlevel.spawn_system_task(self._release_when_settled)
+            return
+        if turn is None:
+            self._busy = False
+            return
+        self._waiting.remove(turn)
+        turn.granted = True
+        turn.event.set()  # the gate passes straight to it: no one can slip in between
+
+    async def _release_when_settled(self) -> None:
+        try:
+            await trio.testing.wait_all_tasks_blocked()
+        finally:
+            self._deferred = False
+            self._release()
+
+    def _next(self) -> _Turn | None:
+        if self._credit > 0:
+            for turn in self._waiting:
+                if not turn.bulk:
+                    return turn
+        return self._waiting[0] if self._waiting else None

@@ -1,0 +1,79 @@
+"""Fair prefill on a real ds4d (two slots, the embedded model, the real openai SDK): a
+short request sent while another slot prefills a long prompt is answered within a few of
+that prefill's chunks, not one chunk per generated token.
+
+Measured in the long prompt's own progress, not in seconds: `ds4d_slot_tokens` shows the
+prefilling slot's KV growing chunk by chunk (256 tokens each)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import openai
+import pytest
+
+from tests.e2e.daemon_process import Daemon, running_daemon
+
+CHUNK = 256  # ds4d.state.slots.PREFILL_CHUNK
+SHORT_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ds4d-fair")
+    with running_daemon(tmp, "--slots", "2", "--ctx", "4096") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def oai(daemon):
+    return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def _busy_slot_tokens(daemon: Daemon) -> tuple[int, int]:
+    """(index, tokens held) of the one busy slot."""
+    m = daemon.metrics()
+    busy = [i for i in range(2) if m[f'ds4d_slot_busy{{slot="{i}"}}'] == 1]
+    assert len(busy) == 1
+    return busy[0], int(m[f'ds4d_slot_tokens{{slot="{busy[0]}"}}'])
+
+
+def test_short_request_finishes_within_a_few_chunks_of_a_long_prefill(daemon, oai):
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def long_request() -> None:
+        try:
+            oai.chat.completions.create(
+                model="m", max_tokens=1, messages=[{"role": "user", "content": "word " * 3300}]
+            )
+        except BaseException as e:  # reported by the test body
+            failure.append(e)
+        done.set()
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while daemon.metrics()["ds4d_requests_running"] != 1:
+            assert time.monotonic() < deadline and not done.is_set()
+            time.sleep(0.01)  # poll: waits on another process, bounded by the deadline
+        slot, before = _busy_slot_tokens(daemon)
+        r = oai.chat.completions.create(
+            model="m",
+            max_tokens=SHORT_TOKENS,
+            temperature=0,
+            messages=[{"role": "user", "content": "Write a long story about a dragon."}],
+        )
+        m = daemon.metrics()
+        after = int(m[f'ds4d_slot_tokens{{slot="{slot}"}}'])
+        assert not done.is_set(), "the long prefill ended first: the test proves nothing"
+    finally:
+        t.join(120)
+    assert not failure
+    assert r.usage is not None and r.usage.completion_tokens == SHORT_TOKENS
+    # One token per chunk would take 17+ chunks (its prefill, then 16 tokens); fairly
+    # scheduled, the short request waits for about one chunk before its prefill and one
+    # before its first token, and its tokens then come in bursts between chunks.
+    assert after - before <= 5 * CHUNK, (before, after)
