@@ -41,8 +41,19 @@ WEATHER_TOOL = {
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ds4d-api")
-    with running_daemon(tmp, "--slots", "3", "--ctx", "4096", "--api-key", KEY,
-                        "--max-body-bytes", str(MAX_BODY), "--queue-size", "4") as d:
+    with running_daemon(
+        tmp,
+        "--slots",
+        "3",
+        "--ctx",
+        "4096",
+        "--api-key",
+        KEY,
+        "--max-body-bytes",
+        str(MAX_BODY),
+        "--queue-size",
+        "4",
+    ) as d:
         yield d
 
 
@@ -75,9 +86,13 @@ def test_models_health_and_root(daemon, oai):
 
 def test_chat_completion(oai):
     r = oai.chat.completions.create(
-        model="gpt-4o", max_tokens=8,
-        messages=[{"role": "system", "content": "Be brief."},
-                  {"role": "user", "content": "Say hello."}])
+        model="gpt-4o",
+        max_tokens=8,
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Say hello."},
+        ],
+    )
     choice = r.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason in ("stop", "length")
@@ -87,9 +102,15 @@ def test_chat_completion(oai):
 
 
 def test_chat_completion_stream_with_usage(oai):
-    chunks = list(oai.chat.completions.create(
-        model="m", max_tokens=8, stream=True, stream_options={"include_usage": True},
-        messages=[{"role": "user", "content": "Count to three."}]))
+    chunks = list(
+        oai.chat.completions.create(
+            model="m",
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "Count to three."}],
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -101,23 +122,24 @@ def test_chat_completion_stream_with_usage(oai):
 def test_legacy_completions(oai):
     r = oai.completions.create(model="m", prompt="The capital of France is", max_tokens=5)
     assert r.choices[0].text and r.usage.completion_tokens <= 5
-    parts = list(oai.completions.create(model="m", prompt="1, 2, 3,", max_tokens=5,
-                                        stream=True))
+    parts = list(oai.completions.create(model="m", prompt="1, 2, 3,", max_tokens=5, stream=True))
     assert "".join(p.choices[0].text for p in parts if p.choices)
     assert parts[-1].choices[0].finish_reason in ("stop", "length")
 
 
 def test_responses(oai):
-    r = oai.responses.create(model="m", instructions="Be brief.", input="Say hi.",
-                             max_output_tokens=8)
+    r = oai.responses.create(
+        model="m", instructions="Be brief.", input="Say hi.", max_output_tokens=8
+    )
     assert r.status in ("completed", "incomplete")
     assert r.output_text
     assert r.usage.input_tokens > 5 and r.usage.input_tokens_details.cached_tokens >= 0
 
 
 def test_responses_stream(oai):
-    events = list(oai.responses.create(model="m", input="Say hi.", max_output_tokens=8,
-                                       stream=True))
+    events = list(
+        oai.responses.create(model="m", input="Say hi.", max_output_tokens=8, stream=True)
+    )
     types = [e.type for e in events]
     assert types[0] == "response.created"
     assert "response.output_text.delta" in types
@@ -142,8 +164,12 @@ def test_responses_stream_helper(oai):
 
 
 def test_anthropic_messages(claude):
-    m = claude.messages.create(model="local", max_tokens=8, system="Be brief.",
-                               messages=[{"role": "user", "content": "Say hello."}])
+    m = claude.messages.create(
+        model="local",
+        max_tokens=8,
+        system="Be brief.",
+        messages=[{"role": "user", "content": "Say hello."}],
+    )
     assert m.role == "assistant" and m.content[0].type == "text" and m.content[0].text
     assert m.stop_reason in ("end_turn", "max_tokens")
     u = m.usage
@@ -153,31 +179,46 @@ def test_anthropic_messages(claude):
 
 def test_anthropic_usage_follows_cache_control(claude):
     system = "You answer questions about the weather in one short sentence. " * 4
-    plain = claude.messages.create(model="c", max_tokens=1, system=system, messages=[
-        {"role": "user", "content": "Is it raining in Oslo today?"}])
+    plain = claude.messages.create(
+        model="c",
+        max_tokens=1,
+        system=system,
+        messages=[{"role": "user", "content": "Is it raining in Oslo today?"}],
+    )
     u = plain.usage  # nothing marked: no cache writes, the unreused rest is input
     assert u.cache_creation_input_tokens == 0 and u.input_tokens > 10
     marked = [{"type": "text", "text": "Mark. " + system, "cache_control": {"type": "ephemeral"}}]
-    first = claude.messages.create(model="c", max_tokens=1, system=marked, messages=[
-        {"role": "user", "content": "Is it sunny in Rome today?"}])
+    first = claude.messages.create(
+        model="c",
+        max_tokens=1,
+        system=marked,
+        messages=[{"role": "user", "content": "Is it sunny in Rome today?"}],
+    )
     f = first.usage
     total = f.input_tokens + f.cache_read_input_tokens + f.cache_creation_input_tokens
     # The marked system part is written, the user turn after it is input.
     assert f.cache_creation_input_tokens > 10 and f.input_tokens >= 5
     # The next turn extends the conversation: the slot's tokens are reused, the marked
     # prefix among them, so nothing is written.
-    again = claude.messages.create(model="c", max_tokens=1, system=marked, messages=[
-        {"role": "user", "content": "Is it sunny in Rome today?"},
-        {"role": "assistant", "content": first.content[0].text},
-        {"role": "user", "content": "And in Paris?"}])
+    again = claude.messages.create(
+        model="c",
+        max_tokens=1,
+        system=marked,
+        messages=[
+            {"role": "user", "content": "Is it sunny in Rome today?"},
+            {"role": "assistant", "content": first.content[0].text},
+            {"role": "user", "content": "And in Paris?"},
+        ],
+    )
     a = again.usage
     assert a.cache_read_input_tokens >= total - 1
     assert a.cache_creation_input_tokens == 0 and a.input_tokens > 0
 
 
 def test_anthropic_stream(claude):
-    with claude.messages.stream(model="c", max_tokens=8,
-                                messages=[{"role": "user", "content": "Say hello."}]) as s:
+    with claude.messages.stream(
+        model="c", max_tokens=8, messages=[{"role": "user", "content": "Say hello."}]
+    ) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
     assert text and final.content[0].text == text
@@ -185,10 +226,12 @@ def test_anthropic_stream(claude):
 
 
 def test_anthropic_count_tokens(claude):
-    short = claude.messages.count_tokens(model="c", messages=[
-        {"role": "user", "content": "hi"}])
-    long = claude.messages.count_tokens(model="c", system="You are a careful assistant.",
-                                        messages=[{"role": "user", "content": "hi " * 50}])
+    short = claude.messages.count_tokens(model="c", messages=[{"role": "user", "content": "hi"}])
+    long = claude.messages.count_tokens(
+        model="c",
+        system="You are a careful assistant.",
+        messages=[{"role": "user", "content": "hi " * 50}],
+    )
     assert 0 < short.input_tokens < long.input_tokens
 
 
@@ -198,8 +241,12 @@ def test_anthropic_count_tokens(claude):
 def test_forced_tool_call_and_result_round_trip(oai):
     messages = [{"role": "user", "content": "What is the weather in Paris?"}]
     r = oai.chat.completions.create(
-        model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=8,
-        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+        model="m",
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        max_tokens=8,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
     (call,) = choice.message.tool_calls
@@ -208,10 +255,13 @@ def test_forced_tool_call_and_result_round_trip(oai):
     assert {"city", "unit"} <= set(args) and args["unit"] in ("celsius", "fahrenheit")
     assert "<tool_call>" not in (choice.message.content or "")
 
-    messages += [choice.message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees"}]
-    r2 = oai.chat.completions.create(model="m", messages=messages, tools=[WEATHER_TOOL],
-                                     max_tokens=8)
+    messages += [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 degrees"},
+    ]
+    r2 = oai.chat.completions.create(
+        model="m", messages=messages, tools=[WEATHER_TOOL], max_tokens=8
+    )
     assert r2.choices[0].finish_reason in ("stop", "length", "tool_calls")
     # The first turn, call and result included, is rendered into the second prompt, and
     # the call renders exactly as it was generated: the slot's KV is reused past it.
@@ -221,51 +271,86 @@ def test_forced_tool_call_and_result_round_trip(oai):
 
 
 def test_forced_tool_call_streamed(oai):
-    chunks = list(oai.chat.completions.create(
-        model="m", stream=True, max_tokens=8, tools=[WEATHER_TOOL], tool_choice="required",
-        messages=[{"role": "user", "content": "Weather in Oslo?"}]))
+    chunks = list(
+        oai.chat.completions.create(
+            model="m",
+            stream=True,
+            max_tokens=8,
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        )
+    )
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].id and deltas[0].function.name == "get_weather"
     args = "".join(d.function.arguments or "" for d in deltas)
     assert {"city", "unit"} <= set(json.loads(args))
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert not any("<tool_call" in (c.choices[0].delta.content or "")
-                   for c in chunks if c.choices)
+    assert not any("<tool_call" in (c.choices[0].delta.content or "") for c in chunks if c.choices)
 
 
 def test_anthropic_forced_tool_use_round_trip(claude):
-    tool = {"name": "get_weather", "description": "Weather for a city",
-            "input_schema": WEATHER_TOOL["function"]["parameters"]}
+    tool = {
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "input_schema": WEATHER_TOOL["function"]["parameters"],
+    }
     messages = [{"role": "user", "content": "Weather in Rome?"}]
-    m = claude.messages.create(model="c", max_tokens=8, tools=[tool], messages=messages,
-                               tool_choice={"type": "any"})
+    m = claude.messages.create(
+        model="c", max_tokens=8, tools=[tool], messages=messages, tool_choice={"type": "any"}
+    )
     assert m.stop_reason == "tool_use"
     use = next(b for b in m.content if b.type == "tool_use")
     assert use.id.startswith("toolu_") and {"city", "unit"} <= set(use.input)
-    messages += [{"role": "assistant", "content": [b.model_dump() for b in m.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                               "content": "Rainy, 12 degrees"}]}]
-    with claude.messages.stream(model="c", max_tokens=8, tools=[tool],
-                                messages=messages) as s:
+    messages += [
+        {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "Rainy, 12 degrees"}
+            ],
+        },
+    ]
+    with claude.messages.stream(model="c", max_tokens=8, tools=[tool], messages=messages) as s:
         final = s.get_final_message()
     assert final.stop_reason in ("end_turn", "max_tokens", "tool_use")
-    first_prompt = (m.usage.input_tokens + m.usage.cache_read_input_tokens
-                    + m.usage.cache_creation_input_tokens)
+    first_prompt = (
+        m.usage.input_tokens + m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens
+    )
     assert final.usage.cache_read_input_tokens >= first_prompt + m.usage.output_tokens - 1
 
 
 def test_responses_forced_function_call_round_trip(oai):
-    tool = {"type": "function", "name": "get_weather", "description": "Weather for a city",
-            "parameters": WEATHER_TOOL["function"]["parameters"]}
-    r = oai.responses.create(model="m", input="Weather in Lima?", tools=[tool],
-                             tool_choice="required", max_output_tokens=8)
+    tool = {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Weather for a city",
+        "parameters": WEATHER_TOOL["function"]["parameters"],
+    }
+    r = oai.responses.create(
+        model="m",
+        input="Weather in Lima?",
+        tools=[tool],
+        tool_choice="required",
+        max_output_tokens=8,
+    )
     call = next(o for o in r.output if o.type == "function_call")
     assert call.name == "get_weather" and {"city", "unit"} <= set(json.loads(call.arguments))
-    r2 = oai.responses.create(model="m", tools=[tool], max_output_tokens=6, input=[
-        {"role": "user", "content": "Weather in Lima?"},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name,
-         "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "Foggy"}])
+    r2 = oai.responses.create(
+        model="m",
+        tools=[tool],
+        max_output_tokens=6,
+        input=[
+            {"role": "user", "content": "Weather in Lima?"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "Foggy"},
+        ],
+    )
     assert r2.status in ("completed", "incomplete")
 
 
@@ -278,8 +363,11 @@ def test_three_concurrent_streams(oai):
     def run(i: int) -> None:
         finish = None
         for c in oai.chat.completions.create(
-                model="m", max_tokens=12, stream=True,
-                messages=[{"role": "user", "content": f"Tell me about the number {i}."}]):
+            model="m",
+            max_tokens=12,
+            stream=True,
+            messages=[{"role": "user", "content": f"Tell me about the number {i}."}],
+        ):
             if c.choices and c.choices[0].finish_reason:
                 finish = c.choices[0].finish_reason
         results[i] = finish
@@ -299,8 +387,9 @@ def test_long_prefill_does_not_block_other_slots(oai, daemon):
     done: dict[str, float] = {}
 
     def long_request() -> None:
-        oai.chat.completions.create(model="m", max_tokens=1, messages=[
-            {"role": "user", "content": "word " * 3300}])
+        oai.chat.completions.create(
+            model="m", max_tokens=1, messages=[{"role": "user", "content": "word " * 3300}]
+        )
         done["long"] = time.monotonic()
 
     t = threading.Thread(target=long_request)
@@ -309,19 +398,28 @@ def test_long_prefill_does_not_block_other_slots(oai, daemon):
     while daemon.metrics()["ds4d_requests_running"] != 1:
         assert time.monotonic() < deadline
         time.sleep(0.01)  # poll: waits on another process, bounded by the deadline
-    oai.chat.completions.create(model="m", max_tokens=4, messages=[
-        {"role": "user", "content": "Quick: say yes."}])
+    oai.chat.completions.create(
+        model="m", max_tokens=4, messages=[{"role": "user", "content": "Quick: say yes."}]
+    )
     done["short"] = time.monotonic()
     t.join(120)
     assert done["short"] < done["long"]
 
 
 def test_killed_client_frees_its_slot_within_a_second(daemon):
-    body = {"model": "m", "stream": True, "max_tokens": 3000,
-            "messages": [{"role": "user", "content": "Write a very long story."}]}
+    body = {
+        "model": "m",
+        "stream": True,
+        "max_tokens": 3000,
+        "messages": [{"role": "user", "content": "Write a very long story."}],
+    }
     with httpx.Client(timeout=60) as client:
-        with client.stream("POST", f"{daemon.url}/v1/chat/completions", json=body,
-                           headers={"Authorization": f"Bearer {KEY}"}) as r:
+        with client.stream(
+            "POST",
+            f"{daemon.url}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY}"},
+        ) as r:
             assert r.status_code == 200
             lines = r.iter_lines()
             got = 0
@@ -344,18 +442,26 @@ def test_full_queue_is_503_with_retry_after(daemon):
     statuses: list[int] = []
 
     def long_stream() -> None:
-        body = {"model": "m", "stream": True, "max_tokens": 3000,
-                "messages": [{"role": "user", "content": "Write a long story."}]}
-        with httpx.stream("POST", f"{daemon.url}/v1/chat/completions", json=body,
-                          headers=auth, timeout=60) as r:
+        body = {
+            "model": "m",
+            "stream": True,
+            "max_tokens": 3000,
+            "messages": [{"role": "user", "content": "Write a long story."}],
+        }
+        with httpx.stream(
+            "POST", f"{daemon.url}/v1/chat/completions", json=body, headers=auth, timeout=60
+        ) as r:
             for _ in r.iter_lines():
                 if stop.is_set():
                     break
 
     def queued() -> None:
-        r = httpx.post(f"{daemon.url}/v1/chat/completions", headers=auth, timeout=120,
-                       json={"model": "m", "max_tokens": 1,
-                             "messages": [{"role": "user", "content": "hi"}]})
+        r = httpx.post(
+            f"{daemon.url}/v1/chat/completions",
+            headers=auth,
+            timeout=120,
+            json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]},
+        )
         statuses.append(r.status_code)
 
     def wait_for(name: str, value: float) -> None:
@@ -373,9 +479,16 @@ def test_full_queue_is_503_with_retry_after(daemon):
         for t in waiters:
             t.start()
         wait_for("ds4d_requests_waiting", 4)
-        r = httpx.post(f"{daemon.url}/v1/chat/completions", headers=auth, timeout=10,
-                       json={"model": "m", "max_tokens": 1,
-                             "messages": [{"role": "user", "content": "one more"}]})
+        r = httpx.post(
+            f"{daemon.url}/v1/chat/completions",
+            headers=auth,
+            timeout=10,
+            json={
+                "model": "m",
+                "max_tokens": 1,
+                "messages": [{"role": "user", "content": "one more"}],
+            },
+        )
         assert r.status_code == 503 and int(r.headers["Retry-After"]) > 0
         assert r.json()["error"]["message"]
     finally:
@@ -390,23 +503,26 @@ def test_full_queue_is_503_with_retry_after(daemon):
 
 
 def test_memory_reuse_of_a_long_conversation(oai):
-    filler = " ".join(f"Fact {i}: the item number {i} is stored in box {i * 7 % 13}."
-                      for i in range(120))
-    messages = [{"role": "system", "content": "You answer questions about boxes."},
-                {"role": "user", "content": filler},
-                {"role": "assistant", "content": "I have noted all the facts."},
-                {"role": "user", "content": "Where is item 3?"}]
+    filler = " ".join(
+        f"Fact {i}: the item number {i} is stored in box {i * 7 % 13}." for i in range(120)
+    )
+    messages = [
+        {"role": "system", "content": "You answer questions about boxes."},
+        {"role": "user", "content": filler},
+        {"role": "assistant", "content": "I have noted all the facts."},
+        {"role": "user", "content": "Where is item 3?"},
+    ]
     t0 = time.perf_counter()
-    first = oai.chat.completions.create(model="m", messages=messages, max_tokens=1,
-                                        temperature=0)
+    first = oai.chat.completions.create(model="m", messages=messages, max_tokens=1, temperature=0)
     ttft_first = time.perf_counter() - t0
     old_prompt = first.usage.prompt_tokens
     assert old_prompt >= 1800
-    messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": "And item 4?"}]
+    messages += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "And item 4?"},
+    ]
     t1 = time.perf_counter()
-    second = oai.chat.completions.create(model="m", messages=messages, max_tokens=1,
-                                         temperature=0)
+    second = oai.chat.completions.create(model="m", messages=messages, max_tokens=1, temperature=0)
     ttft_second = time.perf_counter() - t1
     assert second.usage.prompt_tokens_details.cached_tokens >= 0.9 * old_prompt
     assert ttft_second <= 0.2 * ttft_first, (ttft_first, ttft_second)
@@ -423,17 +539,20 @@ def _post(daemon, path: str, content: bytes, key: str | None = KEY) -> httpx.Res
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/completions"])
-@pytest.mark.parametrize("body", [
-    b"{not json",
-    b"\xff\xfe\x00garbage",
-    b"[" * 100_000 + b"]" * 100_000,
-    b'{"messages": "hello", "input": 5, "prompt": 7}',
-    b'{"messages": [], "input": [], "prompt": null}',
-    b'{"messages": [{"role": "user", "content": "x"}], "input": "x", "prompt": "x",'
-    b' "temperature": "hot"}',
-    b'{"messages": [{"role": "user", "content": "x"}], "input": "x", "prompt": "x",'
-    b' "max_tokens": -3, "max_output_tokens": -3}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"{not json",
+        b"\xff\xfe\x00garbage",
+        b"[" * 100_000 + b"]" * 100_000,
+        b'{"messages": "hello", "input": 5, "prompt": 7}',
+        b'{"messages": [], "input": [], "prompt": null}',
+        b'{"messages": [{"role": "user", "content": "x"}], "input": "x", "prompt": "x",'
+        b' "temperature": "hot"}',
+        b'{"messages": [{"role": "user", "content": "x"}], "input": "x", "prompt": "x",'
+        b' "max_tokens": -3, "max_output_tokens": -3}',
+    ],
+)
 def test_openai_bad_requests_are_400_in_openai_shape(daemon, path, body):
     r = _post(daemon, path, body)
     assert r.status_code == 400, r.text
@@ -441,13 +560,16 @@ def test_openai_bad_requests_are_400_in_openai_shape(daemon, path, body):
     assert err["message"] and err["type"] == "invalid_request_error"
 
 
-@pytest.mark.parametrize("body", [
-    b"[1, 2",
-    b'{"max_tokens": 5, "messages": {"role": "user"}}',
-    b'{"max_tokens": 5, "messages": []}',
-    b'{"max_tokens": "five", "messages": [{"role": "user", "content": "x"}]}',
-    b'{"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}',
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[1, 2",
+        b'{"max_tokens": 5, "messages": {"role": "user"}}',
+        b'{"max_tokens": 5, "messages": []}',
+        b'{"max_tokens": "five", "messages": [{"role": "user", "content": "x"}]}',
+        b'{"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}',
+    ],
+)
 def test_anthropic_bad_requests_are_400_in_anthropic_shape(daemon, body):
     r = _post(daemon, "/v1/messages", body)
     assert r.status_code == 400, r.text
@@ -457,20 +579,32 @@ def test_anthropic_bad_requests_are_400_in_anthropic_shape(daemon, body):
 
 
 def test_oversized_body_is_413_and_daemon_keeps_serving(daemon, oai, claude):
-    big = json.dumps({"model": "m", "max_tokens": 5, "messages": [
-        {"role": "user", "content": "x" * (MAX_BODY + 10)}]}).encode()
+    big = json.dumps(
+        {
+            "model": "m",
+            "max_tokens": 5,
+            "messages": [{"role": "user", "content": "x" * (MAX_BODY + 10)}],
+        }
+    ).encode()
     r = _post(daemon, "/v1/chat/completions", big)
     assert r.status_code == 413 and r.json()["error"]["message"]
     r = _post(daemon, "/v1/messages", big)
     assert r.status_code == 413 and r.json()["type"] == "error"
-    assert oai.chat.completions.create(model="m", max_tokens=2, messages=[
-        {"role": "user", "content": "still there?"}]).choices[0].message.content is not None
+    assert (
+        oai.chat.completions.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "still there?"}]
+        )
+        .choices[0]
+        .message.content
+        is not None
+    )
 
 
 def test_context_overflow_is_400_context_length_exceeded(oai):
     with pytest.raises(openai.BadRequestError) as e:
-        oai.chat.completions.create(model="m", max_tokens=2, messages=[
-            {"role": "user", "content": "word " * 5000}])
+        oai.chat.completions.create(
+            model="m", max_tokens=2, messages=[{"role": "user", "content": "word " * 5000}]
+        )
     assert e.value.code == "context_length_exceeded"
 
 
@@ -478,9 +612,12 @@ def test_api_key_required_but_health_open(daemon):
     assert _post(daemon, "/v1/chat/completions", b"{}", key=None).status_code == 401
     r = _post(daemon, "/v1/messages", b"{}", key="wrong")
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    bearer = httpx.post(f"{daemon.url}/v1/chat/completions", json={
-        "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
-        headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    bearer = httpx.post(
+        f"{daemon.url}/v1/chat/completions",
+        json={"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]},
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60,
+    )
     assert bearer.status_code == 200
     assert httpx.get(f"{daemon.url}/health").status_code == 200
 
@@ -495,9 +632,13 @@ def test_unknown_route_is_404_json(daemon):
 LOG_LINE = re.compile(
     r"(?P<api>\w+) slot \d+: prompt (?P<prompt>\d+) tokens \((?P<cached>\d+) cached, [\w-]+\), "
     r"prefill (?P<prefilled>\d+) tokens in [\d.]+s, (?P<generated>\d+) generated in [\d.]+s, "
-    r"finish (?P<finish>\w+)$")
-COUNTERS = {"prompt": "ds4d_prompt_tokens_total", "prefilled": "ds4d_prefilled_tokens_total",
-            "generated": "ds4d_generated_tokens_total"}
+    r"finish (?P<finish>\w+)$"
+)
+COUNTERS = {
+    "prompt": "ds4d_prompt_tokens_total",
+    "prefilled": "ds4d_prefilled_tokens_total",
+    "generated": "ds4d_generated_tokens_total",
+}
 
 
 @pytest.fixture(scope="module")
@@ -520,24 +661,32 @@ def _cached(metrics: dict[str, float]) -> float:
 def _accounted(daemon, before: dict[str, float], n_lines: int, act) -> dict[str, object]:
     """Run `act`, wait for its request's log line, and check that the log line, the trace
     line and the /metrics deltas tell the same story; returns that story."""
-    n_trace = len(daemon.trace_path.read_text().splitlines()) if daemon.trace_path.exists() \
-        else 0
+    n_trace = len(daemon.trace_path.read_text().splitlines()) if daemon.trace_path.exists() else 0
     act()
     deadline = time.monotonic() + 120
-    while len(_finished_lines(daemon)) == n_lines:
+    while len(_finished_lines(daemon)) == n_lines:  # poll: the daemon's log file
         assert time.monotonic() < deadline, daemon.log()[-2000:]
         time.sleep(0.02)
     line = _finished_lines(daemon)[-1]
     story = {k: int(line[k]) for k in ("prompt", "cached", "prefilled", "generated")}
     story["finish"] = line["finish"]
-    while len(daemon.trace_path.read_text().splitlines()) == n_trace:
+    while len(daemon.trace_path.read_text().splitlines()) == n_trace:  # poll: its trace file
         assert time.monotonic() < deadline
         time.sleep(0.02)
     rec = json.loads(daemon.trace_path.read_text().splitlines()[-1])
-    assert (rec["prompt_tokens"], rec["cached_tokens"], rec["prefilled_tokens"],
-            rec["generated_tokens"], rec["finish_reason"]) == (
-        story["prompt"], story["cached"], story["prefilled"], story["generated"],
-        story["finish"]), (rec, story)
+    assert (
+        rec["prompt_tokens"],
+        rec["cached_tokens"],
+        rec["prefilled_tokens"],
+        rec["generated_tokens"],
+        rec["finish_reason"],
+    ) == (
+        story["prompt"],
+        story["cached"],
+        story["prefilled"],
+        story["generated"],
+        story["finish"],
+    ), (rec, story)
     after = daemon.metrics()
     for key, counter in COUNTERS.items():
         assert after[counter] - before[counter] == story[key], (key, story)
@@ -565,9 +714,17 @@ def test_log_trace_and_metrics_agree_on_every_ending(traced):
 
     # Completed: a stop sequence ends it.
     def completed() -> None:
-        r = httpx.post(chat, timeout=120, json={
-            "model": "m", "max_tokens": 50, "stop": [" "], "temperature": 0,
-            "messages": [{"role": "user", "content": "Write a sentence about the sea."}]})
+        r = httpx.post(
+            chat,
+            timeout=120,
+            json={
+                "model": "m",
+                "max_tokens": 50,
+                "stop": [" "],
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "Write a sentence about the sea."}],
+            },
+        )
         assert r.json()["choices"][0]["finish_reason"] == "stop"
 
     s = _accounted(d, d.metrics(), len(_finished_lines(d)), completed)
@@ -575,9 +732,16 @@ def test_log_trace_and_metrics_agree_on_every_ending(traced):
 
     # Length-limited.
     def limited() -> None:
-        r = httpx.post(chat, timeout=120, json={
-            "model": "m", "max_tokens": 3, "temperature": 0,
-            "messages": [{"role": "user", "content": "Count from one to fifty in words."}]})
+        r = httpx.post(
+            chat,
+            timeout=120,
+            json={
+                "model": "m",
+                "max_tokens": 3,
+                "temperature": 0,
+                "messages": [{"role": "user", "content": "Count from one to fifty in words."}],
+            },
+        )
         assert r.json()["usage"]["completion_tokens"] == 3
 
     s = _accounted(d, d.metrics(), len(_finished_lines(d)), limited)
@@ -586,8 +750,16 @@ def test_log_trace_and_metrics_agree_on_every_ending(traced):
     # Cancelled during the prefill of a long prompt: the first SSE chunk (the role) comes
     # before the prefill, and the client leaves right after it.
     def cancelled_in_prefill() -> None:
-        _stream_then_drop(d, {"model": "m", "stream": True, "max_tokens": 5, "messages": [
-            {"role": "user", "content": words}]}, after_chunks=1)
+        _stream_then_drop(
+            d,
+            {
+                "model": "m",
+                "stream": True,
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": words}],
+            },
+            after_chunks=1,
+        )
 
     s = _accounted(d, d.metrics(), len(_finished_lines(d)), cancelled_in_prefill)
     assert s["finish"] == "cancelled" and s["generated"] == 0
@@ -595,9 +767,16 @@ def test_log_trace_and_metrics_agree_on_every_ending(traced):
 
     # Cancelled while decoding, after a few streamed tokens.
     def cancelled_in_decode() -> None:
-        _stream_then_drop(d, {"model": "m", "stream": True, "max_tokens": 2000,
-                              "messages": [{"role": "user", "content": "Tell a long story."}]},
-                          after_chunks=6)
+        _stream_then_drop(
+            d,
+            {
+                "model": "m",
+                "stream": True,
+                "max_tokens": 2000,
+                "messages": [{"role": "user", "content": "Tell a long story."}],
+            },
+            after_chunks=6,
+        )
 
     s = _accounted(d, d.metrics(), len(_finished_lines(d)), cancelled_in_decode)
     assert s["finish"] == "cancelled" and s["generated"] >= 4

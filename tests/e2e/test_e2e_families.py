@@ -206,7 +206,10 @@ def test_messages_thinking_blocks_and_disabled_thinking(claude):
     )
     assert m.content[0].type == "thinking" and m.content[0].thinking
     assert m.stop_reason == "max_tokens" and 1 <= m.usage.output_tokens <= 6
-    prompt = m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens
+    # Messages API: the prompt is what was read from, written to, or kept out of a cache.
+    prompt = (
+        m.usage.input_tokens + m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens
+    )
     counted = claude.messages.count_tokens(
         model="c", messages=HI, thinking={"type": "enabled", "budget_tokens": 1024}
     )
@@ -220,7 +223,8 @@ def test_messages_thinking_blocks_and_disabled_thinking(claude):
     assert [b.type for b in final.content] == ["text"] and final.content[0].text
     assert "content_block_delta" in kinds and final.usage.output_tokens >= 1
     # the think tag the answer opens with is one token either way
-    assert final.usage.cache_read_input_tokens + final.usage.cache_creation_input_tokens == prompt
+    u = final.usage
+    assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == prompt
 
 
 # -- forced tool calls (DSML) ------------------------------------------------------------

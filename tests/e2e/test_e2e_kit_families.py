@@ -256,7 +256,10 @@ def test_anthropic_messages_answer_with_usage(served: Served) -> None:
     )
     assert [b.type for b in m.content] in (["text"], [])
     assert 1 <= m.usage.output_tokens <= 5
-    prompt = m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens
+    # Messages API: the prompt is what was read from, written to, or kept out of a cache.
+    prompt = (
+        m.usage.input_tokens + m.usage.cache_read_input_tokens + m.usage.cache_creation_input_tokens
+    )
     assert prompt > 1
     counted = served.claude.messages.count_tokens(model="c", messages=HI, **off)
     assert counted.input_tokens == prompt
