@@ -111,8 +111,13 @@ class KVState:
 
     def full_text(self, prompt_text: str) -> str:
         """The rendered prompt as its tokens spell it: the BOS the tokenizer puts first
-        when the template did not write it, written out (keys hold every token's text)."""
+        when the template did not write it, written out (keys hold every token's text),
+        and without the whitespace the tokenizer drops after a special token (keys cannot
+        hold it: its tokens do not spell it)."""
         tok = self.tokenizer
+        canonical = getattr(tok, "canonical_text", None)
+        if canonical is not None:
+            prompt_text = canonical(prompt_text)
         bos = getattr(tok, "bos_id", None)
         if not getattr(tok, "add_bos", False) or bos is None:
             return prompt_text
