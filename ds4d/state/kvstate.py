@@ -201,8 +201,10 @@ class KVState:
         if len(tokens) >= self.n_ctx:
             return f"holds {len(tokens)} tokens, positions reach the context of {self.n_ctx}"
         if tokens and not 0 <= min(tokens) <= max(tokens) < n_vocab:
-            return (f"holds token ids {min(tokens)}..{max(tokens)} outside the vocabulary "
-                    f"[0, {n_vocab})")
+            return (
+                f"holds token ids {min(tokens)}..{max(tokens)} outside the vocabulary "
+                f"[0, {n_vocab})"
+            )
         return None
 
     def stops(self, start: int, total: int, cached: int) -> list[tuple[int, Reason]]:
