@@ -1,10 +1,11 @@
 """Prefix reuse on a SentencePiece vocabulary with add_space_prefix (the kit's phi3).
 
 Such a tokenizer (as llama.cpp's) puts a space piece first in every text span: at the
-start and after each special token, so `<|user|>\\nhi` is `<|user|>, ▁, \\n, hi`. A slot is
-keyed by the text that tokenizes to its tokens, not by their plain decoding (which has a
-space after every special token), and text continuing a span is tokenized without that
-space: a conversation's next turn reuses everything the slot holds, from memory and from
+start and after each special token, so `<|user|>hi` is `<|user|>, ▁hi`; Phi-3's special
+tokens also drop the whitespace after them (`<|user|>\\nhi` is the same two tokens). A slot
+is keyed by the text that tokenizes to its tokens (that canonical text, without the
+dropped whitespace), not by their plain decoding (which has a space after every special
+token), and text continuing a span is tokenized without that space: a conversation's next turn reuses everything the slot holds, from memory and from
 a disk checkpoint after a restart."""
 
 from __future__ import annotations
@@ -52,16 +53,17 @@ def test_the_vocabulary_puts_a_space_piece_after_special_tokens(engine) -> None:
     tok = engine.tokenizer
     assert tok.add_space_prefix and tok.add_bos
     ids = tok.encode("<|user|>\nhi")
-    assert [tok.token_text(i) for i in ids[:3]] == ["<|user|>", "▁", "<0x0A>"]
-    assert tok.decode(ids) == "<|user|> \nhi"  # so the plain decoding is no key
+    assert ids == tok.encode("<|user|>hi")  # the newline after <|user|> is dropped
+    assert [tok.token_text(i) for i in ids] == ["<|user|>", "▁hi"]
+    assert tok.decode(ids) == "<|user|> hi"  # so the plain decoding is no key
 
 
 def test_key_text_is_the_text_that_tokenizes_to_the_tokens(engine) -> None:
     tok = engine.tokenizer
     kv = make(engine)
     tokens = tokenize_prompt(tok, TURN)
-    assert kv.key_text(tokens) == "<s>" + TURN  # not "<s><|system|> \n..."
-    assert kv.full_text(TURN) == "<s>" + TURN
+    assert kv.key_text(tokens) == "<s>" + tok.canonical_text(TURN)  # not "<s><|system|> ..."
+    assert kv.full_text(TURN) == "<s>" + tok.canonical_text(TURN)
     assert kv.full_text(kv.full_text(TURN)) == kv.full_text(TURN)
     # a span that does not open with the space piece comes from no text
     word = tok.encode_continuation("hello")[0]
@@ -77,7 +79,10 @@ def test_continuation_tokens_get_no_space_prefix(engine) -> None:
     assert tok.encode_continuation(tail) != tok.encode(tail)  # which doubles the space
     forced = '<tool_call>\n{"name": '
     after = tok.encode("<|assistant|>\n")
-    assert after + tok.encode_continuation(forced) == tok.encode("<|assistant|>\n" + forced)
+    assert after == [tok.token_to_id("<|assistant|>")]  # the newline is dropped
+    # so the forced text opens a new span (with its space piece), as encode_after does
+    kv = make(engine)
+    assert after + kv.encode_after(after, forced) == tok.encode("<|assistant|>\n" + forced)
     # text opening with a special token is tokenized as always
     assert tok.encode_continuation(NEXT) == tok.encode(NEXT)
     assert tok.encode_continuation("") == []
@@ -100,12 +105,12 @@ def test_next_turn_reuses_the_whole_slot_from_memory(engine) -> None:
     text = TURN + REPLY + NEXT
     with engine.new_session(CTX) as s:
         held = held_conversation(kv, s, tok)
-        assert kv.key_text(held) == "<s>" + TURN + REPLY
+        assert kv.key_text(held) == "<s>" + tok.canonical_text(TURN + REPLY)
         assert tokenize_prompt(tok, TURN + REPLY) != held
         r = kv.sync(s, text, tokenize_prompt(tok, text))
         assert r.source == "memory-text" and r.cached_tokens == len(held)
         assert s.tokens[: len(held)] == held
-        assert kv.key_text(s.tokens) == "<s>" + text
+        assert kv.key_text(s.tokens) == kv.full_text(text)
 
 
 def test_next_turn_after_a_restart_loads_the_whole_slot_from_disk(engine, tmp_path) -> None:
@@ -122,7 +127,7 @@ def test_next_turn_after_a_restart_loads_the_whole_slot_from_disk(engine, tmp_pa
         assert r.source == "disk-text" and r.cached_tokens == len(held)
         assert kv2.disk.stats.shortfalls == 0
         assert s.tokens[: len(held)] == held
-        assert kv2.key_text(s.tokens) == "<s>" + text
+        assert kv2.key_text(s.tokens) == kv2.full_text(text)
         with engine.new_session(CTX) as cold:
             cold.eval(list(s.tokens))
             np.testing.assert_allclose(s.logits, cold.logits, atol=2e-3)

@@ -10,7 +10,8 @@ Two GGUF tokenizer models are supported:
   prefixed to every text span (``add_space_prefix``), and pieces merge by their score.
 
 Special tokens are matched as whole tokens before any of that, as llama.cpp does: control
-and unknown tokens only when ``special=True``, user-defined tokens always.
+and unknown tokens only when ``special=True``, user-defined tokens always. Phi-3's special
+tokens (recognized by ``general.name``) also drop the whitespace that follows them.
 """
 
 from __future__ import annotations
@@ -185,6 +186,25 @@ _FIM_EOG_TEXTS = (
 )
 
 _SPM_SPACE = "\u2581"
+# What C's isspace() accepts: the whitespace llama.cpp strips beside an rstrip token.
+_C_WHITESPACE = " \t\n\v\f\r"
+
+
+def _strips_after_special(model_name: str) -> bool:
+    """Phi-3's special tokens drop the whitespace after them (its tokenizer.json marks
+    them rstrip); llama.cpp recognizes Phi-3 by the lowercased general.name."""
+    name = model_name.lower()
+    return "phi-3" in name or "phi3" in name
+
+
+def _rstrip_ids(types: np.ndarray, ids: dict[str, int]) -> frozenset[int]:
+    """The Phi-3 tokens that drop the whitespace after them: every special token and
+    ``</s>``, except ``<unk>``, ``<s>`` and ``<|endoftext|>``, as llama.cpp sets them."""
+    found = set(np.flatnonzero(np.isin(types, (CONTROL, USER_DEFINED, UNKNOWN))).tolist())
+    if "</s>" in ids:
+        found.add(ids["</s>"])
+    found.difference_update(ids[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in ids)
+    return frozenset(found)
 
 
 def _gpt2_byte_alphabet() -> dict[str, int]:
@@ -366,6 +386,7 @@ class Tokenizer:
         unk_id: int | None = None,
         add_bos: bool | None = None,
         add_space_prefix: bool | None = None,
+        strip_after_special: bool = False,
     ) -> None:
         self.model = model
         self.pre = pre
@@ -438,6 +459,8 @@ class Tokenizer:
             self._backend_cont = cont
 
         self._bytes = self._token_bytes_table()
+        self._rstrip_ids = _rstrip_ids(types, self._ids) if strip_after_special else None
+        self._last_canonical: tuple[str, bool, str] | None = None
 
     # -- construction -------------------------------------------------------------------
 
@@ -484,6 +507,7 @@ class Tokenizer:
             return None if value is None else bool(value)
 
         pre = meta.get("tokenizer.ggml.pre")
+        name = meta.get("general.name")
         return cls(
             model=model,
             pre=pre if isinstance(pre, str) else None,
@@ -497,6 +521,7 @@ class Tokenizer:
             unk_id=token_id("unknown_token_id"),
             add_bos=flag("add_bos_token"),
             add_space_prefix=flag("add_space_prefix"),
+            strip_after_special=isinstance(name, str) and _strips_after_special(name),
         )
 
     def _byte_level_bpe(
@@ -618,7 +643,64 @@ class Tokenizer:
         if not text:
             return []
         backend = self._backend if special else self._backend_plain
-        return backend.encode(text, add_special_tokens=False).ids
+        enc = backend.encode(text, add_special_tokens=False)
+        if self._rstrip_ids is None or self._rstrip_ids.isdisjoint(enc.ids):
+            return enc.ids
+        return self._strip_after_special(text, enc.ids, enc.offsets, backend)[0]
+
+    def canonical_text(self, text: str, special: bool = True) -> str:
+        """``text`` less the whitespace its tokenization drops after a special token
+        (Phi-3's rstrip tokens); it tokenizes to the same ids as ``text`` and is what
+        ``source_text`` gives back for them. Other vocabularies return ``text``."""
+        if self._rstrip_ids is None or not text:
+            return text
+        last = self._last_canonical  # prompts are canonicalized several times per request
+        if last is not None and last[0] == text and last[1] == special:
+            return last[2]
+        backend = self._backend if special else self._backend_plain
+        enc = backend.encode(text, add_special_tokens=False)
+        canonical = text
+        if not self._rstrip_ids.isdisjoint(enc.ids):
+            canonical = self._strip_after_special(text, enc.ids, enc.offsets, backend)[1]
+        self._last_canonical = (text, special, canonical)
+        return canonical
+
+    def _strip_after_special(
+        self,
+        text: str,
+        ids: list[int],
+        offsets: list[tuple[int, int]],
+        backend: HFTokenizer,
+    ) -> tuple[list[int], str]:
+        """(ids, text) with the C-locale whitespace that opens each span following an
+        rstrip token removed, the shortened spans tokenized again (each span between
+        special tokens is tokenized on its own, so the other spans keep their ids)."""
+        assert self._rstrip_ids is not None
+        out_ids: list[int] = []
+        out_text: list[str] = []
+        span_start = 0  # where the text after the last matched special token starts
+        strip = False  # that token drops the whitespace after it
+        span: list[int] = []
+
+        def close_span(end: int) -> None:
+            piece = text[span_start:end]
+            kept = piece.lstrip(_C_WHITESPACE) if strip else piece
+            if len(kept) == len(piece):
+                out_ids.extend(span)
+            elif kept:
+                out_ids.extend(backend.encode(kept, add_special_tokens=False).ids)
+            out_text.append(kept)
+
+        for token, (start, end) in zip(ids, offsets, strict=True):
+            if self.is_special(token) and text[start:end] == self._tokens[token]:
+                close_span(start)
+                out_ids.append(token)
+                out_text.append(text[start:end])
+                span_start, strip, span = end, token in self._rstrip_ids, []
+            else:
+                span.append(token)
+        close_span(len(text))
+        return out_ids, "".join(out_text)
 
     def encode_continuation(self, text: str, special: bool = True) -> list[int]:
         """Token ids of ``text`` written right after a non-special token: it continues

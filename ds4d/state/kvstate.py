@@ -111,8 +111,13 @@ class KVState:
 
     def full_text(self, prompt_text: str) -> str:
         """The rendered prompt as its tokens spell it: the BOS the tokenizer puts first
-        when the template did not write it, written out (keys hold every token's text)."""
+        when the template did not write it, written out (keys hold every token's text),
+        and without the whitespace the tokenizer drops after a special token (keys cannot
+        hold it: its tokens do not spell it)."""
         tok = self.tokenizer
+        canonical = getattr(tok, "canonical_text", None)
+        if canonical is not None:
+            prompt_text = canonical(prompt_text)
         bos = getattr(tok, "bos_id", None)
         if not getattr(tok, "add_bos", False) or bos is None:
             return prompt_text
@@ -196,8 +201,10 @@ class KVState:
         if len(tokens) >= self.n_ctx:
             return f"holds {len(tokens)} tokens, positions reach the context of {self.n_ctx}"
         if tokens and not 0 <= min(tokens) <= max(tokens) < n_vocab:
-            return (f"holds token ids {min(tokens)}..{max(tokens)} outside the vocabulary "
-                    f"[0, {n_vocab})")
+            return (
+                f"holds token ids {min(tokens)}..{max(tokens)} outside the vocabulary "
+                f"[0, {n_vocab})"
+            )
         return None
 
     def stops(self, start: int, total: int, cached: int) -> list[tuple[int, Reason]]:

@@ -163,7 +163,9 @@ def served(request, tmp_path_factory, model_files) -> Iterator[Served]:
 
 
 def traces(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return (
+        [json.loads(line) for line in path.read_text().split("\n") if line] if path.exists() else []
+    )
 
 
 def trace_of(path: Path, prompt_tokens: int, cached_tokens: int) -> dict:
