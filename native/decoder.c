@@ -561,6 +561,39 @@ void ds4n_ffn(const ds4n_dec_dims *d, const ds4n_ffn_layer *w, ds4n_dec_ws *ws,
     ds4n_matmul(pool, w->tdown, w->down, d->n_embd, F, ws->gate, T, out);
 }
 
+/* ---- weight table ------------------------------------------------------------------- */
+
+int ds4n_dec_weights_init(ds4n_dec_weights *t, int n_global, int n_per_layer, int n_layer,
+                          const void *const *tensors, const int32_t *types) {
+    *t = (ds4n_dec_weights){0};
+    if (n_global < 0 || n_per_layer < 0 || n_layer < 0 ||
+        (int64_t)n_per_layer * n_layer > INT32_MAX - n_global)
+        return -1;
+    const size_t n = (size_t)n_global + (size_t)n_layer * (size_t)n_per_layer;
+    t->w = malloc(sizeof(void *) * n);
+    t->type = malloc(sizeof(int32_t) * n);
+    if (!t->w || !t->type) {
+        ds4n_dec_weights_free(t);
+        return -1;
+    }
+    memcpy(t->w, tensors, sizeof(void *) * n);
+    memcpy(t->type, types, sizeof(int32_t) * n);
+    t->n_global = n_global;
+    t->n_per_layer = n_per_layer;
+    t->n_layer = n_layer;
+    return 0;
+}
+
+void ds4n_dec_weights_free(ds4n_dec_weights *t) {
+    free(t->w);
+    free(t->type);
+    *t = (ds4n_dec_weights){0};
+}
+
+void ds4n_dec_add_rows(float *x, const float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
 /* ---- session ------------------------------------------------------------------------ */
 
 ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx) {

@@ -172,6 +172,33 @@ typedef struct ds4n_ffn_layer {
 void ds4n_ffn(const ds4n_dec_dims *d, const ds4n_ffn_layer *w, ds4n_dec_ws *ws,
               ds4n_pool *pool, const float *xn, int64_t T, float *out);
 
+/* ---- weight table ------------------------------------------------------------------- */
+
+/* A family's tensors and their GGUF types, in its slot order: n_global model-wide slots, then
+ * n_per_layer slots of each layer. A NULL tensor is an absent one. */
+typedef struct ds4n_dec_weights {
+    int n_global, n_per_layer, n_layer;
+    const void **w;
+    int32_t *type;
+} ds4n_dec_weights;
+
+/* Copies the caller's tables (of n_global + n_layer * n_per_layer entries). 0, or -1 on a bad
+ * count or no memory (t is then empty; ds4n_dec_weights_free is still safe). */
+int ds4n_dec_weights_init(ds4n_dec_weights *t, int n_global, int n_per_layer, int n_layer,
+                          const void *const *tensors, const int32_t *types);
+void ds4n_dec_weights_free(ds4n_dec_weights *t);
+
+/* The n_per_layer tensors of layer il and their types, indexed by the family's slot enum. */
+static inline const void *const *ds4n_dec_layer_w(const ds4n_dec_weights *t, int il) {
+    return t->w + t->n_global + (int64_t)il * t->n_per_layer;
+}
+static inline const int32_t *ds4n_dec_layer_wt(const ds4n_dec_weights *t, int il) {
+    return t->type + t->n_global + (int64_t)il * t->n_per_layer;
+}
+
+/* x[i] += y[i] for i < n (a residual add). */
+void ds4n_dec_add_rows(float *x, const float *y, int64_t n);
+
 /* ---- session ------------------------------------------------------------------------ */
 
 /* Results of the eval calls of the families built on these pieces. */

@@ -4,7 +4,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "moe.h"
 
@@ -12,19 +11,11 @@ struct ds4n_gptoss {
     ds4n_gptoss_hparams hp;
     ds4n_dec_dims dims;
     ds4n_rope rope;
-    const void **w; /* DS4N_GPTOSS_N_GLOBAL + n_layer * DS4N_GPTOSS_N_PER_LAYER */
-    int32_t *type;
+    ds4n_dec_weights wt;
     ds4n_attn_layer *attn; /* per layer */
     ds4n_moe *moe;         /* per layer */
     ds4n_moe_scratch *scratch; /* the MoE working memory of every eval (they never overlap) */
 };
-
-static const void *weight(const ds4n_gptoss *m, int il, int slot) {
-    return m->w[DS4N_GPTOSS_N_GLOBAL + il * DS4N_GPTOSS_N_PER_LAYER + slot];
-}
-static int wtype(const ds4n_gptoss *m, int il, int slot) {
-    return m->type[DS4N_GPTOSS_N_GLOBAL + il * DS4N_GPTOSS_N_PER_LAYER + slot];
-}
 
 ds4n_gptoss *ds4n_gptoss_new(const ds4n_gptoss_hparams *hp, const void *const *tensors,
                              const int32_t *types) {
@@ -45,28 +36,27 @@ ds4n_gptoss *ds4n_gptoss_new(const ds4n_gptoss_hparams *hp, const void *const *t
                                  .base = hp->rope_base, .freq_scale = 1.0f,
                                  .freq_factors = hp->rope_factors,
                                  .attn_factor = hp->rope_attn_factor};
-    const int n_slots = DS4N_GPTOSS_N_GLOBAL + hp->n_layer * DS4N_GPTOSS_N_PER_LAYER;
-    m->w = malloc(sizeof(void *) * n_slots);
-    m->type = malloc(sizeof(int32_t) * n_slots);
+    const int tables = ds4n_dec_weights_init(&m->wt, DS4N_GPTOSS_N_GLOBAL, DS4N_GPTOSS_N_PER_LAYER,
+                                             hp->n_layer, tensors, types);
     m->attn = calloc((size_t)hp->n_layer, sizeof *m->attn);
     m->moe = calloc((size_t)hp->n_layer, sizeof *m->moe);
     m->scratch = ds4n_moe_scratch_new();
-    if (!m->w || !m->type || !m->attn || !m->moe || !m->scratch ||
+    if (tables != 0 || !m->attn || !m->moe || !m->scratch ||
         ds4n_rope_init(&m->rope, &rp) != 0) {
         ds4n_gptoss_free(m);
         return NULL;
     }
-    memcpy(m->w, tensors, sizeof(void *) * n_slots);
-    memcpy(m->type, types, sizeof(int32_t) * n_slots);
     for (int il = 0; il < hp->n_layer; il++) {
+        const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
+        const int32_t *lt = ds4n_dec_layer_wt(&m->wt, il);
         m->attn[il] = (ds4n_attn_layer){
-            .wq = weight(m, il, DS4N_GPTOSS_WQ), .wk = weight(m, il, DS4N_GPTOSS_WK),
-            .wv = weight(m, il, DS4N_GPTOSS_WV), .wo = weight(m, il, DS4N_GPTOSS_WO),
-            .tq = wtype(m, il, DS4N_GPTOSS_WQ), .tk = wtype(m, il, DS4N_GPTOSS_WK),
-            .tv = wtype(m, il, DS4N_GPTOSS_WV), .to = wtype(m, il, DS4N_GPTOSS_WO),
-            .bq = weight(m, il, DS4N_GPTOSS_BQ), .bk = weight(m, il, DS4N_GPTOSS_BK),
-            .bv = weight(m, il, DS4N_GPTOSS_BV), .bo = weight(m, il, DS4N_GPTOSS_BO),
-            .sinks = weight(m, il, DS4N_GPTOSS_SINKS),
+            .wq = lw[DS4N_GPTOSS_WQ], .wk = lw[DS4N_GPTOSS_WK],
+            .wv = lw[DS4N_GPTOSS_WV], .wo = lw[DS4N_GPTOSS_WO],
+            .tq = lt[DS4N_GPTOSS_WQ], .tk = lt[DS4N_GPTOSS_WK],
+            .tv = lt[DS4N_GPTOSS_WV], .to = lt[DS4N_GPTOSS_WO],
+            .bq = lw[DS4N_GPTOSS_BQ], .bk = lw[DS4N_GPTOSS_BK],
+            .bv = lw[DS4N_GPTOSS_BV], .bo = lw[DS4N_GPTOSS_BO],
+            .sinks = lw[DS4N_GPTOSS_SINKS],
             .rope = &m->rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim),
             .window = hp->sliding[il] ? hp->window : 0,
         };
@@ -76,18 +66,18 @@ ds4n_gptoss *ds4n_gptoss_new(const ds4n_gptoss_hparams *hp, const void *const *t
             .activation = DS4N_MOE_SWIGLU_OAI, .norm_weights = 0,
             .weights_scale = hp->weights_scale, .oai_alpha = hp->swiglu_alpha,
             .oai_limit = hp->swiglu_limit,
-            .router = weight(m, il, DS4N_GPTOSS_GATE_INP),
-            .router_type = wtype(m, il, DS4N_GPTOSS_GATE_INP),
-            .router_bias = weight(m, il, DS4N_GPTOSS_GATE_INP_B),
-            .gate = weight(m, il, DS4N_GPTOSS_GATE_EXPS),
-            .up = weight(m, il, DS4N_GPTOSS_UP_EXPS),
-            .down = weight(m, il, DS4N_GPTOSS_DOWN_EXPS),
-            .gate_type = wtype(m, il, DS4N_GPTOSS_GATE_EXPS),
-            .up_type = wtype(m, il, DS4N_GPTOSS_UP_EXPS),
-            .down_type = wtype(m, il, DS4N_GPTOSS_DOWN_EXPS),
-            .gate_bias = weight(m, il, DS4N_GPTOSS_GATE_EXPS_B),
-            .up_bias = weight(m, il, DS4N_GPTOSS_UP_EXPS_B),
-            .down_bias = weight(m, il, DS4N_GPTOSS_DOWN_EXPS_B),
+            .router = lw[DS4N_GPTOSS_GATE_INP],
+            .router_type = lt[DS4N_GPTOSS_GATE_INP],
+            .router_bias = lw[DS4N_GPTOSS_GATE_INP_B],
+            .gate = lw[DS4N_GPTOSS_GATE_EXPS],
+            .up = lw[DS4N_GPTOSS_UP_EXPS],
+            .down = lw[DS4N_GPTOSS_DOWN_EXPS],
+            .gate_type = lt[DS4N_GPTOSS_GATE_EXPS],
+            .up_type = lt[DS4N_GPTOSS_UP_EXPS],
+            .down_type = lt[DS4N_GPTOSS_DOWN_EXPS],
+            .gate_bias = lw[DS4N_GPTOSS_GATE_EXPS_B],
+            .up_bias = lw[DS4N_GPTOSS_UP_EXPS_B],
+            .down_bias = lw[DS4N_GPTOSS_DOWN_EXPS_B],
         };
         if (!ds4n_moe_valid(&m->moe[il])) {
             ds4n_gptoss_free(m);
@@ -99,8 +89,7 @@ ds4n_gptoss *ds4n_gptoss_new(const ds4n_gptoss_hparams *hp, const void *const *t
 
 void ds4n_gptoss_free(ds4n_gptoss *m) {
     if (!m) return;
-    free(m->w);
-    free(m->type);
+    ds4n_dec_weights_free(&m->wt);
     free(m->attn);
     free(m->moe);
     ds4n_moe_scratch_free(m->scratch);
@@ -113,32 +102,29 @@ ds4n_dec_session *ds4n_gptoss_session_new(const ds4n_gptoss *m, int64_t n_ctx) {
 
 int64_t ds4n_gptoss_expert_bytes(const ds4n_gptoss *m) { return ds4n_moe_expert_bytes(m->scratch); }
 
-static void add_rows(float *x, const float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 int ds4n_gptoss_eval(const ds4n_gptoss *m, ds4n_dec_session *s, ds4n_pool *pool,
                      const int32_t *tokens, int64_t T, float *logits, int all_logits) {
     const ds4n_gptoss_hparams *hp = &m->hp;
-    const int rc = ds4n_dec_begin(s, pool, m->w[DS4N_GPTOSS_TOKEN_EMBD],
-                                  m->type[DS4N_GPTOSS_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
+    const int rc = ds4n_dec_begin(s, pool, m->wt.w[DS4N_GPTOSS_TOKEN_EMBD],
+                                  m->wt.type[DS4N_GPTOSS_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
     if (rc != DS4N_OK || T <= 0) return rc;
     if (ds4n_moe_scratch_reserve(m->scratch, &m->moe[0], T) != DS4N_MOE_OK)
         return DS4N_ERR_NO_MEMORY; /* every layer's experts have the same shape */
     const int E = hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {
-        ds4n_rms_norm(s->x, weight(m, il, DS4N_GPTOSS_ATTN_NORM), s->xn, T, E, hp->rms_eps);
+        const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
+        ds4n_rms_norm(s->x, lw[DS4N_GPTOSS_ATTN_NORM], s->xn, T, E, hp->rms_eps);
         ds4n_attention(&m->dims, &m->attn[il], &s->kv, il, &s->ws, pool, s->xn, T, s->n_past,
                        s->tmp);
-        add_rows(s->x, s->tmp, T * E);
-        ds4n_rms_norm(s->x, weight(m, il, DS4N_GPTOSS_POST_ATTN_NORM), s->xn, T, E,
-                      hp->rms_eps);
+        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(s->x, lw[DS4N_GPTOSS_POST_ATTN_NORM], s->xn, T, E, hp->rms_eps);
         const int mrc = ds4n_moe_forward(pool, &m->moe[il], m->scratch, s->xn, T, s->tmp);
         if (mrc != DS4N_MOE_OK) /* n_past unchanged: the K/V rows written are not held */
             return mrc == DS4N_MOE_ERR_BAD_EXPERT ? DS4N_ERR_BAD_EXPERT : DS4N_ERR_NO_MEMORY;
-        add_rows(s->x, s->tmp, T * E);
+        ds4n_dec_add_rows(s->x, s->tmp, T * E);
     }
-    ds4n_dec_finish(s, pool, m->w[DS4N_GPTOSS_OUTPUT_NORM], hp->rms_eps, m->w[DS4N_GPTOSS_OUTPUT],
-                    m->type[DS4N_GPTOSS_OUTPUT], hp->n_vocab, T, logits, all_logits, 0.0f);
+    ds4n_dec_finish(s, pool, m->wt.w[DS4N_GPTOSS_OUTPUT_NORM], hp->rms_eps,
+                    m->wt.w[DS4N_GPTOSS_OUTPUT], m->wt.type[DS4N_GPTOSS_OUTPUT], hp->n_vocab, T,
+                    logits, all_logits, 0.0f);
     return DS4N_OK;
 }

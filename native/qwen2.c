@@ -4,22 +4,13 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 struct ds4n_qwen2 {
     ds4n_qwen2_hparams hp;
     ds4n_dec_dims dims;
-    const void **w;
-    int32_t *type;
+    ds4n_dec_weights wt;
     ds4n_rope rope;
 };
-
-static const void *weight(const ds4n_qwen2 *m, int il, int slot) {
-    return m->w[DS4N_QWEN2_N_GLOBAL + il * DS4N_QWEN2_N_PER_LAYER + slot];
-}
-static int wtype(const ds4n_qwen2 *m, int il, int slot) {
-    return m->type[DS4N_QWEN2_N_GLOBAL + il * DS4N_QWEN2_N_PER_LAYER + slot];
-}
 
 ds4n_qwen2 *ds4n_qwen2_new(const ds4n_qwen2_hparams *hp, const void *const *tensors,
                            const int32_t *types) {
@@ -27,34 +18,30 @@ ds4n_qwen2 *ds4n_qwen2_new(const ds4n_qwen2_hparams *hp, const void *const *tens
         hp->n_head % hp->n_head_kv != 0 || hp->head_dim <= 0 || hp->n_rot > hp->head_dim ||
         hp->n_vocab <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0)
         return NULL;
-    const int n_slots = DS4N_QWEN2_N_GLOBAL + hp->n_layer * DS4N_QWEN2_N_PER_LAYER;
     ds4n_qwen2 *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     m->hp = *hp;
     m->dims = (ds4n_dec_dims){.n_embd = hp->n_embd, .n_head = hp->n_head,
                               .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
                               .n_ff = hp->n_ff, .norm_eps = hp->rms_eps};
-    m->w = malloc(sizeof(void *) * n_slots);
-    m->type = malloc(sizeof(int32_t) * n_slots);
+    const int tables = ds4n_dec_weights_init(&m->wt, DS4N_QWEN2_N_GLOBAL, DS4N_QWEN2_N_PER_LAYER,
+                                             hp->n_layer, tensors, types);
     const ds4n_rope_params rp = {
         .n_rot = hp->n_rot, .mode = DS4N_ROPE_NEOX, .base = hp->rope_base,
         .freq_scale = hp->rope_scale, .ext_factor = hp->yarn_ext_factor,
         .attn_factor = hp->rope_attn_factor, .beta_fast = hp->yarn_beta_fast,
         .beta_slow = hp->yarn_beta_slow, .n_ctx_orig = hp->n_ctx_orig,
     };
-    if (!m->w || !m->type || ds4n_rope_init(&m->rope, &rp) != 0) {
+    if (tables != 0 || ds4n_rope_init(&m->rope, &rp) != 0) {
         ds4n_qwen2_free(m);
         return NULL;
     }
-    memcpy(m->w, tensors, sizeof(void *) * n_slots);
-    memcpy(m->type, types, sizeof(int32_t) * n_slots);
     return m;
 }
 
 void ds4n_qwen2_free(ds4n_qwen2 *m) {
     if (!m) return;
-    free(m->w);
-    free(m->type);
+    ds4n_dec_weights_free(&m->wt);
     free(m);
 }
 
@@ -62,43 +49,41 @@ ds4n_dec_session *ds4n_qwen2_session_new(const ds4n_qwen2 *m, int64_t n_ctx) {
     return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
 }
 
-static void add_rows(float *x, const float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 int ds4n_qwen2_eval(const ds4n_qwen2 *m, ds4n_dec_session *s, ds4n_pool *pool,
                     const int32_t *tokens, int64_t T, float *logits, int all_logits) {
     const ds4n_qwen2_hparams *hp = &m->hp;
-    const int rc = ds4n_dec_begin(s, pool, m->w[DS4N_QWEN2_TOKEN_EMBD],
-                                  m->type[DS4N_QWEN2_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
+    const int rc = ds4n_dec_begin(s, pool, m->wt.w[DS4N_QWEN2_TOKEN_EMBD],
+                                  m->wt.type[DS4N_QWEN2_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
     if (rc != DS4N_OK || T <= 0) return rc;
     const int E = hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {
+        const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
+        const int32_t *lt = ds4n_dec_layer_wt(&m->wt, il);
         const ds4n_attn_layer al = {
-            .wq = weight(m, il, DS4N_QWEN2_WQ), .tq = wtype(m, il, DS4N_QWEN2_WQ),
-            .wk = weight(m, il, DS4N_QWEN2_WK), .tk = wtype(m, il, DS4N_QWEN2_WK),
-            .wv = weight(m, il, DS4N_QWEN2_WV), .tv = wtype(m, il, DS4N_QWEN2_WV),
-            .wo = weight(m, il, DS4N_QWEN2_WO), .to = wtype(m, il, DS4N_QWEN2_WO),
-            .bq = weight(m, il, DS4N_QWEN2_BQ), .bk = weight(m, il, DS4N_QWEN2_BK),
-            .bv = weight(m, il, DS4N_QWEN2_BV),
+            .wq = lw[DS4N_QWEN2_WQ], .tq = lt[DS4N_QWEN2_WQ],
+            .wk = lw[DS4N_QWEN2_WK], .tk = lt[DS4N_QWEN2_WK],
+            .wv = lw[DS4N_QWEN2_WV], .tv = lt[DS4N_QWEN2_WV],
+            .wo = lw[DS4N_QWEN2_WO], .to = lt[DS4N_QWEN2_WO],
+            .bq = lw[DS4N_QWEN2_BQ], .bk = lw[DS4N_QWEN2_BK],
+            .bv = lw[DS4N_QWEN2_BV],
             .rope = &m->rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim),
         };
-        ds4n_rms_norm(s->x, weight(m, il, DS4N_QWEN2_ATTN_NORM), s->xn, T, E, hp->rms_eps);
+        ds4n_rms_norm(s->x, lw[DS4N_QWEN2_ATTN_NORM], s->xn, T, E, hp->rms_eps);
         ds4n_attention(&m->dims, &al, &s->kv, il, &s->ws, pool, s->xn, T, s->n_past, s->tmp);
-        add_rows(s->x, s->tmp, T * E);
+        ds4n_dec_add_rows(s->x, s->tmp, T * E);
 
         const ds4n_ffn_layer fl = {
-            .gate = weight(m, il, DS4N_QWEN2_W_GATE), .tgate = wtype(m, il, DS4N_QWEN2_W_GATE),
-            .up = weight(m, il, DS4N_QWEN2_W_UP), .tup = wtype(m, il, DS4N_QWEN2_W_UP),
-            .down = weight(m, il, DS4N_QWEN2_W_DOWN), .tdown = wtype(m, il, DS4N_QWEN2_W_DOWN),
+            .gate = lw[DS4N_QWEN2_W_GATE], .tgate = lt[DS4N_QWEN2_W_GATE],
+            .up = lw[DS4N_QWEN2_W_UP], .tup = lt[DS4N_QWEN2_W_UP],
+            .down = lw[DS4N_QWEN2_W_DOWN], .tdown = lt[DS4N_QWEN2_W_DOWN],
             .act = DS4N_ACT_SILU,
         };
-        ds4n_rms_norm(s->x, weight(m, il, DS4N_QWEN2_FFN_NORM), s->xn, T, E, hp->rms_eps);
+        ds4n_rms_norm(s->x, lw[DS4N_QWEN2_FFN_NORM], s->xn, T, E, hp->rms_eps);
         ds4n_ffn(&m->dims, &fl, &s->ws, pool, s->xn, T, s->tmp);
-        add_rows(s->x, s->tmp, T * E);
+        ds4n_dec_add_rows(s->x, s->tmp, T * E);
     }
-    const int head = m->w[DS4N_QWEN2_OUTPUT] ? DS4N_QWEN2_OUTPUT : DS4N_QWEN2_TOKEN_EMBD;
-    ds4n_dec_finish(s, pool, m->w[DS4N_QWEN2_OUTPUT_NORM], hp->rms_eps, m->w[head],
-                    m->type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
+    const int head = m->wt.w[DS4N_QWEN2_OUTPUT] ? DS4N_QWEN2_OUTPUT : DS4N_QWEN2_TOKEN_EMBD;
+    ds4n_dec_finish(s, pool, m->wt.w[DS4N_QWEN2_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
+                    m->wt.type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
     return DS4N_OK;
 }

@@ -4,7 +4,6 @@
 
 #include <math.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "moe.h"
 
@@ -12,19 +11,11 @@ struct ds4n_qwen3moe {
     ds4n_qwen3moe_hparams hp;
     ds4n_dec_dims dims;
     ds4n_rope rope;
-    const void **w; /* DS4N_QWEN3MOE_N_GLOBAL + n_layer * DS4N_QWEN3MOE_N_PER_LAYER */
-    int32_t *type;
+    ds4n_dec_weights wt;
     ds4n_attn_layer *attn; /* per layer */
     ds4n_moe *moe;         /* per layer */
     ds4n_moe_scratch *scratch; /* the MoE working memory of every eval (they never overlap) */
 };
-
-static const void *weight(const ds4n_qwen3moe *m, int il, int slot) {
-    return m->w[DS4N_QWEN3MOE_N_GLOBAL + il * DS4N_QWEN3MOE_N_PER_LAYER + slot];
-}
-static int wtype(const ds4n_qwen3moe *m, int il, int slot) {
-    return m->type[DS4N_QWEN3MOE_N_GLOBAL + il * DS4N_QWEN3MOE_N_PER_LAYER + slot];
-}
 
 ds4n_qwen3moe *ds4n_qwen3moe_new(const ds4n_qwen3moe_hparams *hp, const void *const *tensors,
                                  const int32_t *types) {
@@ -44,41 +35,40 @@ ds4n_qwen3moe *ds4n_qwen3moe_new(const ds4n_qwen3moe_hparams *hp, const void *co
                                  .attn_factor = hp->rope_attn_factor,
                                  .beta_fast = hp->yarn_beta_fast, .beta_slow = hp->yarn_beta_slow,
                                  .n_ctx_orig = hp->n_ctx_orig};
-    const int n_slots = DS4N_QWEN3MOE_N_GLOBAL + hp->n_layer * DS4N_QWEN3MOE_N_PER_LAYER;
-    m->w = malloc(sizeof(void *) * n_slots);
-    m->type = malloc(sizeof(int32_t) * n_slots);
+    const int tables = ds4n_dec_weights_init(&m->wt, DS4N_QWEN3MOE_N_GLOBAL,
+                                             DS4N_QWEN3MOE_N_PER_LAYER, hp->n_layer, tensors,
+                                             types);
     m->attn = calloc((size_t)hp->n_layer, sizeof *m->attn);
     m->moe = calloc((size_t)hp->n_layer, sizeof *m->moe);
     m->scratch = ds4n_moe_scratch_new();
-    if (!m->w || !m->type || !m->attn || !m->moe || !m->scratch ||
+    if (tables != 0 || !m->attn || !m->moe || !m->scratch ||
         ds4n_rope_init(&m->rope, &rp) != 0) {
         ds4n_qwen3moe_free(m);
         return NULL;
     }
-    memcpy(m->w, tensors, sizeof(void *) * n_slots);
-    memcpy(m->type, types, sizeof(int32_t) * n_slots);
     for (int il = 0; il < hp->n_layer; il++) {
+        const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
+        const int32_t *lt = ds4n_dec_layer_wt(&m->wt, il);
         m->attn[il] = (ds4n_attn_layer){
-            .wq = weight(m, il, DS4N_QWEN3MOE_WQ), .wk = weight(m, il, DS4N_QWEN3MOE_WK),
-            .wv = weight(m, il, DS4N_QWEN3MOE_WV), .wo = weight(m, il, DS4N_QWEN3MOE_WO),
-            .tq = wtype(m, il, DS4N_QWEN3MOE_WQ), .tk = wtype(m, il, DS4N_QWEN3MOE_WK),
-            .tv = wtype(m, il, DS4N_QWEN3MOE_WV), .to = wtype(m, il, DS4N_QWEN3MOE_WO),
-            .q_norm = weight(m, il, DS4N_QWEN3MOE_Q_NORM),
-            .k_norm = weight(m, il, DS4N_QWEN3MOE_K_NORM),
+            .wq = lw[DS4N_QWEN3MOE_WQ], .wk = lw[DS4N_QWEN3MOE_WK],
+            .wv = lw[DS4N_QWEN3MOE_WV], .wo = lw[DS4N_QWEN3MOE_WO],
+            .tq = lt[DS4N_QWEN3MOE_WQ], .tk = lt[DS4N_QWEN3MOE_WK],
+            .tv = lt[DS4N_QWEN3MOE_WV], .to = lt[DS4N_QWEN3MOE_WO],
+            .q_norm = lw[DS4N_QWEN3MOE_Q_NORM], .k_norm = lw[DS4N_QWEN3MOE_K_NORM],
             .rope = &m->rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim), .window = 0,
         };
         m->moe[il] = (ds4n_moe){
             .n_expert = hp->n_expert, .n_used = hp->n_used, .n_embd = hp->n_embd,
             .n_ff = hp->n_ff_exp, .gating = DS4N_MOE_SOFTMAX, .activation = DS4N_MOE_SWIGLU,
             .norm_weights = hp->norm_weights, .weights_scale = hp->weights_scale,
-            .router = weight(m, il, DS4N_QWEN3MOE_GATE_INP),
-            .router_type = wtype(m, il, DS4N_QWEN3MOE_GATE_INP),
-            .gate = weight(m, il, DS4N_QWEN3MOE_GATE_EXPS),
-            .up = weight(m, il, DS4N_QWEN3MOE_UP_EXPS),
-            .down = weight(m, il, DS4N_QWEN3MOE_DOWN_EXPS),
-            .gate_type = wtype(m, il, DS4N_QWEN3MOE_GATE_EXPS),
-            .up_type = wtype(m, il, DS4N_QWEN3MOE_UP_EXPS),
-            .down_type = wtype(m, il, DS4N_QWEN3MOE_DOWN_EXPS),
+            .router = lw[DS4N_QWEN3MOE_GATE_INP],
+            .router_type = lt[DS4N_QWEN3MOE_GATE_INP],
+            .gate = lw[DS4N_QWEN3MOE_GATE_EXPS],
+            .up = lw[DS4N_QWEN3MOE_UP_EXPS],
+            .down = lw[DS4N_QWEN3MOE_DOWN_EXPS],
+            .gate_type = lt[DS4N_QWEN3MOE_GATE_EXPS],
+            .up_type = lt[DS4N_QWEN3MOE_UP_EXPS],
+            .down_type = lt[DS4N_QWEN3MOE_DOWN_EXPS],
         };
         if (!ds4n_moe_valid(&m->moe[il])) {
             ds4n_qwen3moe_free(m);
@@ -90,8 +80,7 @@ ds4n_qwen3moe *ds4n_qwen3moe_new(const ds4n_qwen3moe_hparams *hp, const void *co
 
 void ds4n_qwen3moe_free(ds4n_qwen3moe *m) {
     if (!m) return;
-    free(m->w);
-    free(m->type);
+    ds4n_dec_weights_free(&m->wt);
     free(m->attn);
     free(m->moe);
     ds4n_moe_scratch_free(m->scratch);
@@ -104,32 +93,31 @@ ds4n_dec_session *ds4n_qwen3moe_session_new(const ds4n_qwen3moe *m, int64_t n_ct
 
 int64_t ds4n_qwen3moe_expert_bytes(const ds4n_qwen3moe *m) { return ds4n_moe_expert_bytes(m->scratch); }
 
-static void add_rows(float *x, const float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 int ds4n_qwen3moe_eval(const ds4n_qwen3moe *m, ds4n_dec_session *s, ds4n_pool *pool,
                        const int32_t *tokens, int64_t T, float *logits, int all_logits) {
     const ds4n_qwen3moe_hparams *hp = &m->hp;
-    const int rc = ds4n_dec_begin(s, pool, m->w[DS4N_QWEN3MOE_TOKEN_EMBD],
-                                  m->type[DS4N_QWEN3MOE_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
+    const int rc = ds4n_dec_begin(s, pool, m->wt.w[DS4N_QWEN3MOE_TOKEN_EMBD],
+                                  m->wt.type[DS4N_QWEN3MOE_TOKEN_EMBD], hp->n_vocab, tokens, T,
+                                  1.0f);
     if (rc != DS4N_OK || T <= 0) return rc;
     if (ds4n_moe_scratch_reserve(m->scratch, &m->moe[0], T) != DS4N_MOE_OK)
         return DS4N_ERR_NO_MEMORY; /* every layer's experts have the same shape */
     const int E = hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {
-        ds4n_rms_norm(s->x, weight(m, il, DS4N_QWEN3MOE_ATTN_NORM), s->xn, T, E, hp->rms_eps);
+        const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
+        ds4n_rms_norm(s->x, lw[DS4N_QWEN3MOE_ATTN_NORM], s->xn, T, E, hp->rms_eps);
         ds4n_attention(&m->dims, &m->attn[il], &s->kv, il, &s->ws, pool, s->xn, T, s->n_past,
                        s->tmp);
-        add_rows(s->x, s->tmp, T * E);
-        ds4n_rms_norm(s->x, weight(m, il, DS4N_QWEN3MOE_FFN_NORM), s->xn, T, E, hp->rms_eps);
+        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(s->x, lw[DS4N_QWEN3MOE_FFN_NORM], s->xn, T, E, hp->rms_eps);
         const int mrc = ds4n_moe_forward(pool, &m->moe[il], m->scratch, s->xn, T, s->tmp);
         if (mrc != DS4N_MOE_OK) /* n_past unchanged: the K/V rows written are not held */
             return mrc == DS4N_MOE_ERR_BAD_EXPERT ? DS4N_ERR_BAD_EXPERT : DS4N_ERR_NO_MEMORY;
-        add_rows(s->x, s->tmp, T * E);
+        ds4n_dec_add_rows(s->x, s->tmp, T * E);
     }
-    const int head = m->w[DS4N_QWEN3MOE_OUTPUT] ? DS4N_QWEN3MOE_OUTPUT : DS4N_QWEN3MOE_TOKEN_EMBD;
-    ds4n_dec_finish(s, pool, m->w[DS4N_QWEN3MOE_OUTPUT_NORM], hp->rms_eps, m->w[head],
-                    m->type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
+    const int head =
+        m->wt.w[DS4N_QWEN3MOE_OUTPUT] ? DS4N_QWEN3MOE_OUTPUT : DS4N_QWEN3MOE_TOKEN_EMBD;
+    ds4n_dec_finish(s, pool, m->wt.w[DS4N_QWEN3MOE_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
+                    m->wt.type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
     return DS4N_OK;
 }
