@@ -15,6 +15,10 @@
  *     call that allocates, so a failure there leaves the session untouched), and
  *     ds4n_dec_ws_release at the end. Zero-initialize the struct first.
  *
+ *   Weight table (ds4n_dec_weights): a family's tensor pointers and GGUF types in its slot
+ *     order (globals, then each layer's slots), copied from the caller by
+ *     ds4n_dec_weights_init; ds4n_dec_layer_w / ds4n_dec_layer_wt give one layer's slots.
+ *
  *   Norms: ds4n_rms_norm (rows of n, weight of n; also used per head with n = head_dim).
  *
  *   RoPE (ds4n_rope): ds4n_rope_init from ds4n_rope_params — llama.cpp's NORMAL (adjacent
