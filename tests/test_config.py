@@ -26,6 +26,7 @@ from ds4d.daemon.config import (
     resolve_config,
 )
 from ds4d.daemon.reload import LiveConfig, watch_files
+from tests.polling import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -318,6 +319,15 @@ def test_exit_code_address_in_use(tmp_path):
     assert "another ds4d is listening" in done.stderr
 
 
+def healthy(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def running(url: str) -> float:
     """The daemon's ds4d_requests_running gauge."""
     import httpx
@@ -355,13 +365,7 @@ def test_second_sigint_while_draining_exits_130_without_a_traceback(tmp_path, mo
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)  # poll: waits on another process, bounded by the deadline
+        wait_until(lambda: healthy(url), 120, "ds4d never became healthy")
         # A long prompt keeps the daemon busy prefilling for seconds, whatever the model
         # would generate.
         body = {
@@ -380,10 +384,7 @@ def test_second_sigint_while_draining_exits_130_without_a_traceback(tmp_path, mo
                 pass  # the daemon goes away mid-stream: that is the point
 
         threading.Thread(target=stream, daemon=True).start()
-        deadline = time.monotonic() + 60
-        while running(url) != 1:  # prefilling now
-            assert time.monotonic() < deadline, "the request never started"
-            time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
+        wait_until(lambda: running(url) == 1, 60, "the request never started")  # prefilling
         proc.send_signal(signal.SIGINT)
         # Reviewed exception: the claim is that the daemon is still up while it drains (a
         # 30 s grace period), so some time must pass before looking.

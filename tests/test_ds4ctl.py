@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.e2e.daemon_process import free_port
+from tests.polling import wait_until
 
 BIN = Path(sys.executable).parent
 WATCHDOG_USEC = 1_000_000  # pings expected every 0.5 s
@@ -57,13 +58,15 @@ class Daemon:
 
     def wait_notify(self, prefix: str, timeout: float, since: int = 0) -> bool:
         """Whether a message starting with `prefix` arrives (after index `since`)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if any(m.startswith(prefix) for _, m in self.messages[since:]):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
+        try:
+            wait_until(
+                lambda: any(m.startswith(prefix) for _, m in self.messages[since:]),
+                timeout,
+                prefix,
+            )
+        except AssertionError:
+            return False
+        return True
 
     def ctl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         done = subprocess.run(
@@ -288,21 +291,19 @@ def test_power_50_keeps_the_output_identical(daemon):
 
 def wait_for_power(daemon: Daemon, expected: int, within: float) -> float:
     start = time.monotonic()
-    while time.monotonic() - start < within:
-        if daemon.ctl_json("power")["power"] == expected:
-            return time.monotonic() - start
-        time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
-    raise AssertionError(f"power did not become {expected} within {within}s")
+    wait_until(
+        lambda: daemon.ctl_json("power")["power"] == expected,
+        within,
+        f"power did not become {expected}",
+    )
+    return time.monotonic() - start
 
 
 def test_config_file_edit_applies_within_2s_and_bad_edit_is_refused(daemon):
     daemon.config.write_text("# test config\npower = 40\n")
     assert wait_for_power(daemon, 40, 2.0) < 2.0
     daemon.config.write_text("# test config\npower = 400\n")
-    deadline = time.monotonic() + 5
-    while "power=400" not in daemon.log.read_text():
-        assert time.monotonic() < deadline, "the invalid edit was not logged"
-        time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
+    wait_until(lambda: "power=400" in daemon.log.read_text(), 5, "the invalid edit was not logged")
     assert "reload rejected" in daemon.log.read_text()
     assert daemon.ctl_json("power")["power"] == 40
     reload = daemon.ctl("config", "reload", check=False)
@@ -315,10 +316,11 @@ def test_sighup_reloads(daemon):
     daemon.config.write_text("# test config\npower = 100\nlog_level = 'debug'\n")
     since = len(daemon.messages)
     daemon.proc.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 3
-    while daemon.ctl_json("config", "get", "log_level")["values"]["log_level"] != "debug":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
+    wait_until(
+        lambda: daemon.ctl_json("config", "get", "log_level")["values"]["log_level"] == "debug",
+        3,
+        "SIGHUP did not reload the log level",
+    )
     assert "reloading (SIGHUP)" in daemon.log.read_text()
     assert daemon.wait_notify("RELOADING=1", 2.0, since), "no RELOADING=1 around the reload"
 

@@ -4,19 +4,21 @@ dirs, waits for /health 200, SIGTERM on teardown."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from tests.polling import wait_until
 
 LOAD_TIMEOUT_S = 120
 
@@ -87,19 +89,17 @@ def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
     key = args[args.index("--api-key") + 1] if "--api-key" in args else None
     daemon = Daemon(f"http://127.0.0.1:{port}", proc, log_path, key)
     try:
-        deadline = time.monotonic() + LOAD_TIMEOUT_S
-        while True:
+
+        def ready() -> bool:
             if proc.poll() is not None:
                 raise RuntimeError(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
             try:
                 daemon.health_seen.append(httpx.get(f"{daemon.url}/health", timeout=2).status_code)
-                if daemon.health_seen[-1] == 200:
-                    break
             except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"ds4d did not become healthy:\n{daemon.log()}")
-            time.sleep(0.1)  # poll: waits on another process, bounded by the deadline
+                return False
+            return daemon.health_seen[-1] == 200
+
+        wait_until(ready, LOAD_TIMEOUT_S, "ds4d did not become healthy", interval=0.1)
         yield daemon
     finally:
         if proc.poll() is None:
@@ -110,3 +110,29 @@ def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def traces(path: Path) -> list[dict]:
+    """The trace records written so far. Lines end at "\n" only: a record's JSON may hold
+    U+2028 or NEL raw, which str.splitlines would also split on."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().split("\n") if line]
+
+
+def trace_of(path: Path, prompt_tokens: int, cached_tokens: int) -> dict:
+    """The trace record of the request with this usage (written as the request ends, so
+    it may land just after the response)."""
+
+    def found() -> list[dict]:
+        return [
+            t
+            for t in traces(path)
+            if t["prompt_tokens"] == prompt_tokens and t["cached_tokens"] == cached_tokens
+        ]
+
+    return wait_until(found, 10, "no trace record for the request")[-1]
+
+
+def check_usage(prompt: int, completion: int, total: int, max_tokens: int) -> None:
+    assert prompt > 1 and 1 <= completion <= max_tokens and total == prompt + completion

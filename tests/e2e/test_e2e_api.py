@@ -15,7 +15,8 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.daemon_process import running_daemon
+from tests.e2e.daemon_process import running_daemon, traces
+from tests.polling import wait_until
 
 KEY = "sk-test-e2e"
 MAX_BODY = 2_000_000
@@ -394,10 +395,7 @@ def test_long_prefill_does_not_block_other_slots(oai, daemon):
 
     t = threading.Thread(target=long_request)
     t.start()
-    deadline = time.monotonic() + 30
-    while daemon.metrics()["ds4d_requests_running"] != 1:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)  # poll: waits on another process, bounded by the deadline
+    wait_until(lambda: daemon.metrics()["ds4d_requests_running"] == 1, 30, "never running")
     oai.chat.completions.create(
         model="m", max_tokens=4, messages=[{"role": "user", "content": "Quick: say yes."}]
     )
@@ -428,10 +426,11 @@ def test_killed_client_frees_its_slot_within_a_second(daemon):
                 if got >= 4:
                     break
             assert daemon.metrics()["ds4d_requests_running"] == 1
-    closed = time.monotonic()
-    while daemon.metrics()["ds4d_requests_running"] != 0:
-        assert time.monotonic() - closed < 1.0, "slot still busy 1 s after the disconnect"
-        time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
+    wait_until(
+        lambda: daemon.metrics()["ds4d_requests_running"] == 0,
+        1.0,
+        "slot still busy after the disconnect",
+    )
 
 
 def test_full_queue_is_503_with_retry_after(daemon):
@@ -465,10 +464,7 @@ def test_full_queue_is_503_with_retry_after(daemon):
         statuses.append(r.status_code)
 
     def wait_for(name: str, value: float) -> None:
-        deadline = time.monotonic() + 30
-        while daemon.metrics()[name] != value:
-            assert time.monotonic() < deadline, f"{name} never reached {value}"
-            time.sleep(0.05)  # poll: waits on another process, bounded by the deadline
+        wait_until(lambda: daemon.metrics()[name] == value, 30, f"{name} never reached {value}")
 
     runners = [threading.Thread(target=long_stream) for _ in range(3)]
     waiters = [threading.Thread(target=queued) for _ in range(4)]
@@ -661,19 +657,21 @@ def _cached(metrics: dict[str, float]) -> float:
 def _accounted(daemon, before: dict[str, float], n_lines: int, act) -> dict[str, object]:
     """Run `act`, wait for its request's log line, and check that the log line, the trace
     line and the /metrics deltas tell the same story; returns that story."""
-    n_trace = len(daemon.trace_path.read_text().splitlines()) if daemon.trace_path.exists() else 0
+    n_trace = len(traces(daemon.trace_path))
     act()
-    deadline = time.monotonic() + 120
-    while len(_finished_lines(daemon)) == n_lines:  # poll: the daemon's log file
-        assert time.monotonic() < deadline, daemon.log()[-2000:]
-        time.sleep(0.02)
-    line = _finished_lines(daemon)[-1]
+    lines = wait_until(
+        lambda: len(_finished_lines(daemon)) > n_lines and _finished_lines(daemon),
+        120,
+        "no log line for the request",
+    )
+    line = lines[-1]
     story = {k: int(line[k]) for k in ("prompt", "cached", "prefilled", "generated")}
     story["finish"] = line["finish"]
-    while len(daemon.trace_path.read_text().splitlines()) == n_trace:  # poll: its trace file
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    rec = json.loads(daemon.trace_path.read_text().splitlines()[-1])
+    rec = wait_until(
+        lambda: len(traces(daemon.trace_path)) > n_trace and traces(daemon.trace_path),
+        120,
+        "no trace line for the request",
+    )[-1]
     assert (
         rec["prompt_tokens"],
         rec["cached_tokens"],

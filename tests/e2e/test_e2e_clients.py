@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.daemon_process import running_daemon
+from tests.polling import wait_until
 
 FIXTURES = ["claude-code-2.1.197-first-request.json", "codex-cli-0.171.0-first-request.json"]
 DROPPED_HEADERS = {"accept-encoding", "connection", "host", "content-length"}
@@ -59,10 +60,7 @@ def test_first_request_accepted_as_sent(daemon, data_dir, name):
             assert time.monotonic() - t0 < 8
             assert first.startswith((b"event: message_start", b"event: response.created"))
     # Dropped mid-prefill: the single slot must come free again.
-    deadline = time.monotonic() + 30
-    while daemon.metrics()["ds4d_requests_running"] != 0:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)  # poll: waits on another process, bounded by the deadline
+    wait_until(lambda: daemon.metrics()["ds4d_requests_running"] == 0, 30, "slot never freed")
 
 
 def test_claude_code_request_counts_its_tokens(daemon, data_dir):

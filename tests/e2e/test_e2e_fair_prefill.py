@@ -8,12 +8,12 @@ prefilling slot's KV growing chunk by chunk (256 tokens each)."""
 from __future__ import annotations
 
 import threading
-import time
 
 import openai
 import pytest
 
 from tests.e2e.daemon_process import Daemon, running_daemon
+from tests.polling import wait_until
 
 CHUNK = 256  # ds4d.state.slots.PREFILL_CHUNK
 SHORT_TOKENS = 16
@@ -55,10 +55,12 @@ def test_short_request_finishes_within_a_few_chunks_of_a_long_prefill(daemon, oa
     t = threading.Thread(target=long_request)
     t.start()
     try:
-        deadline = time.monotonic() + 60
-        while daemon.metrics()["ds4d_requests_running"] != 1:
-            assert time.monotonic() < deadline and not done.is_set()
-            time.sleep(0.01)  # poll: waits on another process, bounded by the deadline
+        wait_until(
+            lambda: done.is_set() or daemon.metrics()["ds4d_requests_running"] == 1,
+            60,
+            "the long request never started",
+        )
+        assert not done.is_set(), "the long request ended before the short one was sent"
         slot, before = _busy_slot_tokens(daemon)
         r = oai.chat.completions.create(
             model="m",

@@ -9,7 +9,6 @@ with fixed seeds where a test needs particular first tokens."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import anthropic
@@ -17,7 +16,8 @@ import openai
 import pytest
 
 from ds4d.synth import write_deepseek4
-from tests.e2e.daemon_process import running_daemon
+from tests.e2e.daemon_process import check_usage, running_daemon, traces
+from tests.e2e.daemon_process import trace_of as traced
 
 # Every kind of DSML parameter: raw string, raw enum choice, JSON number and object (whose
 # forced spacing differs from the canonical rendering: only exact replay reuses the KV).
@@ -73,29 +73,9 @@ def claude(daemon) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=daemon.url, api_key="x", max_retries=0)
 
 
-def traces(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def trace_of(path: Path, usage) -> dict:
-    """The trace record of the request that reported `usage` (written as the request
-    ends, so it may land just after the response)."""
-    deadline = time.monotonic() + 10
-    while True:
-        found = [
-            t
-            for t in traces(path)
-            if t["prompt_tokens"] == usage.prompt_tokens
-            and t["cached_tokens"] == usage.prompt_tokens_details.cached_tokens
-        ]
-        if found or time.monotonic() > deadline:
-            assert found, "no trace record for the request"
-            return found[-1]
-        time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
-
-
-def check_usage(prompt: int, completion: int, total: int, max_tokens: int) -> None:
-    assert prompt > 1 and 1 <= completion <= max_tokens and total == prompt + completion
+    """The trace record of the request that reported `usage`."""
+    return traced(path, usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens)
 
 
 # -- OpenAI chat completions ------------------------------------------------------------

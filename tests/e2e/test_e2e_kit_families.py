@@ -15,7 +15,6 @@ qwen2 model); Qwen 3's and gpt-oss's thinking switches are checked in the prompt
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,7 @@ import openai
 import pytest
 
 from ds4d.engine.gguf_file import GGUFFile
-from tests.e2e.daemon_process import Daemon, running_daemon
+from tests.e2e.daemon_process import Daemon, check_usage, running_daemon, trace_of, traces
 from tests.e2e.kit_gguf import with_metadata
 from tests.kit import kit_model
 
@@ -160,32 +159,6 @@ def served(request, tmp_path_factory, model_files) -> Iterator[Served]:
             openai.OpenAI(base_url=f"{d.url}/v1", api_key="x", max_retries=0),
             anthropic.Anthropic(base_url=d.url, api_key="x", max_retries=0),
         )
-
-
-def traces(path: Path) -> list[dict]:
-    return (
-        [json.loads(line) for line in path.read_text().split("\n") if line] if path.exists() else []
-    )
-
-
-def trace_of(path: Path, prompt_tokens: int, cached_tokens: int) -> dict:
-    """The trace record of the request with this usage (written as the request ends, so
-    it may land just after the response)."""
-    deadline = time.monotonic() + 10
-    while True:
-        found = [
-            t
-            for t in traces(path)
-            if t["prompt_tokens"] == prompt_tokens and t["cached_tokens"] == cached_tokens
-        ]
-        if found or time.monotonic() > deadline:
-            assert found, "no trace record for the request"
-            return found[-1]
-        time.sleep(0.02)  # poll: waits on another process, bounded by the deadline
-
-
-def check_usage(prompt: int, completion: int, total: int, max_tokens: int) -> None:
-    assert prompt > 1 and 1 <= completion <= max_tokens and total == prompt + completion
 
 
 def reasoning_of(message) -> str | None:
