@@ -1,7 +1,8 @@
-/* The llama-family forward pass (see llama.h), composed of the shared decoder pieces
- * (decoder.h). Per layer: RMSNorm, attention (Q/K/V with optional biases, RoPE of
- * llama.cpp's NORMAL type, causal GQA over the KV cache, output projection), residual,
- * RMSNorm, SwiGLU FFN, residual. */
+/* The llama-layer forward pass (see llama.h), composed of the shared decoder pieces
+ * (decoder.h), for llama itself and for Qwen 2 / Qwen 3, which differ from it only in
+ * their RoPE pairing and optional parts. Per layer: RMSNorm, attention (Q/K/V with
+ * optional biases, optional per-head q/k RMSNorm, RoPE, causal GQA over the KV cache,
+ * output projection), residual, RMSNorm, SwiGLU FFN, residual. */
 #include "llama.h"
 
 #include <math.h>
@@ -36,7 +37,7 @@ ds4n_llama *ds4n_llama_new(const ds4n_llama_hparams *hp, const void *const *tens
         return NULL;
     }
     const ds4n_rope_params rp = {
-        .n_rot = hp->n_rot, .mode = DS4N_ROPE_NORMAL, .base = hp->rope_base,
+        .n_rot = hp->n_rot, .mode = hp->rope_neox ? DS4N_ROPE_NEOX : DS4N_ROPE_NORMAL, .base = hp->rope_base,
         .freq_scale = hp->rope_scale, .freq_factors = m->wt.w[DS4N_LLAMA_ROPE_FREQS],
         .ext_factor = hp->yarn_ext_factor, .attn_factor = hp->rope_attn_factor,
         .beta_fast = hp->yarn_beta_fast, .beta_slow = hp->yarn_beta_slow,
@@ -80,6 +81,7 @@ int ds4n_llama_eval(const ds4n_llama *m, ds4n_dec_session *s, ds4n_pool *pool,
             .wo = lw[DS4N_LLAMA_WO], .to = lt[DS4N_LLAMA_WO],
             .bq = lw[DS4N_LLAMA_BQ], .bk = lw[DS4N_LLAMA_BK],
             .bv = lw[DS4N_LLAMA_BV], .bo = lw[DS4N_LLAMA_BO],
+            .q_norm = lw[DS4N_LLAMA_Q_NORM], .k_norm = lw[DS4N_LLAMA_K_NORM],
             .rope = &m->rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim),
         };
         ds4n_rms_norm(s->x, lw[DS4N_LLAMA_ATTN_NORM], s->xn, T, E, hp->rms_eps);

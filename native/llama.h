@@ -27,6 +27,9 @@ typedef struct ds4n_llama_hparams {
      * ds4n_rope_params in decoder.h. */
     float yarn_ext_factor, rope_attn_factor, yarn_beta_fast, yarn_beta_slow;
     int32_t n_ctx_orig;
+    /* RoPE pairs: 0 llama.cpp's NORMAL (adjacent values, llama), 1 NEOX (the two halves of
+     * the rotated dims, Qwen 2/3). */
+    int32_t rope_neox;
 } ds4n_llama_hparams;
 
 /* Weight slots: tensors[] and types[] hold DS4N_LLAMA_N_GLOBAL entries, then
@@ -44,6 +47,7 @@ enum {
     DS4N_LLAMA_ATTN_NORM, DS4N_LLAMA_WQ, DS4N_LLAMA_WK, DS4N_LLAMA_WV, DS4N_LLAMA_WO,
     DS4N_LLAMA_BQ, DS4N_LLAMA_BK, DS4N_LLAMA_BV, DS4N_LLAMA_BO, /* optional biases */
     DS4N_LLAMA_FFN_NORM, DS4N_LLAMA_W_GATE, DS4N_LLAMA_W_UP, DS4N_LLAMA_W_DOWN,
+    DS4N_LLAMA_Q_NORM, DS4N_LLAMA_K_NORM, /* optional per-head RMSNorm of q and k (Qwen 3) */
     DS4N_LLAMA_N_PER_LAYER
 };
 

@@ -1,5 +1,6 @@
 """The llama model family (Llama 2/3.x, SmolLM, ...): GGUF validation and the ctypes face of
-native/llama.{c,h}.
+native/llama.{c,h}. Qwen 2 and Qwen 3 (ds4d/engine/qwen2.py, qwen3.py) are this layer with
+NEOX RoPE and their optional parts, so they are subclasses of LlamaModel.
 
 `load(gguf_file, pool)` checks every hyper-parameter and tensor the forward pass needs
 (names, shapes, quant types) and hands the mmap'd weight addresses to C; nothing is
@@ -33,9 +34,11 @@ LAYER_SLOTS = (
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
     "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
     "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight",
+    "attn_q_norm.weight", "attn_k_norm.weight",
 )  # fmt: skip
 OPTIONAL = {"output.weight", "rope_freqs.weight", "attn_q.bias", "attn_k.bias",
-            "attn_v.bias", "attn_output.bias"}  # fmt: skip
+            "attn_v.bias", "attn_output.bias", "attn_q_norm.weight",
+            "attn_k_norm.weight"}  # fmt: skip
 MATRICES = {"token_embd.weight", "output.weight", "attn_q.weight", "attn_k.weight",
             "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight",
             "ffn_down.weight"}  # fmt: skip
@@ -53,6 +56,7 @@ class HParamsC(ctypes.Structure):
         ("yarn_beta_fast", ctypes.c_float),
         ("yarn_beta_slow", ctypes.c_float),
         ("n_ctx_orig", ctypes.c_int32),
+        ("rope_neox", ctypes.c_int32),
     ]  # fmt: skip
 
 
@@ -63,12 +67,15 @@ class LlamaModel(DecoderModel):
     """Validated weights of one llama GGUF, bound to a native model object."""
 
     family = FAMILY
-    prefix = "llama"
+    prefix = "llama"  # the native functions: every subclass runs native/llama.c
+    rope_neox = False
+    required: frozenset[str] = frozenset()  # optional slots this family must have
 
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
         self.gf = gf
         self.pool = pool
         hp = HParams(gf)
+        family = self.family
         self.n_layer = int(hp("block_count"))
         self.n_embd = int(hp("embedding_length"))
         self.n_ff = int(hp("feed_forward_length"))
@@ -83,7 +90,7 @@ class LlamaModel(DecoderModel):
         embd = gf.tensor("token_embd.weight")
         self.n_vocab = int(hp("vocab_size", embd.shape[1] if len(embd.shape) == 2 else 0))
         if gf.has_tensor("blk.0.ffn_gate_inp.weight") or int(hp("expert_count", 0)):
-            raise ModelLoadError("mixture-of-experts llama models are not supported")
+            raise ModelLoadError(f"mixture-of-experts {family} models are not supported")
         scaling = RopeScaling(hp, self.n_ctx_train, ("none", "linear", "yarn"))
         if (
             min(self.n_layer, self.n_embd, self.n_ff, self.n_head, self.n_head_kv) <= 0
@@ -94,7 +101,7 @@ class LlamaModel(DecoderModel):
             or self.n_rot % 2
         ):
             raise ModelLoadError(
-                f"unsupported llama shape: {self.n_head} heads / {self.n_head_kv} kv heads,"
+                f"unsupported {family} shape: {self.n_head} heads / {self.n_head_kv} kv heads,"
                 f" head dim {self.head_dim} (value {value_len}), rope dims {self.n_rot}"
             )
         n_q, n_kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
@@ -106,18 +113,20 @@ class LlamaModel(DecoderModel):
             "attn_output.weight": (n_q, E), "attn_q.bias": (n_q,), "attn_k.bias": (n_kv,),
             "attn_v.bias": (n_kv,), "attn_output.bias": (E,), "ffn_norm.weight": (E,),
             "ffn_gate.weight": (E, F), "ffn_up.weight": (E, F), "ffn_down.weight": (F, E),
+            "attn_q_norm.weight": (self.head_dim,), "attn_k_norm.weight": (self.head_dim,),
         }  # fmt: skip
         self._binder = Binder(gf, layer_names(GLOBAL_SLOTS, LAYER_SLOTS, self.n_layer))
-        self._binder.bind_all(expected.__getitem__, OPTIONAL, MATRICES)
+        self._binder.bind_all(expected.__getitem__, OPTIONAL - self.required, MATRICES)
         params = HParamsC(
             n_vocab=V, n_embd=E, n_layer=self.n_layer, n_head=self.n_head,
             n_head_kv=self.n_head_kv, head_dim=self.head_dim, n_ff=F, n_rot=self.n_rot,
-            rope_base=self.rope_base, rms_eps=self.rms_eps, **scaling.fields(),
+            rope_base=self.rope_base, rms_eps=self.rms_eps, rope_neox=int(self.rope_neox),
+            **scaling.fields(),
         )  # fmt: skip
         self._handle = lib.ds4n_llama_new(ctypes.byref(params), self._binder.ptrs,
                                           self._binder.types)  # fmt: skip
         if not self._handle:
-            raise ModelLoadError("the native engine refused this llama model's shape")
+            raise ModelLoadError(f"the native engine refused this {family} model's shape")
 
 
 def load(gf: GGUFFile, pool: native.Pool) -> LlamaModel:
