@@ -303,13 +303,16 @@ class RopeScaling:
 class DenseShape:
     """The hyper-parameters every attention decoder declares, read and checked once:
     layers, widths, heads (GQA), head and rope dims, rope base, norm epsilon, context,
-    vocabulary (from the embedding when the file does not say)."""
+    vocabulary (from the embedding when the file does not say). A mixture-of-experts
+    family (`experts=True`) has no dense FFN width; its expert keys are its own."""
 
-    def __init__(self, gf: GGUFFile, family: str, *, rope_even_head: bool = True) -> None:
+    def __init__(
+        self, gf: GGUFFile, family: str, *, rope_even_head: bool = True, experts: bool = False
+    ) -> None:
         hp = self.hp = HParams(gf)
         self.n_layer = int(hp("block_count"))
         self.n_embd = int(hp("embedding_length"))
-        self.n_ff = int(hp("feed_forward_length"))
+        self.n_ff = int(hp("feed_forward_length", 0)) if experts else int(hp("feed_forward_length"))
         self.n_head = int(hp("attention.head_count"))
         self.n_head_kv = int(hp("attention.head_count_kv", self.n_head))
         self.head_dim = int(hp("attention.key_length", self.n_embd // max(self.n_head, 1)))
@@ -320,11 +323,13 @@ class DenseShape:
         self.n_ctx_train = int(hp("context_length"))
         embd = gf.tensor("token_embd.weight")
         self.n_vocab = int(hp("vocab_size", embd.shape[1] if len(embd.shape) == 2 else 0))
-        if gf.has_tensor("blk.0.ffn_gate_inp.weight") or int(hp("expert_count", 0)):
+        if not experts and (
+            gf.has_tensor("blk.0.ffn_gate_inp.weight") or int(hp("expert_count", 0))
+        ):
             raise ModelLoadError(f"mixture-of-experts {family} models are not supported")
         if (
-            min(self.n_layer, self.n_embd, self.n_ff, self.n_head, self.n_head_kv,
-                self.n_vocab) <= 0
+            min(self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.n_vocab) <= 0
+            or (not experts and self.n_ff <= 0)
             or self.n_head % self.n_head_kv
             or value_len != self.head_dim
             or (rope_even_head and self.head_dim % 2)

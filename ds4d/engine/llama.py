@@ -17,7 +17,7 @@ from ds4d.engine import native
 from ds4d.engine.decoder import (
     Binder,
     DecoderModel,
-    HParams,
+    DenseShape,
     RopeScaling,
     declare_family,
     layer_names,
@@ -72,57 +72,25 @@ class LlamaModel(DecoderModel):
     required: frozenset[str] = frozenset()  # optional slots this family must have
 
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
-        self.gf = gf
-        self.pool = pool
-        hp = HParams(gf)
+        self.gf, self.pool = gf, pool
         family = self.family
-        self.n_layer = int(hp("block_count"))
-        self.n_embd = int(hp("embedding_length"))
-        self.n_ff = int(hp("feed_forward_length"))
-        self.n_head = int(hp("attention.head_count"))
-        self.n_head_kv = int(hp("attention.head_count_kv", self.n_head))
-        self.head_dim = int(hp("attention.key_length", self.n_embd // max(self.n_head, 1)))
-        value_len = int(hp("attention.value_length", self.head_dim))
-        self.n_rot = int(hp("rope.dimension_count", self.head_dim))
-        self.rope_base = float(hp("rope.freq_base", 10000.0))
-        self.rms_eps = float(hp("attention.layer_norm_rms_epsilon"))
-        self.n_ctx_train = int(hp("context_length"))
-        embd = gf.tensor("token_embd.weight")
-        self.n_vocab = int(hp("vocab_size", embd.shape[1] if len(embd.shape) == 2 else 0))
-        if gf.has_tensor("blk.0.ffn_gate_inp.weight") or int(hp("expert_count", 0)):
-            raise ModelLoadError(f"mixture-of-experts {family} models are not supported")
-        scaling = RopeScaling(hp, self.n_ctx_train, ("none", "linear", "yarn"))
-        if (
-            min(self.n_layer, self.n_embd, self.n_ff, self.n_head, self.n_head_kv) <= 0
-            or self.n_head % self.n_head_kv
-            or value_len != self.head_dim
-            or self.head_dim % 2
-            or not 0 < self.n_rot <= self.head_dim
-            or self.n_rot % 2
-        ):
-            raise ModelLoadError(
-                f"unsupported {family} shape: {self.n_head} heads / {self.n_head_kv} kv heads,"
-                f" head dim {self.head_dim} (value {value_len}), rope dims {self.n_rot}"
-            )
-        n_q, n_kv = self.n_head * self.head_dim, self.n_head_kv * self.head_dim
-        E, F, V = self.n_embd, self.n_ff, self.n_vocab
+        sh = DenseShape(gf, family)
+        scaling = RopeScaling(sh.hp, sh.n_ctx_train, ("none", "linear", "yarn"))
+        self.n_vocab, self.n_ctx_train, self.n_embd = sh.n_vocab, sh.n_ctx_train, sh.n_embd
+        self.n_layer, self.n_head_kv, self.head_dim = sh.n_layer, sh.n_head_kv, sh.head_dim
+        E, F, V, n_q, n_kv = sh.n_embd, sh.n_ff, sh.n_vocab, sh.n_q, sh.n_kv
         expected = {
             "token_embd.weight": (E, V), "output_norm.weight": (E,), "output.weight": (E, V),
-            "rope_freqs.weight": (self.n_rot // 2,), "attn_norm.weight": (E,),
+            "rope_freqs.weight": (sh.n_rot // 2,), "attn_norm.weight": (E,),
             "attn_q.weight": (E, n_q), "attn_k.weight": (E, n_kv), "attn_v.weight": (E, n_kv),
             "attn_output.weight": (n_q, E), "attn_q.bias": (n_q,), "attn_k.bias": (n_kv,),
             "attn_v.bias": (n_kv,), "attn_output.bias": (E,), "ffn_norm.weight": (E,),
             "ffn_gate.weight": (E, F), "ffn_up.weight": (E, F), "ffn_down.weight": (F, E),
-            "attn_q_norm.weight": (self.head_dim,), "attn_k_norm.weight": (self.head_dim,),
+            "attn_q_norm.weight": (sh.head_dim,), "attn_k_norm.weight": (sh.head_dim,),
         }  # fmt: skip
         self._binder = Binder(gf, layer_names(GLOBAL_SLOTS, LAYER_SLOTS, self.n_layer))
         self._binder.bind_all(expected.__getitem__, OPTIONAL - self.required, MATRICES)
-        params = HParamsC(
-            n_vocab=V, n_embd=E, n_layer=self.n_layer, n_head=self.n_head,
-            n_head_kv=self.n_head_kv, head_dim=self.head_dim, n_ff=F, n_rot=self.n_rot,
-            rope_base=self.rope_base, rms_eps=self.rms_eps, rope_neox=int(self.rope_neox),
-            **scaling.fields(),
-        )  # fmt: skip
+        params = HParamsC(**sh.fields(), rope_neox=int(self.rope_neox), **scaling.fields())
         self._handle = lib.ds4n_llama_new(ctypes.byref(params), self._binder.ptrs,
                                           self._binder.types)  # fmt: skip
         if not self._handle:

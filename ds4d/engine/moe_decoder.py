@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 
 from ds4d.engine import native
-from ds4d.engine.decoder import DecoderModel, HParams
+from ds4d.engine.decoder import DecoderModel, DenseShape
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
@@ -27,34 +27,17 @@ class MoEDecoderModel(DecoderModel):
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
         self.gf = gf
         self.pool = pool
-        hp = self.hp = HParams(gf)
-        self.n_layer = int(hp("block_count"))
-        self.n_embd = int(hp("embedding_length"))
-        self.n_head = int(hp("attention.head_count"))
-        self.n_head_kv = int(hp("attention.head_count_kv", self.n_head))
-        self.head_dim = int(hp("attention.key_length", self.n_embd // max(self.n_head, 1)))
-        value_len = int(hp("attention.value_length", self.head_dim))
-        self.n_rot = int(hp("rope.dimension_count", self.head_dim))
-        self.rope_base = float(hp("rope.freq_base", 10000.0))
-        self.rms_eps = float(hp("attention.layer_norm_rms_epsilon"))
-        self.n_ctx_train = int(hp("context_length"))
+        sh = DenseShape(gf, gf.architecture, rope_even_head=False, experts=True)
+        hp = self.hp = sh.hp
+        self.n_layer, self.n_embd, self.n_vocab = sh.n_layer, sh.n_embd, sh.n_vocab
+        self.n_head, self.n_head_kv, self.head_dim = sh.n_head, sh.n_head_kv, sh.head_dim
+        self.n_rot, self.rope_base, self.rms_eps = sh.n_rot, sh.rope_base, sh.rms_eps
+        self.n_ctx_train = sh.n_ctx_train
         self.n_expert = int(hp("expert_count"))
         self.n_used = int(hp("expert_used_count"))
         self.n_ff_exp = int(hp("expert_feed_forward_length"))
-        embd = gf.tensor("token_embd.weight")
-        self.n_vocab = int(hp("vocab_size", embd.shape[1] if len(embd.shape) == 2 else 0))
-        if (
-            min(self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.n_ff_exp) <= 0
-            or self.n_head % self.n_head_kv
-            or value_len != self.head_dim
-            or not 0 < self.n_rot <= self.head_dim
-            or self.n_rot % 2
-        ):
-            raise ModelLoadError(
-                f"unsupported {gf.architecture} shape: {self.n_head} heads / {self.n_head_kv}"
-                f" kv heads, head dim {self.head_dim} (value {value_len}), rope dims"
-                f" {self.n_rot}, expert width {self.n_ff_exp}"
-            )
+        if self.n_ff_exp <= 0:
+            raise ModelLoadError(f"{gf.architecture}: expert width {self.n_ff_exp}")
         if not 0 < self.n_used <= self.n_expert:
             raise ModelLoadError(
                 f"{gf.architecture}: {self.n_used} experts used of {self.n_expert}"
