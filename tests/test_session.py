@@ -206,3 +206,34 @@ def test_closed_engine_refuses_work(model_path: Path) -> None:
     with pytest.raises(EngineError, match="closed"):
         session.eval([4])
     session.close()
+
+
+def test_eval_batch_matches_each_session_alone(engine, tokens) -> None:
+    """Greedy decode of three sessions advanced together equals each one decoded alone,
+    bit for bit; a bad step refuses the whole batch before any session changes."""
+    prompts = [tokens[:12], tokens[5:30], tokens[40:47]]
+    alone = []
+    for p in prompts:
+        s = engine.new_session(64)
+        s.eval(p)
+        for _ in range(4):
+            s.eval([int(np.argmax(s.logits))])
+        alone.append((s.tokens, s.logits.copy()))
+    sessions = [engine.new_session(64) for _ in prompts]
+    for s, p in zip(sessions, prompts, strict=True):
+        s.eval(p)
+    for _ in range(4):
+        engine.eval_batch([(s, [int(np.argmax(s.logits))]) for s in sessions])
+    for s, (want_tokens, want_logits) in zip(sessions, alone, strict=True):
+        assert s.tokens == want_tokens
+        np.testing.assert_array_equal(s.logits, want_logits)
+    held = [s.tokens for s in sessions]
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        engine.eval_batch([(sessions[0], [1]), (sessions[1], [49152])])
+    with pytest.raises(EngineError, match="twice"):
+        engine.eval_batch([(sessions[0], [1]), (sessions[0], [2])])
+    small = engine.new_session(4)
+    small.eval(tokens[:4])
+    with pytest.raises(ContextFullError):
+        engine.eval_batch([(sessions[0], [1]), (small, [2])])
+    assert [s.tokens for s in sessions] == held

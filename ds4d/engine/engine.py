@@ -17,7 +17,7 @@ import importlib
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -124,6 +124,22 @@ class Engine:
             raise EngineError(f"n_ctx must be at least 1, got {n_ctx}")
         return Session(self, n_ctx)
 
+    def eval_batch(self, steps: Sequence[tuple[Session, Sequence[int]]]) -> None:
+        """Extends each session by its tokens; each session's logits become those after its
+        last new token. Every step is checked before any session changes (ContextFullError,
+        EngineError). The daemon advances all its generating slots through this call, so a
+        family's batched forward pass belongs here; today it is one call per session. The
+        sessions must be distinct and belong to this engine."""
+        if len({id(s) for s, _ in steps}) != len(steps):
+            raise EngineError("eval_batch: a session appears twice in one batch")
+        checked = []
+        for session, tokens in steps:
+            if session.engine is not self:
+                raise EngineError("eval_batch: a session of another engine")
+            checked.append((session, session._check(tokens)))
+        for session, toks in checked:
+            session.eval(toks)
+
     def close(self) -> None:
         with self.lock:
             self.model.close()
@@ -202,19 +218,8 @@ class Session:
         """Extends the session by tokens, prefilling in chunks. on_chunk(done, total) runs
         between chunks; if it raises, the exception propagates and the session holds
         exactly the tokens evaluated so far (with their logits)."""
-        toks = np.ascontiguousarray(np.fromiter(tokens, dtype=np.int64))
-        n = len(toks)
-        if n == 0:
-            return
-        if len(self._tokens) + n > self.n_ctx:
-            raise ContextFullError(
-                f"context full: {len(self._tokens)} held + {n} new tokens > n_ctx {self.n_ctx}"
-            )
-        n_vocab = self.engine.info.n_vocab
-        if toks.min() < 0 or toks.max() >= n_vocab:
-            bad = int(toks[(toks < 0) | (toks >= n_vocab)][0])
-            raise EngineError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
-        toks32 = toks.astype(np.int32)
+        toks32 = self._check(tokens)
+        n = len(toks32)
         done = 0
         while done < n:
             chunk = toks32[done : done + PREFILL_CHUNK]
@@ -222,6 +227,20 @@ class Session:
             done += len(chunk)
             if on_chunk is not None and done < n:
                 on_chunk(done, n)
+
+    def _check(self, tokens: Iterable[int]) -> np.ndarray:
+        """The tokens as int32, checked to fit the context and the vocabulary."""
+        toks = np.ascontiguousarray(np.fromiter(tokens, dtype=np.int64))
+        n = len(toks)
+        if len(self._tokens) + n > self.n_ctx:
+            raise ContextFullError(
+                f"context full: {len(self._tokens)} held + {n} new tokens > n_ctx {self.n_ctx}"
+            )
+        n_vocab = self.engine.info.n_vocab
+        if n and (toks.min() < 0 or toks.max() >= n_vocab):
+            bad = int(toks[(toks < 0) | (toks >= n_vocab)][0])
+            raise EngineError(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+        return toks.astype(np.int32)
 
     def _forward(self, chunk: np.ndarray, extend: bool = True) -> None:
         logits = np.empty(self.engine.info.n_vocab, np.float32)
