@@ -3,8 +3,10 @@
 #include "attention.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "ds4n.h"
+#include "quants.h"
 
 #define ROW_GROUP 6 /* rows padded to a multiple of this, for the SIMD kernels' tiles */
 
@@ -20,12 +22,143 @@ float ds4n_attn_norm_factor(float m, float l, const float *sink) {
     return a / (l * a + expf(*sink - mx));
 }
 
-static inline float kval(const float *k, int64_t pos, int d, int hd) {
-    return k[(pos / DS4N_KT) * hd * DS4N_KT + (int64_t)d * DS4N_KT + pos % DS4N_KT];
+/* ---- KV element types ----------------------------------------------------------------- */
+
+uint16_t ds4n_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint16_t sign = (uint16_t)((x >> 16) & 0x8000);
+    const uint32_t ax = x & 0x7fffffffu;
+    if (ax >= 0x7f800000u) /* inf, or nan kept quiet with its top payload bits */
+        return sign | 0x7c00 | (ax > 0x7f800000u ? 0x200 | ((ax >> 13) & 0x3ff) : 0);
+    if (ax >= 0x477ff000u) return sign | 0x7c00; /* 65520 and above round to inf */
+    if (ax < 0x38800000u) {                      /* below 2^-14: a subnormal half or zero */
+        if (ax < 0x33000000u) return sign;       /* at most 2^-25: rounds to (even) zero */
+        const uint32_t e = ax >> 23, m = (ax & 0x7fffffu) | 0x800000u;
+        const int shift = 126 - (int)e; /* units of 2^-24, 14..24 */
+        uint32_t r = m >> shift;
+        const uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return sign | (uint16_t)r;
+    }
+    uint32_t h = (ax - 0x38000000u) >> 13; /* exponent rebiased by -112, mantissa cut to 10 */
+    const uint32_t rem = ax & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* a carry into the exponent is right */
+    return sign | (uint16_t)h;
+}
+
+void ds4n_kv_quant_block(const float *x, uint16_t *d, int8_t *q, int q_stride) {
+    float amax = 0.0f;
+    for (int i = 0; i < DS4N_KV_QK; i++) amax = fmaxf(amax, fabsf(x[i]));
+    const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    *d = ds4n_f32_to_f16(scale);
+    /* fmaxf/fminf also turn a nan into a bound, so the conversion is always defined. */
+    for (int i = 0; i < DS4N_KV_QK; i++)
+        q[i * q_stride] = (int8_t)roundf(fminf(fmaxf(x[i] * inv, -127.0f), 127.0f));
+}
+
+/* A q8_0 block of a K tile: [DS4N_KT] half scales then [32][DS4N_KT] int8. */
+static inline char *tile_block(void *tile, int b) {
+    return (char *)tile + (int64_t)b * DS4N_KT * DS4N_KV_QB;
+}
+
+void ds4n_kv_pack_row(int type, const float *x, int hd, void *row) {
+    if (type == DS4N_KV_F32) {
+        memcpy(row, x, sizeof(float) * hd);
+    } else if (type == DS4N_KV_F16) {
+        uint16_t *h = row;
+        for (int d = 0; d < hd; d++) h[d] = ds4n_f32_to_f16(x[d]);
+    } else {
+        for (int b = 0; b < hd / DS4N_KV_QK; b++) {
+            char *blk = (char *)row + (int64_t)b * DS4N_KV_QB;
+            ds4n_kv_quant_block(x + b * DS4N_KV_QK, (uint16_t *)blk, (int8_t *)(blk + 2), 1);
+        }
+    }
+}
+
+void ds4n_kv_tile_store(int type, const float *x, int hd, void *tile, int lane) {
+    if (type == DS4N_KV_F32) {
+        float *t = tile;
+        for (int d = 0; d < hd; d++) t[(int64_t)d * DS4N_KT + lane] = x[d];
+    } else if (type == DS4N_KV_F16) {
+        uint16_t *t = tile;
+        for (int d = 0; d < hd; d++) t[(int64_t)d * DS4N_KT + lane] = ds4n_f32_to_f16(x[d]);
+    } else {
+        for (int b = 0; b < hd / DS4N_KV_QK; b++) {
+            char *blk = tile_block(tile, b);
+            ds4n_kv_quant_block(x + b * DS4N_KV_QK, (uint16_t *)blk + lane,
+                                (int8_t *)(blk + 2 * DS4N_KT) + lane, DS4N_KT);
+        }
+    }
+}
+
+void ds4n_kv_tile_put(int type, const void *row, int hd, void *tile, int lane) {
+    if (type == DS4N_KV_F32) {
+        const float *r = row;
+        float *t = tile;
+        for (int d = 0; d < hd; d++) t[(int64_t)d * DS4N_KT + lane] = r[d];
+    } else if (type == DS4N_KV_F16) {
+        const uint16_t *r = row;
+        uint16_t *t = tile;
+        for (int d = 0; d < hd; d++) t[(int64_t)d * DS4N_KT + lane] = r[d];
+    } else {
+        for (int b = 0; b < hd / DS4N_KV_QK; b++) {
+            const char *src = (const char *)row + (int64_t)b * DS4N_KV_QB;
+            char *blk = tile_block(tile, b);
+            memcpy((uint16_t *)blk + lane, src, 2);
+            int8_t *q = (int8_t *)(blk + 2 * DS4N_KT) + lane;
+            for (int i = 0; i < DS4N_KV_QK; i++) q[i * DS4N_KT] = (int8_t)src[2 + i];
+        }
+    }
+}
+
+void ds4n_kv_tile_get(int type, const void *tile, int lane, int hd, void *row) {
+    if (type == DS4N_KV_F32) {
+        const float *t = tile;
+        float *r = row;
+        for (int d = 0; d < hd; d++) r[d] = t[(int64_t)d * DS4N_KT + lane];
+    } else if (type == DS4N_KV_F16) {
+        const uint16_t *t = tile;
+        uint16_t *r = row;
+        for (int d = 0; d < hd; d++) r[d] = t[(int64_t)d * DS4N_KT + lane];
+    } else {
+        for (int b = 0; b < hd / DS4N_KV_QK; b++) {
+            char *dst = (char *)row + (int64_t)b * DS4N_KV_QB;
+            const char *blk = tile_block((void *)tile, b);
+            memcpy(dst, (const uint16_t *)blk + lane, 2);
+            const int8_t *q = (const int8_t *)(blk + 2 * DS4N_KT) + lane;
+            for (int i = 0; i < DS4N_KV_QK; i++) dst[2 + i] = (char)q[i * DS4N_KT];
+        }
+    }
+}
+
+float ds4n_kv_row_at(int type, const void *row, int d) {
+    if (type == DS4N_KV_F32) return ((const float *)row)[d];
+    if (type == DS4N_KV_F16) return ds4n_f16_to_f32(((const uint16_t *)row)[d]);
+    const char *blk = (const char *)row + (int64_t)(d / DS4N_KV_QK) * DS4N_KV_QB;
+    return ds4n_f16_to_f32(*(const uint16_t *)blk) * (float)((const int8_t *)blk)[2 + d % DS4N_KV_QK];
+}
+
+float ds4n_kv_tile_at(int type, const void *tile, int lane, int d, int hd) {
+    if (type == DS4N_KV_F32) return ((const float *)tile)[(int64_t)d * DS4N_KT + lane];
+    if (type == DS4N_KV_F16)
+        return ds4n_f16_to_f32(((const uint16_t *)tile)[(int64_t)d * DS4N_KT + lane]);
+    const char *blk = tile_block((void *)tile, d / DS4N_KV_QK);
+    const int8_t q = ((const int8_t *)(blk + 2 * DS4N_KT))[(d % DS4N_KV_QK) * DS4N_KT + lane];
+    return ds4n_f16_to_f32(((const uint16_t *)blk)[lane]) * (float)q;
+}
+
+/* ---- the reference kernel --------------------------------------------------------------- */
+
+static inline float kval(const ds4n_attn_job *j, int64_t pos, int d) {
+    const int64_t tile = ds4n_kv_row_bytes(j->kv_type, j->head_dim) * DS4N_KT;
+    return ds4n_kv_tile_at(j->kv_type, (const char *)j->k + pos / DS4N_KT * tile,
+                           (int)(pos % DS4N_KT), d, j->head_dim);
 }
 
 void ds4n_attn_scalar(const ds4n_attn_job *j, float *scratch) {
     const int hd = j->head_dim, R = j->n_tok * j->n_group;
+    const int64_t vrow = ds4n_kv_row_bytes(j->kv_type, hd);
     float *O = scratch, *s = O + (int64_t)R * hd;
     for (int r = 0; r < R; r++) {
         const int t = r / j->n_group, g = r % j->n_group;
@@ -42,7 +175,7 @@ void ds4n_attn_scalar(const ds4n_attn_job *j, float *scratch) {
             float mx = m;
             for (int jj = 0; jj < nk; jj++) {
                 float acc = 0.0f;
-                for (int d = 0; d < hd; d++) acc += q[d] * kval(j->k, kb + jj, d, hd);
+                for (int d = 0; d < hd; d++) acc += q[d] * kval(j, kb + jj, d);
                 s[jj] = acc;
                 mx = fmaxf(mx, acc);
             }
@@ -51,9 +184,9 @@ void ds4n_attn_scalar(const ds4n_attn_job *j, float *scratch) {
             for (int d = 0; d < hd; d++) o[d] *= corr;
             for (int jj = 0; jj < nk; jj++) {
                 const float p = expf(s[jj] - mx);
-                const float *v = j->v + (kb + jj) * hd;
+                const char *v = (const char *)j->v + (kb + jj) * vrow;
                 l += p;
-                for (int d = 0; d < hd; d++) o[d] += p * v[d];
+                for (int d = 0; d < hd; d++) o[d] += p * ds4n_kv_row_at(j->kv_type, v, d);
             }
             m = mx;
         }

@@ -1,6 +1,8 @@
-/* AVX2+FMA primitives of the attention kernel; the blocked driver is attention_generic.h.
- * Up to 6 query rows against 16-key K tiles (12 accumulators), a vectorized exp for the
- * online-softmax step, then P·V. Same results as ds4n_attn_scalar up to float rounding. */
+/* AVX2+FMA+F16C primitives of the attention kernel; the blocked driver is
+ * attention_generic.h. Up to 6 query rows against 16-key K tiles (12 accumulators), a
+ * vectorized exp for the online-softmax step, then P·V; f16 and q8_0 KV are widened to
+ * floats as they are loaded, so the cache is read once per step in its stored size. Same
+ * results as ds4n_attn_scalar up to float rounding. */
 #include "attention.h"
 
 #include <immintrin.h>
@@ -44,17 +46,55 @@ INLINE float hsum_ps(__m256 v) {
     return _mm_cvtss_f32(x);
 }
 
-/* S[i][0..16) = Q[i] · K tile, for rg rows of Q (stride hd) and S (stride DS4N_KBLOCK). */
-INLINE void qk_tile(const float *Q, int hd, const float *kt, float *S, int rg) {
+/* 16 keys of a K tile for dim d, widened to floats. */
+INLINE void k_lanes(const void *kt, int d, int t, __m256 *k0, __m256 *k1) {
+    if (t == DS4N_KV_F16) {
+        const __m128i *h = (const __m128i *)((const uint16_t *)kt + (int64_t)d * DS4N_KT);
+        *k0 = _mm256_cvtph_ps(_mm_loadu_si128(h));
+        *k1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
+    } else {
+        *k0 = _mm256_loadu_ps((const float *)kt + (int64_t)d * DS4N_KT);
+        *k1 = _mm256_loadu_ps((const float *)kt + (int64_t)d * DS4N_KT + 8);
+    }
+}
+
+/* S[i][0..16) = Q[i] · K tile, for rg rows of Q (stride hd) and S (stride DS4N_KBLOCK).
+ * q8_0: each 32-dim block's integer products are summed, then scaled per key lane. */
+INLINE void qk_tile(const float *Q, int hd, const void *kt, float *S, int rg, int t) {
     __m256 acc[RG_MAX][2];
     for (int i = 0; i < rg; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    for (int d = 0; d < hd; d++) {
-        const __m256 k0 = _mm256_loadu_ps(kt + d * DS4N_KT);
-        const __m256 k1 = _mm256_loadu_ps(kt + d * DS4N_KT + 8);
-        for (int i = 0; i < rg; i++) {
-            const __m256 qb = _mm256_broadcast_ss(Q + i * hd + d);
-            acc[i][0] = _mm256_fmadd_ps(qb, k0, acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(qb, k1, acc[i][1]);
+    if (t == DS4N_KV_Q8_0) {
+        for (int b = 0; b < hd / DS4N_KV_QK; b++) {
+            const char *blk = (const char *)kt + (int64_t)b * DS4N_KT * DS4N_KV_QB;
+            const int8_t *qs = (const int8_t *)(blk + 2 * DS4N_KT);
+            __m256 part[RG_MAX][2];
+            for (int i = 0; i < rg; i++) part[i][0] = part[i][1] = _mm256_setzero_ps();
+            for (int d = 0; d < DS4N_KV_QK; d++) {
+                const __m128i q = _mm_loadu_si128((const __m128i *)(qs + d * DS4N_KT));
+                const __m256 k0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                const __m256 k1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8)));
+                for (int i = 0; i < rg; i++) {
+                    const __m256 qb = _mm256_broadcast_ss(Q + i * hd + b * DS4N_KV_QK + d);
+                    part[i][0] = _mm256_fmadd_ps(qb, k0, part[i][0]);
+                    part[i][1] = _mm256_fmadd_ps(qb, k1, part[i][1]);
+                }
+            }
+            const __m256 s0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
+            const __m256 s1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk + 1));
+            for (int i = 0; i < rg; i++) {
+                acc[i][0] = _mm256_fmadd_ps(part[i][0], s0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(part[i][1], s1, acc[i][1]);
+            }
+        }
+    } else {
+        for (int d = 0; d < hd; d++) {
+            __m256 k0, k1;
+            k_lanes(kt, d, t, &k0, &k1);
+            for (int i = 0; i < rg; i++) {
+                const __m256 qb = _mm256_broadcast_ss(Q + i * hd + d);
+                acc[i][0] = _mm256_fmadd_ps(qb, k0, acc[i][0]);
+                acc[i][1] = _mm256_fmadd_ps(qb, k1, acc[i][1]);
+            }
         }
     }
     for (int i = 0; i < rg; i++) {
@@ -63,9 +103,30 @@ INLINE void qk_tile(const float *Q, int hd, const float *kt, float *S, int rg) {
     }
 }
 
+/* Values [c, c+16) of a V row, widened to floats (c is a multiple of 16). */
+INLINE void v_lanes(const char *row, int c, int t, __m256 *v0, __m256 *v1) {
+    if (t == DS4N_KV_F16) {
+        const __m128i *h = (const __m128i *)((const uint16_t *)row + c);
+        *v0 = _mm256_cvtph_ps(_mm_loadu_si128(h));
+        *v1 = _mm256_cvtph_ps(_mm_loadu_si128(h + 1));
+    } else if (t == DS4N_KV_Q8_0) {
+        const char *blk = row + (int64_t)(c / DS4N_KV_QK) * DS4N_KV_QB;
+        uint16_t d;
+        memcpy(&d, blk, sizeof d);
+        const __m256 sc = _mm256_set1_ps(_cvtsh_ss(d));
+        const __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + c % DS4N_KV_QK));
+        *v0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), sc);
+        *v1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q, 8))), sc);
+    } else {
+        *v0 = _mm256_loadu_ps((const float *)row + c);
+        *v1 = _mm256_loadu_ps((const float *)row + c + 8);
+    }
+}
+
 /* O[i] = O[i]*corr[i] + sum_j P[i][j] V[j] over nk keys, for rg rows. */
-INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
-                    const float *corr, int rg) {
+INLINE void pv_tile(const float *P, int nk, const void *V, int hd, float *O,
+                    const float *corr, int rg, int t) {
+    const int64_t vrow = ds4n_kv_row_bytes(t, hd);
     for (int c = 0; c < hd; c += 16) {
         __m256 acc[RG_MAX][2];
         for (int i = 0; i < rg; i++) {
@@ -74,8 +135,8 @@ INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
             acc[i][1] = _mm256_mul_ps(_mm256_loadu_ps(O + i * hd + c + 8), cb);
         }
         for (int jj = 0; jj < nk; jj++) {
-            const __m256 v0 = _mm256_loadu_ps(V + (int64_t)jj * hd + c);
-            const __m256 v1 = _mm256_loadu_ps(V + (int64_t)jj * hd + c + 8);
+            __m256 v0, v1;
+            v_lanes((const char *)V + jj * vrow, c, t, &v0, &v1);
             for (int i = 0; i < rg; i++) {
                 const __m256 pb = _mm256_broadcast_ss(P + i * DS4N_KBLOCK + jj);
                 acc[i][0] = _mm256_fmadd_ps(pb, v0, acc[i][0]);

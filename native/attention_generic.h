@@ -2,10 +2,11 @@
  * and the cache layout). Query rows are taken in groups of rg (3 or 6) against 16-key K
  * tiles, then one online-softmax step per 64-key block, then P·V for the same group.
  *
- * The including file defines INLINE, RG_MAX and its vector primitives:
- *   qk_tile(Q, hd, kt, S, rg)                S[i][0..16) = Q[i] · K tile, rg rows
+ * The including file defines INLINE, RG_MAX and its vector primitives, each reading K and V
+ * in the KV element type t (a constant in every call, so each type inlines specialised):
+ *   qk_tile(Q, hd, kt, S, rg, t)             S[i][0..16) = Q[i] · K tile, rg rows
  *   softmax_step(s, n, lo, lim, m, l, corr)  one row's online-softmax step
- *   pv_tile(P, nk, V, hd, O, corr, rg)       O[i] = O[i]*corr[i] + P[i] · V
+ *   pv_tile(P, nk, V, hd, O, corr, rg, t)    O[i] = O[i]*corr[i] + P[i] · V
  *   scale_row(out, o, inv, hd)               out = o * inv
  * then instantiates the entry point with DS4N_DEFINE_ATTN(name). */
 #ifndef DS4N_ATTENTION_GENERIC_H
@@ -16,8 +17,10 @@
 
 #include "attention.h"
 
-INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
+INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
     const int hd = j->head_dim, G = j->n_group, R = j->n_tok * G;
+    const int64_t vrow = ds4n_kv_row_bytes(kvt, hd), ktile = vrow * DS4N_KT;
+    const char *K = j->k, *V = j->v;
     const int Rp = (R + rg - 1) / rg * rg;
     float *Q = scratch, *O = Q + (int64_t)Rp * hd, *S = O + (int64_t)Rp * hd;
     float *m = S + (int64_t)Rp * DS4N_KBLOCK, *l = m + Rp, *corr = l + Rp;
@@ -55,9 +58,8 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
             }
             const int ntile = (nk + DS4N_KT - 1) / DS4N_KT;
             for (int tt = skip / DS4N_KT; tt < ntile; tt++)
-                qk_tile(Q + (int64_t)r0 * hd, hd,
-                        j->k + (kb / DS4N_KT + tt) * (int64_t)hd * DS4N_KT,
-                        S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg);
+                qk_tile(Q + (int64_t)r0 * hd, hd, K + (kb / DS4N_KT + tt) * ktile,
+                        S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg, kvt);
             for (int r = r0; r < r0 + rg; r++) {
                 int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
                 if (rend > gend) rend = gend;
@@ -67,8 +69,8 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
                              (int)(rlo - kb - skip), (int)(rend - kb - skip), m + r, l + r,
                              corr + r);
             }
-            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK + skip, nk - skip, j->v + (kb + skip) * hd,
-                    hd, O + (int64_t)r0 * hd, corr + r0, rg);
+            pv_tile(S + (int64_t)r0 * DS4N_KBLOCK + skip, nk - skip, V + (kb + skip) * vrow,
+                    hd, O + (int64_t)r0 * hd, corr + r0, rg, kvt);
         }
     }
     for (int r = 0; r < R; r++) {
@@ -86,17 +88,29 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg) {
 }
 
 /* The tiles need whole 16-float head chunks and tile-aligned key ranges; anything else
- * takes the scalar kernel. rg is a constant in each call so each inlines specialised. */
+ * (and an unknown KV type) takes the scalar kernel. rg and the type are constants in each
+ * call so each inlines specialised. */
+#define DS4N_ATTEND_TYPE(j, scratch, t)                             \
+    do {                                                            \
+        if ((j)->n_tok * (j)->n_group <= 3)                         \
+            attend(j, scratch, 3, t);                               \
+        else                                                        \
+            attend(j, scratch, 6, t);                               \
+    } while (0)
+
 #define DS4N_DEFINE_ATTN(name)                                      \
     void name(const ds4n_attn_job *j, float *scratch) {             \
-        if (j->head_dim % 16 != 0 || j->k0 % DS4N_KT != 0) {        \
+        if (j->head_dim % 16 != 0 || j->k0 % DS4N_KT != 0 ||        \
+            ds4n_kv_row_bytes(j->kv_type, j->head_dim) == 0) {      \
             ds4n_attn_scalar(j, scratch);                           \
             return;                                                 \
         }                                                           \
-        if (j->n_tok * j->n_group <= 3)                             \
-            attend(j, scratch, 3);                                  \
+        if (j->kv_type == DS4N_KV_F16)                              \
+            DS4N_ATTEND_TYPE(j, scratch, DS4N_KV_F16);              \
+        else if (j->kv_type == DS4N_KV_Q8_0)                        \
+            DS4N_ATTEND_TYPE(j, scratch, DS4N_KV_Q8_0);             \
         else                                                        \
-            attend(j, scratch, 6);                                  \
+            DS4N_ATTEND_TYPE(j, scratch, DS4N_KV_F32);              \
     }
 
 #endif

@@ -1,6 +1,7 @@
 /* NEON (AArch64) primitives of the attention kernel; the blocked driver is
  * attention_generic.h. 4-lane vectors: up to 6 query rows against 16-key K tiles (24
- * accumulators of the 32 registers), a vectorized exp, then P·V. Checked against
+ * accumulators of the 32 registers), a vectorized exp, then P·V; f16 and q8_0 KV are
+ * widened to floats as they are loaded. Checked against
  * ds4n_attn_scalar under qemu by tests/test_llama_forward.py. */
 #include "attention.h"
 
@@ -30,24 +31,83 @@ INLINE float32x4_t exp_ps(float32x4_t x) {
     return vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(y), keep));
 }
 
-INLINE void qk_tile(const float *Q, int hd, const float *kt, float *S, int rg) {
+/* Four lanes of halves (at p) widened to floats. */
+INLINE float32x4_t f16x4(const uint16_t *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
+
+/* Sixteen int8 (at p) widened to four float vectors. */
+INLINE void s8x16(const int8_t *p, float32x4_t *out) {
+    const int8x16_t q = vld1q_s8(p);
+    const int16x8_t lo = vmovl_s8(vget_low_s8(q)), hi = vmovl_high_s8(q);
+    out[0] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(lo)));
+    out[1] = vcvtq_f32_s32(vmovl_high_s16(lo));
+    out[2] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(hi)));
+    out[3] = vcvtq_f32_s32(vmovl_high_s16(hi));
+}
+
+/* S[i][0..16) = Q[i] · K tile, for rg rows; q8_0: each 32-dim block's integer products are
+ * summed, then scaled per key lane. */
+INLINE void qk_tile(const float *Q, int hd, const void *kt, float *S, int rg, int t) {
     float32x4_t acc[RG_MAX][4];
     for (int i = 0; i < rg; i++)
         for (int c = 0; c < 4; c++) acc[i][c] = vdupq_n_f32(0.0f);
-    for (int d = 0; d < hd; d++) {
-        float32x4_t k[4];
-        for (int c = 0; c < 4; c++) k[c] = vld1q_f32(kt + d * DS4N_KT + 4 * c);
-        for (int i = 0; i < rg; i++) {
-            const float32x4_t qb = vdupq_n_f32(Q[i * hd + d]);
-            for (int c = 0; c < 4; c++) acc[i][c] = vfmaq_f32(acc[i][c], qb, k[c]);
+    if (t == DS4N_KV_Q8_0) {
+        for (int b = 0; b < hd / DS4N_KV_QK; b++) {
+            const char *blk = (const char *)kt + (int64_t)b * DS4N_KT * DS4N_KV_QB;
+            const int8_t *qs = (const int8_t *)(blk + 2 * DS4N_KT);
+            float32x4_t part[RG_MAX][4];
+            for (int i = 0; i < rg; i++)
+                for (int c = 0; c < 4; c++) part[i][c] = vdupq_n_f32(0.0f);
+            for (int d = 0; d < DS4N_KV_QK; d++) {
+                float32x4_t k[4];
+                s8x16(qs + d * DS4N_KT, k);
+                for (int i = 0; i < rg; i++) {
+                    const float32x4_t qb = vdupq_n_f32(Q[i * hd + b * DS4N_KV_QK + d]);
+                    for (int c = 0; c < 4; c++) part[i][c] = vfmaq_f32(part[i][c], qb, k[c]);
+                }
+            }
+            for (int c = 0; c < 4; c++) {
+                const float32x4_t sc = f16x4((const uint16_t *)blk + 4 * c);
+                for (int i = 0; i < rg; i++) acc[i][c] = vfmaq_f32(acc[i][c], part[i][c], sc);
+            }
+        }
+    } else {
+        for (int d = 0; d < hd; d++) {
+            float32x4_t k[4];
+            for (int c = 0; c < 4; c++)
+                k[c] = t == DS4N_KV_F16
+                           ? f16x4((const uint16_t *)kt + (int64_t)d * DS4N_KT + 4 * c)
+                           : vld1q_f32((const float *)kt + (int64_t)d * DS4N_KT + 4 * c);
+            for (int i = 0; i < rg; i++) {
+                const float32x4_t qb = vdupq_n_f32(Q[i * hd + d]);
+                for (int c = 0; c < 4; c++) acc[i][c] = vfmaq_f32(acc[i][c], qb, k[c]);
+            }
         }
     }
     for (int i = 0; i < rg; i++)
         for (int c = 0; c < 4; c++) vst1q_f32(S + i * DS4N_KBLOCK + 4 * c, acc[i][c]);
 }
 
-INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
-                    const float *corr, int rg) {
+/* Values [c0, c0+16) of a V row, widened to floats (c0 is a multiple of 16). */
+INLINE void v_lanes(const char *row, int c0, int t, float32x4_t *v) {
+    if (t == DS4N_KV_F16) {
+        for (int c = 0; c < 4; c++) v[c] = f16x4((const uint16_t *)row + c0 + 4 * c);
+    } else if (t == DS4N_KV_Q8_0) {
+        const char *blk = row + (int64_t)(c0 / DS4N_KV_QK) * DS4N_KV_QB;
+        uint16_t d;
+        memcpy(&d, blk, sizeof d);
+        const float sc = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(d))), 0);
+        s8x16((const int8_t *)(blk + 2 + c0 % DS4N_KV_QK), v);
+        for (int c = 0; c < 4; c++) v[c] = vmulq_n_f32(v[c], sc);
+    } else {
+        for (int c = 0; c < 4; c++) v[c] = vld1q_f32((const float *)row + c0 + 4 * c);
+    }
+}
+
+INLINE void pv_tile(const float *P, int nk, const void *V, int hd, float *O,
+                    const float *corr, int rg, int t) {
+    const int64_t vrow = ds4n_kv_row_bytes(t, hd);
     for (int c0 = 0; c0 < hd; c0 += 16) {
         float32x4_t acc[RG_MAX][4];
         for (int i = 0; i < rg; i++)
@@ -55,7 +115,7 @@ INLINE void pv_tile(const float *P, int nk, const float *V, int hd, float *O,
                 acc[i][c] = vmulq_n_f32(vld1q_f32(O + i * hd + c0 + 4 * c), corr[i]);
         for (int jj = 0; jj < nk; jj++) {
             float32x4_t v[4];
-            for (int c = 0; c < 4; c++) v[c] = vld1q_f32(V + (int64_t)jj * hd + c0 + 4 * c);
+            v_lanes((const char *)V + jj * vrow, c0, t, v);
             for (int i = 0; i < rg; i++) {
                 const float32x4_t pb = vdupq_n_f32(P[i * DS4N_KBLOCK + jj]);
                 for (int c = 0; c < 4; c++) acc[i][c] = vfmaq_f32(acc[i][c], pb, v[c]);

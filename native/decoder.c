@@ -24,18 +24,22 @@ void ds4n_dec_run(ds4n_pool *pool, void (*fn)(void *, int, int), void *ctx) {
 
 /* ---- KV cache ----------------------------------------------------------------------- */
 
-int ds4n_kv_init(ds4n_kv *kv, int n_layer, int n_head_kv, int head_dim, int64_t n_ctx) {
+int ds4n_kv_init(ds4n_kv *kv, int n_layer, int n_head_kv, int head_dim, int64_t n_ctx,
+                 int type) {
     memset(kv, 0, sizeof *kv);
-    if (n_layer <= 0 || n_head_kv <= 0 || head_dim <= 0 || n_ctx <= 0) return -1;
+    const int64_t row = ds4n_kv_row_bytes(type, head_dim);
+    if (n_layer <= 0 || n_head_kv <= 0 || row <= 0 || n_ctx <= 0) return -1;
     kv->n_layer = n_layer;
     kv->n_head_kv = n_head_kv;
     kv->head_dim = head_dim;
+    kv->type = type;
+    kv->row_bytes = row;
     kv->n_ctx = n_ctx;
     kv->n_ctx_pad = (n_ctx + DS4N_KBLOCK - 1) / DS4N_KBLOCK * DS4N_KBLOCK;
-    const int64_t n = (int64_t)n_layer * n_head_kv * kv->n_ctx_pad * head_dim;
+    const int64_t n = (int64_t)n_layer * n_head_kv * kv->n_ctx_pad;
     /* calloc: untouched positions stay unbacked zero pages, so RSS follows use. */
-    kv->k = calloc((size_t)n, sizeof(float));
-    kv->v = calloc((size_t)n, sizeof(float));
+    kv->k = calloc((size_t)n, (size_t)row);
+    kv->v = calloc((size_t)n, (size_t)row);
     if (!kv->k || !kv->v) {
         ds4n_kv_release(kv);
         return -1;
@@ -50,63 +54,66 @@ void ds4n_kv_release(ds4n_kv *kv) {
 }
 
 int64_t ds4n_kv_bytes(const ds4n_kv *kv) {
-    return 2 * (int64_t)kv->n_layer * kv->n_head_kv * kv->n_ctx_pad * kv->head_dim *
-           (int64_t)sizeof(float);
+    return 2 * (int64_t)kv->n_layer * kv->n_head_kv * kv->n_ctx_pad * kv->row_bytes;
 }
 
-static int64_t head_floats(const ds4n_kv *kv) { return kv->n_ctx_pad * kv->head_dim; }
-
-float *ds4n_kv_k(const ds4n_kv *kv, int il, int h) {
-    return kv->k + ((int64_t)il * kv->n_head_kv + h) * head_floats(kv);
-}
-float *ds4n_kv_v(const ds4n_kv *kv, int il, int h) {
-    return kv->v + ((int64_t)il * kv->n_head_kv + h) * head_floats(kv);
+int64_t ds4n_kv_type_row_bytes(int type, int head_dim) {
+    return ds4n_kv_row_bytes(type, head_dim);
 }
 
-/* Offset of (position p, dim d) in a head's K tiles. */
-static int64_t k_index(int64_t p, int d, int hd) {
-    return (p / DS4N_KT) * hd * DS4N_KT + (int64_t)d * DS4N_KT + p % DS4N_KT;
+static int64_t head_bytes(const ds4n_kv *kv) { return kv->n_ctx_pad * kv->row_bytes; }
+
+void *ds4n_kv_k(const ds4n_kv *kv, int il, int h) {
+    return kv->k + ((int64_t)il * kv->n_head_kv + h) * head_bytes(kv);
+}
+void *ds4n_kv_v(const ds4n_kv *kv, int il, int h) {
+    return kv->v + ((int64_t)il * kv->n_head_kv + h) * head_bytes(kv);
+}
+
+/* The K tile holding position p of a head's cache. */
+static char *k_tile(const ds4n_kv *kv, int il, int h, int64_t p) {
+    return (char *)ds4n_kv_k(kv, il, h) + p / DS4N_KT * DS4N_KT * kv->row_bytes;
 }
 
 void ds4n_kv_store(ds4n_kv *kv, int il, int64_t pos, const float *k, const float *v) {
     const int hd = kv->head_dim;
     for (int h = 0; h < kv->n_head_kv; h++) {
-        float *kt = ds4n_kv_k(kv, il, h) + k_index(pos, 0, hd);
-        for (int d = 0; d < hd; d++) kt[(int64_t)d * DS4N_KT] = k[h * hd + d];
-        memcpy(ds4n_kv_v(kv, il, h) + pos * hd, v + h * hd, sizeof(float) * hd);
+        ds4n_kv_tile_store(kv->type, k + h * hd, hd, k_tile(kv, il, h, pos), (int)(pos % DS4N_KT));
+        ds4n_kv_pack_row(kv->type, v + h * hd, hd,
+                         (char *)ds4n_kv_v(kv, il, h) + pos * kv->row_bytes);
     }
 }
 
-int ds4n_kv_get(const ds4n_kv *kv, int il, int which, int64_t n, float *dst) {
-    const int hd = kv->head_dim;
+int ds4n_kv_get(const ds4n_kv *kv, int il, int which, int64_t n, void *dst) {
+    const int64_t row = kv->row_bytes;
     if (il < 0 || il >= kv->n_layer || (which != 0 && which != 1) || n < 0 || n > kv->n_ctx)
         return -1;
     for (int h = 0; h < kv->n_head_kv; h++) {
-        float *out = dst + (int64_t)h * n * hd;
+        char *out = (char *)dst + (int64_t)h * n * row;
         if (which == 1) {
-            memcpy(out, ds4n_kv_v(kv, il, h), sizeof(float) * n * hd);
+            memcpy(out, ds4n_kv_v(kv, il, h), (size_t)(n * row));
             continue;
         }
-        const float *k = ds4n_kv_k(kv, il, h);
         for (int64_t p = 0; p < n; p++)
-            for (int d = 0; d < hd; d++) out[p * hd + d] = k[k_index(p, d, hd)];
+            ds4n_kv_tile_get(kv->type, k_tile(kv, il, h, p), (int)(p % DS4N_KT), kv->head_dim,
+                             out + p * row);
     }
     return 0;
 }
 
-int ds4n_kv_set(ds4n_kv *kv, int il, int which, int64_t n, const float *src) {
-    const int hd = kv->head_dim;
+int ds4n_kv_set(ds4n_kv *kv, int il, int which, int64_t n, const void *src) {
+    const int64_t row = kv->row_bytes;
     if (il < 0 || il >= kv->n_layer || (which != 0 && which != 1) || n < 0 || n > kv->n_ctx)
         return -1;
     for (int h = 0; h < kv->n_head_kv; h++) {
-        const float *in = src + (int64_t)h * n * hd;
+        const char *in = (const char *)src + (int64_t)h * n * row;
         if (which == 1) {
-            memcpy(ds4n_kv_v(kv, il, h), in, sizeof(float) * n * hd);
+            memcpy(ds4n_kv_v(kv, il, h), in, (size_t)(n * row));
             continue;
         }
-        float *k = ds4n_kv_k(kv, il, h);
         for (int64_t p = 0; p < n; p++)
-            for (int d = 0; d < hd; d++) k[k_index(p, d, hd)] = in[p * hd + d];
+            ds4n_kv_tile_put(kv->type, in + p * row, kv->head_dim, k_tile(kv, il, h, p),
+                             (int)(p % DS4N_KT));
     }
     return 0;
 }
@@ -365,6 +372,7 @@ static void attn_task(void *p, int ith, int nth) {
             .n_tok = (int)(c->T - t0 < c->qblock ? c->T - t0 : c->qblock),
             .n_group = G, .head_dim = hd, .pos0 = c->pos0 + t0,
             .k = ds4n_kv_k(c->kv, c->il, h), .v = ds4n_kv_v(c->kv, c->il, h),
+            .kv_type = c->kv->type,
             .k0 = 0, .k1 = INT64_MAX, .window = c->w->window,
             .sinks = c->w->sinks ? c->w->sinks + (int64_t)h * G : NULL,
         };
@@ -596,13 +604,14 @@ void ds4n_dec_add_rows(float *x, const float *y, int64_t n) {
 
 /* ---- session ------------------------------------------------------------------------ */
 
-ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx) {
+ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx,
+                                       int kv_type) {
     if (n_ctx <= 0 || d->n_embd <= 0) return NULL;
     ds4n_dec_session *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->dims = *d;
     s->n_ctx = n_ctx;
-    if (ds4n_kv_init(&s->kv, n_layer, d->n_head_kv, d->head_dim, n_ctx) != 0) {
+    if (ds4n_kv_init(&s->kv, n_layer, d->n_head_kv, d->head_dim, n_ctx, kv_type) != 0) {
         free(s);
         return NULL;
     }
@@ -628,6 +637,7 @@ void ds4n_dec_session_free(ds4n_dec_session *s) {
 int64_t ds4n_dec_session_n_past(const ds4n_dec_session *s) { return s->n_past; }
 int64_t ds4n_dec_session_n_ctx(const ds4n_dec_session *s) { return s->n_ctx; }
 int64_t ds4n_dec_session_kv_bytes(const ds4n_dec_session *s) { return ds4n_kv_bytes(&s->kv); }
+int ds4n_dec_session_kv_type(const ds4n_dec_session *s) { return s->kv.type; }
 
 int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n) {
     if (n < 0 || n > s->n_ctx) return -1;
@@ -636,12 +646,12 @@ int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n) {
 }
 
 int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int il, int which, int64_t n,
-                            float *dst) {
+                            void *dst) {
     return ds4n_kv_get(&s->kv, il, which, n, dst);
 }
 
 int ds4n_dec_session_kv_set(ds4n_dec_session *s, int il, int which, int64_t n,
-                            const float *src) {
+                            const void *src) {
     return ds4n_kv_set(&s->kv, il, which, n, src);
 }
 

@@ -5,10 +5,11 @@
  * are GGUF tensors of any type ds4n_type_supported() accepts (rows of ne0 = input width);
  * norm weights, biases, rope factors and sinks are float32 vectors. NULL means absent.
  *
- *   KV cache (ds4n_kv): K and V of every layer for positions [0, n_ctx), float32, in the
- *     layout of attention.h. ds4n_kv_init / ds4n_kv_release; ds4n_kv_store writes one
- *     position; ds4n_kv_get / ds4n_kv_set copy the rows of [0, n) of one layer as
- *     [n_head_kv][n][head_dim] (the session payload format).
+ *   KV cache (ds4n_kv): K and V of every layer for positions [0, n_ctx), in the element
+ *     type chosen at init (DS4N_KV_F32, _F16 or _Q8_0 of attention.h, which also gives the
+ *     layout). ds4n_kv_init / ds4n_kv_release; ds4n_kv_store converts and writes one
+ *     position; ds4n_kv_get / ds4n_kv_set copy the rows of [0, n) of one layer unchanged, in
+ *     the stored type, as [n_head_kv][n][row_bytes] (the session payload format).
  *
  *   Workspace (ds4n_dec_ws): scratch of the attention and FFN steps. Call
  *     ds4n_dec_ws_reserve(ws, dims, T, n_threads) before an eval of T tokens (it is the only
@@ -44,6 +45,7 @@
 
 #include <stdint.h>
 
+#include "attention.h"
 #include "ds4n.h"
 
 #ifdef __cplusplus
@@ -59,22 +61,30 @@ typedef struct ds4n_dec_dims {
 /* ---- KV cache ----------------------------------------------------------------------- */
 
 typedef struct ds4n_kv {
-    int n_layer, n_head_kv, head_dim;
+    int n_layer, n_head_kv, head_dim, type;
     int64_t n_ctx, n_ctx_pad;
-    float *k, *v; /* [layer][kv head][n_ctx_pad positions] */
+    int64_t row_bytes; /* one position of one head in the stored type */
+    char *k, *v;       /* [layer][kv head][n_ctx_pad positions] */
 } ds4n_kv;
 
-/* 0, or -1 (bad shape, no memory). Untouched positions stay unbacked zero pages. */
-int ds4n_kv_init(ds4n_kv *kv, int n_layer, int n_head_kv, int head_dim, int64_t n_ctx);
+/* 0, or -1 (bad shape or type, q8_0 with head_dim not a multiple of 32, no memory).
+ * Untouched positions stay unbacked zero pages. */
+int ds4n_kv_init(ds4n_kv *kv, int n_layer, int n_head_kv, int head_dim, int64_t n_ctx,
+                 int type);
 void ds4n_kv_release(ds4n_kv *kv);
 int64_t ds4n_kv_bytes(const ds4n_kv *kv);
-float *ds4n_kv_k(const ds4n_kv *kv, int layer, int kv_head);
-float *ds4n_kv_v(const ds4n_kv *kv, int layer, int kv_head);
-/* k, v: rows of n_head_kv * head_dim for one position (pos < n_ctx, checked by the caller). */
+void *ds4n_kv_k(const ds4n_kv *kv, int layer, int kv_head);
+void *ds4n_kv_v(const ds4n_kv *kv, int layer, int kv_head);
+/* k, v: float rows of n_head_kv * head_dim for one position (pos < n_ctx, checked by the
+ * caller), converted to the stored type. */
 void ds4n_kv_store(ds4n_kv *kv, int layer, int64_t pos, const float *k, const float *v);
-/* which: 0 = K, 1 = V. Returns 0, or -1 on a bad layer, which or n. */
-int ds4n_kv_get(const ds4n_kv *kv, int layer, int which, int64_t n, float *dst);
-int ds4n_kv_set(ds4n_kv *kv, int layer, int which, int64_t n, const float *src);
+/* which: 0 = K, 1 = V; dst / src hold n_head_kv * n * row_bytes bytes. Returns 0, or -1 on
+ * a bad layer, which or n. */
+int ds4n_kv_get(const ds4n_kv *kv, int layer, int which, int64_t n, void *dst);
+int ds4n_kv_set(ds4n_kv *kv, int layer, int which, int64_t n, const void *src);
+/* Bytes of one position of one head of head_dim in type (attention.h's ds4n_kv_row_bytes,
+ * for ctypes): 0 when the type cannot hold that head_dim. */
+int64_t ds4n_kv_type_row_bytes(int type, int head_dim);
 
 /* ---- norms, pool helper ------------------------------------------------------------- */
 
@@ -223,18 +233,22 @@ typedef struct ds4n_dec_session {
     float *x, *xn, *tmp; /* residual stream, normalized rows, a step's output: T x n_embd */
 } ds4n_dec_session;
 
-ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx);
+/* kv_type: DS4N_KV_F32, _F16 or _Q8_0 of attention.h. NULL on a bad shape or type, or no
+ * memory. */
+ds4n_dec_session *ds4n_dec_session_new(const ds4n_dec_dims *d, int n_layer, int64_t n_ctx,
+                                       int kv_type);
 void ds4n_dec_session_free(ds4n_dec_session *s);
 int64_t ds4n_dec_session_n_past(const ds4n_dec_session *s);
 int64_t ds4n_dec_session_n_ctx(const ds4n_dec_session *s);
 int64_t ds4n_dec_session_kv_bytes(const ds4n_dec_session *s);
+int ds4n_dec_session_kv_type(const ds4n_dec_session *s);
 /* Truncation (rewind), or after ds4n_dec_session_kv_set of every layer the count of a loaded
  * state. 0, or -1 when n is outside [0, n_ctx]. */
 int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n);
 int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int layer, int which, int64_t n,
-                            float *dst);
+                            void *dst);
 int ds4n_dec_session_kv_set(ds4n_dec_session *s, int layer, int which, int64_t n,
-                            const float *src);
+                            const void *src);
 
 /* Checks the call (room for T tokens, ids in [0, n_vocab)), reserves all scratch, and
  * writes the tokens' embedding rows to s->x, times embd_scale when it is not 1. DS4N_OK,

@@ -48,8 +48,9 @@ void ds4n_gemma3_free(ds4n_gemma3 *m) {
     free(m);
 }
 
-ds4n_dec_session *ds4n_gemma3_session_new(const ds4n_gemma3 *m, int64_t n_ctx) {
-    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
+ds4n_dec_session *ds4n_gemma3_session_new(const ds4n_gemma3 *m, int64_t n_ctx,
+                                          int kv_type) {
+    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx, kv_type);
 }
 
 int ds4n_gemma3_eval(const ds4n_gemma3 *m, ds4n_dec_session *s, ds4n_pool *pool,

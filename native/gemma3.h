@@ -41,7 +41,8 @@ typedef struct ds4n_gemma3 ds4n_gemma3;
 ds4n_gemma3 *ds4n_gemma3_new(const ds4n_gemma3_hparams *hp, const void *const *tensors,
                              const int32_t *types);
 void ds4n_gemma3_free(ds4n_gemma3 *model);
-ds4n_dec_session *ds4n_gemma3_session_new(const ds4n_gemma3 *model, int64_t n_ctx);
+ds4n_dec_session *ds4n_gemma3_session_new(const ds4n_gemma3 *model, int64_t n_ctx,
+                                          int kv_type);
 /* As ds4n_llama_eval. */
 int ds4n_gemma3_eval(const ds4n_gemma3 *model, ds4n_dec_session *sess, ds4n_pool *pool,
                      const int32_t *tokens, int64_t n, float *logits, int all_logits);

@@ -54,7 +54,8 @@ ds4n_gptoss *ds4n_gptoss_new(const ds4n_gptoss_hparams *hp, const void *const *t
                              const int32_t *types);
 void ds4n_gptoss_free(ds4n_gptoss *model);
 /* A session of this model (the ds4n_dec_session_* functions of decoder.h serve it). */
-ds4n_dec_session *ds4n_gptoss_session_new(const ds4n_gptoss *model, int64_t n_ctx);
+ds4n_dec_session *ds4n_gptoss_session_new(const ds4n_gptoss *model, int64_t n_ctx,
+                                          int kv_type);
 
 /* Appends n tokens (as ds4n_qwen3moe_eval). */
 int ds4n_gptoss_eval(const ds4n_gptoss *model, ds4n_dec_session *sess, ds4n_pool *pool,

@@ -58,8 +58,9 @@ void ds4n_llama_free(ds4n_llama *m) {
 
 /* ---- session ---------------------------------------------------------------------- */
 
-ds4n_dec_session *ds4n_llama_session_new(const ds4n_llama *m, int64_t n_ctx) {
-    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
+ds4n_dec_session *ds4n_llama_session_new(const ds4n_llama *m, int64_t n_ctx,
+                                         int kv_type) {
+    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx, kv_type);
 }
 
 /* ---- eval ----------------------------------------------------------------------------- */

@@ -2,8 +2,8 @@
  * token (embedding, every layer, final norm, output head) against a session's KV cache.
  *
  * The model borrows the weight pointers (the GGUF mmap, kept alive by the caller) and
- * copies nothing. A session (decoder.h) owns its float32 KV cache, sized to its n_ctx, in C
- * memory (zero pages until touched). Calls on the same model and pool must not overlap; the
+ * copies nothing. A session (decoder.h) owns its KV cache (float32, f16 or q8_0: kv_type),
+ * sized to its n_ctx, in C memory (zero pages until touched). Calls on the same model and pool must not overlap; the
  * functions never touch Python objects.
  */
 #ifndef DS4N_LLAMA_H
@@ -59,7 +59,8 @@ ds4n_llama *ds4n_llama_new(const ds4n_llama_hparams *hp, const void *const *tens
 void ds4n_llama_free(ds4n_llama *model);
 
 /* A session of this model (the ds4n_dec_session_* functions of decoder.h serve it). */
-ds4n_dec_session *ds4n_llama_session_new(const ds4n_llama *model, int64_t n_ctx);
+ds4n_dec_session *ds4n_llama_session_new(const ds4n_llama *model, int64_t n_ctx,
+                                         int kv_type);
 
 /* Appends n tokens at position n_past: runs the forward pass, stores their K/V, advances
  * n_past. logits receives n_vocab floats for the last token, or n*n_vocab (one row per

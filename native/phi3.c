@@ -45,8 +45,9 @@ void ds4n_phi3_free(ds4n_phi3 *m) {
     free(m);
 }
 
-ds4n_dec_session *ds4n_phi3_session_new(const ds4n_phi3 *m, int64_t n_ctx) {
-    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
+ds4n_dec_session *ds4n_phi3_session_new(const ds4n_phi3 *m, int64_t n_ctx,
+                                        int kv_type) {
+    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx, kv_type);
 }
 
 int ds4n_phi3_eval(const ds4n_phi3 *m, ds4n_dec_session *s, ds4n_pool *pool,

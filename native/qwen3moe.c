@@ -87,8 +87,9 @@ void ds4n_qwen3moe_free(ds4n_qwen3moe *m) {
     free(m);
 }
 
-ds4n_dec_session *ds4n_qwen3moe_session_new(const ds4n_qwen3moe *m, int64_t n_ctx) {
-    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx);
+ds4n_dec_session *ds4n_qwen3moe_session_new(const ds4n_qwen3moe *m, int64_t n_ctx,
+                                            int kv_type) {
+    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx, kv_type);
 }
 
 int64_t ds4n_qwen3moe_expert_bytes(const ds4n_qwen3moe *m) { return ds4n_moe_expert_bytes(m->scratch); }

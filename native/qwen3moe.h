@@ -51,7 +51,8 @@ ds4n_qwen3moe *ds4n_qwen3moe_new(const ds4n_qwen3moe_hparams *hp, const void *co
                                  const int32_t *types);
 void ds4n_qwen3moe_free(ds4n_qwen3moe *model);
 /* A session of this model (the ds4n_dec_session_* functions of decoder.h serve it). */
-ds4n_dec_session *ds4n_qwen3moe_session_new(const ds4n_qwen3moe *model, int64_t n_ctx);
+ds4n_dec_session *ds4n_qwen3moe_session_new(const ds4n_qwen3moe *model, int64_t n_ctx,
+                                            int kv_type);
 
 /* Appends n tokens at position n_past (as ds4n_llama_eval); the MoE scratch is the model's
  * (its calls never overlap). DS4N_OK, a DS4N_ERR_* of decoder.h, or DS4N_ERR_BAD_EXPERT of

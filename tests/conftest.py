@@ -100,10 +100,20 @@ def shared_dir(data_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def engine(model_path: Path) -> Iterator[object]:
-    """The embedded model, opened once for the whole run (opening it takes seconds)."""
+    """The embedded model, opened once for the whole run (opening it takes seconds), with the
+    default (serving) KV type."""
     from ds4d.engine import Engine
 
     with Engine.open(model_path, threads=2) as e:
+        yield e
+
+
+@pytest.fixture(scope="session")
+def exact_engine(model_path: Path) -> Iterator[object]:
+    """The embedded model with the exact float32 KV, for the exactness vectors."""
+    from ds4d.engine import Engine
+
+    with Engine.open(model_path, threads=2, kv_type="f32") as e:
         yield e
 
 

@@ -129,7 +129,7 @@ def test_attention_simd_kernels_match_scalar(arch: str, tmp_path: Path) -> None:
         if platform.machine() not in ("x86_64", "AMD64"):
             pytest.skip("the native SIMD check is for x86-64 (arm64 runs NEON natively)")
         cc = shutil.which("cc") or shutil.which("gcc")
-        cmd = [cc, *CHECK_FLAGS, "-mavx2", "-mfma", str(native_dir / "attention_avx2.c")]
+        cmd = [cc, *CHECK_FLAGS, "-mavx2", "-mfma", "-mf16c", str(native_dir / "attention_avx2.c")]
         run = [str(exe)]
     subprocess.run([*cmd, str(native_dir / "attention.c"), str(check), "-o", str(exe), "-lm"],
                    check=True)  # fmt: skip

@@ -38,8 +38,10 @@ def test_info_and_empty_session(engine) -> None:
     assert session.tokens == [] and session.logits is None
     session.eval([])
     assert session.tokens == []
-    # 30 layers x (K + V) x 3 kv heads x 64 dims x float32, for 100 positions (padded to 128)
-    assert session.kv_bytes == 30 * 2 * 3 * 64 * 4 * 128
+    # 30 layers x (K + V) x 3 kv heads x 64 dims in the engine's KV type (the default f16:
+    # 2 bytes a value), for 100 positions (padded to 128); tests/test_kv_types.py: each type
+    row = {"f32": 64 * 4, "f16": 64 * 2, "q8_0": 2 * 34}[engine.kv_type]
+    assert session.kv_bytes == 30 * 2 * 3 * row * 128
 
 
 def test_rewind_then_eval_equals_fresh(engine, tokens) -> None:
@@ -121,9 +123,10 @@ def test_load_refuses_foreign_oversized_and_truncated_payloads(engine, tokens) -
     with pytest.raises(EngineError, match="more than n_ctx"):
         small.load(io.BytesIO(data))
     assert small.tokens == []
-    # The header is little-endian: magic, version, then the fingerprint.
+    # The header is little-endian: magic, version, then the fingerprint; the KV type last.
     magic, version = struct.unpack_from("<8sI", data)
-    assert (magic, version) == (b"DS4DSESS", 1)
+    assert (magic, version) == (b"DS4DSESS", 2)
+    assert data[68:76] == engine.kv_type.encode().ljust(8, b"\0")
 
 
 def test_on_chunk_can_stop_a_prefill_cleanly(engine, tokens) -> None:

@@ -33,13 +33,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("case", case_names())
-def test_teacher_forced_logprobs_match_exact(engine, data_dir: Path, case: str) -> None:
+def test_teacher_forced_logprobs_match_exact(exact_engine, data_dir: Path, case: str) -> None:
     path = data_dir / CASES_DIR / f"{case}.exact.json"
     if not path.is_file():
         pytest.skip(f"no exact vectors under {data_dir / CASES_DIR}")
     exact = json.loads(path.read_text())
     steps = exact["steps"]
-    session = engine.new_session(len(exact["prompt_tokens"]) + len(steps))
+    session = exact_engine.new_session(len(exact["prompt_tokens"]) + len(steps))
     session.eval(exact["prompt_tokens"])
     diffs, argmax_misses = [], []
     for i, step in enumerate(steps):

@@ -3,12 +3,15 @@ native/decoder.{h,c}): reading hyper-parameters, binding GGUF tensors to weight 
 their shapes and types checked, and the session state (KV cache in C memory).
 
 A family module validates its GGUF with `Binder`, builds its native model, and returns a
-model object whose `new_state(n_ctx)` is a `DecoderState` over the family's
-`ds4n_<family>_session_new` and `ds4n_<family>_eval`. engine.py drives the state through:
+model object whose `new_state(n_ctx, kv_type)` is a `DecoderState` over the family's
+`ds4n_<family>_session_new` and `ds4n_<family>_eval`. The KV cache holds K and V in the
+session's KV type (`KV_TYPES`: float32, IEEE half, or GGUF's Q8_0 blocks of 32 along the
+head dimension, which a head dimension not a multiple of 32 cannot use); resident memory
+and the session payload both hold the stored type. engine.py drives the state through:
 
     state.eval(tokens_int32, logits_out, all_logits), state.n_past, state.set_n_past(n),
-    state.kv_bytes, state.kv_payload_bytes(n), state.write_kv(fp, n), state.read_kv(fp, n),
-    state.close()
+    state.kv_bytes, state.kv_type, state.kv_payload_bytes(n), state.write_kv(fp, n),
+    state.read_kv(fp, n), state.close()
 """
 
 from __future__ import annotations
@@ -25,21 +28,24 @@ from ds4d.engine.gguf_file import GGUFFile, Tensor
 from ds4d.engine.native import lib
 
 VECTOR_TYPES = {native.F32, native.F16, native.BF16}
+# KV element types by name -> the C numbers (DS4N_KV_* in native/attention.h).
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2}
 ERRORS = {-1: "context is full", -2: "token id out of range", -3: "out of memory",
           -4: "expert id out of range"}  # fmt: skip
 
 
 def _declare() -> None:
     vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    fp = native.c_float_p
     for name, restype, argtypes in (
         ("ds4n_dec_session_free", None, [vp]),
         ("ds4n_dec_session_n_past", i64, [vp]),
         ("ds4n_dec_session_n_ctx", i64, [vp]),
         ("ds4n_dec_session_kv_bytes", i64, [vp]),
         ("ds4n_dec_session_set_n_past", c_int, [vp, i64]),
-        ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, fp]),
-        ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, fp]),
+        ("ds4n_dec_session_kv_type", c_int, [vp]),
+        ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, vp]),
+        ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, vp]),
+        ("ds4n_kv_type_row_bytes", i64, [c_int, c_int]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -55,7 +61,7 @@ def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
         (f"ds4n_{prefix}_new", vp, [ctypes.POINTER(hparams), ctypes.POINTER(vp),
                                     ctypes.POINTER(i32)]),
         (f"ds4n_{prefix}_free", None, [vp]),
-        (f"ds4n_{prefix}_session_new", vp, [vp, i64]),
+        (f"ds4n_{prefix}_session_new", vp, [vp, i64, c_int]),
         (f"ds4n_{prefix}_eval", c_int, [vp, vp, vp, ctypes.POINTER(i32), i64, native.c_float_p,
                                         c_int]),
     ):  # fmt: skip
@@ -162,13 +168,25 @@ class DecoderModel:
             raise EngineError("model is closed")
         return self._handle
 
-    @property
-    def kv_token_bytes(self) -> int:
-        """Per token: K and V of every layer, n_head_kv * head_dim float32 each."""
-        return 2 * self.n_layer * self.n_head_kv * self.head_dim * 4
+    def kv_row_bytes(self, kv_type: str) -> int:
+        """Bytes of one position of one kv head in kv_type; EngineError for an unknown type
+        or one this model's head dimension cannot use."""
+        if kv_type not in KV_TYPES:
+            raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
+        row = int(lib.ds4n_kv_type_row_bytes(KV_TYPES[kv_type], self.head_dim))
+        if row <= 0:
+            raise EngineError(f"KV type {kv_type} needs a head dimension that is a multiple of"
+                              f" 32; this model's is {self.head_dim} (use f16)")  # fmt: skip
+        return row
 
-    def new_state(self, n_ctx: int) -> DecoderState:
-        return DecoderState(self, n_ctx)
+    def kv_token_bytes(self, kv_type: str = "f32") -> int:
+        """Per token: K and V of every layer, n_head_kv rows of head_dim each in kv_type."""
+        return 2 * self.n_layer * self.n_head_kv * self.kv_row_bytes(kv_type)
+
+    def new_state(self, n_ctx: int, kv_type: str = "f32") -> DecoderState:
+        """A session of n_ctx positions. The model-level default is the exact float32 KV
+        (the reference the tests compare against); Engine.open chooses the serving type."""
+        return DecoderState(self, n_ctx, kv_type)
 
     def close(self) -> None:
         if self._handle:
@@ -179,11 +197,15 @@ class DecoderModel:
 class DecoderState:
     """One session's KV cache (C memory) and position count."""
 
-    def __init__(self, model: DecoderModel, n_ctx: int) -> None:
+    def __init__(self, model: DecoderModel, n_ctx: int, kv_type: str = "f32") -> None:
         self.model = model
         self.n_ctx = int(n_ctx)
+        self.kv_type = kv_type
+        self._row_bytes = model.kv_row_bytes(kv_type)
         self._eval = getattr(lib, f"ds4n_{model.prefix}_eval")
-        self._handle = getattr(lib, f"ds4n_{model.prefix}_session_new")(model.handle, self.n_ctx)
+        self._handle = getattr(lib, f"ds4n_{model.prefix}_session_new")(
+            model.handle, self.n_ctx, KV_TYPES[kv_type]
+        )
         if not self._handle:
             raise EngineError(f"cannot allocate a KV cache for {n_ctx} tokens")
 
@@ -215,26 +237,29 @@ class DecoderState:
         if rc != 0:
             raise EngineError(f"{self.model.family} eval failed: {ERRORS.get(rc, rc)}")
 
+    @property
+    def kv_token_bytes(self) -> int:
+        return 2 * self.model.n_layer * self.model.n_head_kv * self._row_bytes
+
     def kv_payload_bytes(self, n: int) -> int:
-        return n * self.model.kv_token_bytes
+        return n * self.kv_token_bytes
 
     def write_kv(self, fp: BinaryIO, n: int) -> None:
-        """K then V of each layer for positions [0, n), as [n_head_kv][n][head_dim] f32."""
-        m = self.model
-        buf = np.empty(m.n_head_kv * n * m.head_dim, np.float32)
-        for il in range(m.n_layer):
+        """K then V of each layer for positions [0, n), as [n_head_kv][n] rows of the stored
+        type (f32 or f16 values, or q8_0 blocks), copied without conversion."""
+        buf = np.empty(self.model.n_head_kv * n * self._row_bytes, np.uint8)
+        for il in range(self.model.n_layer):
             for which in (0, 1):
-                lib.ds4n_dec_session_kv_get(self.handle, il, which, n, fptr(buf))
-                fp.write(memoryview(buf).cast("B"))
+                lib.ds4n_dec_session_kv_get(self.handle, il, which, n, buf.ctypes.data)
+                fp.write(memoryview(buf))
 
     def read_kv(self, fp: BinaryIO, n: int) -> None:
-        m = self.model
-        buf = np.empty(m.n_head_kv * n * m.head_dim, np.float32)
-        view = memoryview(buf).cast("B")
-        for il in range(m.n_layer):
+        buf = np.empty(self.model.n_head_kv * n * self._row_bytes, np.uint8)
+        view = memoryview(buf)
+        for il in range(self.model.n_layer):
             for which in (0, 1):
                 _read_exact(fp, view)
-                lib.ds4n_dec_session_kv_set(self.handle, il, which, n, fptr(buf))
+                lib.ds4n_dec_session_kv_set(self.handle, il, which, n, buf.ctypes.data)
 
     def close(self) -> None:
         if self._handle:

@@ -2,9 +2,14 @@
 
 The model family is chosen from general.architecture through FAMILIES; a family module
 provides `FAMILY` and `load(gguf_file, pool) -> model`, whose model has
-n_vocab / n_ctx_train / n_embd / n_layer and `new_state(n_ctx)` (see ds4d/engine/llama.py
+n_vocab / n_ctx_train / n_embd / n_layer and `new_state(n_ctx)` (see ds4d/engine/decoder.py
 for the state interface). Everything else here (chunked prefill, rewind, the session
 payload) is family-neutral.
+
+KV precision: the attention decoders store K and V as `kv_type` (KV_TYPES: f32, f16, q8_0;
+f16 by default, the exact f32 on request), resident and in session payloads, which record
+it. A family whose model has no `kv_row_bytes` keeps its own KV format and ignores
+kv_type: DeepSeek V4, whose compressed cache has a fixed layout (reported as "native").
 
 Sessions of one engine share its native thread pool, which runs one forward call at a
 time: calls are serialized by the engine's lock, so sessions may be used from different
@@ -25,6 +30,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ds4d.engine import native
+from ds4d.engine.decoder import KV_TYPES
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
 
@@ -44,10 +50,18 @@ FAMILIES = {
 # reach full speed, small enough that on_chunk runs every second or so.
 PREFILL_CHUNK = 256
 
+# The KV type serving defaults to: half the bytes of f32 at a log-prob distance of ~0.001
+# on the SmolLM2 vectors (tests/test_kv_types.py measures it).
+DEFAULT_KV_TYPE = "f16"
+# The kv_type of a family that keeps its own KV format (see the module docstring).
+NATIVE_KV = "native"
+
 PAYLOAD_MAGIC = b"DS4DSESS"
-PAYLOAD_VERSION = 1
-# magic, version, fingerprint (sha256), n_tokens, n_vocab, has_logits, kv byte count
-_HEADER = struct.Struct("<8sI32sQIIQ")
+# 2: the KV type joined the header (version 1 payloads held f32 rows without saying so).
+PAYLOAD_VERSION = 2
+# magic, version, fingerprint (sha256), n_tokens, n_vocab, has_logits, kv byte count,
+# KV type name (NUL-padded ASCII)
+_HEADER = struct.Struct("<8sI32sQIIQ8s")
 
 
 @dataclass(frozen=True)
@@ -63,6 +77,7 @@ class EngineInfo:
     file_bytes: int
     path: str
     fingerprint: str
+    kv_type: str = "f32"
 
 
 def supported_architectures() -> list[str]:
@@ -73,7 +88,7 @@ class Engine:
     """One GGUF loaded once (mmap), its tokenizer and chat template, and a thread pool."""
 
     def __init__(self, gf: GGUFFile, family: Any, model: Any, pool: native.Pool,
-                 tokenizer: Any) -> None:  # fmt: skip
+                 tokenizer: Any, kv_type: str = "f32") -> None:  # fmt: skip
         self.gguf = gf
         self.family = family
         self.model = model
@@ -81,18 +96,23 @@ class Engine:
         self.tokenizer = tokenizer
         self.chat_template: str | None = gf.chat_template
         self.lock = threading.Lock()
+        self.kv_type = _resolve_kv_type(model, kv_type)
         self.info = EngineInfo(
             family=family.FAMILY, name=gf.name, architecture=gf.architecture,
             n_vocab=model.n_vocab, n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
             n_layer=model.n_layer, quant=gf.file_type_name, file_bytes=gf.file_bytes,
-            path=str(gf.path), fingerprint=gf.fingerprint,
+            path=str(gf.path), fingerprint=gf.fingerprint, kv_type=self.kv_type,
         )  # fmt: skip
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], threads: int | None = None) -> Engine:
-        """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run."""
+    def open(cls, path: str | os.PathLike[str], threads: int | None = None,
+             kv_type: str = DEFAULT_KV_TYPE) -> Engine:  # fmt: skip
+        """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
+        EngineError for a bad thread count or a KV type the model cannot use."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
+        if kv_type not in KV_TYPES:
+            raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
         gf = GGUFFile(path)
         module = FAMILIES.get(gf.architecture)
         if module is None:
@@ -104,12 +124,17 @@ class Engine:
         pool = native.Pool(threads if threads is not None else native.physical_cores())
         try:
             model = family.load(gf, pool)
-            tokenizer = _make_tokenizer(family, gf)
+            try:
+                _resolve_kv_type(model, kv_type)
+                tokenizer = _make_tokenizer(family, gf)
+            except BaseException:
+                model.close()
+                raise
             gf.release_reader()
         except BaseException:
             pool.close()
             raise
-        return cls(gf, family, model, pool, tokenizer)
+        return cls(gf, family, model, pool, tokenizer, kv_type)
 
     @property
     def threads(self) -> int:
@@ -152,6 +177,15 @@ class Engine:
         self.close()
 
 
+def _resolve_kv_type(model: Any, kv_type: str) -> str:
+    """The KV type sessions of model will use: kv_type, checked against the model (EngineError
+    for q8_0 on a head dimension it cannot hold), or NATIVE_KV for a family with its own."""
+    if not hasattr(model, "kv_row_bytes"):
+        return NATIVE_KV
+    model.kv_row_bytes(kv_type)
+    return kv_type
+
+
 def _make_tokenizer(family: Any, gf: GGUFFile) -> Any:
     make = getattr(family, "make_tokenizer", None)
     if make is not None:
@@ -178,7 +212,10 @@ class Session:
     def __init__(self, engine: Engine, n_ctx: int) -> None:
         self.engine = engine
         self.n_ctx = int(n_ctx)
-        self._state = engine.model.new_state(self.n_ctx)
+        if engine.kv_type == NATIVE_KV:
+            self._state = engine.model.new_state(self.n_ctx)
+        else:
+            self._state = engine.model.new_state(self.n_ctx, kv_type=engine.kv_type)
         self._tokens: list[int] = []
         self._logits: np.ndarray | None = None
 
@@ -285,7 +322,8 @@ class Session:
         kv_len = self._state.kv_payload_bytes(n)
         info = self.engine.info
         header = _HEADER.pack(PAYLOAD_MAGIC, PAYLOAD_VERSION, bytes.fromhex(info.fingerprint),
-                              n, info.n_vocab, int(logits is not None), kv_len)  # fmt: skip
+                              n, info.n_vocab, int(logits is not None), kv_len,
+                              info.kv_type.encode())  # fmt: skip
         fp.write(header)
         fp.write(np.asarray(self._tokens, dtype="<i4").tobytes())
         if logits is not None:
@@ -297,16 +335,25 @@ class Session:
         """Replaces the session's state with a saved payload. EngineError for a payload of
         another model, format or size; the session is then left empty."""
         info = self.engine.info
-        raw = fp.read(_HEADER.size)
+        # The fixed start (magic, version) first, so an older, shorter header is named as such.
+        raw = fp.read(12)
+        if len(raw) == 12 and raw[:8] == PAYLOAD_MAGIC:
+            (version,) = struct.unpack("<I", raw[8:])
+            if version != PAYLOAD_VERSION:
+                raise EngineError(f"session payload version {version} is not supported"
+                                  f" (this ds4d reads version {PAYLOAD_VERSION})")  # fmt: skip
+        raw += fp.read(_HEADER.size - len(raw))
         if len(raw) != _HEADER.size:
             raise EngineError("session payload is truncated (header)")
-        magic, version, fingerprint, n, n_vocab, has_logits, kv_len = _HEADER.unpack(raw)
+        magic, version, fingerprint, n, n_vocab, has_logits, kv_len, kv_type = _HEADER.unpack(raw)
         if magic != PAYLOAD_MAGIC:
             raise EngineError("not a ds4d session payload (bad magic)")
-        if version != PAYLOAD_VERSION:
-            raise EngineError(f"session payload version {version} is not supported")
         if fingerprint.hex() != info.fingerprint or n_vocab != info.n_vocab:
             raise EngineError("session payload was made by a different model")
+        kv_name = kv_type.rstrip(b"\0").decode("ascii", "replace")
+        if kv_name != info.kv_type:
+            raise EngineError(f"session payload holds {kv_name} KV; this engine uses"
+                              f" {info.kv_type} (--kv-type)")  # fmt: skip
         if n > self.n_ctx:
             raise EngineError(f"session payload holds {n} tokens, more than n_ctx {self.n_ctx}")
         if kv_len != self._state.kv_payload_bytes(n):

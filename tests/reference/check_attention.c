@@ -1,6 +1,7 @@
 /* Checks the SIMD attention, SwiGLU and GeGLU kernels against the scalar ones on random jobs:
  * prefill blocks, decode rows, split key ranges, grouped heads of several sizes, sliding
- * windows and attention sinks. Built and run by
+ * windows and attention sinks, over a float32, an f16 and a q8_0 KV cache (the scalar kernel
+ * also against the definition on the values the cache holds). Built and run by
  * tests/test_llama_forward.py (natively for AVX2, under qemu for NEON).
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>
@@ -24,8 +25,15 @@ int ds4n_simd_level(void) { return 0; } /* the kernels are called directly */
 
 static float frand(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
 
-static float kval(const float *k, long p, int d, int hd) {
-    return k[(p / DS4N_KT) * hd * DS4N_KT + d * DS4N_KT + p % DS4N_KT];
+static float kval(const ds4n_attn_job *j, long p, int d) {
+    const long tile = (long)ds4n_kv_row_bytes(j->kv_type, j->head_dim) * DS4N_KT;
+    return ds4n_kv_tile_at(j->kv_type, (const char *)j->k + p / DS4N_KT * tile,
+                           (int)(p % DS4N_KT), d, j->head_dim);
+}
+
+static float vval(const ds4n_attn_job *j, long p, int d) {
+    const long row = (long)ds4n_kv_row_bytes(j->kv_type, j->head_dim);
+    return ds4n_kv_row_at(j->kv_type, (const char *)j->v + p * row, d);
 }
 
 /* The textbook definition in double: softmax over the row's visible keys (and its sink). */
@@ -38,17 +46,17 @@ static void naive(const ds4n_attn_job *j, int r, double *out) {
     double mx = j->sinks ? j->sinks[g] : -INFINITY, sum = 0.0;
     for (long p = lo; p < hi; p++) {
         double s = 0.0;
-        for (int d = 0; d < hd; d++) s += (double)q[d] * kval(j->k, p, d, hd);
+        for (int d = 0; d < hd; d++) s += (double)q[d] * kval(j, p, d);
         if (s > mx) mx = s;
     }
     for (int d = 0; d < hd; d++) out[d] = 0.0;
     if (j->sinks) sum = exp(j->sinks[g] - mx);
     for (long p = lo; p < hi; p++) {
         double s = 0.0;
-        for (int d = 0; d < hd; d++) s += (double)q[d] * kval(j->k, p, d, hd);
+        for (int d = 0; d < hd; d++) s += (double)q[d] * kval(j, p, d);
         const double e = exp(s - mx);
         sum += e;
-        for (int d = 0; d < hd; d++) out[d] += e * j->v[p * hd + d];
+        for (int d = 0; d < hd; d++) out[d] += e * vval(j, p, d);
     }
     for (int d = 0; d < hd; d++) out[d] /= sum;
 }
@@ -61,8 +69,23 @@ int main(void) {
         k[i] = frand() * 2.0f; /* spread scores so the softmax is far from uniform */
         v[i] = frand();
     }
+    /* The same keys and values stored as f16 and q8_0 (K in tiles, V in rows). */
+    void *kt[3] = {k}, *vt[3] = {v};
+    for (int t = DS4N_KV_F16; t <= DS4N_KV_Q8_0; t++) {
+        const long row = (long)ds4n_kv_row_bytes(t, hd);
+        kt[t] = calloc((size_t)n_ctx, (size_t)row);
+        vt[t] = calloc((size_t)n_ctx, (size_t)row);
+        for (long p = 0; p < n_ctx; p++) {
+            float krow[64];
+            for (int d = 0; d < hd; d++)
+                krow[d] = k[(p / DS4N_KT) * hd * DS4N_KT + d * DS4N_KT + p % DS4N_KT];
+            ds4n_kv_tile_store(t, krow, hd, (char *)kt[t] + p / DS4N_KT * DS4N_KT * row,
+                               (int)(p % DS4N_KT));
+            ds4n_kv_pack_row(t, v + p * hd, hd, (char *)vt[t] + p * row);
+        }
+    }
     float *scratch = malloc(sizeof(float) * ds4n_attn_scratch_floats(64, hd));
-    float worst = 0.0f;
+    float worst = 0.0f, worst_type[3] = {0};
     /* window > 0: a sliding window; sinks: per-head sink logits (normalized jobs only). */
     const struct { int n_tok, G; long pos0, k0, k1; int split; long window; int sinks; } cases[] = {
         {1, 3, 0, 0, 1L << 40, 0, 0, 0},     {1, 3, 300, 0, 1L << 40, 0, 0, 0},
@@ -80,39 +103,47 @@ int main(void) {
         {1, 3, 300, 0, 1L << 40, 0, 0, 1},   {16, 3, 0, 0, 1L << 40, 0, 0, 1},
     };
     const float sink_logits[8] = {0.5f, -1.0f, 8.0f, 0.0f, 2.0f, -3.0f, 1.0f, 30.0f};
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        const int R = cases[c].n_tok * cases[c].G;
-        float *q = malloc(sizeof(float) * R * hd);
-        float *o1 = calloc((size_t)R * hd, sizeof(float));
-        float *o2 = calloc((size_t)R * hd, sizeof(float));
-        float m1[64], l1[64], m2[64], l2[64];
-        for (int i = 0; i < R * hd; i++) q[i] = frand() * 0.5f;
-        ds4n_attn_job j = {.q = q, .q_stride = (int64_t)cases[c].G * hd, .o = o1,
-                           .o_stride = (int64_t)cases[c].G * hd, .n_tok = cases[c].n_tok,
-                           .n_group = cases[c].G, .head_dim = hd, .pos0 = cases[c].pos0,
-                           .k = k, .v = v, .k0 = cases[c].k0, .k1 = cases[c].k1,
-                           .window = cases[c].window,
-                           .sinks = cases[c].sinks ? sink_logits : NULL};
-        if (cases[c].split) { j.m = m1; j.l = l1; }
-        ds4n_attn_scalar(&j, scratch);
-        if (!cases[c].split)
-            for (int r = 0; r < R; r++) {
-                double ref[64];
-                naive(&j, r, ref);
-                const float *got = o1 + (r / cases[c].G) * j.o_stride + (r % cases[c].G) * hd;
-                for (int d = 0; d < hd; d++) worst = fmaxf(worst, (float)fabs(got[d] - ref[d]));
-            }
-        j.o = o2;
-        if (cases[c].split) { j.m = m2; j.l = l2; }
-        SIMD(&j, scratch);
-        for (int i = 0; i < R * hd; i++) worst = fmaxf(worst, fabsf(o1[i] - o2[i]));
-        if (cases[c].split)
-            for (int r = 0; r < R; r++) {
-                if (m1[r] != m2[r] && fabsf(m1[r] - m2[r]) > 1e-5f) worst = fmaxf(worst, 1.0f);
-                worst = fmaxf(worst, fabsf(l1[r] - l2[r]) / fmaxf(1.0f, l1[r]));
-            }
-        free(q); free(o1); free(o2);
+    for (int kvt = DS4N_KV_F32; kvt <= DS4N_KV_Q8_0; kvt++) {
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            const int R = cases[c].n_tok * cases[c].G;
+            float w = 0.0f; /* this case */
+            float *q = malloc(sizeof(float) * R * hd);
+            float *o1 = calloc((size_t)R * hd, sizeof(float));
+            float *o2 = calloc((size_t)R * hd, sizeof(float));
+            float m1[64], l1[64], m2[64], l2[64];
+            for (int i = 0; i < R * hd; i++) q[i] = frand() * 0.5f;
+            ds4n_attn_job j = {.q = q, .q_stride = (int64_t)cases[c].G * hd, .o = o1,
+                               .o_stride = (int64_t)cases[c].G * hd, .n_tok = cases[c].n_tok,
+                               .n_group = cases[c].G, .head_dim = hd, .pos0 = cases[c].pos0,
+                               .k = kt[kvt], .v = vt[kvt], .kv_type = kvt,
+                               .k0 = cases[c].k0, .k1 = cases[c].k1,
+                               .window = cases[c].window,
+                               .sinks = cases[c].sinks ? sink_logits : NULL};
+            if (cases[c].split) { j.m = m1; j.l = l1; }
+            ds4n_attn_scalar(&j, scratch);
+            if (!cases[c].split)
+                for (int r = 0; r < R; r++) {
+                    double ref[64];
+                    naive(&j, r, ref);
+                    const float *got = o1 + (r / cases[c].G) * j.o_stride + (r % cases[c].G) * hd;
+                    for (int d = 0; d < hd; d++) w = fmaxf(w, (float)fabs(got[d] - ref[d]));
+                }
+            j.o = o2;
+            if (cases[c].split) { j.m = m2; j.l = l2; }
+            SIMD(&j, scratch);
+            for (int i = 0; i < R * hd; i++) w = fmaxf(w, fabsf(o1[i] - o2[i]));
+            if (cases[c].split)
+                for (int r = 0; r < R; r++) {
+                    if (m1[r] != m2[r] && fabsf(m1[r] - m2[r]) > 1e-5f) w = fmaxf(w, 1.0f);
+                    w = fmaxf(w, fabsf(l1[r] - l2[r]) / fmaxf(1.0f, l1[r]));
+                }
+            free(q); free(o1); free(o2);
+            worst = fmaxf(worst, w);
+            worst_type[kvt] = fmaxf(worst_type[kvt], w);
+        }
     }
+    printf("attention over f32 / f16 / q8_0 KV: max |diff| %.3g / %.3g / %.3g\n",
+           worst_type[0], worst_type[1], worst_type[2]);
     /* SwiGLU over a range that reaches both saturated ends of the sigmoid. */
     enum { NG = 1003 };
     float g1[NG], g2[NG], u[NG];

@@ -1,8 +1,9 @@
 /* Checks the decoder's attention step (native/decoder.c) where the families' tests cannot
  * reach it: the split-key decode plan and its merge, with sliding windows and attention
- * sinks, at several thread counts. After each ds4n_attention call the rotated query rows
- * (ws.q) and the cached keys and values (ds4n_kv_get) are taken, the attention output is
- * recomputed by the textbook definition in double, and compared with ws.att.
+ * sinks, at several thread counts, over each KV element type. After each ds4n_attention call
+ * the rotated query rows (ws.q) and the cached keys and values (ds4n_kv_get, read back as
+ * the values the cache holds) are taken, the attention output is recomputed by the
+ * textbook definition in double, and compared with ws.att.
  * Built against libds4n.so and run by tests/test_dense_families.py.
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>
@@ -11,7 +12,7 @@
 
 #include "decoder.h"
 
-enum { E = 32, NH = 4, NKV = 1, HD = 16, NCTX = 700 };
+enum { E = 32, NH = 4, NKV = 1, HD = 32, NCTX = 700 }; /* HD: whole q8_0 blocks */
 
 static float frand(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
 
@@ -26,8 +27,15 @@ static double check(const ds4n_kv *kv, const ds4n_dec_ws *ws, const ds4n_attn_la
                     int64_t pos0, int T) {
     const int64_t n = pos0 + T;
     float *K = malloc(sizeof(float) * NKV * n * HD), *V = malloc(sizeof(float) * NKV * n * HD);
-    ds4n_kv_get(kv, 0, 0, n, K);
-    ds4n_kv_get(kv, 0, 1, n, V);
+    char *rows = malloc((size_t)(NKV * n * kv->row_bytes));
+    for (int which = 0; which < 2; which++) {
+        ds4n_kv_get(kv, 0, which, n, rows);
+        for (int64_t i = 0; i < NKV * n; i++)
+            for (int d = 0; d < HD; d++)
+                (which ? V : K)[i * HD + d] =
+                    ds4n_kv_row_at(kv->type, rows + i * kv->row_bytes, d);
+    }
+    free(rows);
     double worst = 0.0;
     for (int t = 0; t < T; t++) {
         const int64_t pos = pos0 + t;
@@ -75,36 +83,39 @@ int main(void) {
         {0, 0, 1}, {0, 1, 2}, {100, 0, 2}, {100, 1, 1}, {300, 1, 2}, {17, 1, 2}, {0, 1, 4},
     };
     double worst = 0.0;
-    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-        ds4n_pool *pool = cases[c].threads > 1 ? ds4n_pool_new(cases[c].threads) : NULL;
-        const ds4n_attn_layer w = {.wq = wq, .wk = wk, .wv = wv, .wo = wo,
-                                   .tq = DS4N_F32, .tk = DS4N_F32, .tv = DS4N_F32,
-                                   .to = DS4N_F32, .rope = &rope, .q_scale = 0.25f,
-                                   .window = cases[c].window,
-                                   .sinks = cases[c].sinks ? sinks : NULL};
-        ds4n_kv kv;
-        ds4n_dec_ws ws = {0};
-        if (ds4n_kv_init(&kv, 1, NKV, HD, NCTX) != 0 ||
-            ds4n_dec_ws_reserve(&ws, &dims, 300, cases[c].threads) != 0)
-            return 1;
-        /* Prefill 300 positions in two uneven chunks, then decode (split keys) to 640. */
-        int64_t pos = 0;
-        const int chunks[] = {130, 170};
-        for (int i = 0; i < 2; i++) {
-            ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x, chunks[i], pos, out);
-            worst = fmax(worst, check(&kv, &ws, &w, pos, chunks[i]));
-            pos += chunks[i];
+    for (int kvt = DS4N_KV_F32; kvt <= DS4N_KV_Q8_0; kvt++) {
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            ds4n_pool *pool = cases[c].threads > 1 ? ds4n_pool_new(cases[c].threads) : NULL;
+            const ds4n_attn_layer w = {.wq = wq, .wk = wk, .wv = wv, .wo = wo,
+                                       .tq = DS4N_F32, .tk = DS4N_F32, .tv = DS4N_F32,
+                                       .to = DS4N_F32, .rope = &rope, .q_scale = 0.25f,
+                                       .window = cases[c].window,
+                                       .sinks = cases[c].sinks ? sinks : NULL};
+            ds4n_kv kv;
+            ds4n_dec_ws ws = {0};
+            if (ds4n_kv_init(&kv, 1, NKV, HD, NCTX, kvt) != 0 ||
+                ds4n_dec_ws_reserve(&ws, &dims, 300, cases[c].threads) != 0)
+                return 1;
+            /* Prefill 300 positions in two uneven chunks, then decode (split keys) to 640. */
+            int64_t pos = 0;
+            const int chunks[] = {130, 170};
+            for (int i = 0; i < 2; i++) {
+                ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x, chunks[i], pos, out);
+                worst = fmax(worst, check(&kv, &ws, &w, pos, chunks[i]));
+                pos += chunks[i];
+            }
+            for (; pos < 640; pos++) {
+                ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x + (pos % 300) * E, 1, pos, out);
+                if (pos % 17 == 0 || pos >= 630) worst = fmax(worst, check(&kv, &ws, &w, pos, 1));
+            }
+            ds4n_dec_ws_release(&ws);
+            ds4n_kv_release(&kv);
+            if (pool) ds4n_pool_free(pool);
         }
-        for (; pos < 640; pos++) {
-            ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x + (pos % 300) * E, 1, pos, out);
-            if (pos % 17 == 0 || pos >= 630) worst = fmax(worst, check(&kv, &ws, &w, pos, 1));
-        }
-        ds4n_dec_ws_release(&ws);
-        ds4n_kv_release(&kv);
-        if (pool) ds4n_pool_free(pool);
     }
     free(wq), free(wk), free(wv), free(wo), free(x), free(out);
-    printf("decoder attention (split keys, windows, sinks) vs definition: max |diff| %.3g\n",
+    printf("decoder attention (split keys, windows, sinks; f32, f16, q8_0 KV) vs definition:"
+           " max |diff| %.3g\n",
            worst);
     return worst < 1e-4 ? 0 : 1;
 }
