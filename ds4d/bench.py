@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from ds4d.cli import CliError
+from ds4d.daemon.config import KV_TYPES
 
 CSV_FIELDS = (
     "ctx",
@@ -62,6 +63,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-incr", type=int, default=512, help="tokens added per frontier")
     p.add_argument("--gen-tokens", type=int, default=64, help="greedy tokens per frontier")
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
+    p.add_argument(
+        "--kv-type",
+        choices=KV_TYPES,
+        default="f16",
+        help="KV cache precision (default: f16; f32 is exact)",
+    )
     p.add_argument("--csv", type=Path, help="write rows as CSV to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of t/s against context")
     p.add_argument(
@@ -97,7 +104,9 @@ def run(args: argparse.Namespace) -> int:
     from ds4d.engine.default_model import resolve_model_path
 
     try:
-        engine = Engine.open(resolve_model_path(args.model), threads=args.threads)
+        engine = Engine.open(
+            resolve_model_path(args.model), threads=args.threads, kv_type=args.kv_type
+        )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
     text = _read_prompt(args.prompt_file)
@@ -105,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     info = engine.info
     print(
         f"# model {info.name} ({info.family}, {info.quant}, {info.file_bytes / 1e6:.1f} MB), "
-        f"threads {engine.threads}, prompt {args.prompt_file}",
+        f"threads {engine.threads}, kv {engine.kv_type}, prompt {args.prompt_file}",
         flush=True,
     )
     profiler = None
@@ -116,7 +125,11 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         write_csv(args.csv, rows)
     if args.plot:
-        write_plot(args.plot, rows, title=f"ds4d bench: {info.name}, {engine.threads} threads")
+        write_plot(
+            args.plot,
+            rows,
+            title=f"ds4d bench: {info.name}, {engine.threads} threads, kv {engine.kv_type}",
+        )
     if profiler is not None:
         profiler.report(args, title=f"ds4d decode profile: {info.name}, {engine.threads} threads")
     return 0

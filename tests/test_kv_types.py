@@ -4,10 +4,13 @@ log-probability distance each type adds on the SmolLM2 exact vectors."""
 
 from __future__ import annotations
 
+import csv
 import ctypes
 import io
 import json
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import pytest
 
 from ds4d.engine import Engine, EngineError
 from ds4d.engine.native import lib
+from tests.conftest import REPO
 
 TYPES = ("f32", "f16", "q8_0")
 # SmolLM2: 30 layers x (K + V) x 3 kv heads x 64 dims; q8_0 rows are 2 blocks of 34 bytes.
@@ -165,3 +169,39 @@ def test_logprob_distance_of_each_kv_type(engines, data_dir: Path) -> None:
         assert np.mean(means[t]) <= BOUND[t], t
     # Each coarser type is further from exact than the finer one.
     assert np.mean(means["f32"]) < np.mean(means["f16"]) < np.mean(means["q8_0"])
+
+
+def test_config_knows_the_engine_kv_types() -> None:
+    from ds4d.daemon.config import KV_TYPES, Config
+    from ds4d.engine.decoder import KV_TYPES as ENGINE_KV_TYPES
+
+    assert KV_TYPES == tuple(ENGINE_KV_TYPES)
+    assert Config().kv_type == "f16"
+
+
+def _ds4d(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ds4d", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=240)  # fmt: skip
+
+
+def test_cli_kv_type_flag(tmp_path: Path) -> None:
+    """`ds4d bench --kv-type`: the f32 sweep holds twice the KV bytes of the f16 one;
+    `ds4d generate --kv-type q8_0` on a model with 16-dim heads is one clear line."""
+    from tests.kit import kit_model
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Quel ramo del lago di Como, che volge a mezzogiorno. " * 20)
+    kv = {}
+    for t in ("f32", "f16"):
+        out = tmp_path / f"{t}.csv"
+        r = _ds4d("bench", "--prompt-file", str(prompt), "--ctx-start", "64", "--ctx-max", "64",
+                  "--step-incr", "64", "--gen-tokens", "2", "--threads", "1", "--kv-type", t,
+                  "--csv", str(out))  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        assert f"kv {t}" in r.stdout
+        kv[t] = int(next(csv.DictReader(out.open()))["kv_bytes"])
+    assert kv["f32"] == 2 * kv["f16"]
+    r = _ds4d("generate", "-m", str(kit_model("llama")), "--kv-type", "q8_0", "-p", "hi")
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "multiple of 32" in lines[0], r.stderr

@@ -29,6 +29,9 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 ENV_PREFIX = "DS4D_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# The engine's KV element types (ds4d.engine.decoder.KV_TYPES; a test keeps them in step),
+# named here so parsing a command line does not load the native library.
+KV_TYPES = ("f32", "f16", "q8_0")
 
 
 class ConfigError(Exception):
@@ -77,6 +80,10 @@ class Config:
     slots: int = _key(2, "resident KV slots (concurrent sessions)", lo=1, hi=64, metavar="N")
     threads: int = _key(
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N")
+    kv_type: str = _key(
+        "f16", "KV cache precision, resident and on disk: f32 (exact), f16 (half of f32) or "
+        "q8_0 (34/128 of f32; head dimension a multiple of 32); DeepSeek V4 keeps its own KV "
+        "format and ignores it", choices=KV_TYPES)
 
     # --- HTTP --------------------------------------------------------------------------
     host: str = _key("127.0.0.1", "address the HTTP server binds", metavar="HOST")

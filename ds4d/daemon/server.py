@@ -89,7 +89,7 @@ class Daemon:
         log.info("loading model %s", path)
         t0 = time.perf_counter()
         threads = cfg.threads or None
-        engine = await trio.to_thread.run_sync(Engine.open, path, threads)
+        engine = await trio.to_thread.run_sync(Engine.open, path, threads, cfg.kv_type)
         info = engine.info
         ctx = cfg.ctx or info.n_ctx_train
         if ctx > info.n_ctx_train:

@@ -228,7 +228,9 @@ def from_config(config: Any, *, engine: Any, ctx: int, kv_dir: Path,
         "boundary_align_tokens": knob("kv_cache_boundary_align_tokens"),
     }
     service = StateService.create(
-        tokenizer=engine.tokenizer, fingerprint=engine.info.fingerprint, ctx=ctx,
+        # Checkpoints hold KV rows of one type: another --kv-type is another cache.
+        tokenizer=engine.tokenizer, fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}",
+        ctx=ctx,
         kv_dir=kv_dir if config.kv_disk else None, space_mb=config.kv_disk_space_mb,
         policy=policy, tool_memory_max_ids=config.tool_memory_max_ids,
         tool_replay=config.tool_replay,
