@@ -30,10 +30,14 @@ def prompt(data_dir: Path) -> list[int]:
     return case["prompt_tokens"] + [s["token"] for s in case["steps"]]
 
 
-def test_prefill_then_decode_match_reference(engine, model_path: Path, prompt) -> None:
+# These compare the forward pass's paths at float32 tolerances: the exact f32 KV
+# (tests/test_kv_types.py measures what f16 and q8_0 add).
+
+
+def test_prefill_then_decode_match_reference(exact_engine, model_path: Path, prompt) -> None:
     ref = LlamaReference(GGUFFile(model_path), np.float32)
     n_prefill = 40
-    session = engine.new_session(64)
+    session = exact_engine.new_session(64)
     got = session.eval_all_logits(prompt[:n_prefill])
     want = ref.forward(prompt[:n_prefill])
     assert np.abs(got - want).max() < LOGIT_TOL
@@ -50,26 +54,26 @@ def kv_rows(session) -> np.ndarray:
     return np.frombuffer(buf.getvalue(), np.float32)
 
 
-def test_chunked_prefill_equals_token_by_token(engine, prompt) -> None:
+def test_chunked_prefill_equals_token_by_token(exact_engine, prompt) -> None:
     # 300 positions: a 256-token chunk and a partial one, many K tiles and key blocks,
     # and decode steps past 256 keys where attention splits the keys across threads.
     tokens = (prompt * 10)[:300]
-    chunked = engine.new_session(300)
+    chunked = exact_engine.new_session(300)
     chunked.eval(tokens)
-    stepped = engine.new_session(300)
+    stepped = exact_engine.new_session(300)
     for tok in tokens:
         stepped.eval([tok])
     assert np.abs(chunked.logits - stepped.logits).max() < LOGIT_TOL
     assert np.abs(kv_rows(chunked) - kv_rows(stepped)).max() < 1e-3
 
 
-def test_scalar_kernels_match_simd(engine, prompt) -> None:
-    simd = engine.new_session(128)
+def test_scalar_kernels_match_simd(exact_engine, prompt) -> None:
+    simd = exact_engine.new_session(128)
     simd_logits = simd.eval_all_logits(prompt[:70])
     previous = native.simd_level()
     try:
         native.set_simd("scalar")
-        scalar = engine.new_session(128)
+        scalar = exact_engine.new_session(128)
         scalar_logits = scalar.eval_all_logits(prompt[:70])
     finally:
         native.set_simd(previous)
