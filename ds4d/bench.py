@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4d.cli import CliError
+from ds4d.daemon.exitcodes import CliError
 
 CSV_FIELDS = (
     "ctx",

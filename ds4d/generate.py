@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from ds4d.cli import CliError
+from ds4d.daemon.exitcodes import CliError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -19,8 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-s", "--system", help="a system message")
     p.add_argument("-m", "--model", help="GGUF file (default: the embedded model)")
     p.add_argument("-n", "--max-tokens", type=int, default=256)
-    p.add_argument("--temperature", "--temp", type=float, default=0.0,
-                   help="0 = greedy (default)")
+    p.add_argument("--temperature", "--temp", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--min-p", type=float, default=0.0)
@@ -37,8 +36,13 @@ def run(args: argparse.Namespace) -> int:
     from ds4d.engine.sampler import make_rng
 
     try:
-        params = SamplingParams(temperature=args.temperature, top_k=args.top_k,
-                                top_p=args.top_p, min_p=args.min_p, seed=args.seed)
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            min_p=args.min_p,
+            seed=args.seed,
+        )
     except ValueError as e:
         raise CliError(str(e), 2) from None
     if args.max_tokens < 1:
@@ -85,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         session.eval([token])
     sys.stdout.write(decoder.flush() + "\n")
     t2 = time.perf_counter()
-    print(f"[{len(prompt)} prompt tokens, {len(prompt) / (t1 - t0):.1f} t/s prefill; "
-          f"{generated} generated, {generated / max(t2 - t1, 1e-9):.1f} t/s]", file=sys.stderr)
+    print(
+        f"[{len(prompt)} prompt tokens, {len(prompt) / (t1 - t0):.1f} t/s prefill; "
+        f"{generated} generated, {generated / max(t2 - t1, 1e-9):.1f} t/s]",
+        file=sys.stderr,
+    )
     return 0
