@@ -25,8 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ds4d.cli import CliError
 from ds4d.daemon.config import KV_TYPES
+from ds4d.daemon.exitcodes import CliError
 
 CSV_FIELDS = (
     "ctx",

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import sys
 
+from ds4d.daemon.exitcodes import CliError
+
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ds4d.daemon.main", "run the daemon (the default)"),
@@ -19,14 +21,6 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "synth-gguf": ("ds4d.synth", "write a small synthetic GGUF for tests"),
     "install-service": ("ds4d.daemon.install", "write systemd / launchd units"),
 }
-
-
-class CliError(Exception):
-    """An expected failure: printed as one line, exit status `code`."""
-
-    def __init__(self, message: str, code: int = 1) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def main(argv: list[str] | None = None) -> int:

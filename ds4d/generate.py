@@ -11,8 +11,8 @@ import argparse
 import sys
 import time
 
-from ds4d.cli import CliError
 from ds4d.daemon.config import KV_TYPES
+from ds4d.daemon.exitcodes import CliError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

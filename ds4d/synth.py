@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ds4d.cli import CliError
+    from ds4d.daemon.exitcodes import CliError
 
     try:
         write_deepseek4(args.output, seed=args.seed, experts=args.experts)

@@ -120,6 +120,8 @@ LAYER_IMPORTS = {
     "chat": {"chat", "engine"},
     "state": {"state", "chat", "engine"},
     "api": {"api", "chat", "engine", "state"},
+    # not the command-line front end (ds4d.cli, generate, bench, synth) above it
+    "daemon": {"daemon", "api", "state", "chat", "engine"},
 }
 
 

@@ -58,7 +58,8 @@ class VocabIndex:
         self.texts = texts
         self.by_text: dict[str, list[int]] = {}
         string_safe: list[int] = []
-        digits: list[int] = []
+        digits: list[str] = []
+        digit_ids: list[int] = []
         banned = set('"\\' + markup)
         for i, t in enumerate(texts):
             if not t or "\ufffd" in t:
@@ -67,11 +68,13 @@ class VocabIndex:
             if not banned.intersection(t) and all(ord(c) >= 32 for c in t):
                 string_safe.append(i)
             if t.isascii() and t.isdigit():
-                digits.append(i)
+                digits.append(t)
+                digit_ids.append(i)
         self.string_safe = np.array(string_safe, dtype=np.int64)
-        self.digits = np.array(digits, dtype=np.int64)
+        self.digits = np.array(digit_ids, dtype=np.int64)
         self.leading_digits = np.array(
-            [i for i in digits if texts[i][0] != "0" or texts[i] == "0"], dtype=np.int64
+            [i for i, t in zip(digit_ids, digits, strict=True) if t[0] != "0" or t == "0"],
+            dtype=np.int64,
         )
         self.quote = np.array(self.by_text.get('"', []), dtype=np.int64)
 
@@ -104,8 +107,9 @@ class VocabIndex:
 def _token_text(tok: Any, token: int) -> str | None:
     if tok.is_special(token):
         return None
+    raw: bytes = tok.token_bytes(token)
     try:
-        return tok.token_bytes(token).decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError:
         return None
 

@@ -50,9 +50,8 @@ class DSMLVocab:
 
     def __init__(self, vocab: VocabIndex) -> None:
         self.json = vocab.with_markup(MARKUP)
-        texts = vocab.texts
         self.raw_text = np.array(
-            [i for ids in vocab.by_text.values() for i in ids if MARKUP not in texts[i]],
+            [i for text, ids in vocab.by_text.items() for i in ids if MARKUP not in text],
             dtype=np.int64,
         )
         self.closers = vocab.prefix_ids([PARAM_END])  # `<`, `</`, ...: the value ends
@@ -94,7 +93,7 @@ def _raw_options(schema: Any) -> list[str] | None:
     if not values or not all(isinstance(v, str) and v and not set(v) & set("<&")
                              for v in values):
         return None
-    return values
+    return [str(v) for v in values]
 
 
 def _is_plain_string(schema: Any) -> bool:

@@ -37,36 +37,36 @@ class ThinkSplitter:
         self.in_reasoning = in_reasoning
         self.closed = False  # `</think>` was seen
         self._at_start = True
-        self._buf = ""
+        self.buf = ""
 
     def feed(self, piece: str) -> list[tuple[str, str]]:
         """(channel, text) pairs; channel is "reasoning" or "text"."""
-        self._buf += piece
+        self.buf += piece
         out: list[tuple[str, str]] = []
         if self._at_start:
-            if THINK_OPEN.startswith(self._buf):
+            if THINK_OPEN.startswith(self.buf):
                 return out  # may still be a leading <think>
             self._at_start = False
-            if self._buf.startswith(THINK_OPEN):
-                self._buf = self._buf[len(THINK_OPEN) :]
+            if self.buf.startswith(THINK_OPEN):
+                self.buf = self.buf[len(THINK_OPEN) :]
                 self.in_reasoning = True
         if self.in_reasoning:
-            i = self._buf.find(THINK_CLOSE)
+            i = self.buf.find(THINK_CLOSE)
             if i < 0:
-                keep = partial_suffix_len(self._buf, THINK_CLOSE)
-                out.append(("reasoning", self._buf[: len(self._buf) - keep]))
-                self._buf = self._buf[len(self._buf) - keep :]
+                keep = partial_suffix_len(self.buf, THINK_CLOSE)
+                out.append(("reasoning", self.buf[: len(self.buf) - keep]))
+                self.buf = self.buf[len(self.buf) - keep :]
                 return [p for p in out if p[1]]
-            out.append(("reasoning", self._buf[:i]))
-            self._buf = self._buf[i + len(THINK_CLOSE) :]
+            out.append(("reasoning", self.buf[:i]))
+            self.buf = self.buf[i + len(THINK_CLOSE) :]
             self.in_reasoning = False
             self.closed = True
-        out.append(("text", self._buf))
-        self._buf = ""
+        out.append(("text", self.buf))
+        self.buf = ""
         return [p for p in out if p[1]]
 
     def flush(self) -> list[tuple[str, str]]:
-        text, self._buf = self._buf, ""
+        text, self.buf = self.buf, ""
         self._at_start = False
         if not text:
             return []

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Protocol
@@ -37,11 +38,14 @@ class Template(Protocol):
 
     def render(
         self,
-        messages: list[dict[str, Any]],
+        messages: Sequence[Mapping[str, Any]],
+        *,
         add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
         **extra: Any,
     ) -> str: ...
+
+    def __hash__(self) -> int: ...  # template_traits caches per template
 
 
 def template_supports_tools(source: str) -> bool:

@@ -13,7 +13,7 @@ parsers, one per syntax, are in `ds4d.chat.toolsyntax` and the `toolsyntax_*` mo
 from __future__ import annotations
 
 import secrets
-from typing import Any
+from typing import Any, Protocol
 
 from ds4d.chat.types import Event, ReasoningDelta, TextDelta
 
@@ -61,6 +61,17 @@ class StopMatcher:
     def flush(self) -> str:
         out, self.buf = self.buf, ""
         return out
+
+
+class Splitter(Protocol):
+    """Separates reasoning from answer text: (channel, text) pieces, channel "reasoning"
+    or "text". A family with its own thinking convention brings its own."""
+
+    buf: str  # text held back: it could still become a tag
+
+    def feed(self, piece: str) -> list[tuple[str, str]]: ...
+
+    def flush(self) -> list[tuple[str, str]]: ...
 
 
 class ThinkSplitter:
@@ -129,7 +140,7 @@ class OutputParser:
         split_thinking: bool = True,
     ) -> None:
         self.stop = StopMatcher(stops or [])
-        self.think = ThinkSplitter(in_reasoning) if split_thinking else None
+        self.think: Splitter | None = ThinkSplitter(in_reasoning) if split_thinking else None
         self.tools: Any = None
         if tools:  # Hermes calls of any tool name; a chat format sets its own parser
             from ds4d.chat.toolsyntax import CallParser  # (it builds on this module)

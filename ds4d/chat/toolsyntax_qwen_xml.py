@@ -97,11 +97,12 @@ class QwenXMLSyntax(Syntax):
         names = [t.name + ">\n" for t in candidates]
         picked = yield from choose(json_vocab, names)
         tool = candidates[names.index(picked)]
-        schema = tool.parameters if isinstance(tool.parameters, dict) else {}
-        props = schema.get("properties") or {}
+        schema: dict[str, Any] = tool.parameters if isinstance(tool.parameters, dict) else {}
+        props: dict[str, Any] = schema.get("properties") or {}
         ends = ["\n" + PARAM_END, PARAM_END]
         for key in required_keys(schema):
-            prop = props.get(key) if isinstance(props.get(key), dict) else {}
+            found = props.get(key)
+            prop: dict[str, Any] = found if isinstance(found, dict) else {}
             yield Force(f"<parameter={key}>\n")
             options = prop.get("enum")
             if options and all(isinstance(o, str) and o for o in options):
@@ -121,7 +122,7 @@ class QwenXMLSyntax(Syntax):
         if self._vocab is None or self._vocab[0] is not vocab:
             texts = vocab.texts
             text_ids = np.array(
-                [i for ids in vocab.by_text.values() for i in ids if "<" not in texts[i]],
+                [i for text, ids in vocab.by_text.items() for i in ids if "<" not in text],
                 dtype=np.int64,
             )
             first_ids = np.array(

@@ -72,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ds4d.cli import CliError
+    from ds4d.daemon.exitcodes import CliError
 
     try:
         unit = render(args.kind, bin_path=args.bin, config=args.config, dest=args.dest)

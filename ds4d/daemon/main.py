@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ds4d.cli import CliError
     from ds4d.daemon.control import ControlPlane
+    from ds4d.daemon.exitcodes import CliError
 
     try:
         control = ControlPlane.from_args(args)  # config from every source, logging
@@ -81,8 +81,11 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
                 return exitcodes.ADDRESS_IN_USE
             control.status("loading model")
         try:
-            await nursery.start(lambda task_status: hypercorn_serve(
-                app, hc, shutdown_trigger=daemon.shutdown.wait, task_status=task_status))
+            await nursery.start(
+                lambda task_status: hypercorn_serve(
+                    app, hc, shutdown_trigger=daemon.shutdown.wait, task_status=task_status
+                )
+            )
         except Exception as e:  # noqa: BLE001 - only a bind failure is handled here
             e = _sole_cause(e)
             if not isinstance(e, OSError):

@@ -180,16 +180,33 @@ def error_response(err: ApiError, protocol: Any = None) -> Response:
 
 
 def create_app(daemon: Daemon) -> QuartTrio:
+    """The HTTP app: error handlers, the API-key check, the informational routes and the
+    four generation APIs, each group added by its own function below."""
     app = QuartTrio("ds4d")
     app.config["MAX_CONTENT_LENGTH"] = daemon.config.max_body_bytes
     app.config["RESPONSE_TIMEOUT"] = None  # generations take as long as they take
     app.config["BODY_TIMEOUT"] = 120
     app.asgi_app = wire.wrap(app.asgi_app)  # type: ignore[method-assign]
+    _add_error_handlers(app, daemon)
+    _add_api_key_check(app, daemon)
+    _add_info_routes(app, daemon)
+    _add_generation_routes(app, daemon)
+    return app
 
-    def defaults() -> Sampling:
-        c = daemon.config
-        return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                        min_p=c.min_p)
+
+def _require_ready(daemon: Daemon) -> Generator:
+    """The generator, or a 503 while the model loads (or failed to) and during shutdown."""
+    if daemon.generator is None:
+        raise ApiError(503, "the model is still loading" if not daemon.load_error
+                       else f"the model failed to load: {daemon.load_error}",
+                       kind="server_error", headers={"Retry-After": "5"})
+    if daemon.shutdown.is_set():
+        raise ApiError(503, "server shutting down", kind="server_error")
+    return daemon.generator
+
+
+def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
+    """Every error answers in the protocol's JSON shape; none leaks exception text."""
 
     @app.errorhandler(ApiError)
     async def on_api_error(err: ApiError) -> Response:
@@ -214,6 +231,10 @@ def create_app(daemon: Daemon) -> QuartTrio:
         return error_response(ApiError(500, "internal error (details are in the server log)",
                                        kind="server_error"))
 
+
+def _add_api_key_check(app: QuartTrio, daemon: Daemon) -> None:
+    """With api_keys configured, every route but / and /health needs one of them."""
+
     @app.before_request
     async def check_api_key() -> Response | None:
         keys = daemon.config.api_keys
@@ -227,6 +248,10 @@ def create_app(daemon: Daemon) -> QuartTrio:
         return error_response(ApiError(401, "invalid or missing API key (send "
                                             "'Authorization: Bearer KEY' or 'x-api-key: KEY')",
                                        kind="authentication_error", code="invalid_api_key"))
+
+
+def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
+    """/, /health, /metrics and the model list."""
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
@@ -257,18 +282,19 @@ def create_app(daemon: Daemon) -> QuartTrio:
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
         # Any name is an alias of the loaded model.
-        _require_ready()
+        _require_ready(daemon)
         return Response(json.dumps(daemon.model_object(model_id)),
                         content_type="application/json")
 
-    def _require_ready() -> Generator:
-        if daemon.generator is None:
-            raise ApiError(503, "the model is still loading" if not daemon.load_error
-                           else f"the model failed to load: {daemon.load_error}",
-                           kind="server_error", headers={"Retry-After": "5"})
-        if daemon.shutdown.is_set():
-            raise ApiError(503, "server shutting down", kind="server_error")
-        return daemon.generator
+
+def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
+    """The four generation APIs (and Anthropic's token count): parse off the event loop,
+    prepare and queue a job, then stream or collect its events."""
+
+    def defaults() -> Sampling:
+        c = daemon.config
+        return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                        min_p=c.min_p)
 
     async def _parsed(protocol: Any, **options: Any) -> Any:
         """The body read, decoded and translated on a worker thread: a large request
@@ -281,7 +307,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
-        gen = _require_ready()
+        gen = _require_ready(daemon)
         req = await _parsed(anthropic_messages, count_only=True)
         n = await trio.to_thread.run_sync(gen.count_tokens, req)
         return Response(json.dumps({"input_tokens": n}), content_type="application/json")
@@ -290,7 +316,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
         protocol, param = PROTOCOLS[kind]
         try:
             req = await _parsed(protocol)
-            gen = _require_ready()
+            gen = _require_ready(daemon)
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
             job = await gen.prepare(req, kind, param)
@@ -381,5 +407,3 @@ def create_app(daemon: Daemon) -> QuartTrio:
     @app.post("/v1/messages")
     async def messages() -> Response:
         return await _generate("messages")
-
-    return app
