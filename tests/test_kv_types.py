@@ -205,3 +205,24 @@ def test_cli_kv_type_flag(tmp_path: Path) -> None:
     assert r.returncode != 0
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "multiple of 32" in lines[0], r.stderr
+
+
+def test_deepseek4_keeps_its_own_kv_whatever_the_kv_type(tmp_path: Path) -> None:
+    """DeepSeek V4's compressed cache has one layout: kv_type is ignored there (reported as
+    "native"), and its payload round-trips as before."""
+    from ds4d.synth import write_deepseek4
+
+    path = tmp_path / "synth.gguf"
+    write_deepseek4(path, seed=4)
+    with Engine.open(path, threads=1, kv_type="q8_0") as e:
+        assert e.kv_type == "native" and e.info.kv_type == "native"
+        a = e.new_session(32)
+        a.eval([1, 2, 3, 4])
+        buf = io.BytesIO()
+        a.save(buf)
+        assert buf.getvalue()[68:76] == b"native\0\0"
+        b = e.new_session(32)
+        b.load(io.BytesIO(buf.getvalue()))
+        a.eval([5])
+        b.eval([5])
+        np.testing.assert_array_equal(a.logits, b.logits)
