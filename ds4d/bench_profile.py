@@ -46,13 +46,12 @@ class Part:
     fraction_of_bound: float  # bytes / bandwidth over the time taken (0: not applicable)
 
 
-def kv_bytes_read(model: Any, n_keys: int) -> int:
-    """Float32 K and V bytes one decode step reads at n_keys positions (0 if unknown)."""
-    dims = [getattr(model, a, None) for a in ("n_layer", "n_head_kv", "head_dim")]
-    if any(not isinstance(d, int) for d in dims):
+def kv_bytes_read(model: Any, n_keys: int, kv_type: str = "f32") -> int:
+    """K and V bytes one decode step reads at n_keys positions, in the KV type (0 if
+    unknown: a family with its own KV format)."""
+    if not hasattr(model, "kv_token_bytes"):
         return 0
-    n_layer, n_head_kv, head_dim = dims
-    return 2 * n_layer * n_head_kv * head_dim * 4 * n_keys
+    return int(model.kv_token_bytes(kv_type)) * n_keys
 
 
 def profile_decode(engine: Any, session: Any, n_tokens: int, stop_ids: np.ndarray,
@@ -100,7 +99,7 @@ def _split(engine: Any, entries: list[native.ProfileEntry], totals: dict[str, in
         acc[0] += e.wall_ns / 1e9
         acc[1] += e.calls * e.rows * native.row_bytes(e.type, e.K)
     # Mean keys over the run: the tokens sit at ctx+1 .. ctx+n.
-    kv = kv_bytes_read(engine.model, ctx + (n + 1) // 2) * n
+    kv = kv_bytes_read(engine.model, ctx + (n + 1) // 2, engine.kv_type) * n
     serial_s = (totals["span_ns"] - totals["wall_ns"]) / 1e9  # dispatches never overlap
     python_s = total_s - totals["span_ns"] / 1e9 - sample_s
     rows = [(name, s, b) for name, (s, b) in sorted(by_part.items())]

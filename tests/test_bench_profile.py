@@ -90,7 +90,7 @@ def test_profile_decode_splits_the_whole_token(engine) -> None:
              if n.startswith("blk.") and gf.tensor(n).type_name == "Q4_1")  # fmt: skip
     assert by["matvec Q4_1"].bytes_per_token == q4
     assert by["output head Q8_0"].bytes_per_token == gf.tensor("token_embd.weight").n_bytes
-    kv = kv_bytes_read(engine.model, ctx + 3)
+    kv = kv_bytes_read(engine.model, ctx + 3, engine.kv_type)  # in the stored KV type
     assert by["attention"].bytes_per_token == kv > 0
     assert 0 < token.fraction_of_bound < 1
     session.close()

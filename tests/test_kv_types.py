@@ -61,6 +61,11 @@ def test_f16_halves_and_q8_0_quarters_the_kv(engines) -> None:
     sizes = {t: engines[t].new_session(64).kv_bytes for t in TYPES}
     assert sizes["f16"] * 2 == sizes["f32"]
     assert sizes["q8_0"] * 128 == sizes["f32"] * 34
+    # what `ds4d bench --profile` counts as attention's reads per step
+    from ds4d.bench_profile import kv_bytes_read
+
+    read = {t: kv_bytes_read(engines[t].model, 1000, t) for t in TYPES}
+    assert read["f32"] == 2 * read["f16"] == 1000 * 30 * 2 * 3 * 256
 
 
 @pytest.mark.parametrize("kv_type", TYPES)
