@@ -144,6 +144,11 @@ int main(void) {
     }
     printf("attention over f32 / f16 / q8_0 KV: max |diff| %.3g / %.3g / %.3g\n",
            worst_type[0], worst_type[1], worst_type[2]);
+    for (int t = 0; t < 3; t++) {
+        free(kt[t]);
+        free(vt[t]);
+    }
+    free(scratch);
     /* SwiGLU over a range that reaches both saturated ends of the sigmoid. */
     enum { NG = 1003 };
     float g1[NG], g2[NG], u[NG];
