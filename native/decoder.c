@@ -77,38 +77,53 @@ void ds4n_kv_store(ds4n_kv *kv, int il, int64_t pos, const float *k, const float
     }
 }
 
-int ds4n_kv_get(const ds4n_kv *kv, int il, int which, int64_t n, float *dst) {
+/* Rows [start, start + n) of one layer; -1 unless the layer, the side and the range are
+ * inside the cache (n <= n_ctx - start, so start + n cannot overflow). */
+static int kv_rows_ok(const ds4n_kv *kv, int il, int which, int64_t start, int64_t n) {
+    return il >= 0 && il < kv->n_layer && (which == 0 || which == 1) && start >= 0 &&
+           start <= kv->n_ctx && n >= 0 && n <= kv->n_ctx - start;
+}
+
+int ds4n_kv_get_rows(const ds4n_kv *kv, int il, int which, int64_t start, int64_t n,
+                     float *dst) {
     const int hd = kv->head_dim;
-    if (il < 0 || il >= kv->n_layer || (which != 0 && which != 1) || n < 0 || n > kv->n_ctx)
-        return -1;
+    if (!kv_rows_ok(kv, il, which, start, n)) return -1;
     for (int h = 0; h < kv->n_head_kv; h++) {
         float *out = dst + (int64_t)h * n * hd;
         if (which == 1) {
-            memcpy(out, ds4n_kv_v(kv, il, h), sizeof(float) * n * hd);
+            memcpy(out, ds4n_kv_v(kv, il, h) + start * hd, sizeof(float) * n * hd);
             continue;
         }
         const float *k = ds4n_kv_k(kv, il, h);
         for (int64_t p = 0; p < n; p++)
-            for (int d = 0; d < hd; d++) out[p * hd + d] = k[k_index(p, d, hd)];
+            for (int d = 0; d < hd; d++) out[p * hd + d] = k[k_index(start + p, d, hd)];
     }
     return 0;
 }
 
-int ds4n_kv_set(ds4n_kv *kv, int il, int which, int64_t n, const float *src) {
+int ds4n_kv_set_rows(ds4n_kv *kv, int il, int which, int64_t start, int64_t n,
+                     const float *src) {
     const int hd = kv->head_dim;
-    if (il < 0 || il >= kv->n_layer || (which != 0 && which != 1) || n < 0 || n > kv->n_ctx)
-        return -1;
+    if (!kv_rows_ok(kv, il, which, start, n)) return -1;
     for (int h = 0; h < kv->n_head_kv; h++) {
         const float *in = src + (int64_t)h * n * hd;
         if (which == 1) {
-            memcpy(ds4n_kv_v(kv, il, h), in, sizeof(float) * n * hd);
+            memcpy(ds4n_kv_v(kv, il, h) + start * hd, in, sizeof(float) * n * hd);
             continue;
         }
         float *k = ds4n_kv_k(kv, il, h);
         for (int64_t p = 0; p < n; p++)
-            for (int d = 0; d < hd; d++) k[k_index(p, d, hd)] = in[p * hd + d];
+            for (int d = 0; d < hd; d++) k[k_index(start + p, d, hd)] = in[p * hd + d];
     }
     return 0;
+}
+
+int ds4n_kv_get(const ds4n_kv *kv, int il, int which, int64_t n, float *dst) {
+    return ds4n_kv_get_rows(kv, il, which, 0, n, dst);
+}
+
+int ds4n_kv_set(ds4n_kv *kv, int il, int which, int64_t n, const float *src) {
+    return ds4n_kv_set_rows(kv, il, which, 0, n, src);
 }
 
 /* ---- norms -------------------------------------------------------------------------- */
@@ -635,14 +650,14 @@ int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n) {
     return 0;
 }
 
-int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int il, int which, int64_t n,
-                            float *dst) {
-    return ds4n_kv_get(&s->kv, il, which, n, dst);
+int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int il, int which, int64_t start,
+                            int64_t n, float *dst) {
+    return ds4n_kv_get_rows(&s->kv, il, which, start, n, dst);
 }
 
-int ds4n_dec_session_kv_set(ds4n_dec_session *s, int il, int which, int64_t n,
-                            const float *src) {
-    return ds4n_kv_set(&s->kv, il, which, n, src);
+int ds4n_dec_session_kv_set(ds4n_dec_session *s, int il, int which, int64_t start,
+                            int64_t n, const float *src) {
+    return ds4n_kv_set_rows(&s->kv, il, which, start, n, src);
 }
 
 int ds4n_dec_begin(ds4n_dec_session *s, ds4n_pool *pool, const void *embd, int32_t embd_type,

@@ -7,8 +7,9 @@
  *
  *   KV cache (ds4n_kv): K and V of every layer for positions [0, n_ctx), float32, in the
  *     layout of attention.h. ds4n_kv_init / ds4n_kv_release; ds4n_kv_store writes one
- *     position; ds4n_kv_get / ds4n_kv_set copy the rows of [0, n) of one layer as
- *     [n_head_kv][n][head_dim] (the session payload format).
+ *     position; ds4n_kv_get_rows / ds4n_kv_set_rows copy the rows [start, start + n) of
+ *     one layer as [n_head_kv][n][head_dim] (the session payload format; a delta payload
+ *     holds the rows after its base), ds4n_kv_get / ds4n_kv_set those of [0, n).
  *
  *   Workspace (ds4n_dec_ws): scratch of the attention and FFN steps. Call
  *     ds4n_dec_ws_reserve(ws, dims, T, n_threads) before an eval of T tokens (it is the only
@@ -75,6 +76,10 @@ void ds4n_kv_store(ds4n_kv *kv, int layer, int64_t pos, const float *k, const fl
 /* which: 0 = K, 1 = V. Returns 0, or -1 on a bad layer, which or n. */
 int ds4n_kv_get(const ds4n_kv *kv, int layer, int which, int64_t n, float *dst);
 int ds4n_kv_set(ds4n_kv *kv, int layer, int which, int64_t n, const float *src);
+int ds4n_kv_get_rows(const ds4n_kv *kv, int layer, int which, int64_t start, int64_t n,
+                     float *dst);
+int ds4n_kv_set_rows(ds4n_kv *kv, int layer, int which, int64_t start, int64_t n,
+                     const float *src);
 
 /* ---- norms, pool helper ------------------------------------------------------------- */
 
@@ -231,10 +236,12 @@ int64_t ds4n_dec_session_kv_bytes(const ds4n_dec_session *s);
 /* Truncation (rewind), or after ds4n_dec_session_kv_set of every layer the count of a loaded
  * state. 0, or -1 when n is outside [0, n_ctx]. */
 int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n);
-int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int layer, int which, int64_t n,
-                            float *dst);
-int ds4n_dec_session_kv_set(ds4n_dec_session *s, int layer, int which, int64_t n,
-                            const float *src);
+/* Rows [start, start + n) of one layer's K (which 0) or V (which 1); 0, or -1 when the
+ * layer, the side or the range is outside the cache. */
+int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int layer, int which, int64_t start,
+                            int64_t n, float *dst);
+int ds4n_dec_session_kv_set(ds4n_dec_session *s, int layer, int which, int64_t start,
+                            int64_t n, const float *src);
 
 /* Checks the call (room for T tokens, ids in [0, n_vocab)), reserves all scratch, and
  * writes the tokens' embedding rows to s->x, times embd_scale when it is not 1. DS4N_OK,

@@ -38,8 +38,8 @@ def _declare() -> None:
         ("ds4n_dec_session_n_ctx", i64, [vp]),
         ("ds4n_dec_session_kv_bytes", i64, [vp]),
         ("ds4n_dec_session_set_n_past", c_int, [vp, i64]),
-        ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, fp]),
-        ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, fp]),
+        ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, i64, fp]),
+        ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, i64, fp]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -215,26 +215,49 @@ class DecoderState:
         if rc != 0:
             raise EngineError(f"{self.model.family} eval failed: {ERRORS.get(rc, rc)}")
 
-    def kv_payload_bytes(self, n: int) -> int:
-        return n * self.model.kv_token_bytes
+    # Every position's KV row is independent of the others, so a payload can hold any
+    # range of rows: a delta checkpoint carries only the rows after its base.
+    supports_ranges = True
 
-    def write_kv(self, fp: BinaryIO, n: int) -> None:
-        """K then V of each layer for positions [0, n), as [n_head_kv][n][head_dim] f32."""
+    def kv_payload_bytes(self, n: int, start: int = 0) -> int:
+        return (n - start) * self.model.kv_token_bytes
+
+    def kv_rows(self, n: int, start: int = 0) -> list[np.ndarray]:
+        """Copies of K then V of each layer for positions [start, n), each
+        [n_head_kv][n - start][head_dim] f32: the payload's KV part, in order."""
         m = self.model
-        buf = np.empty(m.n_head_kv * n * m.head_dim, np.float32)
+        out = []
         for il in range(m.n_layer):
             for which in (0, 1):
-                lib.ds4n_dec_session_kv_get(self.handle, il, which, n, fptr(buf))
+                buf = np.empty(m.n_head_kv * (n - start) * m.head_dim, np.float32)
+                self._rows(lib.ds4n_dec_session_kv_get, il, which, start, n, buf)
+                out.append(buf)
+        return out
+
+    def write_kv(self, fp: BinaryIO, n: int, start: int = 0) -> None:
+        """K then V of each layer for positions [start, n), as [n_head_kv][n - start][head_dim]
+        f32."""
+        m = self.model
+        buf = np.empty(m.n_head_kv * (n - start) * m.head_dim, np.float32)
+        for il in range(m.n_layer):
+            for which in (0, 1):
+                self._rows(lib.ds4n_dec_session_kv_get, il, which, start, n, buf)
                 fp.write(memoryview(buf).cast("B"))
 
-    def read_kv(self, fp: BinaryIO, n: int) -> None:
+    def read_kv(self, fp: BinaryIO, n: int, start: int = 0) -> None:
+        """Reads what write_kv(fp, n, start) wrote into rows [start, n); the caller sets
+        n_past afterwards."""
         m = self.model
-        buf = np.empty(m.n_head_kv * n * m.head_dim, np.float32)
+        buf = np.empty(m.n_head_kv * (n - start) * m.head_dim, np.float32)
         view = memoryview(buf).cast("B")
         for il in range(m.n_layer):
             for which in (0, 1):
                 _read_exact(fp, view)
-                lib.ds4n_dec_session_kv_set(self.handle, il, which, n, fptr(buf))
+                self._rows(lib.ds4n_dec_session_kv_set, il, which, start, n, buf)
+
+    def _rows(self, fn: Any, il: int, which: int, start: int, n: int, buf: np.ndarray) -> None:
+        if fn(self.handle, il, which, start, n - start, fptr(buf)) != 0:
+            raise EngineError(f"KV rows [{start}, {n}) are outside a {self.n_ctx}-token session")
 
     def close(self) -> None:
         if self._handle:

@@ -13,6 +13,7 @@ worker threads.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import struct
@@ -48,6 +49,19 @@ PAYLOAD_MAGIC = b"DS4DSESS"
 PAYLOAD_VERSION = 1
 # magic, version, fingerprint (sha256), n_tokens, n_vocab, has_logits, kv byte count
 _HEADER = struct.Struct("<8sI32sQIIQ")
+
+# A delta payload extends a session that holds exactly its base tokens (the first `start`
+# of its n_tokens): it carries tokens[start:], the logits and the KV rows [start, n).
+DELTA_MAGIC = b"DS4DDELT"
+DELTA_VERSION = 1
+# magic, version, fingerprint, start, n_tokens, n_vocab, has_logits, kv byte count,
+# base token digest (sha256 of tokens[:start] as little-endian int32)
+_DELTA_HEADER = struct.Struct("<8sI32sQQIIQ32s")
+
+
+def token_digest(tokens: Sequence[int] | np.ndarray) -> bytes:
+    """sha256 of the tokens as little-endian int32: how a delta names its base."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).digest()
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,52 @@ def _make_tokenizer(family: Any, gf: GGUFFile) -> Any:
         raise ModelLoadError(f"cannot build the tokenizer from {gf.path}: {e}") from None
 
 
+@dataclass(frozen=True, eq=False)
+class SessionSnapshot:
+    """An in-memory copy of a session's payload (Session.snapshot): the session can be
+    changed at once while this is written elsewhere. start > 0 makes it a delta: the
+    tokens, logits and KV rows after the session's first `start` tokens."""
+
+    fingerprint: str
+    n_vocab: int
+    start: int
+    n_tokens: int
+    tokens: np.ndarray  # tokens[start:n_tokens], int32
+    base_digest: bytes  # token_digest(tokens[:start]); b"" for a full payload
+    logits: np.ndarray | None
+    kv: list[Any]  # buffers, in payload order
+    kv_len: int
+
+    @property
+    def is_delta(self) -> bool:
+        return self.start > 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes write() writes."""
+        head = _DELTA_HEADER.size if self.is_delta else _HEADER.size
+        n_logits = 4 * self.n_vocab if self.logits is not None else 0
+        return head + 4 * len(self.tokens) + n_logits + self.kv_len
+
+    def write(self, fp: BinaryIO) -> int:
+        """Writes the payload (full or delta; Session.load reads either). Returns bytes."""
+        has_logits = int(self.logits is not None)
+        fpr = bytes.fromhex(self.fingerprint)
+        if self.is_delta:
+            fp.write(_DELTA_HEADER.pack(DELTA_MAGIC, DELTA_VERSION, fpr, self.start,
+                                        self.n_tokens, self.n_vocab, has_logits, self.kv_len,
+                                        self.base_digest))  # fmt: skip
+        else:
+            fp.write(_HEADER.pack(PAYLOAD_MAGIC, PAYLOAD_VERSION, fpr, self.n_tokens,
+                                  self.n_vocab, has_logits, self.kv_len))  # fmt: skip
+        fp.write(self.tokens.astype("<i4").tobytes())
+        if self.logits is not None:
+            fp.write(self.logits.astype("<f4").tobytes())
+        for buf in self.kv:
+            fp.write(buf.data.cast("B") if isinstance(buf, np.ndarray) else buf)
+        return self.nbytes
+
+
 class Session:
     """The exact tokens a session holds, its KV state, and the next-token logits.
 
@@ -277,9 +337,38 @@ class Session:
 
     # -- payload --------------------------------------------------------------------------
 
+    @property
+    def supports_delta(self) -> bool:
+        """Whether snapshot(start > 0) works: the family's KV rows can be taken by range."""
+        return bool(getattr(self._state, "supports_ranges", False))
+
+    def snapshot(self, start: int = 0) -> SessionSnapshot:
+        """A copy of the payload (of the rows after the first `start` tokens when start > 0,
+        a delta) taken now: a memcpy of the KV rows, so the session may be reused as soon as
+        this returns while the copy is written elsewhere. Run it where evals of this session
+        are serialized (the engine thread)."""
+        n = len(self._tokens)
+        if not 0 <= start <= n:
+            raise EngineError(f"cannot snapshot from token {start}: the session holds {n}")
+        if start and not self.supports_delta:
+            raise EngineError(f"{self.engine.info.family} sessions cannot be saved as deltas")
+        logits = self.logits
+        info = self.engine.info
+        kv = self._state.kv_rows(n, start)
+        kv_len = self._state.kv_payload_bytes(n, start)
+        if sum(memoryview(b).nbytes for b in kv) != kv_len:
+            raise EngineError("session KV rows do not match their payload size")
+        return SessionSnapshot(
+            fingerprint=info.fingerprint, n_vocab=info.n_vocab, start=start, n_tokens=n,
+            tokens=np.asarray(self._tokens[start:], dtype=np.int32),
+            base_digest=token_digest(self._tokens[:start]) if start else b"",
+            logits=None if logits is None else logits.copy(), kv=kv, kv_len=kv_len,
+        )  # fmt: skip
+
     def save(self, fp: BinaryIO) -> int:
         """Writes the session payload (little-endian): header, tokens (int32), logits
-        (float32), then the family's KV rows for the held tokens only. Returns bytes."""
+        (float32), then the family's KV rows for the held tokens only. Returns bytes.
+        Streams the rows (no copy): the session must not change until it returns."""
         n = len(self._tokens)
         logits = self.logits
         kv_len = self._state.kv_payload_bytes(n)
@@ -294,10 +383,16 @@ class Session:
         return _HEADER.size + 4 * n + (4 * info.n_vocab if logits is not None else 0) + kv_len
 
     def load(self, fp: BinaryIO) -> None:
-        """Replaces the session's state with a saved payload. EngineError for a payload of
-        another model, format or size; the session is then left empty."""
+        """Reads a payload. A full one replaces the session's state; EngineError for a
+        payload of another model, format or size, and the session is then left empty. A
+        delta extends a session holding exactly its base tokens (checked by their digest);
+        EngineError if it does not fit, and the session then still holds its base."""
+        magic = fp.read(len(PAYLOAD_MAGIC))
+        if magic == DELTA_MAGIC:
+            self._load_delta(fp)
+            return
         info = self.engine.info
-        raw = fp.read(_HEADER.size)
+        raw = magic + fp.read(_HEADER.size - len(magic))
         if len(raw) != _HEADER.size:
             raise EngineError("session payload is truncated (header)")
         magic, version, fingerprint, n, n_vocab, has_logits, kv_len = _HEADER.unpack(raw)
@@ -321,6 +416,48 @@ class Session:
             raise
         self._state.set_n_past(n)
         self._tokens = [int(t) for t in tokens]
+        if logits is not None:
+            logits = logits.astype(np.float32)
+            logits.flags.writeable = False
+        self._logits = logits
+
+    def _load_delta(self, fp: BinaryIO) -> None:
+        info = self.engine.info
+        raw = DELTA_MAGIC + fp.read(_DELTA_HEADER.size - len(DELTA_MAGIC))
+        if len(raw) != _DELTA_HEADER.size:
+            raise EngineError("session delta payload is truncated (header)")
+        (_, version, fingerprint, start, n, n_vocab, has_logits, kv_len,
+         base_digest) = _DELTA_HEADER.unpack(raw)  # fmt: skip
+        if version != DELTA_VERSION:
+            raise EngineError(f"session delta payload version {version} is not supported")
+        if fingerprint.hex() != info.fingerprint or n_vocab != info.n_vocab:
+            raise EngineError("session delta payload was made by a different model")
+        if not self.supports_delta:
+            raise EngineError(f"{info.family} sessions cannot load delta payloads")
+        if start != len(self._tokens):
+            raise EngineError(
+                f"session delta payload extends {start} tokens; the session holds"
+                f" {len(self._tokens)}"
+            )
+        if token_digest(self._tokens) != base_digest:
+            raise EngineError("session delta payload extends other tokens than the session's")
+        if not start <= n <= self.n_ctx:
+            raise EngineError(
+                f"session delta payload of {n} tokens does not fit n_ctx {self.n_ctx}"
+            )
+        if kv_len != self._state.kv_payload_bytes(n, start):
+            raise EngineError("session delta payload KV size does not match this model")
+        tokens = _read_array(fp, "<i4", n - start)
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= n_vocab):
+            raise EngineError("session delta payload holds a token outside the vocabulary")
+        logits = _read_array(fp, "<f4", n_vocab) if has_logits else None
+        try:
+            self._state.read_kv(fp, n, start)
+        except BaseException:
+            self._state.set_n_past(start)  # rows past the base were never counted
+            raise
+        self._state.set_n_past(n)
+        self._tokens.extend(int(t) for t in tokens)
         if logits is not None:
             logits = logits.astype(np.float32)
             logits.flags.writeable = False
