@@ -243,3 +243,29 @@ def test_phi3_long_and_short_rope_in_one_batch(tmp_path) -> None:
                 s.close()
         finally:
             model.close()
+
+
+def test_bench_batch_cli(tmp_path) -> None:
+    """`ds4d bench --batch 3`: 1, 2 and 3 sessions decoding together, each count's aggregate
+    tokens/s against one session's, as a table and CSV (the speed itself is measured, not
+    asserted: the machine is shared)."""
+    import csv
+
+    from tests.test_cli_tools import ds4d
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text("Quel ramo del lago di Como, che volge a mezzogiorno. " * 20)
+    out = tmp_path / "batch.csv"
+    r = ds4d("bench", "--batch", "3", "--prompt-file", str(prompt), "--ctx-start", "16",
+             "--gen-tokens", "4", "--threads", "2", "--csv", str(out), timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert [int(x["sessions"]) for x in rows] == [1, 2, 3]
+    assert float(rows[0]["vs_one"]) == 1.0
+    for x in rows:
+        n, tps, s = int(x["sessions"]), float(x["gen_tps"]), float(x["gen_s"])
+        assert tps == pytest.approx(n * 4 / s, rel=1e-3)
+        assert float(x["vs_one"]) == pytest.approx(tps / float(rows[0]["gen_tps"]), rel=1e-3)
+    assert "vs one" in r.stdout
+    bad = ds4d("bench", "--batch", "0", "--prompt-file", str(prompt), timeout=60)
+    assert bad.returncode == 2 and "--batch" in bad.stderr and "Traceback" not in bad.stderr
