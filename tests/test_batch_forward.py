@@ -9,6 +9,7 @@ beside the short one. A refused batch leaves every session as it was."""
 from __future__ import annotations
 
 import ctypes
+import importlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,7 +17,9 @@ import pytest
 
 from ds4d.engine import Engine, EngineError, native
 from ds4d.engine.decoder import MAX_BATCH
+from ds4d.engine.engine import FAMILIES
 from ds4d.engine.errors import ContextFullError
+from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
 from tests.kit import kit_families, kit_model
 
@@ -88,7 +91,12 @@ def assert_alone_equal(engine: Engine, chunks, seen) -> None:
 
 @pytest.fixture(scope="module", params=kit_families())
 def kit_engine(request) -> Iterator[Engine]:
-    with Engine.open(kit_model(request.param), threads=2) as e:
+    """The kit model in an Engine without its tokenizer (building a 262k-entry vocabulary
+    costs more than these tests; sessions never need it)."""
+    gf = GGUFFile(kit_model(request.param))
+    family = importlib.import_module(FAMILIES[gf.architecture])
+    pool = native.Pool(2)
+    with Engine(gf, family, family.load(gf, pool), pool, tokenizer=None) as e:
         yield e
 
 
@@ -212,7 +220,6 @@ def test_phi3_long_and_short_rope_in_one_batch(tmp_path) -> None:
     """phi3 picks its rope per session by context size (the long factors past the original
     context, 1024 in this file): sessions of both kinds in one batch keep their own."""
     from ds4d.engine import phi3
-    from ds4d.engine.gguf_file import GGUFFile
     from tests.reference.tiny_dense import N_VOCAB, write_tiny
 
     path = write_tiny(tmp_path / "phi3.gguf", "phi3", rope_factors=True)
