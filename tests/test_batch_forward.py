@@ -276,3 +276,16 @@ def test_bench_batch_cli(tmp_path) -> None:
     assert "vs one" in r.stdout
     bad = ds4d("bench", "--batch", "0", "--prompt-file", str(prompt), timeout=60)
     assert bad.returncode == 2 and "--batch" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_deepseek4_batches_one_session_at_a_time(tmp_path) -> None:
+    """DeepSeek V4 has no batched pass: Engine.eval_batch evaluates its sessions one after
+    another, with the same contract (bitwise each session alone, checked as a whole)."""
+    from ds4d.synth import write_deepseek4
+
+    path = tmp_path / "synth.gguf"
+    write_deepseek4(path, seed=4)
+    with Engine.open(path, threads=2) as e:
+        assert not hasattr(e.model, "eval_batch")
+        chunks, seen = run_batched(e, SMALL_SCHEDULE, seed=3)
+        assert_alone_equal(e, chunks, seen)
