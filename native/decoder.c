@@ -9,6 +9,11 @@
 #include <string.h>
 
 #include "attention.h"
+#include "quants.h" /* DS4N_SMALL_T */
+
+_Static_assert(DS4N_DEC_SMALL_T >= 1 && DS4N_DEC_SMALL_T <= DS4N_SMALL_T,
+               "decode rows merged beyond ds4n_matmul's small-batch path would lose bitwise "
+               "equality with T = 1");
 
 static void *alloc_floats(int64_t n) {
     size_t bytes = ((size_t)n * sizeof(float) + 63) / 64 * 64;

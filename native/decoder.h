@@ -163,11 +163,10 @@ void ds4n_dec_ws_release(ds4n_dec_ws *ws);
 
 #define DS4N_DEC_MAX_SEQ 64 /* sequences in one call */
 
-/* Rows per matmul call whose every row is bitwise the T = 1 (decode) product: the matmul
- * kernels guarantee it for T = 1 only, so a batch of decode rows is one call per row (each
- * still inside one pool dispatch per projection). Raise it when ds4n_matmul's small-T path
- * gives T = 1 results for up to that many rows; nothing else changes. */
-#define DS4N_DEC_SMALL_T 1
+/* Rows per matmul call whose every row is bitwise the T = 1 (decode) product: ds4n_matmul's
+ * small-batch path (DS4N_SMALL_T in quants.h; decoder.c checks this is not above it) reads
+ * each weight row once for all of them. 1 would mean a call per row. */
+#define DS4N_DEC_SMALL_T 8
 
 struct ds4n_dec_session;
 
