@@ -9,12 +9,15 @@ model object whose `new_state(n_ctx)` is a `DecoderState` over the family's
     state.eval(tokens_int32, logits_out, all_logits), state.n_past, state.set_n_past(n),
     state.kv_bytes, state.kv_payload_bytes(n), state.write_kv(fp, n), state.read_kv(fp, n),
     state.close()
+
+and several states of one model at once through `model.eval_batch(states, tokens, logits)`
+(`ds4n_<family>_eval_batch`: one forward pass, the weights read once for all of them).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -26,7 +29,9 @@ from ds4d.engine.native import lib
 
 VECTOR_TYPES = {native.F32, native.F16, native.BF16}
 ERRORS = {-1: "context is full", -2: "token id out of range", -3: "out of memory",
-          -4: "expert id out of range"}  # fmt: skip
+          -4: "expert id out of range", -5: "bad batch (sessions repeated, empty or too many)"}  # fmt: skip
+# Sessions in one native batch call (DS4N_DEC_MAX_SEQ in native/decoder.h).
+MAX_BATCH = 64
 
 
 def _declare() -> None:
@@ -49,7 +54,7 @@ _declare()
 
 
 def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
-    """ctypes signatures of ds4n_<prefix>_{new,free,session_new,eval}."""
+    """ctypes signatures of ds4n_<prefix>_{new,free,session_new,eval,eval_batch}."""
     vp, i64, i32, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int
     for name, restype, argtypes in (
         (f"ds4n_{prefix}_new", vp, [ctypes.POINTER(hparams), ctypes.POINTER(vp),
@@ -58,6 +63,8 @@ def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
         (f"ds4n_{prefix}_session_new", vp, [vp, i64]),
         (f"ds4n_{prefix}_eval", c_int, [vp, vp, vp, ctypes.POINTER(i32), i64, native.c_float_p,
                                         c_int]),
+        (f"ds4n_{prefix}_eval_batch", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
+                                              ctypes.POINTER(i64), c_int, native.c_float_p]),
     ):  # fmt: skip
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -153,6 +160,7 @@ class DecoderModel:
     family = ""
     prefix = ""
     n_vocab = n_ctx_train = n_embd = n_layer = n_head_kv = head_dim = 0
+    max_batch = MAX_BATCH
     pool: native.Pool
     _handle: int | None = None
 
@@ -169,6 +177,30 @@ class DecoderModel:
 
     def new_state(self, n_ctx: int) -> DecoderState:
         return DecoderState(self, n_ctx)
+
+    def eval_batch(self, states: Sequence[DecoderState], tokens: Sequence[np.ndarray],
+                   logits: np.ndarray | None) -> None:  # fmt: skip
+        """One forward pass appending tokens[i] (int32, at least one) to states[i] (at most
+        MAX_BATCH distinct states of this model); logits (len(states) x n_vocab float32, or
+        None) receives each state's logits after its last token, bitwise those of
+        `state.eval` alone. EngineError, with no state changed, on a bad call."""
+        n = len(states)
+        if n != len(tokens) or not 1 <= n <= MAX_BATCH:
+            raise EngineError(f"eval_batch: {n} states for {len(tokens)} token lists"
+                              f" (1..{MAX_BATCH})")  # fmt: skip
+        if any(s.model is not self for s in states):
+            raise EngineError("eval_batch: a state of another model")
+        if logits is not None and logits.shape != (n, self.n_vocab):
+            raise EngineError(f"eval_batch: logits of shape {logits.shape}")
+        handles = (ctypes.c_void_p * n)(*[s.handle for s in states])
+        counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
+        flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
+        rc = getattr(lib, f"ds4n_{self.prefix}_eval_batch")(
+            self.handle, self.pool.handle, handles,
+            flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, fptr(logits),
+        )  # fmt: skip
+        if rc != 0:
+            raise EngineError(f"{self.family} eval_batch failed: {ERRORS.get(rc, rc)}")
 
     def close(self) -> None:
         if self._handle:

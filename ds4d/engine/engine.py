@@ -140,9 +140,12 @@ class Engine:
 
     def eval_batch(self, steps: Sequence[tuple[Session, Sequence[int]]]) -> None:
         """Extends each session by its tokens; each session's logits become those after its
-        last new token. Every step is checked before any session changes (ContextFullError,
-        EngineError). The daemon advances all its generating slots through this call, so a
-        family's batched forward pass belongs here; today it is one call per session. The
+        last new token, bitwise what `session.eval` alone gives. Every step is checked before
+        any session changes (ContextFullError, EngineError). The daemon advances all its
+        generating slots through this call. The attention-decoder families run the batch as
+        one native forward pass (weights read once for every session; steps of more than
+        PREFILL_CHUNK tokens, which would be chunked alone, go one session at a time);
+        DeepSeek V4 has no batched pass and evaluates one session after another. The
         sessions must be distinct and belong to this engine."""
         if len({id(s) for s, _ in steps}) != len(steps):
             raise EngineError("eval_batch: a session appears twice in one batch")
@@ -151,8 +154,22 @@ class Engine:
             if session.engine is not self:
                 raise EngineError("eval_batch: a session of another engine")
             checked.append((session, session._check(tokens)))
-        for session, toks in checked:
-            session.eval(toks)
+        checked = [(s, t) for s, t in checked if len(t)]
+        batch = getattr(self.model, "eval_batch", None)
+        if batch is None or len(checked) < 2 or any(len(t) > PREFILL_CHUNK for _, t in checked):
+            for session, toks in checked:
+                session.eval(toks)
+            return
+        limit = getattr(self.model, "max_batch", len(checked))
+        with self.lock:
+            for start in range(0, len(checked), limit):
+                group = checked[start : start + limit]
+                logits = np.empty((len(group), self.info.n_vocab), np.float32)
+                batch([s._state for s, _ in group], [t for _, t in group], logits)
+                logits.flags.writeable = False
+                for (session, toks), row in zip(group, logits, strict=True):
+                    session._tokens.extend(toks.tolist())
+                    session._logits = row
 
     def close(self) -> None:
         with self.lock:
