@@ -148,7 +148,8 @@ class EngineGate:
 
     Calls wait in FIFO order, with one exception that keeps a long prefill from starving
     the other slots: each `bulk` call (a prefill chunk) earns the short calls (decode
-    steps) as much engine time as it took, and while that credit lasts a waiting short
+    steps, each one batch of every generating slot: ds4d.daemon.batcher) as much engine
+    time as it took, and while that credit lasts a waiting short
     call goes ahead of the queue. So a slot that is generating gets a burst of tokens
     between two chunks of another slot's prefill, not one token per chunk: it stalls at
     most about one chunk, and the prefill still gets at least half of the engine time.
