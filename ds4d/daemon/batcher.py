@@ -122,8 +122,9 @@ class Batcher:
             await step.done.wait()
         except BaseException:
             if not step.taken:
-                del self._queued[member]
-                self._changed()
+                if self._queued.get(member) is step:
+                    del self._queued[member]
+                    self._changed()
                 raise
             with trio.CancelScope(shield=True):
                 await step.done.wait()
@@ -170,7 +171,7 @@ class Batcher:
                 outcomes = await engine.work(self._compute, steps)
             finally:
                 if outcomes is None:  # the runner itself failed: no step may hang
-                    outcomes = [(RuntimeError("the decode batch failed"), None)] * len(steps)
+                    outcomes = [(RuntimeError("the decode batch failed"), None) for _ in steps]
                 for step, (error, result) in zip(steps, outcomes, strict=True):
                     step.finish(error, result)
             if self.on_batch is not None:
