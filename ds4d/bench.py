@@ -7,6 +7,11 @@ then `--gen-tokens` tokens are generated greedily (end-of-generation tokens skip
 every row generates the same count) and rewound, leaving the prompt state for the next
 span. Output: a table on stdout, `--csv FILE`, `--plot FILE.png`.
 
+`--batch N` measures batched decode instead: 1, 2, 4, ... N sessions (each prefilled
+with its own `--ctx-start` prompt tokens) generate `--gen-tokens` greedy tokens together,
+one Engine.eval_batch per step, and each count's aggregate tokens/s is reported against
+one session's (`--csv` writes those rows).
+
 `--bandwidth` measures the machine's multi-threaded read bandwidth (the decode bound) and
 exits; `--profile` adds, at each frontier, a profiled generation that splits a token's time
 into its parts (see ds4d/bench_profile.py), written with `--profile-csv` / `--profile-plot`.
@@ -90,6 +95,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile-csv", type=Path, help="write the profile as CSV (implies --profile)")
     p.add_argument("--profile-plot", type=Path,
                    help="write the profile as a PNG (implies --profile)")  # fmt: skip
+    p.add_argument("--batch", type=int, metavar="N",
+                   help="decode 1, 2, 4, ... N sessions together and report aggregate t/s"
+                   " against one (prompts of --ctx-start tokens)")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         return run_bandwidth(args)
     if not args.prompt_file:
         raise CliError("--prompt-file is required (unless --bandwidth)", 2)
+    if args.batch is not None:
+        return run_batch(args)
     _check_sweep(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
@@ -133,6 +143,87 @@ def run(args: argparse.Namespace) -> int:
     if profiler is not None:
         profiler.report(args, title=f"ds4d decode profile: {info.name}, {engine.threads} threads")
     return 0
+
+
+BATCH_FIELDS = ("sessions", "prompt_tokens", "gen_tokens", "gen_s", "gen_tps", "vs_one")
+
+
+@dataclass
+class BatchRow:
+    sessions: int
+    prompt_tokens: int
+    gen_tokens: int  # per session
+    gen_s: float
+    gen_tps: float  # all sessions' tokens / gen_s
+    vs_one: float  # gen_tps / one session's gen_tps
+
+
+def batch_counts(n: int) -> list[int]:
+    """1, 2, 4, ... below n, then n."""
+    counts = [1]
+    while counts[-1] * 2 < n:
+        counts.append(counts[-1] * 2)
+    return counts + ([n] if n > 1 else [])
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    if args.batch < 1 or args.ctx_start < 1 or args.gen_tokens < 1:
+        raise CliError("--batch, --ctx-start and --gen-tokens must be ≥ 1", 2)
+    from ds4d.engine import Engine, EngineError
+    from ds4d.engine.default_model import resolve_model_path
+
+    try:
+        engine = Engine.open(resolve_model_path(args.model), threads=args.threads)
+    except (EngineError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
+    # Each session its own prompt: consecutive spans of the text.
+    tokens = _prompt_tokens(engine, _read_prompt(args.prompt_file), args.ctx_start * args.batch)
+    info = engine.info
+    print(f"# model {info.name} ({info.family}, {info.quant}), threads {engine.threads}, "
+          f"{args.ctx_start}-token prompts, {args.gen_tokens} greedy tokens per session",
+          flush=True)  # fmt: skip
+    print(f"{'sessions':>8} {'gen t/s':>9} {'per session':>12} {'vs one':>7}", flush=True)
+    rows: list[BatchRow] = []
+    for n in batch_counts(args.batch):
+        prompts = [tokens[i * args.ctx_start : (i + 1) * args.ctx_start] for i in range(n)]
+        gen_s = batch_decode(engine, prompts, args.gen_tokens)
+        tps = n * args.gen_tokens / gen_s
+        row = BatchRow(n, args.ctx_start, args.gen_tokens, gen_s, tps,
+                       tps / rows[0].gen_tps if rows else 1.0)  # fmt: skip
+        rows.append(row)
+        print(f"{n:>8} {tps:>9.1f} {tps / n:>12.1f} {row.vs_one:>6.2f}x", flush=True)
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        with args.csv.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=BATCH_FIELDS)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v)
+                            for k, v in asdict(r).items()})  # fmt: skip
+    engine.close()
+    return 0
+
+
+def batch_decode(engine, prompts: list[list[int]], gen_tokens: int) -> float:
+    """Prefills one session per prompt, then times gen_tokens greedy steps of all of them
+    together (end-of-generation tokens never chosen); seconds."""
+    stop_ids = np.fromiter(engine.tokenizer.eog_ids, dtype=np.int64)
+    sessions = [engine.new_session(len(p) + gen_tokens) for p in prompts]
+    try:
+        for s, p in zip(sessions, prompts, strict=True):
+            s.eval(p)
+        t0 = time.perf_counter()
+        for _ in range(gen_tokens):
+            steps = []
+            for s in sessions:
+                logits = s.logits.copy()
+                logits[stop_ids] = -np.inf
+                steps.append((s, [int(np.argmax(logits))]))
+            engine.eval_batch(steps)
+        return time.perf_counter() - t0
+    finally:
+        for s in sessions:
+            s.close()
 
 
 def run_bandwidth(args: argparse.Namespace) -> int:

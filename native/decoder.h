@@ -8,12 +8,15 @@
  *   KV cache (ds4n_kv): K and V of every layer for positions [0, n_ctx), in the element
  *     type chosen at init (DS4N_KV_F32, _F16 or _Q8_0 of attention.h, which also gives the
  *     layout). ds4n_kv_init / ds4n_kv_release; ds4n_kv_store converts and writes one
- *     position; ds4n_kv_get / ds4n_kv_set copy the rows of [0, n) of one layer unchanged, in
- *     the stored type, as [n_head_kv][n][row_bytes] (the session payload format).
+ *     position; ds4n_kv_get_rows / ds4n_kv_set_rows copy the rows [start, start + n) of
+ *     one layer unchanged, in the stored type, as [n_head_kv][n][row_bytes] (the session
+ *     payload format; a delta payload holds the rows after its base), ds4n_kv_get /
+ *     ds4n_kv_set those of [0, n).
  *
  *   Workspace (ds4n_dec_ws): scratch of the attention and FFN steps. Call
- *     ds4n_dec_ws_reserve(ws, dims, T, n_threads) before an eval of T tokens (it is the only
- *     call that allocates, so a failure there leaves the session untouched), and
+ *     ds4n_dec_ws_reserve(ws, dims, rows, n_seq, n_threads) before an eval of rows tokens
+ *     over n_seq sequences (it is the only call that allocates, so a failure there leaves
+ *     every session untouched), and
  *     ds4n_dec_ws_release at the end. Zero-initialize the struct first.
  *
  *   Weight table (ds4n_dec_weights): a family's tensor pointers and GGUF types in its slot
@@ -32,13 +35,30 @@
  *   Attention (ds4n_attention): the whole block after the input norm — Q/K/V projections
  *     (separate or one fused QKV tensor, rows Q then K then V) with optional biases, optional
  *     per-head RMSNorm of q and k (weights of head_dim), RoPE, q times q_scale, K/V stored
- *     at positions [pos0, pos0+T), causal GQA attention with an optional sliding window (keys
- *     [pos-window+1, pos]) and optional per-head sink logits, output projection with
- *     optional bias. out receives T x n_embd (the caller adds the residual).
+ *     at each sequence's positions, causal GQA attention with an optional sliding window
+ *     (keys [pos-window+1, pos]) and optional per-head sink logits, output projection with
+ *     optional bias. out receives the batch's rows x n_embd (the caller adds the residual).
+ *
+ *   Batch (ds4n_dec_batch): one forward call over several sessions. The residual stream is
+ *     the concatenation of every sequence's rows (sequence i has count[i] >= 1 new tokens
+ *     at its own positions); norms, projections and the FFN run over all rows at once, so
+ *     each weight matrix is read once per call; RoPE, the K/V store and attention run per
+ *     sequence on its own cache. A single-session eval is the batch of one. A family's
+ *     eval is:
+ *       rc = ds4n_dec_batch_begin(&b, model dims, n_layer, sessions, n_seq, counts, pool,
+ *                                 embd, embd_type, n_vocab, tokens, embd_scale);
+ *       per layer: ds4n_rms_norm(b.x -> b.xn over b.n_rows), ds4n_attention(... &b ...),
+ *                  add b.tmp to b.x, the FFN likewise;
+ *       ds4n_dec_batch_finish(&b, pool, output norm, head, ..., logits, all_logits).
+ *
+ *   Projections (ds4n_dec_project): every matmul over batch rows. Each row must get exactly
+ *     what it gets when its session is evaluated alone: sequences of at most
+ *     DS4N_DEC_SMALL_T rows are computed together as decode rows (bitwise the T = 1
+ *     product), a longer one by the same call it makes alone.
  *
  *   FFN (ds4n_ffn): gate and up projections (or one fused tensor whose rows are gate then
  *     up), act(gate) * up with SiLU or GELU (tanh approximation), down projection.
- *     out receives T x n_embd.
+ *     out receives the batch's rows x n_embd.
  */
 #ifndef DS4N_DECODER_H
 #define DS4N_DECODER_H
@@ -79,9 +99,13 @@ void *ds4n_kv_v(const ds4n_kv *kv, int layer, int kv_head);
  * caller), converted to the stored type. */
 void ds4n_kv_store(ds4n_kv *kv, int layer, int64_t pos, const float *k, const float *v);
 /* which: 0 = K, 1 = V; dst / src hold n_head_kv * n * row_bytes bytes. Returns 0, or -1 on
- * a bad layer, which or n. */
+ * a bad layer, which or range. */
 int ds4n_kv_get(const ds4n_kv *kv, int layer, int which, int64_t n, void *dst);
 int ds4n_kv_set(ds4n_kv *kv, int layer, int which, int64_t n, const void *src);
+int ds4n_kv_get_rows(const ds4n_kv *kv, int layer, int which, int64_t start, int64_t n,
+                     void *dst);
+int ds4n_kv_set_rows(ds4n_kv *kv, int layer, int which, int64_t start, int64_t n,
+                     const void *src);
 /* Bytes of one position of one head of head_dim in type (attention.h's ds4n_kv_row_bytes,
  * for ctypes): 0 when the type cannot hold that head_dim. */
 int64_t ds4n_kv_type_row_bytes(int type, int head_dim);
@@ -136,9 +160,9 @@ typedef struct ds4n_dec_ws {
     int64_t cap_tok;
     int32_t cap_q, cap_kv, cap_ff, cap_rot;
     float *q, *kx, *vx, *att, *qkv, *gate, *gu;
-    float *rope_cs[DS4N_WS_ROPES];
+    float *rope_cs[DS4N_WS_ROPES]; /* per row of the current call */
     const ds4n_rope *rope_of[DS4N_WS_ROPES];
-    int64_t rope_pos0[DS4N_WS_ROPES], rope_T[DS4N_WS_ROPES];
+    uint64_t rope_call[DS4N_WS_ROPES], call; /* a table is valid for the call it was made in */
     int cap_threads;
     int64_t attn_floats; /* per thread */
     float *attn_scratch;
@@ -147,10 +171,50 @@ typedef struct ds4n_dec_ws {
 } ds4n_dec_ws;
 
 /* 0, or -1 when out of memory (the workspace is then empty but valid). */
-int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t T, int n_threads);
+int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t rows, int n_seq,
+                        int n_threads);
 void ds4n_dec_ws_release(ds4n_dec_ws *ws);
-/* The cos/sin table of rope for positions [pos0, pos0+T), computed once per eval. */
-const float *ds4n_dec_ws_rope(ds4n_dec_ws *ws, const ds4n_rope *rope, int64_t pos0, int64_t T);
+
+/* ---- batch -------------------------------------------------------------------------- */
+
+#define DS4N_DEC_MAX_SEQ 64 /* sequences in one call */
+
+/* Rows per matmul call whose every row is bitwise the T = 1 (decode) product: ds4n_matmul's
+ * small-batch path (DS4N_SMALL_T in quants.h; decoder.c checks this is not above it) reads
+ * each weight row once for all of them. 1 would mean a call per row. */
+#define DS4N_DEC_SMALL_T 8
+
+struct ds4n_dec_session;
+
+/* One call's sequences. The row buffers and workspace are the first session's, grown to
+ * hold every row; the others' are not touched. */
+typedef struct ds4n_dec_batch {
+    int n_seq;
+    struct ds4n_dec_session *const *seq;
+    const int64_t *count;                  /* new tokens of each sequence (>= 1) */
+    int64_t row0[DS4N_DEC_MAX_SEQ];        /* its first row in the residual stream */
+    int64_t pos0[DS4N_DEC_MAX_SEQ];        /* its n_past when the call began */
+    int64_t n_rows;
+    float *x, *xn, *tmp;                   /* residual, normalized rows, a step's output */
+    ds4n_dec_ws *ws;
+} ds4n_dec_batch;
+
+/* Y (n x rows) = X (n x K) times W transposed: with small, n decode rows (in calls of
+ * DS4N_DEC_SMALL_T rows), else one call of n rows; worker ith of nth's share, for callers
+ * already inside a pool task. */
+void ds4n_dec_rows_part(int type, const void *W, int64_t rows, int64_t K, const float *X,
+                        int64_t n, int small, float *Y, int ith, int nth);
+/* The same over the concatenated rows of n_seq sequences of count[i] rows each, every row
+ * computed as its sequence alone computes it: a sequence of more than DS4N_DEC_SMALL_T rows
+ * in its own call, consecutive shorter ones as decode rows together (so decode steps of
+ * many sessions stream each weight matrix once per DS4N_DEC_SMALL_T rows). */
+void ds4n_dec_project_part(int type, const void *W, int64_t rows, int64_t K, const float *X,
+                           const int64_t *count, int n_seq, float *Y, int ith, int nth);
+void ds4n_dec_project(ds4n_pool *pool, int type, const void *W, int64_t rows, int64_t K,
+                      const float *X, const int64_t *count, int n_seq, float *Y);
+/* The cos/sin table of rope for every row of the batch (each at its sequence's position),
+ * computed once per call. */
+const float *ds4n_dec_ws_rope(const ds4n_dec_batch *b, const ds4n_rope *rope);
 
 /* ---- attention ---------------------------------------------------------------------- */
 
@@ -163,15 +227,16 @@ typedef struct ds4n_attn_layer {
     const float *q_norm, *k_norm; /* head_dim each */
     const float *sinks;           /* n_head */
     const ds4n_rope *rope;
+    const ds4n_rope *rope_long;   /* optional: the rope of sessions with n_ctx > long_ctx */
+    int64_t long_ctx;
     float q_scale;                /* e.g. 1/sqrt(head_dim) */
     int64_t window;               /* 0: full causal */
 } ds4n_attn_layer;
 
-/* xn: T normalized rows of n_embd; positions [pos0, pos0+T) (the caller checked they fit
- * in kv). The workspace must be reserved for T. */
-void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, ds4n_kv *kv, int layer,
-                    ds4n_dec_ws *ws, ds4n_pool *pool, const float *xn, int64_t T,
-                    int64_t pos0, float *out);
+/* xn: the batch's normalized rows of n_embd (ds4n_dec_batch_begin checked that every
+ * sequence's positions fit its cache and reserved the workspace). */
+void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int layer,
+                    const ds4n_dec_batch *b, ds4n_pool *pool, const float *xn, float *out);
 
 /* ---- FFN ---------------------------------------------------------------------------- */
 
@@ -183,8 +248,8 @@ typedef struct ds4n_ffn_layer {
     int32_t act;
 } ds4n_ffn_layer;
 
-void ds4n_ffn(const ds4n_dec_dims *d, const ds4n_ffn_layer *w, ds4n_dec_ws *ws,
-              ds4n_pool *pool, const float *xn, int64_t T, float *out);
+void ds4n_ffn(const ds4n_dec_dims *d, const ds4n_ffn_layer *w, const ds4n_dec_batch *b,
+              ds4n_pool *pool, const float *xn, float *out);
 
 /* ---- weight table ------------------------------------------------------------------- */
 
@@ -215,15 +280,14 @@ void ds4n_dec_add_rows(float *x, const float *y, int64_t n);
 
 /* ---- session ------------------------------------------------------------------------ */
 
-/* Results of the eval calls of the families built on these pieces. */
-enum { DS4N_OK = 0, DS4N_ERR_CONTEXT_FULL = -1, DS4N_ERR_BAD_TOKEN = -2, DS4N_ERR_NO_MEMORY = -3 };
+/* Results of the eval calls of the families built on these pieces (moe.h adds
+ * DS4N_ERR_BAD_EXPERT = -4). BAD_BATCH: n_seq outside [1, DS4N_DEC_MAX_SEQ], a count < 1, a
+ * session given twice, NULL or of another model's shape. */
+enum { DS4N_OK = 0, DS4N_ERR_CONTEXT_FULL = -1, DS4N_ERR_BAD_TOKEN = -2, DS4N_ERR_NO_MEMORY = -3,
+       DS4N_ERR_BAD_BATCH = -5 };
 
-/* One sequence's state: KV cache sized to n_ctx, the position count, the workspace and the
- * residual-stream rows of the current call. A family's eval is:
- *   rc = ds4n_dec_begin(s, pool, embd, embd_type, n_vocab, tokens, T);  (s->x = embeddings)
- *   per layer: ds4n_rms_norm(s->x -> s->xn), ds4n_attention(... s->xn ... s->tmp),
- *              add s->tmp to s->x, the FFN likewise;
- *   ds4n_dec_finish(s, pool, output norm, head, ..., logits, all_logits). */
+/* One sequence's state: KV cache sized to n_ctx, the position count, and (used when it is
+ * the first session of a call) the workspace and the residual-stream rows. */
 typedef struct ds4n_dec_session {
     ds4n_dec_dims dims;
     int64_t n_ctx, n_past;
@@ -245,22 +309,29 @@ int ds4n_dec_session_kv_type(const ds4n_dec_session *s);
 /* Truncation (rewind), or after ds4n_dec_session_kv_set of every layer the count of a loaded
  * state. 0, or -1 when n is outside [0, n_ctx]. */
 int ds4n_dec_session_set_n_past(ds4n_dec_session *s, int64_t n);
-int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int layer, int which, int64_t n,
-                            void *dst);
-int ds4n_dec_session_kv_set(ds4n_dec_session *s, int layer, int which, int64_t n,
-                            const void *src);
+/* Rows [start, start + n) of one layer's K (which 0) or V (which 1), row_bytes each in the
+ * stored type; 0, or -1 when the layer, the side or the range is outside the cache. */
+int ds4n_dec_session_kv_get(const ds4n_dec_session *s, int layer, int which, int64_t start,
+                            int64_t n, void *dst);
+int ds4n_dec_session_kv_set(ds4n_dec_session *s, int layer, int which, int64_t start,
+                            int64_t n, const void *src);
 
-/* Checks the call (room for T tokens, ids in [0, n_vocab)), reserves all scratch, and
- * writes the tokens' embedding rows to s->x, times embd_scale when it is not 1. DS4N_OK,
- * or an error with nothing changed. */
-int ds4n_dec_begin(ds4n_dec_session *s, ds4n_pool *pool, const void *embd, int32_t embd_type,
-                   int32_t n_vocab, const int32_t *tokens, int64_t T, float embd_scale);
-/* Advances n_past by T; when logits is not NULL, fills it with the last row's (or every
- * row's when all_logits) logits: RMSNorm(norm_w, eps), the head matrix, then
+/* Checks the call (1 <= n_seq <= DS4N_DEC_MAX_SEQ, distinct sessions of the model's dims
+ * and n_layer, every count >= 1 and fitting its session's context, token ids in
+ * [0, n_vocab)), reserves all scratch, and writes the embedding rows of tokens (the
+ * sequences' tokens one after the other) to b->x, times embd_scale when it is not 1.
+ * DS4N_OK, or an error with no session changed. */
+int ds4n_dec_batch_begin(ds4n_dec_batch *b, const ds4n_dec_dims *dims, int n_layer,
+                         ds4n_dec_session *const *sessions, int n_seq, const int64_t *count,
+                         ds4n_pool *pool, const void *embd, int32_t embd_type, int32_t n_vocab,
+                         const int32_t *tokens, float embd_scale);
+/* Advances every sequence's n_past by its count; when logits is not NULL, fills it with
+ * each sequence's last row's logits (n_seq x n_vocab), or with every row's when all_logits
+ * (n_rows x n_vocab): RMSNorm(norm_w, eps), the head matrix, then
  * softcap * tanh(logit / softcap) when softcap > 0. */
-void ds4n_dec_finish(ds4n_dec_session *s, ds4n_pool *pool, const float *norm_w, float eps,
-                     const void *head, int32_t head_type, int32_t n_vocab, int64_t T,
-                     float *logits, int all_logits, float softcap);
+void ds4n_dec_batch_finish(ds4n_dec_batch *b, ds4n_pool *pool, const float *norm_w, float eps,
+                           const void *head, int32_t head_type, int32_t n_vocab, float *logits,
+                           int all_logits, float softcap);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* DeepSeek V4 Flash forward pass; see deepseek4.h and the spec's section 2.
+/* DeepSeek V4 Flash forward pass; see deepseek4.h.
  *
  * Layout of one eval (T tokens): for each layer, the dense projections run as batched
  * matmuls over the chunk; then a per-token loop pushes raw rows, steps the compressors,

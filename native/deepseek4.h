@@ -7,7 +7,7 @@
  *
  * The session state lives here in C; ds4n_dsv4_state_layer exposes its buffers so that the
  * Python side can save and restore it (the "DSV4" payload) without copies in C.
- * Math: ../shared/specs/dsv4-architecture.md section 2.
+ * deepseek4.c names each step of the math where it is computed.
  */
 #ifndef DS4N_DEEPSEEK4_H
 #define DS4N_DEEPSEEK4_H

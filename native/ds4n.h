@@ -53,7 +53,9 @@ void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), voi
 
 /* Y[t*rows + r] = sum_k W[r][k] * X[t*K + k] for t < T, r < rows.
  * W: rows x K of the given type, row-major (GGUF layout: ne0 = K); X, Y float32.
- * T == 1 runs fused dot kernels (decode); T > 1 a blocked matrix-matrix product (prefill).
+ * T == 1 runs fused dot kernels (decode); 2..8 the same kernels with each weight block decoded
+ * once for all tokens, token t's row bitwise equal to a T == 1 call with it alone (batched
+ * decode); T > 8 a blocked matrix-matrix product (prefill).
  * Work is split across the pool; pool may be NULL (single-threaded). */
 void ds4n_matmul(ds4n_pool *pool, int type, const void *W, int64_t rows, int64_t K,
                  const float *X, int64_t T, float *Y);

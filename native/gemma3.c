@@ -53,13 +53,17 @@ ds4n_dec_session *ds4n_gemma3_session_new(const ds4n_gemma3 *m, int64_t n_ctx,
     return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx, kv_type);
 }
 
-int ds4n_gemma3_eval(const ds4n_gemma3 *m, ds4n_dec_session *s, ds4n_pool *pool,
-                     const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+static int eval(const ds4n_gemma3 *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                const int32_t *tokens, const int64_t *counts, int n_seq, float *logits,
+                int all_logits) {
     const ds4n_gemma3_hparams *hp = &m->hp;
-    const int rc = ds4n_dec_begin(s, pool, m->wt.w[DS4N_GEMMA3_TOKEN_EMBD],
-                                  m->wt.type[DS4N_GEMMA3_TOKEN_EMBD], hp->n_vocab, tokens, T,
-                                  sqrtf((float)hp->n_embd));
-    if (rc != DS4N_OK || T <= 0) return rc;
+    ds4n_dec_batch b;
+    const int rc = ds4n_dec_batch_begin(&b, &m->dims, hp->n_layer, sessions, n_seq, counts, pool,
+                                        m->wt.w[DS4N_GEMMA3_TOKEN_EMBD],
+                                        m->wt.type[DS4N_GEMMA3_TOKEN_EMBD], hp->n_vocab, tokens,
+                                        sqrtf((float)hp->n_embd));
+    if (rc != DS4N_OK) return rc;
+    const int64_t T = b.n_rows;
     const int E = hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {
         const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
@@ -74,10 +78,10 @@ int ds4n_gemma3_eval(const ds4n_gemma3 *m, ds4n_dec_session *s, ds4n_pool *pool,
             .rope = local ? &m->rope_local : &m->rope_global, .q_scale = hp->q_scale,
             .window = local ? hp->window : 0,
         };
-        ds4n_rms_norm(s->x, lw[DS4N_GEMMA3_ATTN_NORM], s->xn, T, E, hp->rms_eps);
-        ds4n_attention(&m->dims, &al, &s->kv, il, &s->ws, pool, s->xn, T, s->n_past, s->tmp);
-        ds4n_rms_norm(s->tmp, lw[DS4N_GEMMA3_POST_ATTN_NORM], s->tmp, T, E, hp->rms_eps);
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(b.x, lw[DS4N_GEMMA3_ATTN_NORM], b.xn, T, E, hp->rms_eps);
+        ds4n_attention(&m->dims, &al, il, &b, pool, b.xn, b.tmp);
+        ds4n_rms_norm(b.tmp, lw[DS4N_GEMMA3_POST_ATTN_NORM], b.tmp, T, E, hp->rms_eps);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
 
         const ds4n_ffn_layer fl = {
             .gate = lw[DS4N_GEMMA3_W_GATE], .tgate = lt[DS4N_GEMMA3_W_GATE],
@@ -85,13 +89,25 @@ int ds4n_gemma3_eval(const ds4n_gemma3 *m, ds4n_dec_session *s, ds4n_pool *pool,
             .down = lw[DS4N_GEMMA3_W_DOWN], .tdown = lt[DS4N_GEMMA3_W_DOWN],
             .act = DS4N_ACT_GELU_TANH,
         };
-        ds4n_rms_norm(s->x, lw[DS4N_GEMMA3_FFN_NORM], s->xn, T, E, hp->rms_eps);
-        ds4n_ffn(&m->dims, &fl, &s->ws, pool, s->xn, T, s->tmp);
-        ds4n_rms_norm(s->tmp, lw[DS4N_GEMMA3_POST_FFN_NORM], s->tmp, T, E, hp->rms_eps);
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(b.x, lw[DS4N_GEMMA3_FFN_NORM], b.xn, T, E, hp->rms_eps);
+        ds4n_ffn(&m->dims, &fl, &b, pool, b.xn, b.tmp);
+        ds4n_rms_norm(b.tmp, lw[DS4N_GEMMA3_POST_FFN_NORM], b.tmp, T, E, hp->rms_eps);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
     }
     const int head = m->wt.w[DS4N_GEMMA3_OUTPUT] ? DS4N_GEMMA3_OUTPUT : DS4N_GEMMA3_TOKEN_EMBD;
-    ds4n_dec_finish(s, pool, m->wt.w[DS4N_GEMMA3_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
-                    m->wt.type[head], hp->n_vocab, T, logits, all_logits, hp->softcap);
+    ds4n_dec_batch_finish(&b, pool, m->wt.w[DS4N_GEMMA3_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
+                          m->wt.type[head], hp->n_vocab, logits, all_logits, hp->softcap);
     return DS4N_OK;
 }
+
+int ds4n_gemma3_eval(const ds4n_gemma3 *m, ds4n_dec_session *s, ds4n_pool *pool,
+                     const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+    if (T <= 0) return DS4N_OK;
+    return eval(m, pool, &s, tokens, &T, 1, logits, all_logits);
+}
+
+int ds4n_gemma3_eval_batch(const ds4n_gemma3 *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                           const int32_t *tokens, const int64_t *counts, int n_seq, float *logits) {
+    return eval(m, pool, sessions, tokens, counts, n_seq, logits, 0);
+}
+

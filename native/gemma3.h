@@ -47,6 +47,15 @@ ds4n_dec_session *ds4n_gemma3_session_new(const ds4n_gemma3 *model, int64_t n_ct
 int ds4n_gemma3_eval(const ds4n_gemma3 *model, ds4n_dec_session *sess, ds4n_pool *pool,
                      const int32_t *tokens, int64_t n, float *logits, int all_logits);
 
+/* Appends counts[i] >= 1 tokens to each of n_seq distinct sessions in one forward pass
+ * (the weights read once for all of them; tokens holds each session's tokens in turn).
+ * logits (n_seq x n_vocab, may be NULL) receives each session's logits after its last
+ * token, bitwise what ds4n_gemma3_eval of that session alone gives. DS4N_OK, or a
+ * DS4N_ERR_* of decoder.h with no session changed. */
+int ds4n_gemma3_eval_batch(const ds4n_gemma3 *model, ds4n_pool *pool,
+                           ds4n_dec_session *const *sessions, const int32_t *tokens,
+                           const int64_t *counts, int n_seq, float *logits);
+
 #ifdef __cplusplus
 }
 #endif

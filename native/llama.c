@@ -65,13 +65,18 @@ ds4n_dec_session *ds4n_llama_session_new(const ds4n_llama *m, int64_t n_ctx,
 
 /* ---- eval ----------------------------------------------------------------------------- */
 
-int ds4n_llama_eval(const ds4n_llama *m, ds4n_dec_session *s, ds4n_pool *pool,
-                    const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+static int eval(const ds4n_llama *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                const int32_t *tokens, const int64_t *counts, int n_seq, float *logits,
+                int all_logits) {
     const ds4n_llama_hparams *hp = &m->hp;
-    const int rc = ds4n_dec_begin(s, pool, m->wt.w[DS4N_LLAMA_TOKEN_EMBD],
-                                  m->wt.type[DS4N_LLAMA_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
-    if (rc != DS4N_OK || T <= 0) return rc;
+    ds4n_dec_batch b;
+    const int rc = ds4n_dec_batch_begin(&b, &m->dims, hp->n_layer, sessions, n_seq, counts, pool,
+                                        m->wt.w[DS4N_LLAMA_TOKEN_EMBD],
+                                        m->wt.type[DS4N_LLAMA_TOKEN_EMBD], hp->n_vocab, tokens,
+                                        1.0f);
+    if (rc != DS4N_OK) return rc;
     const int E = hp->n_embd;
+    const int64_t T = b.n_rows;
     for (int il = 0; il < hp->n_layer; il++) {
         const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
         const int32_t *lt = ds4n_dec_layer_wt(&m->wt, il);
@@ -85,9 +90,9 @@ int ds4n_llama_eval(const ds4n_llama *m, ds4n_dec_session *s, ds4n_pool *pool,
             .q_norm = lw[DS4N_LLAMA_Q_NORM], .k_norm = lw[DS4N_LLAMA_K_NORM],
             .rope = &m->rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim),
         };
-        ds4n_rms_norm(s->x, lw[DS4N_LLAMA_ATTN_NORM], s->xn, T, E, hp->rms_eps);
-        ds4n_attention(&m->dims, &al, &s->kv, il, &s->ws, pool, s->xn, T, s->n_past, s->tmp);
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(b.x, lw[DS4N_LLAMA_ATTN_NORM], b.xn, T, E, hp->rms_eps);
+        ds4n_attention(&m->dims, &al, il, &b, pool, b.xn, b.tmp);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
 
         const ds4n_ffn_layer fl = {
             .gate = lw[DS4N_LLAMA_W_GATE], .tgate = lt[DS4N_LLAMA_W_GATE],
@@ -95,12 +100,24 @@ int ds4n_llama_eval(const ds4n_llama *m, ds4n_dec_session *s, ds4n_pool *pool,
             .down = lw[DS4N_LLAMA_W_DOWN], .tdown = lt[DS4N_LLAMA_W_DOWN],
             .act = DS4N_ACT_SILU,
         };
-        ds4n_rms_norm(s->x, lw[DS4N_LLAMA_FFN_NORM], s->xn, T, E, hp->rms_eps);
-        ds4n_ffn(&m->dims, &fl, &s->ws, pool, s->xn, T, s->tmp);
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(b.x, lw[DS4N_LLAMA_FFN_NORM], b.xn, T, E, hp->rms_eps);
+        ds4n_ffn(&m->dims, &fl, &b, pool, b.xn, b.tmp);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
     }
     const int head = m->wt.w[DS4N_LLAMA_OUTPUT] ? DS4N_LLAMA_OUTPUT : DS4N_LLAMA_TOKEN_EMBD;
-    ds4n_dec_finish(s, pool, m->wt.w[DS4N_LLAMA_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
-                    m->wt.type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
+    ds4n_dec_batch_finish(&b, pool, m->wt.w[DS4N_LLAMA_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
+                          m->wt.type[head], hp->n_vocab, logits, all_logits, 0.0f);
     return DS4N_OK;
 }
+
+int ds4n_llama_eval(const ds4n_llama *m, ds4n_dec_session *s, ds4n_pool *pool,
+                    const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+    if (T <= 0) return DS4N_OK;
+    return eval(m, pool, &s, tokens, &T, 1, logits, all_logits);
+}
+
+int ds4n_llama_eval_batch(const ds4n_llama *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                          const int32_t *tokens, const int64_t *counts, int n_seq, float *logits) {
+    return eval(m, pool, sessions, tokens, counts, n_seq, logits, 0);
+}
+

@@ -5,7 +5,10 @@
  * are split across the workers, so each streams its share of the matrix once. The per-32 sums of x are taken once per
  * matvec for the types whose blocks carry a min (min·Σx).
  *
- * T > 1 (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
+ * 2 <= T <= DS4N_SMALL_T (batched decode of several sessions): each row read once and each
+ * of its blocks decoded once for all T tokens, token t's result bitwise the T == 1 one.
+ *
+ * T > DS4N_SMALL_T (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
  * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into a float buffer (64 KB,
  * L2-resident) and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x
  * DS4N_TILE_COLS tokens of SIMD accumulators) over every token against it; each micro-kernel
@@ -35,21 +38,30 @@ static void share(int64_t rows, int ith, int nth, int64_t *begin, int64_t *end) 
     if (*end > rows) *end = rows;
 }
 
+/* xsum[b] = Σ x[32b .. 32b+32), summed in order (the small-batch path must match it). */
+static void block_sums(const float *x, int64_t nb, float *xsum) {
+    for (int64_t b = 0; b < nb; b++) {
+        float s = 0.0f;
+        for (int j = 0; j < QK; j++) s += x[b * QK + j];
+        xsum[b] = s;
+    }
+}
+
+static int uses_rows_kernel(const struct ds4n_row_kernels *k, int64_t K) {
+    return k->rows && K % QK == 0 && K / QK <= XSUM_MAX;
+}
+
 static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     const struct ds4n_row_kernels *k = ds4n_active_kernels(m->type);
     int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
-    if (!k->rows || m->K % QK != 0 || m->K / QK > XSUM_MAX) {
+    if (!uses_rows_kernel(k, m->K)) {
         for (int64_t r = r0; r < r1; r++, w += row_bytes) m->Y[r] = k->dot(w, m->X, m->K);
         return;
     }
     float xsum[XSUM_MAX];
-    for (int64_t b = 0; b < m->K / QK; b++) {
-        float s = 0.0f;
-        for (int j = 0; j < QK; j++) s += m->X[b * QK + j];
-        xsum[b] = s;
-    }
+    block_sums(m->X, m->K / QK, xsum);
     /* DS4N_MV_ROWS streams, each a contiguous run of rows: the kernel reads one row of each
      * per pass. Adjacent rows per pass measured slower: rows of a small model are a few
      * cache lines, and hopping between them defeats the hardware prefetcher; long runs
@@ -64,6 +76,35 @@ static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     }
     for (int64_t r = r0 + R * len; r < r1; r++)
         k->rows((const uint8_t *)m->W + r * row_bytes, row_bytes, m->X, xsum, m->K, m->Y + r, 1);
+}
+
+/* 2 <= T <= DS4N_SMALL_T (several sessions' decode steps in one call): each row is read
+ * once and its blocks decoded once for all T tokens, and token t's result is bitwise the
+ * T == 1 path's for it alone (the cols kernels repeat the rows or dot kernel's arithmetic
+ * per token; rows land in the same worker share either way, and no kernel's result depends
+ * on which rows share its pass). */
+static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const struct ds4n_row_kernels *k = ds4n_active_kernels(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    const int rows_kernel = uses_rows_kernel(k, m->K);
+    const int64_t nb = m->K / QK;
+    /* Token by token when there is no kernel to share the decoding, or the T sums of a
+     * rows-kernel type do not fit the stack buffer. */
+    if (!k->cols || (k->rows && !rows_kernel) || (rows_kernel && nb * m->T > XSUM_MAX)) {
+        for (int64_t t = 0; t < m->T; t++) {
+            struct matmul_job one = *m;
+            one.T = 1, one.X = m->X + t * m->K, one.Y = m->Y + t * m->rows;
+            matvec_rows(&one, r0, r1);
+        }
+        return;
+    }
+    float xsum[XSUM_MAX];
+    if (rows_kernel)
+        for (int64_t t = 0; t < m->T; t++) block_sums(m->X + t * m->K, nb, xsum + t * nb);
+    const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
+    for (int64_t r = r0; r < r1; r++, w += row_bytes)
+        k->cols(w, m->X, m->K, xsum, m->K, m->Y + r, m->rows, (int)m->T);
 }
 
 static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
@@ -101,6 +142,7 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const fl
     share(rows, ith, nth, &r0, &r1);
     const int64_t t0 = ds4n_profile_on() ? ds4n_now_ns() : 0;
     if (r0 < r1 && T == 1) matvec_rows(&m, r0, r1);
+    else if (r0 < r1 && T <= DS4N_SMALL_T) small_rows(&m, r0, r1);
     else if (r0 < r1) gemm_rows(&m, r0, r1);
     if (t0) ds4n_profile_matmul(type, rows, K, T, ds4n_now_ns() - t0);
 }

@@ -6,7 +6,12 @@
  * (each worker takes its share of every expert's rows), the activation in a second, down in
  * a third, and the weighted sum back into token order in a fourth. An expert no token chose
  * is never touched. Each token's sum runs over its slots in rank order, whatever the chunk,
- * so a token gets the same result in a prefill chunk as alone. */
+ * so a token gets the same result in a prefill chunk as alone.
+ *
+ * A batch of sequences (ds4n_moe_forward_batch) groups all their rows by expert too; within
+ * an expert the rows stay in token order, so each sequence's rows for it are one run, and
+ * each run gets the product it gets alone: a run of more than DS4N_DEC_SMALL_T rows its own
+ * call, shorter runs (a decode token's, one row) together as decode rows. */
 #include "moe.h"
 
 #include <math.h>
@@ -14,6 +19,7 @@
 #include <string.h>
 
 #include "attention.h" /* ds4n_swiglu */
+#include "decoder.h"   /* ds4n_dec_rows_part, DS4N_DEC_SMALL_T */
 
 #define MAX_EXPERTS 65536 /* keeps every count and row index well inside int32 */
 
@@ -23,11 +29,12 @@ struct ds4n_moe_scratch {
     float *weights;   /* T x n_used */
     int32_t *row_of;  /* T x n_used: grouped row of (token, slot) */
     int32_t *expert_of_row;
+    int32_t *seq_of_row;  /* T x n_used: the sequence of each grouped row */
     int32_t *count, *first, *active; /* per expert: rows, first row; active expert ids */
     float *probs;                    /* n_expert: one token's gating values */
     uint8_t *taken;                  /* n_expert: top-k bookkeeping */
     float *xg, *g, *u, *y;           /* grouped rows: inputs, gate/activation, up, outputs */
-    int64_t cap[14];
+    int64_t cap[15];
     int64_t expert_bytes;
 };
 
@@ -47,7 +54,8 @@ ds4n_moe_scratch *ds4n_moe_scratch_new(void) { return calloc(1, sizeof(ds4n_moe_
 void ds4n_moe_scratch_free(ds4n_moe_scratch *s) {
     if (!s) return;
     void *bufs[] = {s->logits, s->ids, s->weights, s->row_of, s->expert_of_row, s->count,
-                    s->first, s->active, s->xg, s->g, s->u, s->y, s->probs, s->taken};
+                    s->first, s->active, s->xg, s->g, s->u, s->y, s->probs, s->taken,
+                    s->seq_of_row};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) free(bufs[i]);
     free(s);
 }
@@ -152,6 +160,33 @@ typedef struct {
     float *out;
 } moe_ctx;
 
+/* Y = X Wᵀ over the grouped rows [r0, r0 + n) of one expert (X, Y at row r0), each
+ * sequence's run as it is computed alone (see the top of this file). */
+static void expert_product(const ds4n_moe_scratch *s, int type, const void *W, int64_t rows,
+                           int64_t K, const float *X, int64_t r0, int64_t n, float *Y, int ith,
+                           int nth) {
+    const int32_t *seq = s->seq_of_row + r0;
+    int64_t r = 0;
+    while (r < n) {
+        int64_t q = r + 1;
+        while (q < n && seq[q] == seq[r]) q++;
+        if (q - r > DS4N_DEC_SMALL_T) {
+            ds4n_matmul_part(type, W, rows, K, X + r * K, q - r, Y + r * rows, ith, nth);
+            r = q;
+            continue;
+        }
+        int64_t z = q; /* the following short runs join this one */
+        while (z < n) {
+            int64_t z2 = z + 1;
+            while (z2 < n && seq[z2] == seq[z]) z2++;
+            if (z2 - z > DS4N_DEC_SMALL_T) break;
+            z = z2;
+        }
+        ds4n_dec_rows_part(type, W, rows, K, X + r * K, z - r, 1, Y + r * rows, ith, nth);
+        r = z;
+    }
+}
+
 static const uint8_t *expert_matrix(const void *base, int type, int64_t rows, int64_t cols,
                                     int e) {
     return (const uint8_t *)base + (int64_t)e * rows * row_bytes(type, cols);
@@ -165,10 +200,10 @@ static void gate_up_task(void *p, int ith, int nth) {
     for (int a = 0; a < c->n_active; a++) {
         const int e = s->active[a];
         const int64_t r0 = s->first[e], n = s->count[e];
-        ds4n_matmul_part(m->gate_type, expert_matrix(m->gate, m->gate_type, F, E, e), F, E,
-                         s->xg + r0 * E, n, s->g + r0 * F, ith, nth);
-        ds4n_matmul_part(m->up_type, expert_matrix(m->up, m->up_type, F, E, e), F, E,
-                         s->xg + r0 * E, n, s->u + r0 * F, ith, nth);
+        expert_product(s, m->gate_type, expert_matrix(m->gate, m->gate_type, F, E, e), F, E,
+                       s->xg + r0 * E, r0, n, s->g + r0 * F, ith, nth);
+        expert_product(s, m->up_type, expert_matrix(m->up, m->up_type, F, E, e), F, E,
+                       s->xg + r0 * E, r0, n, s->u + r0 * F, ith, nth);
     }
 }
 
@@ -208,8 +243,8 @@ static void down_task(void *p, int ith, int nth) {
     for (int a = 0; a < c->n_active; a++) {
         const int e = s->active[a];
         const int64_t r0 = s->first[e], n = s->count[e];
-        ds4n_matmul_part(m->down_type, expert_matrix(m->down, m->down_type, E, F, e), E, F,
-                         s->g + r0 * F, n, s->y + r0 * E, ith, nth);
+        expert_product(s, m->down_type, expert_matrix(m->down, m->down_type, E, F, e), E, F,
+                       s->g + r0 * F, r0, n, s->y + r0 * E, ith, nth);
     }
 }
 
@@ -245,9 +280,9 @@ int ds4n_moe_scratch_reserve(ds4n_moe_scratch *s, const ds4n_moe *m, int64_t T) 
                      (void **)&s->row_of, (void **)&s->expert_of_row, (void **)&s->count,
                      (void **)&s->first, (void **)&s->active, (void **)&s->xg,
                      (void **)&s->g, (void **)&s->u, (void **)&s->y, (void **)&s->probs,
-                     (void **)&s->taken};
+                     (void **)&s->taken, (void **)&s->seq_of_row};
     const int64_t need[] = {T * n * f, R * i, R * f, R * i, R * i, n * i, n * i,
-                            n * i, R * E * f, R * F * f, R * F * f, R * E * f, n * f, n};
+                            n * i, R * E * f, R * F * f, R * F * f, R * E * f, n * f, n, R * i};
     for (size_t b = 0; b < sizeof need / sizeof *need; b++)
         if (grow(bufs[b], &s->cap[b], need[b]) != 0) return DS4N_MOE_ERR_NO_MEMORY;
     return DS4N_MOE_OK;
@@ -256,11 +291,22 @@ int ds4n_moe_scratch_reserve(ds4n_moe_scratch *s, const ds4n_moe *m, int64_t T) 
 int ds4n_moe_forward(ds4n_pool *pool, const ds4n_moe *m, ds4n_moe_scratch *s, const float *x,
                      int64_t T, float *out) {
     if (T <= 0) return DS4N_MOE_OK;
+    return ds4n_moe_forward_batch(pool, m, s, x, &T, 1, out);
+}
+
+int ds4n_moe_forward_batch(ds4n_pool *pool, const ds4n_moe *m, ds4n_moe_scratch *s,
+                           const float *x, const int64_t *count, int n_seq, float *out) {
+    int64_t T = 0;
+    for (int i = 0; i < n_seq; i++) {
+        if (count[i] < 1 || count[i] > INT32_MAX - T) return DS4N_MOE_ERR_NO_MEMORY;
+        T += count[i];
+    }
+    if (T <= 0) return DS4N_MOE_OK;
     if (ds4n_moe_scratch_reserve(s, m, T) != 0) return DS4N_MOE_ERR_NO_MEMORY;
     const int n = m->n_expert, k = m->n_used;
     const int64_t E = m->n_embd, F = m->n_ff, R = T * k;
 
-    ds4n_matmul(pool, m->router_type, m->router, n, E, x, T, s->logits);
+    ds4n_dec_project(pool, m->router_type, m->router, n, E, x, count, n_seq, s->logits);
     if (m->router_bias)
         for (int64_t t = 0; t < T; t++)
             for (int e = 0; e < n; e++) s->logits[t * n + e] += m->router_bias[e];
@@ -279,11 +325,15 @@ int ds4n_moe_forward(ds4n_pool *pool, const ds4n_moe *m, ds4n_moe_scratch *s, co
         if (s->count[e]) s->active[n_active++] = e;
     }
     for (int a = 0; a < n_active; a++) s->count[s->active[a]] = 0; /* refilled below */
+    int32_t seq = 0;
+    int64_t seq_end = count[0] * k;
     for (int64_t r = 0; r < R; r++) {
+        while (r >= seq_end) seq_end += count[++seq] * k;
         const int e = s->ids[r];
         const int32_t row = s->first[e] + s->count[e]++;
         s->row_of[r] = row;
         s->expert_of_row[row] = e;
+        s->seq_of_row[row] = seq;
         memcpy(s->xg + (int64_t)row * E, x + (r / k) * E, sizeof(float) * E);
     }
     const int64_t per_expert =

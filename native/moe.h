@@ -76,6 +76,12 @@ int ds4n_moe_scratch_reserve(ds4n_moe_scratch *s, const ds4n_moe *moe, int64_t T
 int ds4n_moe_forward(ds4n_pool *pool, const ds4n_moe *moe, ds4n_moe_scratch *s, const float *x,
                      int64_t T, float *out);
 
+/* The same over the concatenated rows of n_seq sequences of count[i] >= 1 tokens each (a
+ * batch of sessions): every row gets bitwise what it gets when its sequence is passed
+ * alone, while each expert's weights are read once for all the rows that chose it. */
+int ds4n_moe_forward_batch(ds4n_pool *pool, const ds4n_moe *moe, ds4n_moe_scratch *s,
+                           const float *x, const int64_t *count, int n_seq, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -50,38 +50,55 @@ ds4n_dec_session *ds4n_phi3_session_new(const ds4n_phi3 *m, int64_t n_ctx,
     return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx, kv_type);
 }
 
-int ds4n_phi3_eval(const ds4n_phi3 *m, ds4n_dec_session *s, ds4n_pool *pool,
-                   const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+static int eval(const ds4n_phi3 *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                const int32_t *tokens, const int64_t *counts, int n_seq, float *logits,
+                int all_logits) {
     const ds4n_phi3_hparams *hp = &m->hp;
-    const int rc = ds4n_dec_begin(s, pool, m->wt.w[DS4N_PHI3_TOKEN_EMBD],
-                                  m->wt.type[DS4N_PHI3_TOKEN_EMBD], hp->n_vocab, tokens, T, 1.0f);
-    if (rc != DS4N_OK || T <= 0) return rc;
+    ds4n_dec_batch b;
+    const int rc = ds4n_dec_batch_begin(&b, &m->dims, hp->n_layer, sessions, n_seq, counts, pool,
+                                        m->wt.w[DS4N_PHI3_TOKEN_EMBD],
+                                        m->wt.type[DS4N_PHI3_TOKEN_EMBD], hp->n_vocab, tokens,
+                                        1.0f);
+    if (rc != DS4N_OK) return rc;
+    const int64_t T = b.n_rows;
     const int E = hp->n_embd;
-    /* The rope of a session is fixed by its context size, so its cached keys stay valid. */
-    const ds4n_rope *rope = s->n_ctx > hp->n_ctx_orig ? &m->rope_long : &m->rope_short;
     for (int il = 0; il < hp->n_layer; il++) {
         const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
         const int32_t *lt = ds4n_dec_layer_wt(&m->wt, il);
         const ds4n_attn_layer al = {
             .wqkv = lw[DS4N_PHI3_WQKV], .tqkv = lt[DS4N_PHI3_WQKV],
             .wo = lw[DS4N_PHI3_WO], .to = lt[DS4N_PHI3_WO],
-            .rope = rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim), .window = hp->window,
+            /* A session's rope is fixed by its context size, so its cached keys stay valid. */
+            .rope = &m->rope_short, .rope_long = &m->rope_long, .long_ctx = hp->n_ctx_orig,
+            .q_scale = 1.0f / sqrtf((float)hp->head_dim), .window = hp->window,
         };
-        ds4n_rms_norm(s->x, lw[DS4N_PHI3_ATTN_NORM], s->xn, T, E, hp->rms_eps);
-        ds4n_attention(&m->dims, &al, &s->kv, il, &s->ws, pool, s->xn, T, s->n_past, s->tmp);
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(b.x, lw[DS4N_PHI3_ATTN_NORM], b.xn, T, E, hp->rms_eps);
+        ds4n_attention(&m->dims, &al, il, &b, pool, b.xn, b.tmp);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
 
         const ds4n_ffn_layer fl = {
             .up = lw[DS4N_PHI3_W_UP], .tup = lt[DS4N_PHI3_W_UP],
             .down = lw[DS4N_PHI3_W_DOWN], .tdown = lt[DS4N_PHI3_W_DOWN],
             .act = DS4N_ACT_SILU,
         };
-        ds4n_rms_norm(s->x, lw[DS4N_PHI3_FFN_NORM], s->xn, T, E, hp->rms_eps);
-        ds4n_ffn(&m->dims, &fl, &s->ws, pool, s->xn, T, s->tmp);
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_rms_norm(b.x, lw[DS4N_PHI3_FFN_NORM], b.xn, T, E, hp->rms_eps);
+        ds4n_ffn(&m->dims, &fl, &b, pool, b.xn, b.tmp);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
     }
     const int head = m->wt.w[DS4N_PHI3_OUTPUT] ? DS4N_PHI3_OUTPUT : DS4N_PHI3_TOKEN_EMBD;
-    ds4n_dec_finish(s, pool, m->wt.w[DS4N_PHI3_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
-                    m->wt.type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
+    ds4n_dec_batch_finish(&b, pool, m->wt.w[DS4N_PHI3_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
+                          m->wt.type[head], hp->n_vocab, logits, all_logits, 0.0f);
     return DS4N_OK;
 }
+
+int ds4n_phi3_eval(const ds4n_phi3 *m, ds4n_dec_session *s, ds4n_pool *pool,
+                   const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+    if (T <= 0) return DS4N_OK;
+    return eval(m, pool, &s, tokens, &T, 1, logits, all_logits);
+}
+
+int ds4n_phi3_eval_batch(const ds4n_phi3 *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                         const int32_t *tokens, const int64_t *counts, int n_seq, float *logits) {
+    return eval(m, pool, sessions, tokens, counts, n_seq, logits, 0);
+}
+

@@ -119,10 +119,18 @@ typedef float (*ds4n_dot_fn)(const void *w, const float *x, int64_t n);
 typedef void (*ds4n_rows_fn)(const void *w, int64_t row_stride, const float *x,
                              const float *xsum, int64_t n, float *y, int R);
 #define DS4N_MV_ROWS 4
+/* Small-batch matvec: one row against T (1..DS4N_SMALL_T) activation rows x + t*ldx, each
+ * block of the row decoded once for all of them. y[t*ldy] is bitwise what the single-token
+ * path gives for token t alone: the rows kernel's arithmetic when the set has one for the
+ * type (xsum + t*(n/32) are token t's per-32 sums), else the dot kernel's. */
+typedef void (*ds4n_cols_fn)(const void *w, const float *x, int64_t ldx, const float *xsum,
+                             int64_t n, float *y, int64_t ldy, int T);
+#define DS4N_SMALL_T 8
 struct ds4n_row_kernels {
     ds4n_dequant_fn dequantize;
     ds4n_dot_fn dot;
     ds4n_rows_fn rows; /* NULL: the matvec runs dot row by row */
+    ds4n_cols_fn cols; /* NULL: a small batch runs token by token */
 };
 
 /* GEMM micro-kernel: for r < R (1..4) and t < C (1..3), acc[r][t] = dot(W + r*ldw, X + t*ldx)

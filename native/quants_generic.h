@@ -129,6 +129,26 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]) + accm[r];
 }
 
+/* rows_legacy's arithmetic for one row and T tokens, the block decoded once for all. */
+DS4N_INLINE void cols_legacy(int type, int64_t block_bytes, const void *w, const float *x,
+                             int64_t ldx, const float *xsum, int64_t n, float *y, int64_t ldy,
+                             const int T) {
+    vacc acc[DS4N_SMALL_T];
+    float accm[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = vzero(), accm[t] = 0.0f;
+    const int64_t nb = n / QK;
+    const uint8_t *p = w;
+    struct legacy_block b;
+    for (int64_t i = 0; i < nb; i++, p += block_bytes) {
+        load_legacy(type, p, &b);
+        for (int t = 0; t < T; t++) {
+            acc[t] = vfma_s(acc[t], b.d, block32_dot(b.q, x + t * ldx + i * QK));
+            if (is_affine(type)) accm[t] += b.m * xsum[t * nb + i];
+        }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = vhsum(acc[t]) + accm[t];
+}
+
 /* ---- Q4_K / Q5_K: eight sub-blocks of 32, y = d·sc·q - dmin·m ---------------------------- */
 
 DS4N_INLINE void dequant_k_sub32(uint16_t d16, uint16_t dmin16, const uint8_t *scales,
@@ -195,6 +215,33 @@ DS4N_INLINE void rows_q45_K(int five, const void *w, int64_t row_stride, const f
     for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]) - accm[r];
 }
 
+/* rows_q45_K's arithmetic for one row and T tokens. */
+DS4N_INLINE void cols_q45_K(int five, const void *w, const float *x, int64_t ldx,
+                            const float *xsum, int64_t n, float *y, int64_t ldy, const int T) {
+    const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K), nb = n / QK;
+    vacc acc[DS4N_SMALL_T];
+    float accm[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = vzero(), accm[t] = 0.0f;
+    v16 q[2];
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += bb) {
+        const block_q4_K *b4 = (const block_q4_K *)p;
+        const block_q5_K *b5 = (const block_q5_K *)p;
+        const float d = f16(b4->d), dmin = f16(b4->dmin); /* same offsets in both layouts */
+        for (int s = 0; s < 8; s++) {
+            const int64_t j = i * 8 + s; /* the 32-group */
+            uint8_t sc, m;
+            ds4n_k_scale_min(b4->scales, s, &sc, &m);
+            k45_codes(five ? b5->qs : b4->qs, five ? b5->qh : NULL, s, q);
+            for (int t = 0; t < T; t++) {
+                acc[t] = vfma_s(acc[t], d * (float)sc, block32_dot(q, x + t * ldx + j * QK));
+                accm[t] += dmin * (float)m * xsum[t * nb + j];
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = vhsum(acc[t]) - accm[t];
+}
+
 static float dot_q4_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 0); }
 static float dot_q5_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 1); }
 
@@ -247,6 +294,28 @@ DS4N_INLINE void rows_q6_K(const void *w, int64_t row_stride, const float *x, co
         }
     }
     for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]);
+}
+
+/* rows_q6_K's arithmetic for one row and T tokens. */
+DS4N_INLINE void cols_q6_K(const void *w, const float *x, int64_t ldx, const float *xsum,
+                           int64_t n, float *y, int64_t ldy, const int T) {
+    vacc acc[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = vzero();
+    v16 q[2];
+    const block_q6_K *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        const float d = f16(b[i].d);
+        for (int g = 0; g < 8; g++) {
+            const float *xg = x + (i * 8 + g) * 32;
+            q6_codes(&b[i], g / 4, g % 4, q);
+            for (int t = 0; t < T; t++) {
+                acc[t] = vfma_s(acc[t], d * (float)b[i].scales[2 * g], v16_dot(q[0], xg + t * ldx));
+                acc[t] = vfma_s(acc[t], d * (float)b[i].scales[2 * g + 1],
+                                v16_dot(q[1], xg + t * ldx + 16));
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = vhsum(acc[t]);
 }
 
 /* ---- Q2_K / Q3_K: sixteen groups of 16 ---------------------------------------------------- */
@@ -386,7 +455,24 @@ static float dot_iq4_xs(const void *w, const float *x, int64_t n) {
         }                                                                                   \
     }
 _Static_assert(DS4N_MV_ROWS == 4, "DS4N_ROWS_KERNEL covers 1..4 rows");
-#define DS4N_LEGACY_ROWS(name, T, block) DS4N_ROWS_KERNEL(name, rows_legacy, T, sizeof(block))
+/* cols_<name>(w, x, ldx, xsum, n, y, ldy, T) over body(args..., T) with T a constant. */
+#define DS4N_COLS_CASE(T_, body, ...) \
+    case T_: body(__VA_ARGS__, w, x, ldx, xs, n, y, ldy, T_); break;
+#define DS4N_COLS_KERNEL(name, body, ...)                                                   \
+    static void cols_##name(const void *w, const float *x, int64_t ldx, const float *xs,   \
+                            int64_t n, float *y, int64_t ldy, int T) {                      \
+        switch (T) {                                                                        \
+            DS4N_COLS_CASE(1, body, __VA_ARGS__) DS4N_COLS_CASE(2, body, __VA_ARGS__)       \
+            DS4N_COLS_CASE(3, body, __VA_ARGS__) DS4N_COLS_CASE(4, body, __VA_ARGS__)       \
+            DS4N_COLS_CASE(5, body, __VA_ARGS__) DS4N_COLS_CASE(6, body, __VA_ARGS__)       \
+            DS4N_COLS_CASE(7, body, __VA_ARGS__)                                            \
+        default: body(__VA_ARGS__, w, x, ldx, xs, n, y, ldy, 8); break;                     \
+        }                                                                                   \
+    }
+_Static_assert(DS4N_SMALL_T == 8, "DS4N_COLS_KERNEL covers 1..8 tokens");
+#define DS4N_LEGACY_ROWS(name, T, block)                    \
+    DS4N_ROWS_KERNEL(name, rows_legacy, T, sizeof(block))   \
+    DS4N_COLS_KERNEL(name, cols_legacy, T, sizeof(block))
 DS4N_LEGACY_ROWS(q4_0, DS4N_Q4_0, block_q4_0)
 DS4N_LEGACY_ROWS(q4_1, DS4N_Q4_1, block_q4_1)
 DS4N_LEGACY_ROWS(q5_0, DS4N_Q5_0, block_q5_0)
@@ -396,8 +482,12 @@ DS4N_LEGACY_ROWS(iq4_nl, DS4N_IQ4_NL, block_iq4_nl)
 DS4N_LEGACY_ROWS(mxfp4, DS4N_MXFP4, block_mxfp4)
 DS4N_ROWS_KERNEL(q4_K, rows_q45_K, 0)
 DS4N_ROWS_KERNEL(q5_K, rows_q45_K, 1)
+DS4N_COLS_KERNEL(q4_K, cols_q45_K, 0)
+DS4N_COLS_KERNEL(q5_K, cols_q45_K, 1)
 #define rows_q6_K_body(unused, ...) rows_q6_K(__VA_ARGS__)
 DS4N_ROWS_KERNEL(q6_K_R, rows_q6_K_body, 0)
+#define cols_q6_K_body(unused, ...) cols_q6_K(__VA_ARGS__)
+DS4N_COLS_KERNEL(q6_K_T, cols_q6_K_body, 0)
 
 #define DS4N_GENERIC_KERNELS(name, T, block, kind)                             \
     static void dequant_##name(const void *s, float *y, int64_t n) {          \
@@ -428,8 +518,8 @@ DS4N_FLOAT_KERNELS(f16, DS4N_F16)
 DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
 
 /* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn`. */
-#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL}
-#define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name}
+#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, NULL}
+#define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name, cols_##name}
 #define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn)                                        \
     const struct ds4n_kernel_set set_name = {                                            \
         .row = {                                                                         \
@@ -437,7 +527,8 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
             DS4N_ROW_MV(Q4_0, q4_0), DS4N_ROW_MV(Q4_1, q4_1), DS4N_ROW_MV(Q5_0, q5_0),   \
             DS4N_ROW_MV(Q5_1, q5_1), DS4N_ROW_MV(Q8_0, q8_0),                            \
             DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW_MV(Q4_K, q4_K),         \
-            DS4N_ROW_MV(Q5_K, q5_K), [DS4N_Q6_K] = {dequant_q6_K, dot_q6_K, rows_q6_K_R}, \
+            DS4N_ROW_MV(Q5_K, q5_K),                                                     \
+            [DS4N_Q6_K] = {dequant_q6_K, dot_q6_K, rows_q6_K_R, cols_q6_K_T},            \
             DS4N_ROW(IQ2_XXS, iq2_xxs), DS4N_ROW_MV(IQ4_NL, iq4_nl),                     \
             DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW_MV(MXFP4, mxfp4),                         \
         },                                                                               \

@@ -94,31 +94,48 @@ ds4n_dec_session *ds4n_qwen3moe_session_new(const ds4n_qwen3moe *m, int64_t n_ct
 
 int64_t ds4n_qwen3moe_expert_bytes(const ds4n_qwen3moe *m) { return ds4n_moe_expert_bytes(m->scratch); }
 
-int ds4n_qwen3moe_eval(const ds4n_qwen3moe *m, ds4n_dec_session *s, ds4n_pool *pool,
-                       const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+static int eval(const ds4n_qwen3moe *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                const int32_t *tokens, const int64_t *counts, int n_seq, float *logits,
+                int all_logits) {
     const ds4n_qwen3moe_hparams *hp = &m->hp;
-    const int rc = ds4n_dec_begin(s, pool, m->wt.w[DS4N_QWEN3MOE_TOKEN_EMBD],
-                                  m->wt.type[DS4N_QWEN3MOE_TOKEN_EMBD], hp->n_vocab, tokens, T,
-                                  1.0f);
-    if (rc != DS4N_OK || T <= 0) return rc;
+    ds4n_dec_batch b;
+    const int rc = ds4n_dec_batch_begin(&b, &m->dims, hp->n_layer, sessions, n_seq, counts, pool,
+                                        m->wt.w[DS4N_QWEN3MOE_TOKEN_EMBD],
+                                        m->wt.type[DS4N_QWEN3MOE_TOKEN_EMBD], hp->n_vocab, tokens,
+                                        1.0f);
+    if (rc != DS4N_OK) return rc;
+    const int64_t T = b.n_rows;
     if (ds4n_moe_scratch_reserve(m->scratch, &m->moe[0], T) != DS4N_MOE_OK)
         return DS4N_ERR_NO_MEMORY; /* every layer's experts have the same shape */
     const int E = hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {
         const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
-        ds4n_rms_norm(s->x, lw[DS4N_QWEN3MOE_ATTN_NORM], s->xn, T, E, hp->rms_eps);
-        ds4n_attention(&m->dims, &m->attn[il], &s->kv, il, &s->ws, pool, s->xn, T, s->n_past,
-                       s->tmp);
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
-        ds4n_rms_norm(s->x, lw[DS4N_QWEN3MOE_FFN_NORM], s->xn, T, E, hp->rms_eps);
-        const int mrc = ds4n_moe_forward(pool, &m->moe[il], m->scratch, s->xn, T, s->tmp);
+        ds4n_rms_norm(b.x, lw[DS4N_QWEN3MOE_ATTN_NORM], b.xn, T, E, hp->rms_eps);
+        ds4n_attention(&m->dims, &m->attn[il], il, &b, pool, b.xn, b.tmp);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
+        ds4n_rms_norm(b.x, lw[DS4N_QWEN3MOE_FFN_NORM], b.xn, T, E, hp->rms_eps);
+        const int mrc = ds4n_moe_forward_batch(pool, &m->moe[il], m->scratch, b.xn, b.count,
+                                               b.n_seq, b.tmp);
         if (mrc != DS4N_MOE_OK) /* n_past unchanged: the K/V rows written are not held */
             return mrc == DS4N_MOE_ERR_BAD_EXPERT ? DS4N_ERR_BAD_EXPERT : DS4N_ERR_NO_MEMORY;
-        ds4n_dec_add_rows(s->x, s->tmp, T * E);
+        ds4n_dec_add_rows(b.x, b.tmp, T * E);
     }
     const int head =
         m->wt.w[DS4N_QWEN3MOE_OUTPUT] ? DS4N_QWEN3MOE_OUTPUT : DS4N_QWEN3MOE_TOKEN_EMBD;
-    ds4n_dec_finish(s, pool, m->wt.w[DS4N_QWEN3MOE_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
-                    m->wt.type[head], hp->n_vocab, T, logits, all_logits, 0.0f);
+    ds4n_dec_batch_finish(&b, pool, m->wt.w[DS4N_QWEN3MOE_OUTPUT_NORM], hp->rms_eps,
+                          m->wt.w[head], m->wt.type[head], hp->n_vocab, logits, all_logits,
+                          0.0f);
     return DS4N_OK;
 }
+
+int ds4n_qwen3moe_eval(const ds4n_qwen3moe *m, ds4n_dec_session *s, ds4n_pool *pool,
+                       const int32_t *tokens, int64_t T, float *logits, int all_logits) {
+    if (T <= 0) return DS4N_OK;
+    return eval(m, pool, &s, tokens, &T, 1, logits, all_logits);
+}
+
+int ds4n_qwen3moe_eval_batch(const ds4n_qwen3moe *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
+                             const int32_t *tokens, const int64_t *counts, int n_seq, float *logits) {
+    return eval(m, pool, sessions, tokens, counts, n_seq, logits, 0);
+}
+

@@ -69,6 +69,7 @@ int ds4n_set_simd(int level) {
         active[t].dot = own->dot ? own->dot : fallback->dot;
         /* A multi-row kernel only with the set's own dot, so a matvec never mixes levels. */
         active[t].rows = own->dot ? own->rows : fallback->rows;
+        active[t].cols = own->dot ? own->cols : fallback->cols; /* matches rows, else dot */
     }
     active_tile = set->tile;
     active_level = level;

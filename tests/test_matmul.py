@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ds4d.engine import native
-from tests.test_kernels import LEVELS, random_weights, reference
+from tests.test_kernels import ALL_TYPES, LEVELS, random_weights, reference
 
 MODEL_TYPES = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32", "IQ2_XXS", "Q5_K", "BF16", "IQ4_NL",
                "IQ4_XS", "MXFP4", "Q4_0", "Q5_0", "Q5_1"]  # fmt: skip
@@ -52,6 +52,51 @@ def test_matmul_every_simd_level(level: int, T: int, pool: native.Pool) -> None:
             check(qtype, rows=21, K=768, T=T, pool=pool, seed=T)
     finally:
         native.set_simd(native.SIMD_AUTO)
+
+
+def per_token(pool: native.Pool | None, qtype: str, raw: np.ndarray, rows: int, K: int,
+              X: np.ndarray) -> np.ndarray:  # fmt: skip
+    return np.concatenate(
+        [native.matmul(pool, qtype, raw, rows, K, X[t : t + 1]) for t in range(len(X))]
+    )
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=[native.SIMD_NAMES[x] for x in LEVELS])
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+def test_small_batch_is_bitwise_the_single_token_path(
+    qtype: str, level: int, pool: native.Pool
+) -> None:
+    """2..8 tokens in one call (several sessions' decode steps batched) give each token
+    exactly the bits it gets alone, so batching never changes a greedy answer."""
+    native.set_simd(level)
+    try:
+        rng = np.random.default_rng(11)
+        rows, K = 37, 768
+        raw = random_weights(qtype, rows, K, rng)
+        X = rng.standard_normal((8, K)).astype(np.float32)
+        alone = per_token(pool, qtype, raw, rows, K, X)
+        for T in range(2, 9):
+            got = native.matmul(pool, qtype, raw, rows, K, X[:T])
+            np.testing.assert_array_equal(got.view(np.uint32), alone[:T].view(np.uint32), f"T={T}")
+    finally:
+        native.set_simd(native.SIMD_AUTO)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q6_K", "F16", "F32"])
+@pytest.mark.parametrize("K", [40, 16384, 16384 + 256])
+def test_small_batch_bitwise_on_odd_and_long_rows(qtype: str, K: int, pool: native.Pool) -> None:
+    """Rows off the block size (float types), a batch whose per-32 sums fill the stack
+    buffer (512 x 8), and rows past it (8 tokens go one by one): still each token's bits."""
+    if K % native.lib.ds4n_type_block_size(native.TYPES[qtype]):
+        pytest.skip("not a whole number of blocks")
+    rng = np.random.default_rng(K)
+    rows = 9
+    raw = random_weights(qtype, rows, K, rng)
+    X = rng.standard_normal((8, K)).astype(np.float32)
+    alone = per_token(pool, qtype, raw, rows, K, X)
+    for T in (2, 5, 8):
+        got = native.matmul(pool, qtype, raw, rows, K, X[:T])
+        np.testing.assert_array_equal(got.view(np.uint32), alone[:T].view(np.uint32), f"T={T}")
 
 
 @pytest.mark.parametrize("K", [1, 7, 13, 300, 1000])

@@ -194,3 +194,14 @@ def test_every_slow_test_listed_exists() -> None:
                 if isinstance(node, ast.FunctionDef)
             }
             assert name in functions, key
+
+
+def test_no_source_refers_to_documents_outside_the_repo() -> None:
+    """Comments explain in place: none points at a path outside the checkout."""
+    outside = re.compile(r"\.\./shared|design\.md|specs/dsv4")
+    found = []
+    for root in ("ds4d", "ds4ctl", "native"):
+        for path in sorted((REPO / root).rglob("*")):
+            if path.suffix in (".py", ".c", ".h") and outside.search(path.read_text("utf-8")):
+                found.append(str(path.relative_to(REPO)))
+    assert not found, found

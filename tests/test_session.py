@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import io
 import json
 import struct
@@ -240,3 +241,155 @@ def test_eval_batch_matches_each_session_alone(engine, tokens) -> None:
     with pytest.raises(ContextFullError):
         engine.eval_batch([(sessions[0], [1]), (small, [2])])
     assert [s.tokens for s in sessions] == held
+
+
+# -- snapshots and delta payloads ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def story(data_dir: Path) -> list[int]:
+    case = json.loads((data_dir / "vectors/smollm2/long_story_2k.json").read_text())
+    assert len(case["prompt_tokens"]) >= 120
+    return case["prompt_tokens"][:120]
+
+
+def write(snap) -> bytes:
+    buf = io.BytesIO()
+    assert snap.write(buf) == snap.nbytes
+    return buf.getvalue()
+
+
+def test_full_snapshot_is_the_saved_payload_and_survives_later_evals(engine, story) -> None:
+    session = engine.new_session(128)
+    session.eval(story[:60])
+    saved = io.BytesIO()
+    session.save(saved)
+    snap = session.snapshot()
+    # The snapshot is a copy: changing the session afterwards does not change it.
+    session.rewind(20)
+    session.eval(story[80:120])
+    assert not snap.is_delta and write(snap) == saved.getvalue()
+
+
+def test_delta_chain_loads_to_the_same_state_as_one_full_payload(engine, story) -> None:
+    session = engine.new_session(128)
+    session.eval(story[:40])
+    base = write(session.snapshot())
+    session.eval(story[40:70])
+    delta1 = session.snapshot(start=40)
+    session.eval(story[70:90])
+    delta2 = write(session.snapshot(start=70))
+    d1 = write(delta1)
+    # Only the new rows: 30 tokens' KV, not 70.
+    row = engine.model.kv_token_bytes
+    assert delta1.kv_len == 30 * row and len(d1) < len(base)
+    assert struct.unpack_from("<8s", d1) == (b"DS4DDELT",)
+    loaded = engine.new_session(100)
+    for blob in (base, d1, delta2):
+        loaded.load(io.BytesIO(blob))
+    assert loaded.tokens == session.tokens == story[:90]
+    np.testing.assert_array_equal(loaded.logits, session.logits)
+    full = io.BytesIO()
+    session.save(full)
+    again = io.BytesIO()
+    loaded.save(again)
+    assert again.getvalue() == full.getvalue()
+    session.eval(story[90:95])
+    loaded.eval(story[90:95])
+    np.testing.assert_array_equal(loaded.logits, session.logits)
+
+
+def test_delta_refused_unless_the_session_holds_exactly_its_base(engine, story) -> None:
+    session = engine.new_session(128)
+    session.eval(story[:40])
+    session.eval(story[40:60])
+    delta = write(session.snapshot(start=40))
+    other = engine.new_session(128)
+    other.eval(story[:39] + [story[39] + 1])  # same length, one different token
+    with pytest.raises(EngineError, match="other tokens"):
+        other.load(io.BytesIO(delta))
+    assert len(other.tokens) == 40  # still its own tokens
+    short = engine.new_session(128)
+    short.eval(story[:30])
+    with pytest.raises(EngineError, match="extends 40 tokens; the session holds 30"):
+        short.load(io.BytesIO(delta))
+    with pytest.raises(EngineError, match="extends 40 tokens; the session holds 0"):
+        engine.new_session(128).load(io.BytesIO(delta))
+    small = engine.new_session(50)
+    small.eval(story[:40])
+    with pytest.raises(EngineError, match="does not fit n_ctx 50"):
+        small.load(io.BytesIO(delta))
+    base = engine.new_session(128)
+    base.eval(story[:40])
+    with pytest.raises(EngineError, match="truncated"):
+        base.load(io.BytesIO(delta[: len(delta) - 100]))
+    # A failed delta leaves the base usable: the same logits as a fresh session's.
+    assert base.tokens == story[:40]
+    fresh = engine.new_session(128)
+    fresh.eval(story[:40])
+    np.testing.assert_array_equal(base.logits, fresh.logits)
+    bad = bytearray(delta)
+    struct.pack_into("<i", bad, struct.calcsize("<8sI32sQQIIQ32s"), -5)  # first new token
+    good = engine.new_session(128)
+    good.eval(story[:40])
+    with pytest.raises(EngineError, match="outside the vocabulary"):
+        good.load(io.BytesIO(bytes(bad)))
+    good.load(io.BytesIO(delta))
+    assert good.tokens == story[:60]
+
+
+def test_snapshot_bounds_and_native_row_ranges_are_checked(engine, story) -> None:
+    from ds4d.engine.native import lib
+
+    session = engine.new_session(64)
+    session.eval(story[:10])
+    with pytest.raises(EngineError, match="cannot snapshot from token 11"):
+        session.snapshot(start=11)
+    with pytest.raises(EngineError):
+        session.snapshot(start=-1)
+    empty = session.snapshot(start=10)  # no new rows: header, logits
+    assert empty.kv_len == 0 and empty.is_delta
+    other = engine.new_session(64)
+    other.eval(story[:10])
+    other.load(io.BytesIO(write(empty)))
+    assert other.tokens == story[:10]
+    handle = session._state.handle
+    buf = np.zeros(3 * 64 * 64, np.float32)
+    ptr = buf.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+    # n_ctx 64: rows [0, 64) exist, [1, 65), [-1, 0) and a start past n_ctx do not.
+    assert lib.ds4n_dec_session_kv_get(handle, 0, 0, 0, 64, ptr) == 0
+    assert lib.ds4n_dec_session_kv_get(handle, 0, 0, 1, 64, ptr) == -1
+    assert lib.ds4n_dec_session_kv_get(handle, 0, 1, -1, 1, ptr) == -1
+    assert lib.ds4n_dec_session_kv_set(handle, 0, 1, 65, 0, ptr) == -1
+    assert lib.ds4n_dec_session_kv_set(handle, 0, 1, 2**62, 2**62, ptr) == -1
+    assert lib.ds4n_dec_session_kv_get(handle, 30, 0, 0, 1, ptr) == -1
+    # Rows [3, 7) of a range read are rows 3..6 of the whole read.
+    whole = np.zeros(3 * 10 * 64, np.float32)
+    part = np.zeros(3 * 4 * 64, np.float32)
+    for which in (0, 1):
+        fp = ctypes.POINTER(ctypes.c_float)
+        assert lib.ds4n_dec_session_kv_get(handle, 5, which, 0, 10, whole.ctypes.data_as(fp)) == 0
+        assert lib.ds4n_dec_session_kv_get(handle, 5, which, 3, 4, part.ctypes.data_as(fp)) == 0
+        np.testing.assert_array_equal(part.reshape(3, 4, 64), whole.reshape(3, 10, 64)[:, 3:7])
+
+
+def test_deepseek4_snapshots_are_whole_states(tmp_path: Path) -> None:
+    from ds4d.synth import SYNTH_PARAMS, write_deepseek4
+
+    path = tmp_path / "ds4.gguf"
+    write_deepseek4(path, seed=3)
+    toks = [int(t) for t in np.random.default_rng(2).integers(0, SYNTH_PARAMS.n_vocab, 40)]
+    with Engine.open(path, threads=1) as ds4:
+        session = ds4.new_session(64)
+        session.eval(toks[:30])
+        assert not session.supports_delta
+        with pytest.raises(EngineError, match="cannot be saved as deltas"):
+            session.snapshot(start=10)
+        snap = session.snapshot()
+        saved = io.BytesIO()
+        session.save(saved)
+        session.eval(toks[30:])
+        assert write(snap) == saved.getvalue()
+        loaded = ds4.new_session(64)
+        loaded.load(io.BytesIO(saved.getvalue()))
+        assert loaded.tokens == toks[:30]

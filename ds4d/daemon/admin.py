@@ -273,6 +273,8 @@ class AdminCommands:
         out = dict(self.daemon.status())
         out["power"] = settings["power"]
         out["trace"] = settings["trace"] or None
+        metrics = getattr(self.daemon, "metrics", None)  # batched decode: mean batch size
+        out["decode"] = metrics.decode_batching() if metrics is not None else None
         try:
             out["cache"] = self.cache.stats_dict() if self.cache is not None else None
         except Exception:  # not available yet (model loading) or disabled

@@ -24,7 +24,7 @@ from typing import Any
 
 import trio
 
-from ds4d.daemon import admin, logs
+from ds4d.daemon import admin, admin_protocol, logs
 from ds4d.daemon.config import Config
 from ds4d.daemon.notify import Notifier, run_watchdog
 from ds4d.daemon.power import PowerGovernor
@@ -40,7 +40,7 @@ class ControlPlane:
         self.live = live
         self.notifier = notifier
         self.governor = PowerGovernor(live.current.power)
-        self.socket_path: Path = admin.socket_path_for(live.current.admin_socket)
+        self.socket_path: Path = admin_protocol.socket_path_for(live.current.admin_socket)
         self.daemon: Any = None
         self.cache: Any = None
         self.trace: Any = None

@@ -7,6 +7,7 @@ channel, and is cancelled (within one engine step) when the client goes away.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -28,6 +29,7 @@ from ds4d.chat.types import (
     ToolCallStart,
     Usage,
 )
+from ds4d.daemon.batcher import Batcher
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool, Ticket
 from ds4d.engine.sampler import SamplingParams, make_rng, sample
@@ -62,6 +64,8 @@ class Generator:
         self.pool = pool
         self.gate = gate
         self.metrics = metrics
+        # Decode steps of all generating slots advance together, one engine call each.
+        self.batcher = Batcher(engine, gate, on_batch=metrics.count_decode_batch)
         self._vocab: VocabIndex | None = None
         self._longest_token: int | None = None  # bytes of the vocabulary's longest token
         # Hooks for the state layer (disk cache, trace, tool memory); see sync_slot.
@@ -311,54 +315,57 @@ class Generator:
                     job.record["ttft_s"] = ttft
                 await send.send(ev)
 
-        while generated < budget:
-            if isinstance(step, Force):
-                # Markup tokenized as the prompt is (chat markers as their tokens): the
-                # next turn renders this call back, and its tokens must be these.
-                held = pending or list(session.tokens[-1:])
-                ids = self.encode_after(held[-1] if held else None, step.text)
-                await self.gate.run(session.eval, pending + ids)
+        # A member of the decode batch from its first step to its last: a member between
+        # steps is waited for (briefly) before each batch, so it leaves as soon as it is done.
+        with self.batcher.join(session) as member:
+            while generated < budget:
+                if isinstance(step, Force):
+                    # Markup tokenized as the prompt is (chat markers as their tokens): the
+                    # next turn renders this call back, and its tokens must be these.
+                    held = pending or list(session.tokens[-1:])
+                    ids = self.encode_after(held[-1] if held else None, step.text)
+                    await member.step(pending + ids)
+                    pending = []
+                    generated += len(ids)
+                    job.record["generated_tokens"] = generated
+                    await emit(parser.feed(step.text))
+                    step = _advance(constraint, "")
+                    if step is None:
+                        reason = "tool_calls"
+                        break
+                    continue
+                allowed = step.ids if isinstance(step, Allow) else None
+                token = await member.step(pending, functools.partial(
+                    _after_eval, session, bool(pending), parser.sampling(params), rng, allowed, kv))
                 pending = []
-                generated += len(ids)
+                if token in eog and constraint is None:
+                    reason = "stop"
+                    break
+                pending = [token]
+                generated += 1
                 job.record["generated_tokens"] = generated
-                await emit(parser.feed(step.text))
-                step = _advance(constraint, "")
-                if step is None:
+                await emit(parser.feed(decoder.feed(token)))
+                if parser.stopped:
+                    reason = "stop"
+                    break
+                if parser.tool_block_closed:
                     reason = "tool_calls"
                     break
-                continue
-            allowed = step.ids if isinstance(step, Allow) else None
-            token = await self.gate.run(_eval_and_sample, session, pending,
-                                        parser.sampling(params), rng, allowed, kv)
-            pending = []
-            if token in eog and constraint is None:
-                reason = "stop"
-                break
-            pending = [token]
-            generated += 1
-            job.record["generated_tokens"] = generated
-            await emit(parser.feed(decoder.feed(token)))
-            if parser.stopped:
-                reason = "stop"
-                break
-            if parser.tool_block_closed:
-                reason = "tool_calls"
-                break
-            if constraint is None and getattr(parser, "call_opened", False):
-                # The model opened a call on its own: the rest is constrained to a valid
-                # call of a declared tool, as a forced call is (bounded by its schema).
-                constraint = parser.constrain_call(await self.vocab())
+                if constraint is None and getattr(parser, "call_opened", False):
+                    # The model opened a call on its own: the rest is constrained to a valid
+                    # call of a declared tool, as a forced call is (bounded by its schema).
+                    constraint = parser.constrain_call(await self.vocab())
+                    if constraint is not None:
+                        step = next(constraint)
+                        budget = room
+                    continue
                 if constraint is not None:
-                    step = next(constraint)
-                    budget = room
-                continue
-            if constraint is not None:
-                step = _advance(constraint, self._vocab_text(token))
-                if step is None:
-                    reason = "tool_calls"
-                    break
-        if pending:  # keep the KV complete: the next turn's prompt holds this token
-            await self.gate.run(session.eval, pending)
+                    step = _advance(constraint, self._vocab_text(token))
+                    if step is None:
+                        reason = "tool_calls"
+                        break
+            if pending:  # keep the KV complete: the next turn's prompt holds this token
+                await member.step(pending)
         # A character cut off by the token limit is dropped, not sent as U+FFFD: a client
         # would store the replacement and the next turn's prompt would no longer match.
         tail = decoder.flush().rstrip("\ufffd")
@@ -401,12 +408,11 @@ class Generator:
             return None
 
 
-def _eval_and_sample(session: Any, pending: list[int], params: Any, rng: Any,
-                     allowed: Any, kv: Any = None) -> int:
-    if pending:
-        session.eval(pending)
-        if kv is not None:  # a continued checkpoint when decoding reaches a frontier
-            kv.after_token(session)
+def _after_eval(session: Any, evaluated: bool, params: Any, rng: Any, allowed: Any,
+                kv: Any = None) -> int:
+    """A decode step's own work once the batch has evaluated its token (engine thread)."""
+    if evaluated and kv is not None:  # a continued checkpoint when decoding reaches a frontier
+        kv.after_token(session)
     return sample(session.logits, params, rng, allowed)
 
 

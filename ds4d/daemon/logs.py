@@ -19,9 +19,9 @@ _JOURNAL_FORMAT = "%(levelname).1s %(name)s: %(message)s"
 def setup_logging(config: Config) -> logging.Logger:
     """Configure the `ds4d` logger tree from `config` (log_file, log_level); idempotent."""
     logger = logging.getLogger(ROOT)
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-        handler.close()
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+        old.close()
     if config.log_file:
         path = Path(config.log_file).expanduser()
         path.parent.mkdir(parents=True, exist_ok=True)

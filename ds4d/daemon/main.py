@@ -11,11 +11,16 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+from typing import TYPE_CHECKING
 
 import trio
 
 from ds4d.daemon import exitcodes
-from ds4d.daemon.config import ConfigError, add_serve_arguments
+from ds4d.daemon.config import Config, ConfigError, add_serve_arguments
+
+if TYPE_CHECKING:  # imported where used: `ds4d --help` stays fast
+    from ds4d.daemon.control import ControlPlane
+    from ds4d.daemon.server import Daemon
 
 log = logging.getLogger("ds4d")
 
@@ -46,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return exitcodes.SOFTWARE
 
 
-async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlPlane
+async def serve(config: Config, control: ControlPlane | None = None) -> int:
     from hypercorn.config import Config as HypercornConfig
     from hypercorn.trio import serve as hypercorn_serve
 
@@ -73,10 +78,10 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
             try:
                 await nursery.start(control.run)
             except Exception as e:  # noqa: BLE001 - only a bind failure is handled here
-                e = _sole_cause(e)
-                if not isinstance(e, (SocketInUseError, OSError)):
+                cause = _sole_cause(e)
+                if not isinstance(cause, (SocketInUseError, OSError)):
                     raise
-                log.error("cannot open the admin socket %s: %s", control.socket_path, e)
+                log.error("cannot open the admin socket %s: %s", control.socket_path, cause)
                 nursery.cancel_scope.cancel()
                 return exitcodes.ADDRESS_IN_USE
             control.status("loading model")
@@ -87,10 +92,10 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
                 )
             )
         except Exception as e:  # noqa: BLE001 - only a bind failure is handled here
-            e = _sole_cause(e)
-            if not isinstance(e, OSError):
+            cause = _sole_cause(e)
+            if not isinstance(cause, OSError):
                 raise
-            log.error("cannot listen on %s: %s", hc.bind[0], e)
+            log.error("cannot listen on %s: %s", hc.bind[0], cause)
             nursery.cancel_scope.cancel()
             return exitcodes.ADDRESS_IN_USE
         log.info("listening on http://%s", hc.bind[0])
@@ -128,12 +133,14 @@ async def serve(config, control=None) -> int:  # noqa: ANN001 - Config, ControlP
 
 def _sole_cause(error: BaseException) -> BaseException:
     """The error a child task raised: trio's nursery.start wraps it in an ExceptionGroup."""
-    while isinstance(getattr(error, "exceptions", None), tuple) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
+    inner = getattr(error, "exceptions", None)  # (no BaseExceptionGroup builtin on 3.10)
+    while isinstance(inner, tuple) and len(inner) == 1 and isinstance(inner[0], BaseException):
+        error = inner[0]
+        inner = getattr(error, "exceptions", None)
     return error
 
 
-async def _signals(daemon) -> None:  # noqa: ANN001
+async def _signals(daemon: Daemon) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async for signum in signals:
             log.info("received %s", signal.Signals(signum).name)

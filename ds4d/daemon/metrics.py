@@ -51,6 +51,10 @@ class Metrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.gauges: dict[str, tuple[str, Callable[[], object]]] = {}
         self.extra: list[Callable[[], list[str]]] = []  # other parts' series (disk cache...)
+        # Batched decode: engine calls that advanced generating slots, and the slots they
+        # advanced in all (their ratio is the mean batch size).
+        self.decode_steps = 0
+        self.decode_step_slots = 0
 
     def account(self, record: dict[str, Any]) -> None:
         """A request that had a slot, as its generation record says (completed, cut by
@@ -63,6 +67,16 @@ class Metrics:
         self.prefill_seconds += record["prefill_s"]
         self.decode_seconds += record["decode_s"]
         self.finished[record["finish"]] += 1
+
+    def count_decode_batch(self, size: int) -> None:
+        self.decode_steps += 1
+        self.decode_step_slots += size
+
+    def decode_batching(self) -> dict[str, Any]:
+        """What `ds4ctl status` shows of batched decode."""
+        steps, slots = self.decode_steps, self.decode_step_slots
+        return {"steps": steps, "slot_steps": slots,
+                "mean_batch": round(slots / steps, 2) if steps else None}
 
     def gauge(self, name: str, help_text: str, read: Callable[[], object]) -> None:
         self.gauges[name] = (help_text, read)
@@ -112,6 +126,12 @@ class Metrics:
         family("ds4d_time_to_first_token_seconds", "histogram",
                "from request arrival to the first generated token")
         lines += self.ttft.lines("ds4d_time_to_first_token_seconds")
+        family("ds4d_decode_steps_total", "counter",
+               "decode engine calls, each advancing every generating slot by its step")
+        lines.append(f"ds4d_decode_steps_total {self.decode_steps}")
+        family("ds4d_decode_step_slots_total", "counter",
+               "slots advanced by decode engine calls (/ steps = mean batch size)")
+        lines.append(f"ds4d_decode_step_slots_total {self.decode_step_slots}")
         for extra in self.extra:
             lines += extra()
         return "\n".join(lines) + "\n"

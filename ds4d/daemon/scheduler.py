@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -118,13 +119,37 @@ class _Turn:
         self.event = trio.Event()
 
 
+class Held:
+    """One turn of the engine gate (see EngineGate.hold)."""
+
+    def __init__(self, gate: EngineGate, bulk: bool) -> None:
+        self.gate = gate
+        self.bulk = bulk
+        self.work_s = 0.0  # engine time taken during this turn
+
+    async def work(self, fn: Callable[..., Any], *args: Any) -> Any:
+        gate = self.gate
+        start = gate.clock()
+        result = await trio.to_thread.run_sync(fn, *args)
+        work = gate.clock() - start
+        self.work_s += work
+        gate._credit = work if self.bulk else max(0.0, gate._credit - work)
+        return result
+
+    async def rest(self) -> None:
+        """The power governor's rest for this turn's work (cancellable)."""
+        if self.gate.pace is not None:
+            await self.gate.pace(self.work_s)
+
+
 class EngineGate:
     """Runs engine calls on a worker thread, one at a time, so concurrent slots interleave
     at chunk/token granularity instead of fighting over the cores.
 
     Calls wait in FIFO order, with one exception that keeps a long prefill from starving
     the other slots: each `bulk` call (a prefill chunk) earns the short calls (decode
-    steps) as much engine time as it took, and while that credit lasts a waiting short
+    steps, each one batch of every generating slot: ds4d.daemon.batcher) as much engine
+    time as it took, and while that credit lasts a waiting short
     call goes ahead of the queue. So a slot that is generating gets a burst of tokens
     between two chunks of another slot's prefill, not one token per chunk: it stalls at
     most about one chunk, and the prefill still gets at least half of the engine time.
@@ -143,15 +168,19 @@ class EngineGate:
         self._deferred = False  # a release waits for the tasks to settle
 
     async def run(self, fn: Callable[..., Any], *args: Any, bulk: bool = False) -> Any:
+        async with self.hold(bulk) as engine:
+            result = await engine.work(fn, *args)
+            await engine.rest()
+            return result
+
+    @asynccontextmanager
+    async def hold(self, bulk: bool = False) -> AsyncIterator[Held]:
+        """The gate, held for one turn: `work` runs on the engine's thread, `rest` paces
+        what it took. For a caller that must decide what to run once its turn has come
+        (the decode batcher gathers its steps then)."""
         await self._acquire(bulk)
         try:
-            start = self.clock()
-            result = await trio.to_thread.run_sync(fn, *args)
-            work = self.clock() - start
-            self._credit = work if bulk else max(0.0, self._credit - work)
-            if self.pace is not None:
-                await self.pace(work)
-            return result
+            yield Held(self, bulk)
         finally:
             self._release(step_done=not bulk)
 

@@ -1,6 +1,6 @@
 """The model engine: GGUF reading, model families, tokenizer, sampler, sessions.
 
-The narrow API everything above depends on (see ../shared/design.md):
+The narrow API everything above depends on (docs/architecture.md places it):
 
     engine = Engine.open(path, threads=N)      # mmap GGUF, pick family, build tokenizer
     engine.info                                # family, name, n_vocab, n_ctx_train, ...

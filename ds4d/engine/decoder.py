@@ -10,14 +10,17 @@ head dimension, which a head dimension not a multiple of 32 cannot use); residen
 and the session payload both hold the stored type. engine.py drives the state through:
 
     state.eval(tokens_int32, logits_out, all_logits), state.n_past, state.set_n_past(n),
-    state.kv_bytes, state.kv_type, state.kv_payload_bytes(n), state.write_kv(fp, n),
-    state.read_kv(fp, n), state.close()
+    state.kv_bytes, state.kv_type, state.kv_payload_bytes(n, start), state.write_kv(fp, n,
+    start), state.read_kv(fp, n, start), state.close()
+
+and several states of one model at once through `model.eval_batch(states, tokens, logits)`
+(`ds4n_<family>_eval_batch`: one forward pass, the weights read once for all of them).
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -31,7 +34,9 @@ VECTOR_TYPES = {native.F32, native.F16, native.BF16}
 # KV element types by name -> the C numbers (DS4N_KV_* in native/attention.h).
 KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2}
 ERRORS = {-1: "context is full", -2: "token id out of range", -3: "out of memory",
-          -4: "expert id out of range"}  # fmt: skip
+          -4: "expert id out of range", -5: "bad batch (sessions repeated, empty or too many)"}  # fmt: skip
+# Sessions in one native batch call (DS4N_DEC_MAX_SEQ in native/decoder.h).
+MAX_BATCH = 64
 
 
 def _declare() -> None:
@@ -43,8 +48,8 @@ def _declare() -> None:
         ("ds4n_dec_session_kv_bytes", i64, [vp]),
         ("ds4n_dec_session_set_n_past", c_int, [vp, i64]),
         ("ds4n_dec_session_kv_type", c_int, [vp]),
-        ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, vp]),
-        ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, vp]),
+        ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, i64, vp]),
+        ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, i64, vp]),
         ("ds4n_kv_type_row_bytes", i64, [c_int, c_int]),
     ):
         fn = getattr(lib, name)
@@ -55,7 +60,7 @@ _declare()
 
 
 def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
-    """ctypes signatures of ds4n_<prefix>_{new,free,session_new,eval}."""
+    """ctypes signatures of ds4n_<prefix>_{new,free,session_new,eval,eval_batch}."""
     vp, i64, i32, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int
     for name, restype, argtypes in (
         (f"ds4n_{prefix}_new", vp, [ctypes.POINTER(hparams), ctypes.POINTER(vp),
@@ -64,6 +69,8 @@ def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
         (f"ds4n_{prefix}_session_new", vp, [vp, i64, c_int]),
         (f"ds4n_{prefix}_eval", c_int, [vp, vp, vp, ctypes.POINTER(i32), i64, native.c_float_p,
                                         c_int]),
+        (f"ds4n_{prefix}_eval_batch", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
+                                              ctypes.POINTER(i64), c_int, native.c_float_p]),
     ):  # fmt: skip
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -159,6 +166,7 @@ class DecoderModel:
     family = ""
     prefix = ""
     n_vocab = n_ctx_train = n_embd = n_layer = n_head_kv = head_dim = 0
+    max_batch = MAX_BATCH
     pool: native.Pool
     _handle: int | None = None
 
@@ -187,6 +195,30 @@ class DecoderModel:
         """A session of n_ctx positions. The model-level default is the exact float32 KV
         (the reference the tests compare against); Engine.open chooses the serving type."""
         return DecoderState(self, n_ctx, kv_type)
+
+    def eval_batch(self, states: Sequence[DecoderState], tokens: Sequence[np.ndarray],
+                   logits: np.ndarray | None) -> None:  # fmt: skip
+        """One forward pass appending tokens[i] (int32, at least one) to states[i] (at most
+        MAX_BATCH distinct states of this model); logits (len(states) x n_vocab float32, or
+        None) receives each state's logits after its last token, bitwise those of
+        `state.eval` alone. EngineError, with no state changed, on a bad call."""
+        n = len(states)
+        if n != len(tokens) or not 1 <= n <= MAX_BATCH:
+            raise EngineError(f"eval_batch: {n} states for {len(tokens)} token lists"
+                              f" (1..{MAX_BATCH})")  # fmt: skip
+        if any(s.model is not self for s in states):
+            raise EngineError("eval_batch: a state of another model")
+        if logits is not None and logits.shape != (n, self.n_vocab):
+            raise EngineError(f"eval_batch: logits of shape {logits.shape}")
+        handles = (ctypes.c_void_p * n)(*[s.handle for s in states])
+        counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
+        flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
+        rc = getattr(lib, f"ds4n_{self.prefix}_eval_batch")(
+            self.handle, self.pool.handle, handles,
+            flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, fptr(logits),
+        )  # fmt: skip
+        if rc != 0:
+            raise EngineError(f"{self.family} eval_batch failed: {ERRORS.get(rc, rc)}")
 
     def close(self) -> None:
         if self._handle:
@@ -241,25 +273,50 @@ class DecoderState:
     def kv_token_bytes(self) -> int:
         return 2 * self.model.n_layer * self.model.n_head_kv * self._row_bytes
 
-    def kv_payload_bytes(self, n: int) -> int:
-        return n * self.kv_token_bytes
+    # Every position's KV row is independent of the others, so a payload can hold any
+    # range of rows: a delta checkpoint carries only the rows after its base.
+    supports_ranges = True
 
-    def write_kv(self, fp: BinaryIO, n: int) -> None:
-        """K then V of each layer for positions [0, n), as [n_head_kv][n] rows of the stored
-        type (f32 or f16 values, or q8_0 blocks), copied without conversion."""
-        buf = np.empty(self.model.n_head_kv * n * self._row_bytes, np.uint8)
+    def kv_payload_bytes(self, n: int, start: int = 0) -> int:
+        return (n - start) * self.kv_token_bytes
+
+    def kv_rows(self, n: int, start: int = 0) -> list[np.ndarray]:
+        """Copies of K then V of each layer for positions [start, n), each
+        [n_head_kv][n - start] rows of the stored type as bytes: the payload's KV part, in
+        order."""
+        out = []
         for il in range(self.model.n_layer):
             for which in (0, 1):
-                lib.ds4n_dec_session_kv_get(self.handle, il, which, n, buf.ctypes.data)
+                buf = self._buffer(n - start)
+                self._rows(lib.ds4n_dec_session_kv_get, il, which, start, n, buf)
+                out.append(buf)
+        return out
+
+    def write_kv(self, fp: BinaryIO, n: int, start: int = 0) -> None:
+        """K then V of each layer for positions [start, n), as [n_head_kv][n - start] rows of
+        the stored type (f32 or f16 values, or q8_0 blocks), copied without conversion."""
+        buf = self._buffer(n - start)
+        for il in range(self.model.n_layer):
+            for which in (0, 1):
+                self._rows(lib.ds4n_dec_session_kv_get, il, which, start, n, buf)
                 fp.write(memoryview(buf))
 
-    def read_kv(self, fp: BinaryIO, n: int) -> None:
-        buf = np.empty(self.model.n_head_kv * n * self._row_bytes, np.uint8)
+    def read_kv(self, fp: BinaryIO, n: int, start: int = 0) -> None:
+        """Reads what write_kv(fp, n, start) wrote into rows [start, n); the caller sets
+        n_past afterwards."""
+        buf = self._buffer(n - start)
         view = memoryview(buf)
         for il in range(self.model.n_layer):
             for which in (0, 1):
                 _read_exact(fp, view)
-                lib.ds4n_dec_session_kv_set(self.handle, il, which, n, buf.ctypes.data)
+                self._rows(lib.ds4n_dec_session_kv_set, il, which, start, n, buf)
+
+    def _buffer(self, rows: int) -> np.ndarray:
+        return np.empty(self.model.n_head_kv * max(rows, 0) * self._row_bytes, np.uint8)
+
+    def _rows(self, fn: Any, il: int, which: int, start: int, n: int, buf: np.ndarray) -> None:
+        if fn(self.handle, il, which, start, n - start, buf.ctypes.data) != 0:
+            raise EngineError(f"KV rows [{start}, {n}) are outside a {self.n_ctx}-token session")
 
     def close(self) -> None:
         if self._handle:

@@ -34,6 +34,7 @@ previous prompt, so the replay is at most a chunk plus the generated reply.
 from __future__ import annotations
 
 import ctypes
+import io
 import struct
 from typing import BinaryIO
 
@@ -317,7 +318,13 @@ class DS4State:
         n_icomp = [n // 4 if r == 4 else 0 for r in p.compress_ratios]
         return n_comp, n_icomp, min(p.window, n)
 
-    def kv_payload_bytes(self, n: int) -> int:
+    # The compressed rows and the frontiers of n tokens are not a prefix of those of a
+    # longer state (the frontiers are rewritten as tokens arrive), so a payload is always
+    # the whole state: no delta checkpoints for this family.
+    supports_ranges = False
+
+    def kv_payload_bytes(self, n: int, start: int = 0) -> int:
+        _full_only(start)
         p = self.model.params
         n_comp, n_icomp, raw_live = self._counts(n)
         size = _PAYLOAD_HEADER.size + 4 * n + 8 * p.n_layer
@@ -347,7 +354,15 @@ class DS4State:
             parts.append(np.ctypeslib.as_array(ls.idx_score, (ls.idx_rows, ls.idx_width)))
         return raw, ring, parts
 
-    def write_kv(self, fp: BinaryIO, n: int) -> None:
+    def kv_rows(self, n: int, start: int = 0) -> list[bytes]:
+        """A copy of the payload write_kv would write (always the whole state)."""
+        _full_only(start)
+        buf = io.BytesIO()
+        self.write_kv(buf, n)
+        return [buf.getvalue()]
+
+    def write_kv(self, fp: BinaryIO, n: int, start: int = 0) -> None:
+        _full_only(start)
         if n != self.n_past:
             raise EngineError(f"deepseek4 state holds {self.n_past} tokens, not {n}")
         p = self.model.params
@@ -367,9 +382,10 @@ class DS4State:
             for a in parts:
                 fp.write(np.ascontiguousarray(a).tobytes())
 
-    def read_kv(self, fp: BinaryIO, n: int) -> None:
+    def read_kv(self, fp: BinaryIO, n: int, start: int = 0) -> None:
         """Restores a payload written by write_kv for n tokens; EngineError if it does not
         fit this model (the state is then empty)."""
+        _full_only(start)
         p = self.model.params
         lib.ds4n_dsv4_state_reset(self.handle)
         self._tokens = []
@@ -427,6 +443,11 @@ class DS4State:
 
     def __del__(self) -> None:
         self.close()
+
+
+def _full_only(start: int) -> None:
+    if start:
+        raise EngineError("deepseek4 state payloads are whole states (no row ranges)")
 
 
 def _read_exact(fp: BinaryIO, n: int) -> bytes:

@@ -20,6 +20,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -286,7 +287,7 @@ class DS4Layout:
         return self.tensors[name].data
 
 
-def field_value(gf: GGUFFile, name: str):
+def field_value(gf: GGUFFile, name: str) -> tuple[Any, Any]:
     """(value, value type) of a metadata key, or (None, None). Numeric arrays come back as
     lists with the type (ARRAY, item type); string arrays stay undecoded (a GGUFArray:
     only their length is needed here, and decoding a vocabulary costs time)."""
@@ -336,9 +337,10 @@ def read_params(gf: GGUFFile, problems: list[str]) -> DS4Params | None:
     v, t = field_value(gf, key(CTX_KEY))
     if v is not None and t in _INT:
         values["n_ctx_train"] = int(v)
-    n_layer = values.get("n_layer")
+    found_layers = values.get("n_layer")
+    n_layer = found_layers if isinstance(found_layers, int) else None
 
-    def per_layer(name: str, types: tuple, type_text: str) -> list | None:
+    def per_layer(name: str, types: tuple[int, ...], type_text: str) -> list[Any] | None:
         """The first n_layer entries of a per-layer array, or None with the problem noted
         (entries past n_layer belong to MTP layers and are ignored)."""
         v, t = field_value(gf, key(name))
@@ -352,9 +354,9 @@ def read_params(gf: GGUFFile, problems: list[str]) -> DS4Params | None:
             return list(v[:n_layer])
         return None
 
-    ratios = per_layer(RATIOS_KEY, (R.UINT32, R.INT32), "u32/i32")
-    if ratios is not None:
-        ratios = tuple(int(x) for x in ratios)
+    ratio_list = per_layer(RATIOS_KEY, (R.UINT32, R.INT32), "u32/i32")
+    if ratio_list is not None and n_layer is not None:
+        ratios = tuple(int(x) for x in ratio_list)
         want = default_ratios(n_layer)
         bad = [il for il in range(n_layer) if ratios[il] != want[il]]
         if bad:
@@ -500,7 +502,7 @@ def load(path: str | Path) -> DS4Layout:
     return validate(GGUFFile(path), str(path))
 
 
-def _expert_kind(kinds: set, problems: list[str]) -> str:
+def _expert_kind(kinds: set[tuple[str, Any]], problems: list[str]) -> str:
     gu = {t for role, t in kinds if role in ("gate", "up")}
     dn = {t for role, t in kinds if role == "down"}
     for name, (g, d) in EXPERT_TYPES.items():
@@ -515,11 +517,11 @@ def _expert_kind(kinds: set, problems: list[str]) -> str:
     return "q2"
 
 
-def _close(a, b) -> bool:
+def _close(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return abs(float(a) - float(b)) <= 1e-6 * max(abs(float(b)), 1e-30)
-    return a == b
+    return bool(a == b)
 
 
-def _tname(t) -> str:
-    return getattr(t, "name", str(t))
+def _tname(t: Any) -> str:
+    return str(getattr(t, "name", str(t)))

@@ -99,7 +99,7 @@ class DS4Tokenizer:
         self.source = source
         self._tokens = list(tokens)
         self.n_vocab = len(self._tokens)
-        self._ids = {}
+        self._ids: dict[str, int] = {}
         for i, tok in enumerate(self._tokens):
             self._ids.setdefault(tok, i)
 
@@ -130,7 +130,9 @@ class DS4Tokenizer:
         self.dsml_id = self.marker_ids[DSML]
         self._special = frozenset(special_ids) | frozenset(self.marker_ids.values())
 
-        pairs = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges]
+        pairs: list[tuple[str, ...]] = [
+            tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in merges
+        ]
         bad = next((i for i, pair in enumerate(pairs) if len(pair) != 2), None)
         if bad is not None:
             raise ModelLoadError(
@@ -138,7 +140,7 @@ class DS4Tokenizer:
                 " two tokens separated by a space"
             )
         try:
-            bpe = models.BPE({tok: i for tok, i in self._ids.items()}, pairs)
+            bpe = models.BPE(dict(self._ids), [(a, b) for a, b in pairs])
         except Exception as e:  # tokenizers raises a bare Exception, e.g. for a merge's
             # parts or result missing from the vocabulary
             why = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -229,11 +231,11 @@ class DS4Tokenizer:
             return default_tokenizer()
         if "tokenizer.ggml.merges" not in fields:
             raise ModelLoadError("the GGUF has tokenizer.ggml.tokens but no tokenizer.ggml.merges")
-        types = fields.get("tokenizer.ggml.token_type")
+        type_field = fields.get("tokenizer.ggml.token_type")
         return cls.from_gguf_vocab(
             fields["tokenizer.ggml.tokens"].contents(),
             fields["tokenizer.ggml.merges"].contents(),
-            types.contents() if types is not None else None,
+            type_field.contents() if type_field is not None else None,
             source=str(getattr(source.data, "filename", "") or ""),
         )
 

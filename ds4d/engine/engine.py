@@ -18,6 +18,7 @@ worker threads.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import struct
@@ -62,6 +63,19 @@ PAYLOAD_VERSION = 2
 # magic, version, fingerprint (sha256), n_tokens, n_vocab, has_logits, kv byte count,
 # KV type name (NUL-padded ASCII)
 _HEADER = struct.Struct("<8sI32sQIIQ8s")
+
+# A delta payload extends a session that holds exactly its base tokens (the first `start`
+# of its n_tokens): it carries tokens[start:], the logits and the KV rows [start, n).
+DELTA_MAGIC = b"DS4DDELT"
+DELTA_VERSION = 1
+# magic, version, fingerprint, start, n_tokens, n_vocab, has_logits, kv byte count,
+# base token digest (sha256 of tokens[:start] as little-endian int32)
+_DELTA_HEADER = struct.Struct("<8sI32sQQIIQ32s")
+
+
+def token_digest(tokens: Sequence[int] | np.ndarray) -> bytes:
+    """sha256 of the tokens as little-endian int32: how a delta names its base."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).digest()
 
 
 @dataclass(frozen=True)
@@ -151,9 +165,12 @@ class Engine:
 
     def eval_batch(self, steps: Sequence[tuple[Session, Sequence[int]]]) -> None:
         """Extends each session by its tokens; each session's logits become those after its
-        last new token. Every step is checked before any session changes (ContextFullError,
-        EngineError). The daemon advances all its generating slots through this call, so a
-        family's batched forward pass belongs here; today it is one call per session. The
+        last new token, bitwise what `session.eval` alone gives. Every step is checked before
+        any session changes (ContextFullError, EngineError). The daemon advances all its
+        generating slots through this call. The attention-decoder families run the batch as
+        one native forward pass (weights read once for every session; steps of more than
+        PREFILL_CHUNK tokens, which would be chunked alone, go one session at a time);
+        DeepSeek V4 has no batched pass and evaluates one session after another. The
         sessions must be distinct and belong to this engine."""
         if len({id(s) for s, _ in steps}) != len(steps):
             raise EngineError("eval_batch: a session appears twice in one batch")
@@ -162,8 +179,22 @@ class Engine:
             if session.engine is not self:
                 raise EngineError("eval_batch: a session of another engine")
             checked.append((session, session._check(tokens)))
-        for session, toks in checked:
-            session.eval(toks)
+        checked = [(s, t) for s, t in checked if len(t)]
+        batch = getattr(self.model, "eval_batch", None)
+        if batch is None or len(checked) < 2 or any(len(t) > PREFILL_CHUNK for _, t in checked):
+            for session, toks in checked:
+                session.eval(toks)
+            return
+        limit = getattr(self.model, "max_batch", len(checked))
+        with self.lock:
+            for start in range(0, len(checked), limit):
+                group = checked[start : start + limit]
+                logits = np.empty((len(group), self.info.n_vocab), np.float32)
+                batch([s._state for s, _ in group], [t for _, t in group], logits)
+                logits.flags.writeable = False
+                for (session, toks), row in zip(group, logits, strict=True):
+                    session._tokens.extend(toks.tolist())
+                    session._logits = row
 
     def close(self) -> None:
         with self.lock:
@@ -200,6 +231,54 @@ def _make_tokenizer(family: Any, gf: GGUFFile) -> Any:
         raise
     except Exception as e:
         raise ModelLoadError(f"cannot build the tokenizer from {gf.path}: {e}") from None
+
+
+@dataclass(frozen=True, eq=False)
+class SessionSnapshot:
+    """An in-memory copy of a session's payload (Session.snapshot): the session can be
+    changed at once while this is written elsewhere. start > 0 makes it a delta: the
+    tokens, logits and KV rows after the session's first `start` tokens."""
+
+    fingerprint: str
+    n_vocab: int
+    start: int
+    n_tokens: int
+    tokens: np.ndarray  # tokens[start:n_tokens], int32
+    base_digest: bytes  # token_digest(tokens[:start]); b"" for a full payload
+    logits: np.ndarray | None
+    kv: list[Any]  # buffers, in payload order
+    kv_len: int
+    kv_type: str = "f32"  # the full header records it; a delta's base already matched it
+
+    @property
+    def is_delta(self) -> bool:
+        return self.start > 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes write() writes."""
+        head = _DELTA_HEADER.size if self.is_delta else _HEADER.size
+        n_logits = 4 * self.n_vocab if self.logits is not None else 0
+        return head + 4 * len(self.tokens) + n_logits + self.kv_len
+
+    def write(self, fp: BinaryIO) -> int:
+        """Writes the payload (full or delta; Session.load reads either). Returns bytes."""
+        has_logits = int(self.logits is not None)
+        fpr = bytes.fromhex(self.fingerprint)
+        if self.is_delta:
+            fp.write(_DELTA_HEADER.pack(DELTA_MAGIC, DELTA_VERSION, fpr, self.start,
+                                        self.n_tokens, self.n_vocab, has_logits, self.kv_len,
+                                        self.base_digest))  # fmt: skip
+        else:
+            fp.write(_HEADER.pack(PAYLOAD_MAGIC, PAYLOAD_VERSION, fpr, self.n_tokens,
+                                  self.n_vocab, has_logits, self.kv_len,
+                                  self.kv_type.encode()))  # fmt: skip
+        fp.write(self.tokens.astype("<i4").tobytes())
+        if self.logits is not None:
+            fp.write(self.logits.astype("<f4").tobytes())
+        for buf in self.kv:
+            fp.write(buf.data.cast("B") if isinstance(buf, np.ndarray) else buf)
+        return self.nbytes
 
 
 class Session:
@@ -314,9 +393,39 @@ class Session:
 
     # -- payload --------------------------------------------------------------------------
 
+    @property
+    def supports_delta(self) -> bool:
+        """Whether snapshot(start > 0) works: the family's KV rows can be taken by range."""
+        return bool(getattr(self._state, "supports_ranges", False))
+
+    def snapshot(self, start: int = 0) -> SessionSnapshot:
+        """A copy of the payload (of the rows after the first `start` tokens when start > 0,
+        a delta) taken now: a memcpy of the KV rows, so the session may be reused as soon as
+        this returns while the copy is written elsewhere. Run it where evals of this session
+        are serialized (the engine thread)."""
+        n = len(self._tokens)
+        if not 0 <= start <= n:
+            raise EngineError(f"cannot snapshot from token {start}: the session holds {n}")
+        if start and not self.supports_delta:
+            raise EngineError(f"{self.engine.info.family} sessions cannot be saved as deltas")
+        logits = self.logits
+        info = self.engine.info
+        kv = self._state.kv_rows(n, start)
+        kv_len = self._state.kv_payload_bytes(n, start)
+        if sum(memoryview(b).nbytes for b in kv) != kv_len:
+            raise EngineError("session KV rows do not match their payload size")
+        return SessionSnapshot(
+            fingerprint=info.fingerprint, n_vocab=info.n_vocab, start=start, n_tokens=n,
+            tokens=np.asarray(self._tokens[start:], dtype=np.int32),
+            base_digest=token_digest(self._tokens[:start]) if start else b"",
+            logits=None if logits is None else logits.copy(), kv=kv, kv_len=kv_len,
+            kv_type=info.kv_type,
+        )  # fmt: skip
+
     def save(self, fp: BinaryIO) -> int:
         """Writes the session payload (little-endian): header, tokens (int32), logits
-        (float32), then the family's KV rows for the held tokens only. Returns bytes."""
+        (float32), then the family's KV rows for the held tokens only. Returns bytes.
+        Streams the rows (no copy): the session must not change until it returns."""
         n = len(self._tokens)
         logits = self.logits
         kv_len = self._state.kv_payload_bytes(n)
@@ -332,11 +441,17 @@ class Session:
         return _HEADER.size + 4 * n + (4 * info.n_vocab if logits is not None else 0) + kv_len
 
     def load(self, fp: BinaryIO) -> None:
-        """Replaces the session's state with a saved payload. EngineError for a payload of
-        another model, format or size; the session is then left empty."""
+        """Reads a payload. A full one replaces the session's state; EngineError for a
+        payload of another model, format or size, and the session is then left empty. A
+        delta extends a session holding exactly its base tokens (checked by their digest);
+        EngineError if it does not fit, and the session then still holds its base."""
+        magic = fp.read(len(PAYLOAD_MAGIC))
+        if magic == DELTA_MAGIC:
+            self._load_delta(fp)
+            return
         info = self.engine.info
         # The fixed start (magic, version) first, so an older, shorter header is named as such.
-        raw = fp.read(12)
+        raw = magic + fp.read(12 - len(magic))
         if len(raw) == 12 and raw[:8] == PAYLOAD_MAGIC:
             (version,) = struct.unpack("<I", raw[8:])
             if version != PAYLOAD_VERSION:
@@ -368,6 +483,48 @@ class Session:
             raise
         self._state.set_n_past(n)
         self._tokens = [int(t) for t in tokens]
+        if logits is not None:
+            logits = logits.astype(np.float32)
+            logits.flags.writeable = False
+        self._logits = logits
+
+    def _load_delta(self, fp: BinaryIO) -> None:
+        info = self.engine.info
+        raw = DELTA_MAGIC + fp.read(_DELTA_HEADER.size - len(DELTA_MAGIC))
+        if len(raw) != _DELTA_HEADER.size:
+            raise EngineError("session delta payload is truncated (header)")
+        (_, version, fingerprint, start, n, n_vocab, has_logits, kv_len,
+         base_digest) = _DELTA_HEADER.unpack(raw)  # fmt: skip
+        if version != DELTA_VERSION:
+            raise EngineError(f"session delta payload version {version} is not supported")
+        if fingerprint.hex() != info.fingerprint or n_vocab != info.n_vocab:
+            raise EngineError("session delta payload was made by a different model")
+        if not self.supports_delta:
+            raise EngineError(f"{info.family} sessions cannot load delta payloads")
+        if start != len(self._tokens):
+            raise EngineError(
+                f"session delta payload extends {start} tokens; the session holds"
+                f" {len(self._tokens)}"
+            )
+        if token_digest(self._tokens) != base_digest:
+            raise EngineError("session delta payload extends other tokens than the session's")
+        if not start <= n <= self.n_ctx:
+            raise EngineError(
+                f"session delta payload of {n} tokens does not fit n_ctx {self.n_ctx}"
+            )
+        if kv_len != self._state.kv_payload_bytes(n, start):
+            raise EngineError("session delta payload KV size does not match this model")
+        tokens = _read_array(fp, "<i4", n - start)
+        if len(tokens) and (tokens.min() < 0 or tokens.max() >= n_vocab):
+            raise EngineError("session delta payload holds a token outside the vocabulary")
+        logits = _read_array(fp, "<f4", n_vocab) if has_logits else None
+        try:
+            self._state.read_kv(fp, n, start)
+        except BaseException:
+            self._state.set_n_past(start)  # rows past the base were never counted
+            raise
+        self._state.set_n_past(n)
+        self._tokens.extend(int(t) for t in tokens)
         if logits is not None:
             logits = logits.astype(np.float32)
             logits.flags.writeable = False

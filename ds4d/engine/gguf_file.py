@@ -134,7 +134,7 @@ class GGUFFile:
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot map model file {self.path}: {e}") from None
         try:
-            self.index: GGUFIndex = parse(memoryview(self._map), self.file_bytes)
+            self.index: GGUFIndex = parse(memoryview(self._map.data), self.file_bytes)
         except GGUFFormatError as e:
             raise ModelLoadError(f"truncated or corrupt GGUF {self.path}: {e}") from None
         self._metadata = self.index.metadata

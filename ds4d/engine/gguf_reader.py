@@ -39,7 +39,7 @@ _SCALAR_FORMATS = {
     FLOAT32: "<f", BOOL: "<?", UINT64: "<Q", INT64: "<q", FLOAT64: "<d",
 }  # fmt: skip
 _SCALARS = {t: struct.Struct(f) for t, f in _SCALAR_FORMATS.items()}
-_NUMPY_DTYPES = {
+_NUMPY_DTYPES: dict[int, np.dtype[Any]] = {
     UINT8: np.dtype("<u1"), INT8: np.dtype("<i1"), UINT16: np.dtype("<u2"),
     INT16: np.dtype("<i2"), UINT32: np.dtype("<u4"), INT32: np.dtype("<i4"),
     FLOAT32: np.dtype("<f4"), BOOL: np.dtype("?"), UINT64: np.dtype("<u8"),
@@ -89,7 +89,7 @@ GGML_TYPES: dict[int, GGMLType] = {t.id: t for t in (
 # fmt: on
 
 # Element dtype of the tensor types numpy can view directly; others are viewed as bytes.
-TENSOR_DTYPES = {
+TENSOR_DTYPES: dict[int, np.dtype[Any]] = {
     0: np.dtype(np.float32), 1: np.dtype(np.float16), 28: np.dtype(np.float64),
     24: np.dtype(np.int8), 25: np.dtype(np.int16), 26: np.dtype(np.int32),
     27: np.dtype(np.int64),
@@ -132,10 +132,13 @@ class GGUFArray:
         dtype = _NUMPY_DTYPES.get(self.item_type)
         if dtype is None:
             raise TypeError(f"metadata {self._key} is an array of strings, not numbers")
+        arr: np.ndarray
         if self.item_type == BOOL:  # any nonzero byte is true, as in a C reader
-            arr = np.frombuffer(self._buf, np.uint8, self.count, self._offset) != 0
+            arr = np.frombuffer(memoryview(self._buf), np.uint8, self.count, self._offset) != 0
         else:
-            arr = np.frombuffer(self._buf, dtype=dtype, count=self.count, offset=self._offset)
+            arr = np.frombuffer(
+                memoryview(self._buf), dtype=dtype, count=self.count, offset=self._offset
+            )
         arr.flags.writeable = False
         return arr
 
@@ -179,7 +182,8 @@ class GGUFArray:
         """Python values, as gguf.GGUFReader's field.contents() gives them."""
         if self._lengths is not None:
             return self.strings()
-        return self.numpy().tolist()
+        values: list[Any] = self.numpy().tolist()
+        return values
 
 
 @dataclass(frozen=True)
@@ -232,10 +236,10 @@ class _Cursor:
         return start
 
     def u32(self, what: str) -> int:
-        return _U32.unpack_from(self.buf, self.take(4, what))[0]
+        return int(_U32.unpack_from(self.buf, self.take(4, what))[0])
 
     def u64(self, what: str) -> int:
-        return _U64.unpack_from(self.buf, self.take(8, what))[0]
+        return int(_U64.unpack_from(self.buf, self.take(8, what))[0])
 
     def string(self, what: str) -> str:
         n = self.u64(what)

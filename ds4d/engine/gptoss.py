@@ -87,7 +87,8 @@ def yarn_rates(base: float, n_rot: int, factor: float, orig_ctx: float, beta_fas
         high += 0.001
     ramp = np.clip((np.arange(n_rot // 2) - low) / (high - low), 0.0, 1.0)
     rates = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
-    return rates / factor * ramp + rates * (1.0 - ramp)
+    freqs: np.ndarray = rates / factor * ramp + rates * (1.0 - ramp)
+    return freqs
 
 
 class GptOssModel(MoEDecoderModel):

@@ -67,7 +67,7 @@ def valid(params: MoEParams) -> bool:
     return bool(lib.ds4n_moe_valid(ctypes.byref(params)))
 
 
-def _f32(a: np.ndarray, writable: bool = False) -> ctypes._Pointer:
+def _f32(a: np.ndarray, writable: bool = False) -> ctypes._Pointer[ctypes.c_float]:
     return native._fptr(a, writable)
 
 

@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from ds4d.engine.errors import EngineError
 
@@ -176,7 +177,7 @@ class Pool:
 
     @property
     def threads(self) -> int:
-        return lib.ds4n_pool_threads(self.handle)
+        return int(lib.ds4n_pool_threads(self.handle))
 
     def close(self) -> None:
         if self._handle is not None:
@@ -200,11 +201,11 @@ def set_simd(level: int | str) -> int:
         if level not in names:
             raise ValueError(f"unknown SIMD level {level!r}: expected one of {sorted(names)}")
         level = names[level]
-    return lib.ds4n_set_simd(level)
+    return int(lib.ds4n_set_simd(level))
 
 
 def simd_level() -> int:
-    return lib.ds4n_simd_level()
+    return int(lib.ds4n_simd_level())
 
 
 def type_id(qtype: int | str) -> int:
@@ -221,16 +222,16 @@ def row_bytes(qtype: int | str, n: int) -> int:
     bs = lib.ds4n_type_block_size(t)
     if n % bs:
         raise ValueError(f"row length {n} is not a multiple of the block size {bs}")
-    return n // bs * lib.ds4n_type_block_bytes(t)
+    return int(n // bs * lib.ds4n_type_block_bytes(t))
 
 
-def _ptr(a: np.ndarray, dtype: type, writable: bool = False) -> int:
+def _ptr(a: np.ndarray, dtype: npt.DTypeLike, writable: bool = False) -> int:
     if a.dtype != dtype or not a.flags.c_contiguous or (writable and not a.flags.writeable):
         raise ValueError(f"expected a C-contiguous {np.dtype(dtype).name} array")
-    return a.ctypes.data
+    return int(a.ctypes.data)
 
 
-def _fptr(a: np.ndarray, writable: bool = False) -> ctypes._Pointer:
+def _fptr(a: np.ndarray, writable: bool = False) -> ctypes._Pointer[ctypes.c_float]:
     return ctypes.cast(_ptr(a, np.float32, writable), c_float_p)
 
 

@@ -22,7 +22,7 @@ import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 from tokenizers import AddedToken, Regex, models, normalizers, pre_tokenizers
@@ -277,7 +277,8 @@ def _spm_splits(
         prefix = np.concatenate(([np.uint64(0)], np.cumsum(codes * inverse_power)))
 
         def span_hash(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            return (prefix[b] - prefix[a]) * power[b]
+            hashes: np.ndarray = (prefix[b] - prefix[a]) * power[b]
+            return hashes
 
         token_hash = span_hash(starts, starts + lengths)
         # hash -> the lowest id with that hash (the id a duplicated text keeps)
@@ -330,7 +331,7 @@ class _Metadata:
 
     def __init__(self, source: GGUFFile | Any) -> None:
         self._file = source if isinstance(source, GGUFFile) else None
-        self._reader = None if self._file is not None else source
+        self._reader: Any = None if self._file is not None else source
 
     def get(self, key: str, default: Any = None) -> Any:
         if self._file is not None:
@@ -347,12 +348,14 @@ class _Metadata:
         if self._file is not None:
             arr = self._file.get_array(key)
             if arr is None:
-                return self._file.get(key)
+                plain: list[str] | None = self._file.get(key)
+                return plain
             try:
                 return arr.strings()
             except (GGUFFormatError, TypeError) as exc:
                 raise ModelLoadError(f"GGUF metadata {key} is unreadable: {exc}") from None
-        return self.get(key)
+        values: list[str] | None = self.get(key)
+        return values
 
     def numbers(self, key: str, dtype: type) -> np.ndarray | None:
         if self._file is not None:
@@ -787,11 +790,17 @@ class Tokenizer:
         return IncrementalDecoder(self)
 
 
+class TokenBytes(Protocol):
+    """What IncrementalDecoder needs of a tokenizer (ours or DeepSeek V4's)."""
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+
 class IncrementalDecoder:
     """Streams token ids to text, holding back an incomplete UTF-8 sequence until the
     token that completes it arrives (a character may span several byte tokens)."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: TokenBytes) -> None:
         self._tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 

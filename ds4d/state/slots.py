@@ -33,7 +33,8 @@ class Slot:
 
     @property
     def tokens(self) -> Sequence[int]:
-        return self.session.tokens
+        tokens: Sequence[int] = self.session.tokens
+        return tokens
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.index, "state": "busy" if self.busy else "idle",
@@ -103,7 +104,7 @@ async def sync_slot(
         await run_engine(session.eval, step)
         done += len(step)
         for position, reason in stops:
-            if position == done:
+            if position == done and kv is not None:
                 await run_engine(kv.checkpoint, session, reason)
         if on_progress is not None:
             on_progress(done, total)

@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, TextIO
 
 CacheSource = Literal["memory-token", "memory-text", "disk-text", "none"]
 
@@ -31,14 +31,14 @@ class TraceRecord:
     finish_reason: str
     disk_file: str | None = None
     time: float = field(default_factory=time.time)
-    extra: dict = field(default_factory=dict)  # e.g. shortfall, tool_replay counts
+    extra: dict[str, Any] = field(default_factory=dict)  # e.g. shortfall, tool_replay counts
 
 
 class TraceWriter:
-    def __init__(self, path: str | os.PathLike | None = None,
+    def __init__(self, path: str | os.PathLike[str] | None = None,
                  include_text: bool = False) -> None:
         self._lock = threading.Lock()
-        self._file = None
+        self._file: TextIO | None = None
         self.path: Path | None = None
         self.include_text = include_text
         if path is not None:
@@ -48,7 +48,7 @@ class TraceWriter:
     def enabled(self) -> bool:
         return self._file is not None
 
-    def open(self, path: str | os.PathLike, include_text: bool | None = None) -> None:
+    def open(self, path: str | os.PathLike[str], include_text: bool | None = None) -> None:
         """Start (or move) tracing to `path`, appending; the file is made 0600."""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)

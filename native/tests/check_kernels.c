@@ -142,6 +142,37 @@ static void check_matmul(int i, int simd, ds4n_pool *pool) {
     free(w);
 }
 
+/* 2..8 tokens in one matmul (the small-batch path) must give each token the bits of a
+ * single-token matmul, at the scalar level and this CPU's SIMD level. */
+static void check_small_batch(int i, int simd, ds4n_pool *pool) {
+    enum { K = 768, ROWS = 13, TMAX = 8 };
+    int64_t row_bytes;
+    uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
+    float *X = malloc(sizeof(float) * TMAX * K);
+    float alone[TMAX * ROWS], batch[TMAX * ROWS];
+    for (int64_t k = 0; k < TMAX * K; k++) X[k] = rnd_float();
+    const int levels[2] = {DS4N_SIMD_SCALAR, simd};
+    for (int l = 0; l < 2; l++) {
+        ds4n_set_simd(levels[l]);
+        for (int t = 0; t < TMAX; t++)
+            ds4n_matmul(pool, TYPES[i].type, w, ROWS, K, X + t * K, 1, alone + t * ROWS);
+        for (int64_t T = 2; T <= TMAX; T++) {
+            ds4n_matmul(pool, TYPES[i].type, w, ROWS, K, X, T, batch);
+            if (memcmp(batch, alone, sizeof(float) * (size_t)(T * ROWS)) != 0) {
+                for (int64_t j = 0; j < T * ROWS; j++)
+                    if (memcmp(&batch[j], &alone[j], 4) != 0) {
+                        fail(l ? "small batch (simd)" : "small batch (scalar)", TYPES[i].name,
+                             batch[j], alone[j]);
+                        break;
+                    }
+                break;
+            }
+        }
+    }
+    free(X);
+    free(w);
+}
+
 /* MXFP4 blocks with every E8M0 scale byte (subnormal halves at 0 and 1, overflow at 255):
  * the SIMD dequantizer must be bit-identical to the scalar one there too. */
 static void check_mxfp4_exponents(int simd) {
@@ -176,6 +207,8 @@ int main(void) {
         check_rows(i, simd);
         check_matmul(i, simd, NULL);
         check_matmul(i, simd, pool);
+        check_small_batch(i, simd, NULL);
+        check_small_batch(i, simd, pool);
     }
     check_mxfp4_exponents(simd);
     ds4n_pool_free(pool);
