@@ -281,7 +281,7 @@ def test_delta_chain_loads_to_the_same_state_as_one_full_payload(engine, story) 
     delta2 = write(session.snapshot(start=70))
     d1 = write(delta1)
     # Only the new rows: 30 tokens' KV, not 70.
-    row = engine.model.kv_token_bytes
+    row = engine.model.kv_token_bytes(engine.kv_type)
     assert delta1.kv_len == 30 * row and len(d1) < len(base)
     assert struct.unpack_from("<8s", d1) == (b"DS4DDELT",)
     loaded = engine.new_session(100)
