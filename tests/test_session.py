@@ -363,14 +363,14 @@ def test_snapshot_bounds_and_native_row_ranges_are_checked(engine, story) -> Non
     assert lib.ds4n_dec_session_kv_set(handle, 0, 1, 65, 0, ptr) == -1
     assert lib.ds4n_dec_session_kv_set(handle, 0, 1, 2**62, 2**62, ptr) == -1
     assert lib.ds4n_dec_session_kv_get(handle, 30, 0, 0, 1, ptr) == -1
-    # Rows [3, 7) of a range read are rows 3..6 of the whole read.
-    whole = np.zeros(3 * 10 * 64, np.float32)
-    part = np.zeros(3 * 4 * 64, np.float32)
+    # Rows [3, 7) of a range read are rows 3..6 of the whole read (rows of the stored type).
+    row = engine.model.kv_row_bytes(engine.kv_type)
+    whole = np.zeros(3 * 10 * row, np.uint8)
+    part = np.zeros(3 * 4 * row, np.uint8)
     for which in (0, 1):
-        fp = ctypes.POINTER(ctypes.c_float)
-        assert lib.ds4n_dec_session_kv_get(handle, 5, which, 0, 10, whole.ctypes.data_as(fp)) == 0
-        assert lib.ds4n_dec_session_kv_get(handle, 5, which, 3, 4, part.ctypes.data_as(fp)) == 0
-        np.testing.assert_array_equal(part.reshape(3, 4, 64), whole.reshape(3, 10, 64)[:, 3:7])
+        assert lib.ds4n_dec_session_kv_get(handle, 5, which, 0, 10, whole.ctypes.data) == 0
+        assert lib.ds4n_dec_session_kv_get(handle, 5, which, 3, 4, part.ctypes.data) == 0
+        np.testing.assert_array_equal(part.reshape(3, 4, row), whole.reshape(3, 10, row)[:, 3:7])
 
 
 def test_deepseek4_snapshots_are_whole_states(tmp_path: Path) -> None:
