@@ -3,7 +3,8 @@
  * sinks, at several thread counts, over each KV element type. After each ds4n_attention call
  * the rotated query rows (ws.q) and the cached keys and values (ds4n_kv_get, read back as
  * the values the cache holds) are taken, the attention output is recomputed by the
- * textbook definition in double, and compared with ws.att.
+ * textbook definition in double, and compared with ws.att. Each call is a batch of one
+ * session whose "embedding table" is the input rows themselves (token t = row t).
  * Built against libds4n.so and run by tests/test_dense_families.py.
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>
@@ -67,8 +68,23 @@ static double check(const ds4n_kv *kv, const ds4n_dec_ws *ws, const ds4n_attn_la
     return worst;
 }
 
+/* One attention call over T new tokens of session s (a batch of one), then n_past += T. */
+static int step(ds4n_dec_session *s, const ds4n_attn_layer *w, ds4n_pool *pool,
+                const float *table, const int32_t *tokens, int64_t T, float *out) {
+    ds4n_dec_batch b;
+    ds4n_dec_session *const seq[1] = {s};
+    if (ds4n_dec_batch_begin(&b, &s->dims, 1, seq, 1, &T, pool, table, DS4N_F32, 300, tokens,
+                             1.0f) != DS4N_OK)
+        return 1;
+    ds4n_attention(&s->dims, w, 0, &b, pool, b.x, out);
+    ds4n_dec_batch_finish(&b, pool, NULL, 0.0f, NULL, DS4N_F32, 0, NULL, 0, 0.0f);
+    return 0;
+}
+
 int main(void) {
     srand(11);
+    int32_t tokens[300];
+    for (int i = 0; i < 300; i++) tokens[i] = i;
     float *wq = random_floats(NH * HD * E, 0.5f), *wk = random_floats(NKV * HD * E, 0.5f);
     float *wv = random_floats(NKV * HD * E, 0.5f), *wo = random_floats(E * NH * HD, 0.2f);
     float *x = random_floats(300 * E, 1.0f), *out = malloc(sizeof(float) * 300 * E);
@@ -91,25 +107,23 @@ int main(void) {
                                        .to = DS4N_F32, .rope = &rope, .q_scale = 0.25f,
                                        .window = cases[c].window,
                                        .sinks = cases[c].sinks ? sinks : NULL};
-            ds4n_kv kv;
-            ds4n_dec_ws ws = {0};
-            if (ds4n_kv_init(&kv, 1, NKV, HD, NCTX, kvt) != 0 ||
-                ds4n_dec_ws_reserve(&ws, &dims, 300, cases[c].threads) != 0)
-                return 1;
+            ds4n_dec_session *s = ds4n_dec_session_new(&dims, 1, NCTX, kvt);
+            if (!s) return 1;
             /* Prefill 300 positions in two uneven chunks, then decode (split keys) to 640. */
             int64_t pos = 0;
-            const int chunks[] = {130, 170};
+            const int64_t chunks[] = {130, 170};
             for (int i = 0; i < 2; i++) {
-                ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x, chunks[i], pos, out);
-                worst = fmax(worst, check(&kv, &ws, &w, pos, chunks[i]));
+                if (step(s, &w, pool, x, tokens + pos, chunks[i], out) != 0) return 1;
+                worst = fmax(worst, check(&s->kv, &s->ws, &w, pos, (int)chunks[i]));
                 pos += chunks[i];
             }
             for (; pos < 640; pos++) {
-                ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x + (pos % 300) * E, 1, pos, out);
-                if (pos % 17 == 0 || pos >= 630) worst = fmax(worst, check(&kv, &ws, &w, pos, 1));
+                const int32_t token = (int32_t)(pos % 300);
+                if (step(s, &w, pool, x, &token, 1, out) != 0) return 1;
+                if (pos % 17 == 0 || pos >= 630)
+                    worst = fmax(worst, check(&s->kv, &s->ws, &w, pos, 1));
             }
-            ds4n_dec_ws_release(&ws);
-            ds4n_kv_release(&kv);
+            ds4n_dec_session_free(s);
             if (pool) ds4n_pool_free(pool);
         }
     }
