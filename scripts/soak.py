@@ -191,19 +191,31 @@ def client_loop(url: str, index: int, deadline: float, tally: Tally, args) -> No
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
-    ap.add_argument("--warmup-minutes", type=float, default=None,
-                    help="RSS baseline taken after this long (default: 10%% of the run, ≥ 1)")
+    ap.add_argument(
+        "--warmup-minutes",
+        type=float,
+        default=None,
+        help="RSS baseline taken after this long (default: 10%% of the run, ≥ 1)",
+    )
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=24)
-    ap.add_argument("--reset-chars", type=int, default=3000,
-                    help="a conversation restarts once its text passes this many characters")
+    ap.add_argument(
+        "--reset-chars",
+        type=int,
+        default=3000,
+        help="a conversation restarts once its text passes this many characters",
+    )
     ap.add_argument("--request-timeout", type=float, default=300.0)
     ap.add_argument("--model", default="")
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--state-dir", type=Path, default=None,
-                    help="daemon state (kv checkpoints, log); default a temporary directory")
+    ap.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="daemon state (kv checkpoints, log); default a temporary directory",
+    )
     args = ap.parse_args()  # fmt: skip
     warmup = args.warmup_minutes if args.warmup_minutes is not None else max(1.0, args.minutes / 10)
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="ds4d-soak-"))
