@@ -89,6 +89,19 @@ check-sanitize: install
 	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py
 	$(SAN_ENV) $(BIN)/pytest -q -p no:cacheprovider -m "not slow" $(SAN_TESTS) $(PYTEST_ARGS)
 
+# The structure-aware GGUF and checkpoint fuzzer (fuzz/native_open.py) over every family's
+# seed, under ASan + UBSan: FUZZ_NATIVE_BUDGET mutants (55% checkpoint payloads), stopping
+# early after FUZZ_NATIVE_SECONDS (0 = no limit). Findings (and the mutant a sanitizer
+# abort hit, in current.txt) go to fuzz/crashes/; `make test` runs a short budget unsanitized.
+FUZZ_NATIVE_BUDGET ?= 10000
+FUZZ_NATIVE_SECONDS ?= 0
+fuzz-native: install
+	$(MAKE) -C native sanitize PYTHON=$(abspath $(BIN)/python)
+	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py
+	$(SAN_ENV) $(BIN)/python -m fuzz.native_open --budget $(FUZZ_NATIVE_BUDGET) \
+	  --checkpoints 0.55 --crash-dir fuzz/crashes \
+	  $(if $(filter-out 0,$(FUZZ_NATIVE_SECONDS)),--seconds $(FUZZ_NATIVE_SECONDS))
+
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)
 
