@@ -429,7 +429,8 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
          crash_dir: Path | None = None, rng_seed: int = 0, checkpoints: float = 0.5,
          log: Callable[[str], None] = print, verbose: bool = False) -> Report:  # fmt: skip
     """Runs `budget` mutants (a share `checkpoints` of them checkpoint payloads) over the
-    seeds; stops early at `seconds`. Findings are written to crash_dir."""
+    seeds; with `seconds`, each seed stops at its share of the time. Findings are written
+    to crash_dir."""
     makers = seed_makers()
     names = seeds or list(makers)
     unknown = [n for n in names if n not in makers]
@@ -442,7 +443,7 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
     outcomes: Counter = Counter()
     findings: list[str] = []
     t0 = time.monotonic()
-    deadline = t0 + seconds if seconds else None
+    end = t0 + seconds if seconds else None
 
     def finding(kind: str, name: str, what: str, data: bytes, exc: BaseException) -> None:
         text = f"{kind} {name}: {what}: {type(exc).__name__}: {exc}"
@@ -457,9 +458,11 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
 
     with tempfile.TemporaryDirectory(prefix="ds4d-fuzz-") as tmp:
         work = Path(tmp)
-        for name in names:
-            if deadline and time.monotonic() > deadline:
-                break
+        for k, name in enumerate(names):
+            # With a time limit each seed gets an equal share of what is left, so every
+            # family is reached however slow the early ones are.
+            now = time.monotonic()
+            deadline = now + (end - now) / (len(names) - k) if end else None
             seed = makers[name](work)
             full = name in FULL_OPEN
             engine = open_native(seed, full)
@@ -470,9 +473,10 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
             copy = WorkingCopy(seed, work)
             started = time.monotonic()
             done = Counter()
-            # GGUF mutants.
+            # GGUF mutants (with a time limit, 70% of the seed's share: checkpoints are cheap).
+            gguf_deadline = started + 0.7 * (deadline - started) if deadline else None
             for _ in range(gguf_counts[name]):
-                if deadline and time.monotonic() > deadline:
+                if gguf_deadline and time.monotonic() > gguf_deadline:
                     break
                 m = mutator.one(rng)
                 copy.apply(m)
