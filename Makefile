@@ -72,7 +72,8 @@ fuzz: install
 # (found through the compiler: gcc's libasan.so or clang's libclang_rt.asan) and leak
 # checking is off (python keeps objects alive until exit). Every report aborts the test
 # process, which fails the run; fuzz/sanitizer_canary.py first checks that a deliberate
-# overflow is reported, so a run that silently lost the sanitizer cannot pass.
+# overflow is reported, so a run that silently lost the sanitizer cannot pass. Sanitized
+# code runs several times slower, hence the longer per-test timeout.
 ASAN_RUNTIME = $(shell f=$$($(CC) -print-file-name=libasan.so); [ -f "$$f" ] || \
 	f=$$($(CC) -print-file-name=libclang_rt.asan-$$(uname -m).so); echo $$f)
 SAN_ENV = LD_PRELOAD=$(ASAN_RUNTIME) DS4D_NATIVE_LIB=$(abspath native/build-san/libds4n.so) \
@@ -87,7 +88,8 @@ SAN_TESTS ?= tests/test_kernels.py tests/test_matmul.py tests/test_sampler.py te
 check-sanitize: install
 	$(MAKE) -C native sanitize PYTHON=$(abspath $(BIN)/python)
 	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py
-	$(SAN_ENV) $(BIN)/pytest -q -p no:cacheprovider -m "not slow" $(SAN_TESTS) $(PYTEST_ARGS)
+	$(SAN_ENV) $(BIN)/pytest -q -p no:cacheprovider -m "not slow" --timeout 3600 $(SAN_TESTS) \
+	  $(PYTEST_ARGS)
 
 # The structure-aware GGUF and checkpoint fuzzer (fuzz/native_open.py) over every family's
 # seed, under ASan + UBSan: FUZZ_NATIVE_BUDGET mutants (55% checkpoint payloads), stopping

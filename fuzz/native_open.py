@@ -125,14 +125,14 @@ def edge_value(value: int, size: int, rng: np.random.Generator) -> int:
 class GGUFMutator:
     """Mutants of one GGUF, described as patches so a large file is never copied whole."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, gf: GGUFFile | None = None) -> None:
         self.size = path.stat().st_size
         self.fields: list[Field] = structure(path)
         self.offsets = [f for f in self.fields if f.what.endswith(" offset")]
         self.types = [f for f in self.fields if f.what.endswith(" type") and "." in f.what
                       and not f.what.endswith("item type")]  # fmt: skip
         self.index_end = max(f.offset + f.size for f in self.fields)
-        gf = GGUFFile(path)
+        gf = gf or GGUFFile(path)
         self.data_start = min(t.offset for t in gf.index.tensors)
         self.alignment = int(gf.get("general.alignment", 32))
         # Id tables inside tensor data (DeepSeek V4's hash routing: token -> expert ids).
@@ -459,19 +459,18 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
     with tempfile.TemporaryDirectory(prefix="ds4d-fuzz-") as tmp:
         work = Path(tmp)
         for k, name in enumerate(names):
-            # With a time limit each seed gets an equal share of what is left, so every
-            # family is reached however slow the early ones are.
-            now = time.monotonic()
-            deadline = now + (end - now) / (len(names) - k) if end else None
             seed = makers[name](work)
             full = name in FULL_OPEN
             engine = open_native(seed, full)
             seed_table = tensor_table(engine.gguf)
             payload, _ = make_payload(engine)
             n_vocab = engine.info.n_vocab
-            mutator = GGUFMutator(seed)
+            mutator = GGUFMutator(seed, engine.gguf)
             copy = WorkingCopy(seed, work)
             started = time.monotonic()
+            # With a time limit each seed gets an equal share of what is left once it is
+            # set up (at least 30 s), so every family is reached however slow the others.
+            deadline = started + max(30.0, (end - started) / (len(names) - k)) if end else None
             done = Counter()
             # GGUF mutants (with a time limit, 70% of the seed's share: checkpoints are cheap).
             gguf_deadline = started + 0.7 * (deadline - started) if deadline else None
