@@ -11,7 +11,7 @@ ARGS   ?=
 JOBS   ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: install native run test test-all lint test-tools bench wheel fuzz clean
+.PHONY: install native run test test-all lint test-tools bench wheel fuzz check-sanitize fuzz-native clean
 
 install: $(STAMP) native
 
@@ -64,6 +64,45 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	DS4D_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -s -p no:cacheprovider \
 		--timeout 0 tests/test_http_fuzz.py
+
+# libds4n under AddressSanitizer + UndefinedBehaviorSanitizer (native/build-san, see
+# native/Makefile), then the tests that drive the C library (kernels, matmul, sampler, the
+# forward pass of every family on the kit models, SmolLM2 and Gemma 3, GGUF and checkpoint
+# mutation) against it. python is not instrumented, so the ASan runtime is preloaded
+# (found through the compiler: gcc's libasan.so or clang's libclang_rt.asan) and leak
+# checking is off (python keeps objects alive until exit). Every report aborts the test
+# process, which fails the run; fuzz/sanitizer_canary.py first checks that a deliberate
+# overflow is reported, so a run that silently lost the sanitizer cannot pass. Sanitized
+# code runs several times slower, hence the longer per-test timeout.
+ASAN_RUNTIME = $(shell f=$$($(CC) -print-file-name=libasan.so); [ -f "$$f" ] || \
+	f=$$($(CC) -print-file-name=libclang_rt.asan-$$(uname -m).so); echo $$f)
+SAN_ENV = LD_PRELOAD=$(ASAN_RUNTIME) DS4D_NATIVE_LIB=$(abspath native/build-san/libds4n.so) \
+	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+SAN_TESTS ?= tests/test_kernels.py tests/test_matmul.py tests/test_sampler.py tests/test_moe.py \
+	tests/test_llama_forward.py tests/test_dense_families.py tests/test_family_vectors.py \
+	tests/test_moe_families.py tests/test_ds4_model_forward.py tests/test_ds4_model_layout.py \
+	tests/test_ds4_model_vectors.py tests/test_ds4_hardening.py tests/test_session.py \
+	tests/test_gguf_file.py tests/test_gguf_reader.py tests/test_gguf_mutation.py \
+	tests/test_gemma3_real.py tests/test_vectors.py tests/test_fuzz_native.py
+check-sanitize: install
+	$(MAKE) -C native sanitize PYTHON=$(abspath $(BIN)/python)
+	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py
+	$(SAN_ENV) $(BIN)/pytest -q -p no:cacheprovider -m "not slow" --timeout 3600 $(SAN_TESTS) \
+	  $(PYTEST_ARGS)
+
+# The structure-aware GGUF and checkpoint fuzzer (fuzz/native_open.py) over every family's
+# seed, under ASan + UBSan: FUZZ_NATIVE_BUDGET mutants (55% checkpoint payloads), stopping
+# early after FUZZ_NATIVE_SECONDS (0 = no limit). Findings (and the mutant a sanitizer
+# abort hit, in current.txt) go to fuzz/crashes/; `make test` runs a short budget unsanitized.
+FUZZ_NATIVE_BUDGET ?= 10000
+FUZZ_NATIVE_SECONDS ?= 0
+fuzz-native: install
+	$(MAKE) -C native sanitize PYTHON=$(abspath $(BIN)/python)
+	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py
+	$(SAN_ENV) $(BIN)/python -m fuzz.native_open --budget $(FUZZ_NATIVE_BUDGET) \
+	  --checkpoints 0.55 --crash-dir fuzz/crashes \
+	  $(if $(filter-out 0,$(FUZZ_NATIVE_SECONDS)),--seconds $(FUZZ_NATIVE_SECONDS))
 
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)

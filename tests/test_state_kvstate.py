@@ -193,8 +193,10 @@ def test_shutdown_saves_every_other_slot_when_one_cannot_be_saved(engine, tmp_pa
     kv = make(engine, tmp_path)
     prompt = tok.encode(TALK_A)
     with engine.new_session(CTX) as bad, engine.new_session(CTX) as good:
-        # A session restored from a damaged payload without the checks above.
-        bad.load(io.BytesIO(_payload_with_token(engine, prompt, 5, engine.info.n_vocab + 7)))
+        # A session holding an id outside the vocabulary, as one restored without the
+        # checks above would (Session.load itself now refuses such a payload).
+        bad.eval(prompt)
+        bad._tokens[5] = engine.info.n_vocab + 7
         good.eval(tok.encode(TALK_B))
         assert kv.shutdown([bad, good]) == 1
     (entry,) = kv.disk.entries()

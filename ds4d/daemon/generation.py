@@ -162,7 +162,15 @@ class Generator:
         return self._longest_token
 
     def count_tokens(self, req: ChatRequest) -> int:
-        text = self.render(req)
+        """The prompt's token count (blocking: run it on a worker). A prompt whose bytes
+        cannot fit the context is refused before tokenizing, as `prepare` does: counting
+        megabytes would hold a worker and memory for seconds. A count above the context
+        is still given: clients ask it to decide what to trim."""
+        try:
+            text = self.render(req)
+        except ValueError as e:  # the chat template refused the conversation
+            raise ApiError(400, str(e), param="messages") from None
+        self._refuse_if_surely_too_long(text, "messages")
         return len(self.tokenize_prompt(text, raw=not self._special(req)))
 
     # -- the producer ----------------------------------------------------------------------

@@ -475,6 +475,12 @@ class Session:
             raise EngineError("session payload KV size does not match this model")
         self.rewind(0)
         tokens = _read_array(fp, "<i4", n)
+        if n and (tokens.min() < 0 or tokens.max() >= n_vocab):
+            bad = int(np.argmax((tokens < 0) | (tokens >= n_vocab)))
+            raise EngineError(
+                f"session payload holds token id {int(tokens[bad])} at position {bad},"
+                f" outside the vocabulary (0..{n_vocab - 1})"
+            )
         logits = _read_array(fp, "<f4", n_vocab) if has_logits else None
         try:
             self._state.read_kv(fp, n)
