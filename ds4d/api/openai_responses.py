@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ds4d.api.common import (
-    KEEPALIVE,
     ApiError,
     Completion,
     bad,
@@ -280,7 +279,11 @@ class Stream:
                 self._ev("response.in_progress", response=env)]
 
     def keepalive(self) -> str:
-        return KEEPALIVE
+        """`response.in_progress` again, as the response stands: Codex (and other
+        clients built on an SSE event reader) drop a stream after a while without an
+        event, and SSE comments are no events to them; the openai SDK takes a repeated
+        lifecycle event of the same response as a snapshot update."""
+        return self._ev("response.in_progress", response=self.b.envelope("in_progress"))
 
     @property
     def _index(self) -> int:
