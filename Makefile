@@ -11,7 +11,7 @@ ARGS   ?=
 JOBS   ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: install native run test test-all lint test-tools bench wheel fuzz clean
+.PHONY: install native run test test-all lint test-tools bench wheel fuzz e2e-clients clean
 
 install: $(STAMP) native
 
@@ -64,6 +64,15 @@ FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	DS4D_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -s -p no:cacheprovider \
 		--timeout 0 tests/test_http_fuzz.py
+
+# The real agent clients end to end (Claude Code, Codex CLI, opencode; pinned versions
+# from npm into ~/.cache/ds4d-clients on the first run, the only step that needs the
+# network): each runs non-interactively against a real ds4d. Not part of `make test`:
+# the clients' first prompts take minutes to prefill on two cores.
+e2e-clients: install
+	bash scripts/install-e2e-clients.sh
+	DS4D_E2E_CLIENTS=1 $(BIN)/pytest -q -p no:cacheprovider --timeout 0 -rA \
+		tests/e2e_clients $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)
