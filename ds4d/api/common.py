@@ -155,17 +155,15 @@ def effort_thinking(effort: Any, key: str) -> bool | None:
 
 def force_tool_choice(req: ChatRequest, setting: str) -> bool:
     """The `force_tool_choice` testing aid: "required" or a tool's name turns an `auto`
-    tool choice into that forced one, for a request that answers the user. A request
-    carrying a tool result (after the last assistant turn) is left free, so the model
-    can answer what the tool returned and the client's loop ends. Returns whether the
-    request was changed."""
+    tool choice into that forced one, once per conversation: only while it holds no
+    tool call yet. The request carrying the call's result, and every later one, is left
+    free, so the model can answer what the tool returned and the client's loop ends
+    (agents answer a cut-off reply or a tool result with more user text, which must not
+    force another call). Returns whether the request was changed."""
     if not setting or not req.tools or req.tool_choice.mode != "auto":
         return False
-    for message in reversed(req.messages):
-        if message.role == "tool":
-            return False
-        if message.role == "assistant":
-            break
+    if any(m.role == "tool" or m.tool_calls for m in req.messages):
+        return False
     if setting == "required":
         req.tool_choice = ToolChoice("required")
         return True

@@ -108,9 +108,9 @@ class Config:
 
     force_tool_choice: str = _key(
         "", "testing aid, off when empty: a request that declares tools, leaves "
-        "tool_choice at auto and answers the user (no tool result since the last "
-        "assistant turn) gets tool_choice `required` or the named tool, so even a small "
-        "model calls a tool and a client's tool round trip can be exercised",
+        "tool_choice at auto and whose conversation holds no tool call yet gets "
+        "tool_choice `required` or the named tool, so even a small model calls a tool "
+        "and a client's tool round trip can be exercised",
         reloadable=True, metavar="required|NAME")
 
     # --- prompt handling ---------------------------------------------------------------
