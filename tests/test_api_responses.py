@@ -176,7 +176,7 @@ def test_incomplete_and_failed():
     c = Completion()
     for ev in (TextDelta("x"), Usage(3, 3), Finish("length")):
         c.add(ev)
-    req = rs.parse({"input": "x"}, D)
+    req = rs.parse({"input": "x", "max_output_tokens": 3}, D)
     r = rs.response(req, c, "m")
     assert r["status"] == "incomplete"
     assert r["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -285,3 +285,25 @@ def test_keepalive_is_an_event_of_the_same_response():
     frames = s.feed(TextDelta("hi")) + s.feed(Usage(3, 1)) + s.feed(Finish("stop"))
     after = [json.loads(f.split("data: ", 1)[1])["sequence_number"] for f in frames]
     assert after == list(range(len(evs), len(evs) + len(frames)))
+
+
+def test_a_cap_the_client_never_set_completes_the_response():
+    """Codex sends no max_output_tokens and fails (then retries) a turn that ends in
+    `response.incomplete`: an answer cut by ds4d's default cap completes, its message
+    item marked `incomplete`."""
+    req = rs.parse({"input": "x", "stream": True}, D)
+    req.max_tokens = 64  # what the server applies to a request without a limit
+    s = rs.Stream(req, "m")
+    frames = s.open()
+    for ev in (TextDelta("Hel"), Usage(3, 64), Finish("length")):
+        frames += s.feed(ev)
+    evs = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    assert evs[-1]["type"] == "response.completed"
+    final = evs[-1]["response"]
+    assert final["status"] == "completed" and final["incomplete_details"] is None
+    assert final["output"][0]["status"] == "incomplete"
+    c = Completion()
+    for ev in (TextDelta("Hello"), Usage(3, 64), Finish("length")):
+        c.add(ev)
+    r = rs.response(req, c, "m")
+    assert r["status"] == "completed" and r["output"][0]["status"] == "incomplete"
