@@ -89,8 +89,8 @@ class Config:
     max_body_bytes: int = _key(
         64 * 1024 * 1024, "largest accepted request body in bytes", lo=1024, metavar="N")
     keepalive_s: float = _key(
-        5.0, "longest silence of a stream in seconds: a keepalive (an Anthropic `ping` "
-        "event, Responses' `response.in_progress` again, an SSE comment on chat "
+        5.0, "longest silence of a stream in seconds: a keepalive (an empty Anthropic "
+        "thinking delta, Responses' `response.in_progress` again, an SSE comment on chat "
         "streams) is sent when nothing else is",
         reloadable=True, lo=0.05, hi=3600.0, metavar="S")
 
