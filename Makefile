@@ -11,7 +11,8 @@ ARGS   ?=
 JOBS   ?= auto
 PYTEST_ARGS ?=
 
-.PHONY: install native run test test-all lint test-tools bench wheel fuzz check-sanitize fuzz-native clean
+.PHONY: install native run test test-all lint test-tools bench wheel fuzz check-sanitize fuzz-native \
+	e2e-clients clean
 
 install: $(STAMP) native
 
@@ -103,6 +104,15 @@ fuzz-native: install
 	$(SAN_ENV) $(BIN)/python -m fuzz.native_open --budget $(FUZZ_NATIVE_BUDGET) \
 	  --checkpoints 0.55 --crash-dir fuzz/crashes \
 	  $(if $(filter-out 0,$(FUZZ_NATIVE_SECONDS)),--seconds $(FUZZ_NATIVE_SECONDS))
+
+# The real agent clients end to end (Claude Code, Codex CLI, opencode; pinned versions
+# from npm into ~/.cache/ds4d-clients on the first run, the only step that needs the
+# network): each runs non-interactively against a real ds4d. Not part of `make test`:
+# the clients' first prompts take minutes to prefill on two cores.
+e2e-clients: install
+	bash scripts/install-e2e-clients.sh
+	DS4D_E2E_CLIENTS=1 $(BIN)/pytest -q -p no:cacheprovider --timeout 0 -rA \
+		tests/e2e_clients $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/ds4d bench --csv bench-out/bench.csv --plot bench-out/bench.png $(ARGS)

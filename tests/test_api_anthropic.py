@@ -139,8 +139,8 @@ def test_stream_sequence():
 
 def test_stream_starts_on_the_prompt_count_and_the_final_delta_carries_the_split():
     """The generation reports the prompt's size before prefilling (nothing reused known
-    yet): message_start goes out on it; keepalives are then `ping` events, and the
-    message_delta at the end has the reuse found by the prefill."""
+    yet): message_start goes out on it; keepalives are then empty deltas of a thinking
+    block, and the message_delta at the end has the reuse found by the prefill."""
     req = am.parse({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, D)
     s = am.Stream(req, "c")
     assert s.open() == [] and s.keepalive().startswith(":")  # no event before message_start
@@ -149,7 +149,6 @@ def test_stream_starts_on_the_prompt_count_and_the_final_delta_carries_the_split
     assert evs[0]["message"]["usage"] == {"input_tokens": 100, "output_tokens": 0,
                                           "cache_read_input_tokens": 0,
                                           "cache_creation_input_tokens": 0}
-    assert _events([s.keepalive()]) == [{"type": "ping"}]
     assert s.feed(Usage(100, 0, 90, "slot")) == []  # after the prefill: no second start
     frames = s.feed(TextDelta("hi")) + s.feed(Usage(100, 1, 90, "slot")) + s.feed(Finish("stop"))
     delta = [e for e in _events(frames) if e["type"] == "message_delta"][0]
@@ -214,3 +213,44 @@ def test_cache_control_marks_the_prefix_counted_as_cache_creation():
         "cache_creation_input_tokens": 30}
     # All of the marked prefix reused: nothing written.
     assert am.usage_json(Usage(100, 5, 80), req)["cache_creation_input_tokens"] == 0
+
+
+def test_keepalives_are_content_events_claude_code_counts():
+    """Claude Code drops a stream after 300 s without a content event (its SDK skips
+    `ping`): while the prompt is prefilled the keepalive is an empty thinking delta, in
+    a thinking block opened for it, which the reply's text then follows."""
+    req = am.parse({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}]}, D)
+    s = am.Stream(req, "c")
+    s.feed(Usage(100, 0))
+
+    def keepalive(stream: am.Stream) -> list[dict]:  # one chunk of SSE frames
+        return _events([f + "\n\n" for f in stream.keepalive().split("\n\n") if f])
+
+    first, second = keepalive(s), keepalive(s)
+    assert first == [
+        {"type": "content_block_start", "index": 0,
+         "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
+        {"type": "content_block_delta", "index": 0,
+         "delta": {"type": "thinking_delta", "thinking": ""}},
+    ]
+    assert second == first[1:]
+    evs = _events(s.feed(ReasoningDelta("hm")) + s.feed(TextDelta("hi")) + s.feed(Finish("stop")))
+    assert [(e["type"], e.get("index")) for e in evs] == [
+        ("content_block_delta", 0), ("content_block_delta", 0), ("content_block_stop", 0),
+        ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),
+        ("message_delta", None), ("message_stop", None)]
+    assert evs[0]["delta"] == {"type": "thinking_delta", "thinking": "hm"}
+    # A slow token in an open text block: an empty text delta keeps the stream alive.
+    t = am.Stream(req, "c")
+    t.feed(Usage(100, 0))
+    t.feed(TextDelta("a"))
+    assert keepalive(t) == [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ""}}]
+    # The empty thinking block comes back in the next request's history: nothing renders.
+    back = am.parse({"max_tokens": 9, "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "", "signature": "s"},
+            {"type": "text", "text": "hi"}]},
+        {"role": "user", "content": "y"}]}, D)
+    assert back.messages[1].reasoning is None and back.messages[1].content == "hi"

@@ -176,7 +176,7 @@ def test_incomplete_and_failed():
     c = Completion()
     for ev in (TextDelta("x"), Usage(3, 3), Finish("length")):
         c.add(ev)
-    req = rs.parse({"input": "x"}, D)
+    req = rs.parse({"input": "x", "max_output_tokens": 3}, D)
     r = rs.response(req, c, "m")
     assert r["status"] == "incomplete"
     assert r["incomplete_details"] == {"reason": "max_output_tokens"}
@@ -267,3 +267,43 @@ def test_a_message_cut_by_the_token_limit_is_incomplete():
     assert rs.response(req, c, "m")["output"][0]["status"] == "incomplete"
     c.finish = Finish("stop")
     assert rs.response(req, c, "m")["output"][0]["status"] == "completed"
+
+
+def test_keepalive_is_an_event_of_the_same_response():
+    """While the prompt is prefilled the stream's keepalive is `response.in_progress`
+    again: an SSE comment is no event to Codex's reader (it drops a stream after
+    `stream_idle_timeout_ms` without one)."""
+    req = rs.parse({"input": "x", "stream": True}, D)
+    s = rs.Stream(req, "m")
+    frames = s.open() + [s.keepalive(), s.keepalive()]
+    assert all(f.startswith("event: response.") for f in frames)
+    evs = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    assert [e["type"] for e in evs] == ["response.created"] + ["response.in_progress"] * 3
+    assert [e["sequence_number"] for e in evs] == [0, 1, 2, 3]
+    assert {e["response"]["id"] for e in evs} == {s.b.id}
+    assert all(e["response"]["status"] == "in_progress" for e in evs)
+    frames = s.feed(TextDelta("hi")) + s.feed(Usage(3, 1)) + s.feed(Finish("stop"))
+    after = [json.loads(f.split("data: ", 1)[1])["sequence_number"] for f in frames]
+    assert after == list(range(len(evs), len(evs) + len(frames)))
+
+
+def test_a_cap_the_client_never_set_completes_the_response():
+    """Codex sends no max_output_tokens and fails (then retries) a turn that ends in
+    `response.incomplete`: an answer cut by ds4d's default cap completes, its message
+    item marked `incomplete`."""
+    req = rs.parse({"input": "x", "stream": True}, D)
+    req.max_tokens = 64  # what the server applies to a request without a limit
+    s = rs.Stream(req, "m")
+    frames = s.open()
+    for ev in (TextDelta("Hel"), Usage(3, 64), Finish("length")):
+        frames += s.feed(ev)
+    evs = [json.loads(f.split("data: ", 1)[1]) for f in frames]
+    assert evs[-1]["type"] == "response.completed"
+    final = evs[-1]["response"]
+    assert final["status"] == "completed" and final["incomplete_details"] is None
+    assert final["output"][0]["status"] == "incomplete"
+    c = Completion()
+    for ev in (TextDelta("Hello"), Usage(3, 64), Finish("length")):
+        c.add(ev)
+    r = rs.response(req, c, "m")
+    assert r["status"] == "completed" and r["output"][0]["status"] == "incomplete"

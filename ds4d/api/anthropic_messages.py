@@ -102,8 +102,10 @@ def _messages(value: Any) -> list[Message]:
             if kind == "text":
                 msg.content += field_of(block, "text", str, "", where=bwhere)
             elif kind == "thinking":
-                msg.reasoning = (msg.reasoning or "") + field_of(block, "thinking", str, "",
-                                                                 where=bwhere)
+                # An empty block (a keepalive's, see Stream.keepalive) renders as none.
+                thought = field_of(block, "thinking", str, "", where=bwhere)
+                if thought:
+                    msg.reasoning = (msg.reasoning or "") + thought
             elif kind in ("tool_use", "server_tool_use"):
                 name = field_of(block, "name", str, where=bwhere, required=True)
                 call_id = field_of(block, "id", str, where=bwhere, required=True)
@@ -312,9 +314,23 @@ class Stream:
         return []
 
     def keepalive(self) -> str:
-        """A `ping` event: clients (Claude Code) count events, not SSE comments, as a
-        live stream. Before message_start only a comment is valid."""
-        return self._ev("ping", {}) if self.started else KEEPALIVE
+        """Before message_start only a comment is valid. After it, an empty delta of the
+        open content block, opening an empty thinking block first if none is open:
+        Claude Code drops a stream after 300 s without a content event, and counts
+        neither SSE comments nor `ping` events (its SDK skips pings). A thinking block
+        is what a reply may open with before anything is known about it; the model's
+        own reasoning continues in it, text or a tool call follows it."""
+        if not self.started:
+            return KEEPALIVE
+        out = []
+        if self.block is None:
+            out += self._open("thinking", {"type": "thinking", "thinking": "",
+                                           "signature": ""})
+        delta = {"thinking": {"type": "thinking_delta", "thinking": ""},
+                 "text": {"type": "text_delta", "text": ""},
+                 "tool_use": {"type": "input_json_delta", "partial_json": ""}}[self.block or ""]
+        out.append(self._ev("content_block_delta", {"index": self.index, "delta": delta}))
+        return "".join(out)
 
     def _start(self, usage: Usage) -> list[str]:
         self.started = True

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ds4d.chat.types import (
+    ChatRequest,
     Event,
     Finish,
     ReasoningDelta,
@@ -17,6 +18,7 @@ from ds4d.chat.types import (
     ToolCall,
     ToolCallEnd,
     ToolCallStart,
+    ToolChoice,
     Usage,
 )
 
@@ -149,6 +151,26 @@ def effort_thinking(effort: Any, key: str) -> bool | None:
     if effort in ("minimal", "low", "medium", "high", "xhigh", "max"):
         return True
     raise bad(f"'{key}' must be one of none, minimal, low, medium, high, xhigh, max", key)
+
+
+def force_tool_choice(req: ChatRequest, setting: str) -> bool:
+    """The `force_tool_choice` testing aid: "required" or a tool's name turns an `auto`
+    tool choice into that forced one, once per conversation: only while it holds no
+    tool call yet. The request carrying the call's result, and every later one, is left
+    free, so the model can answer what the tool returned and the client's loop ends
+    (agents answer a cut-off reply or a tool result with more user text, which must not
+    force another call). Returns whether the request was changed."""
+    if not setting or not req.tools or req.tool_choice.mode != "auto":
+        return False
+    if any(m.role == "tool" or m.tool_calls for m in req.messages):
+        return False
+    if setting == "required":
+        req.tool_choice = ToolChoice("required")
+        return True
+    if setting in {t.name for t in req.tools}:
+        req.tool_choice = ToolChoice("named", setting)
+        return True
+    return False
 
 
 # ---- collecting a whole reply ----------------------------------------------------------

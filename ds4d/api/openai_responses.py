@@ -7,7 +7,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ds4d.api.common import (
-    KEEPALIVE,
     ApiError,
     Completion,
     bad,
@@ -54,6 +53,7 @@ class ResponsesRequest(ChatRequest):
     tool_namespaces: dict[str, str] = field(default_factory=dict)  # tool name -> namespace
     tools_json: list[Any] = field(default_factory=list)  # `tools` as sent, echoed back
     tool_choice_json: Any = "auto"  # `tool_choice` as sent, echoed back
+    client_limit: bool = False  # the client set max_output_tokens
 
 
 def parse_tools(value: Any) -> tuple[list[Tool], dict[str, str]]:
@@ -174,6 +174,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         tools_json=body.get("tools") or [],
         tool_choice_json=body["tool_choice"] if body.get("tool_choice") is not None else "auto",
     )
+    req.client_limit = req.max_tokens is not None
     return req
 
 
@@ -185,13 +186,21 @@ def usage_json(u: Usage) -> dict[str, Any]:
             "total_tokens": u.prompt_tokens + u.completion_tokens}
 
 
-def _status(f: Finish) -> str:
-    return {"length": "incomplete", "error": "failed"}.get(f.reason, "completed")
+def _status(f: Finish, req: ChatRequest) -> str:
+    """`incomplete` when the client's own max_output_tokens ran out. A request that set
+    none was cut by ds4d's default answer cap, a server policy the client never asked
+    about: that response is `completed` (its message item still `incomplete`). Codex,
+    which sends no limit, takes `response.incomplete` as a failed turn and retries it,
+    generating the whole answer again each time."""
+    if f.reason == "length":
+        limited = isinstance(req, ResponsesRequest) and req.client_limit
+        return "incomplete" if limited else "completed"
+    return "failed" if f.reason == "error" else "completed"
 
 
 def _item_status(f: Finish) -> str:
     """An output item cut short (token limit, failure) is `incomplete`, as OpenAI's are."""
-    return "completed" if _status(f) == "completed" else "incomplete"
+    return "incomplete" if f.reason in ("length", "error") else "completed"
 
 
 class _Builder:
@@ -223,7 +232,7 @@ class _Builder:
             "parallel_tool_calls": True, "tool_choice": self.tool_choice,
             "tools": self.tools,
         }
-        if finish is not None and finish.reason == "length":
+        if finish is not None and finish.reason == "length" and status == "incomplete":
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
         if finish is not None and finish.reason == "error":
             obj["error"] = {"code": "server_error",
@@ -245,7 +254,7 @@ def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
 
 def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
     b = _Builder(req, model)
-    status = _status(c.finish)
+    status = _status(c.finish, req)
     if c.reasoning:
         b.output.append(_reasoning_item(random_id("rs_"), c.reasoning))
     if c.text:
@@ -280,7 +289,11 @@ class Stream:
                 self._ev("response.in_progress", response=env)]
 
     def keepalive(self) -> str:
-        return KEEPALIVE
+        """`response.in_progress` again, as the response stands: Codex (and other
+        clients built on an SSE event reader) drop a stream after a while without an
+        event, and SSE comments are no events to them; the openai SDK takes a repeated
+        lifecycle event of the same response as a snapshot update."""
+        return self._ev("response.in_progress", response=self.b.envelope("in_progress"))
 
     @property
     def _index(self) -> int:
@@ -365,7 +378,7 @@ class Stream:
             self.usage = ev
         elif isinstance(ev, Finish):
             out += self._close(_item_status(ev))
-            status = _status(ev)
+            status = _status(ev, self.req)
             kind = {"completed": "response.completed", "incomplete": "response.incomplete",
                     "failed": "response.failed"}[status]
             out.append(self._ev(kind, response=self.b.envelope(status, ev, self.usage)))

@@ -96,8 +96,9 @@ class Config:
     max_body_bytes: int = _key(
         64 * 1024 * 1024, "largest accepted request body in bytes", lo=1024, metavar="N")
     keepalive_s: float = _key(
-        5.0, "longest silence of a stream in seconds: a keepalive (an Anthropic `ping` "
-        "event, an SSE comment for OpenAI streams) is sent when nothing else is",
+        5.0, "longest silence of a stream in seconds: a keepalive (an empty Anthropic "
+        "thinking delta, Responses' `response.in_progress` again, an SSE comment on chat "
+        "streams) is sent when nothing else is",
         reloadable=True, lo=0.05, hi=3600.0, metavar="S")
 
     # --- sampling defaults (when a request does not say) --------------------------------
@@ -111,6 +112,13 @@ class Config:
         4096, "output token limit of a request that sets none (Codex sends none); "
         "0 = until the context is full",
         flags=("-n", "--max-tokens"), reloadable=True, lo=0, metavar="N")
+
+    force_tool_choice: str = _key(
+        "", "testing aid, off when empty: a request that declares tools, leaves "
+        "tool_choice at auto and whose conversation holds no tool call yet gets "
+        "tool_choice `required` or the named tool, so even a small model calls a tool "
+        "and a client's tool round trip can be exercised",
+        reloadable=True, metavar="required|NAME")
 
     # --- prompt handling ---------------------------------------------------------------
     normalize_claude_billing_header: bool = _key(

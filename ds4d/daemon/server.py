@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
-from ds4d.api.common import ApiError, Completion
+from ds4d.api.common import ApiError, Completion, force_tool_choice
 from ds4d.api.request_body import parse_json_body
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import Event, Sampling
@@ -319,6 +319,9 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
             gen = _require_ready(daemon)
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
+            if force_tool_choice(req, daemon.config.force_tool_choice):
+                log.info("%s: tool_choice forced to %s (force_tool_choice)", kind,
+                         req.tool_choice.name or req.tool_choice.mode)
             job = await gen.prepare(req, kind, param)
             job.ticket = gen.pool.request(job.tokens)
         except ApiError as err:

@@ -4,8 +4,8 @@ keepalive) driven by the real anthropic and openai SDKs.
 Clients such as Claude Code drop a stream that sends no event they recognise for a while;
 SSE comments do not count. So each protocol's opening events go out at once (Anthropic's
 message_start, the chat role chunk, Responses' created / in_progress), Anthropic streams
-then get `ping` events while the prompt is prefilled, and the usage at the end still
-tells what was reused.
+then get empty thinking deltas while the prompt is prefilled, and the usage at the end
+still tells what was reused.
 
 "Before the prefill" is shown by order, not by timing: /metrics counts a request's first
 token (`ds4d_time_to_first_token_seconds_count`) and shows the slot's KV growing chunk by
@@ -90,7 +90,7 @@ def test_anthropic_message_start_comes_before_the_prefill(daemon, claude):
     assert final.input_tokens + final.cache_read_input_tokens == tokens
 
 
-def test_anthropic_pings_while_prefilling_and_reuse_in_the_final_usage(daemon, claude):
+def test_anthropic_keepalives_while_prefilling_and_reuse_in_the_final_usage(daemon, claude):
     # A different prompt of the same length: the slot's cached prefix is mostly lost.
     body = {
         "model": "c",
@@ -100,19 +100,25 @@ def test_anthropic_pings_while_prefilling_and_reuse_in_the_final_usage(daemon, c
     }
     first_tokens = daemon.metrics()[TTFT_COUNT]
     names: list[str | None] = []
-    prefilling_at_ping = None
+    keepalives = 0
+    prefilling_at_keepalive = None
     with claude.messages.with_streaming_response.create(**body) as r:
         for name, data in _sse_events(r.iter_lines()):
             names.append(name)
-            if name == "ping" and names.count("ping") == 2:  # the first one after start
-                prefilling_at_ping = daemon.metrics()[TTFT_COUNT] == first_tokens
+            # Claude Code counts content events only: the keepalive is an empty thinking
+            # delta (in a thinking block opened for it) while the prompt is prefilled.
+            if name == "content_block_delta" and json.loads(data)["delta"] == {
+                "type": "thinking_delta",
+                "thinking": "",
+            }:
+                keepalives += 1
+                if keepalives == 2:
+                    prefilling_at_keepalive = daemon.metrics()[TTFT_COUNT] == first_tokens
             if name == "message_delta":
                 usage = json.loads(data)["usage"]
-    assert None not in names, "an Anthropic stream sends ping events, not comments"
-    assert names[:2] == ["message_start", "ping"]
-    head = names[: names.index("content_block_start")]
-    assert head.count("ping") >= 3 and set(head[1:]) == {"ping"}
-    assert prefilling_at_ping is True
+    assert None not in names, "an Anthropic stream sends events, not comments"
+    assert names[:3] == ["message_start", "ping", "content_block_start"]
+    assert keepalives >= 3 and prefilling_at_keepalive is True
     assert names[-2:] == ["message_delta", "message_stop"]
     assert usage["output_tokens"] >= 1 and usage["input_tokens"] > 1000
 
