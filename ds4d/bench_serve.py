@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ds4d.cli import CliError
+from ds4d.daemon.exitcodes import CliError
 
 CSV_FIELDS = (
     "label",
