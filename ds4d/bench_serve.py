@@ -379,7 +379,7 @@ def run_request(
                 _usage_openai(obj, r)
                 msg = ((obj.get("choices") or [{}])[0]).get("message") or {}
                 r.text = str(msg.get("content") or "")
-    except (OSError, http.client.HTTPException, json.JSONDecodeError, ValueError) as e:
+    except Exception as e:  # any failure (transport, a malformed answer) is this request's
         r.error = f"{type(e).__name__}: {e}"
         conn.close()  # reconnects on the next request
     finally:
