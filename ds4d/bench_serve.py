@@ -644,17 +644,20 @@ def write_plot(path: Path, rows: list[dict[str, str]]) -> None:
         ("time to first token (s)", [("ttft_p50_s", " p50", 1.0), ("ttft_p95_s", " p95", 1.0)]),
         ("inter-token latency p95 (ms)", [("itl_p95_s", "", 1000.0)]),
     )
+    ks = sorted({int(r["clients"]) for r in rows})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     for ax, (title, columns) in zip(axes, panels, strict=True):
-        for label, rs in series.items():
+        for n, (label, rs) in enumerate(series.items()):
             rs = sorted(rs, key=lambda r: int(r["clients"]))
             for col, suffix, scale in columns:
                 pts = [(int(r["clients"]), float(r[col]) * scale) for r in rs if r[col]]
                 if pts:
-                    style = "--" if suffix == " p95" else "-"
-                    ax.plot(*zip(*pts, strict=True), style, marker="o", label=label + suffix)
+                    ax.plot(*zip(*pts, strict=True), "--" if suffix == " p95" else "-",
+                            color=colors[n % len(colors)], marker="o", label=label + suffix)  # fmt: skip
         ax.set_title(title)
         ax.set_xlabel("concurrent clients K")
+        ax.set_xticks(ks)
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
