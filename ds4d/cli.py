@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from types import ModuleType
 
 from ds4d.daemon.exitcodes import CliError
 
@@ -17,9 +18,21 @@ from ds4d.daemon.exitcodes import CliError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ds4d.daemon.main", "run the daemon (the default)"),
     "generate": ("ds4d.generate", "one-shot chat reply streamed to stdout"),
-    "bench": ("ds4d.bench", "prefill/decode speed sweep over context sizes"),
+    "bench": (
+        "ds4d.bench",
+        "prefill/decode speed sweep over context sizes (`ds4d bench serve`: the serving benchmark)",
+    ),
     "synth-gguf": ("ds4d.synth", "write a small synthetic GGUF for tests"),
     "install-service": ("ds4d.daemon.install", "write systemd / launchd units"),
+}
+
+# Modes of a subcommand that are commands of their own: (subcommand, mode) -> (module, help)
+NESTED: dict[tuple[str, str], tuple[str, str]] = {
+    ("bench", "serve"): (
+        "ds4d.bench_serve",
+        "concurrent clients replaying conversations "
+        "against a running server: tokens/s, time to first token",
+    ),
 }
 
 
@@ -27,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "serve")
+    if len(argv) >= 2 and (argv[0], argv[1]) in NESTED:
+        return _main_nested((argv[0], argv[1]), argv[2:])
     parser = argparse.ArgumentParser(prog="ds4d", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=_version())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -42,6 +57,18 @@ def main(argv: list[str] | None = None) -> int:
     if module is None:
         print(f"ds4d: '{args.command}' is not available in this build", file=sys.stderr)
         return 2
+    return _run(module, args)
+
+
+def _main_nested(key: tuple[str, str], argv: list[str]) -> int:
+    module_name, help_text = NESTED[key]
+    parser = argparse.ArgumentParser(prog="ds4d " + " ".join(key), description=help_text)
+    module = importlib.import_module(module_name)
+    module.add_arguments(parser)
+    return _run(module, parser.parse_args(argv))
+
+
+def _run(module: ModuleType, args: argparse.Namespace) -> int:
     try:
         return int(module.run(args) or 0)
     except CliError as e:
