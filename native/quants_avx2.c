@@ -113,6 +113,17 @@ static inline __m128i fifth_bits(uint32_t bits) {
 }
 
 DS4N_INLINE void legacy_codes(const uint8_t *qs, const uint8_t *qh, int offset, v16 q[2]) {
+    if (!qh) {
+        /* Bytes straight to 32-bit lanes (vpmovzxbd takes its 8 bytes as a load), nibbles
+         * split there: fewer shuffles than splitting bytes and widening each half. */
+        const __m256i m4 = _mm256_set1_epi32(0x0f), off = _mm256_set1_epi32(offset);
+        const __m256i a = _mm256_cvtepu8_epi32(load8(qs)), b = _mm256_cvtepu8_epi32(load8(qs + 8));
+        const __m256i c[4] = {_mm256_and_si256(a, m4), _mm256_and_si256(b, m4),
+                              _mm256_srli_epi32(a, 4), _mm256_srli_epi32(b, 4)};
+        for (int k = 0; k < 4; k++)
+            q[k / 2].v[k % 2] = _mm256_cvtepi32_ps(offset ? _mm256_sub_epi32(c[k], off) : c[k]);
+        return;
+    }
     __m128i bytes = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
     __m128i lo = _mm_and_si128(bytes, m4), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), m4);
     if (qh) {
@@ -123,6 +134,18 @@ DS4N_INLINE void legacy_codes(const uint8_t *qs, const uint8_t *qh, int offset, 
     }
     q[0] = widen16(_mm_sub_epi8(lo, _mm_set1_epi8((char)offset)));
     q[1] = widen16(_mm_sub_epi8(hi, _mm_set1_epi8((char)offset)));
+}
+
+/* out[2r], out[2r+1] = the two halves at p + r*stride as floats, r < R (the d and m of R
+ * blocks, or d and two code bytes): one conversion for all R rows. */
+DS4N_INLINE void f16_pairs(const uint8_t *p, int64_t stride, const int R, float *out) {
+    uint32_t u;
+    memcpy(&u, p, 4);
+    __m128i v = _mm_cvtsi32_si128((int)u);
+    if (R > 1) memcpy(&u, p + stride, 4), v = _mm_insert_epi32(v, (int)u, 1);
+    if (R > 2) memcpy(&u, p + 2 * stride, 4), v = _mm_insert_epi32(v, (int)u, 2);
+    if (R > 3) memcpy(&u, p + 3 * stride, 4), v = _mm_insert_epi32(v, (int)u, 3);
+    _mm256_storeu_ps(out, _mm256_cvtph_ps(v));
 }
 
 /* Straight from memory: vpmovsxbd takes its 8 bytes as a load, no shuffles. */

@@ -7,7 +7,8 @@
  *   v16_dot(q, x)         Σ q·x over x[0..16), as a vector;   v16_sum(x)  Σ x, as a vector
  *   v16_fma(acc, q, x)    acc + that Σ q·x
  *   v16_store(y, q, d)    y = d·q;   v16_store_affine(y, q, d, m)  y = d·q + m (no FMA)
- *   f16(h)                half -> float
+ *   f16(h)                half -> float;  f16_pairs(p, stride, R, out)  the two halves at
+ *                         p + r*stride, r < R, as out[2r], out[2r+1]
  *   dequant_float(), dot_float()   for F32/F16/BF16 rows
  *   codes producers, 32 codes (as 2 x v16) of:
  *     legacy_codes(qs, qh or NULL, offset, q)  Q4_0/Q4_1/Q5_0/Q5_1;  q8_codes(qs, q)
@@ -119,11 +120,16 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     for (int r = 0; r < R; r++) acc[r] = vzero(), accm[r] = 0.0f;
     const uint8_t *p = w;
     struct legacy_block b;
+    /* The f16 scales (and min) of the R rows' blocks converted together; MXFP4's is a byte. */
+    const int pairs = type != DS4N_MXFP4;
+    float dm[2 * DS4N_MV_ROWS];
     for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK) {
+        if (pairs) f16_pairs(p, row_stride, R, dm);
         for (int r = 0; r < R; r++) {
             load_legacy(type, p + r * row_stride, &b);
-            acc[r] = vfma_s(acc[r], b.d, block32_dot(b.q, x));
-            if (is_affine(type)) accm[r] += b.m * xsum[i];
+            const float d = pairs ? dm[2 * r] : b.d;
+            acc[r] = vfma_s(acc[r], d, block32_dot(b.q, x));
+            if (is_affine(type)) accm[r] += dm[2 * r + 1] * xsum[i];
         }
     }
     for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]) + accm[r];

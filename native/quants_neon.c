@@ -105,6 +105,15 @@ static inline uint8x16_t fifth_bits(uint32_t bits) {
     return vandq_u8(vtstq_u8(v, vld1q_u8(mask_bytes)), vdupq_n_u8(0x10));
 }
 
+/* out[2r], out[2r+1] = the two halves at p + r*stride as floats, r < R. */
+DS4N_INLINE void f16_pairs(const uint8_t *p, int64_t stride, const int R, float *out) {
+    for (int r = 0; r < R; r++) {
+        uint16_t h[2];
+        memcpy(h, p + r * stride, 4);
+        out[2 * r] = f16(h[0]), out[2 * r + 1] = f16(h[1]);
+    }
+}
+
 DS4N_INLINE void legacy_codes(const uint8_t *qs, const uint8_t *qh, int offset, v16 q[2]) {
     uint8x16_t bytes = vld1q_u8(qs);
     uint8x16_t lo = vandq_u8(bytes, vdupq_n_u8(0x0f)), hi = vshrq_n_u8(bytes, 4);
