@@ -22,6 +22,19 @@ static float *random_floats(int n, float scale) {
 }
 
 /* max |ws.att - definition| over the T query rows of the last call at positions pos0.. */
+/* ds4n_attention over a batch of one sequence at pos on kv (layer 0). */
+static void attend(const ds4n_dec_dims *d, const ds4n_attn_layer *w, ds4n_kv *kv,
+                   ds4n_dec_ws *ws, ds4n_pool *pool, const float *x, int64_t T, int64_t pos,
+                   float *out) {
+    ds4n_dec_session s = {.dims = *d, .n_ctx = kv->n_ctx, .n_past = pos, .kv = *kv};
+    ds4n_dec_session *sp = &s;
+    const int64_t count = T;
+    ds4n_dec_batch b = {.n_seq = 1, .seq = &sp, .count = &count, .n_rows = T, .ws = ws};
+    b.pos0[0] = pos;
+    ws->call++; /* a new call: its rope tables are made afresh */
+    ds4n_attention(d, w, 0, &b, pool, x, out);
+}
+
 static double check(const ds4n_kv *kv, const ds4n_dec_ws *ws, const ds4n_attn_layer *w,
                     int64_t pos0, int T) {
     const int64_t n = pos0 + T;
@@ -85,18 +98,18 @@ int main(void) {
         ds4n_kv kv;
         ds4n_dec_ws ws = {0};
         if (ds4n_kv_init(&kv, 1, NKV, HD, NCTX) != 0 ||
-            ds4n_dec_ws_reserve(&ws, &dims, 300, cases[c].threads) != 0)
+            ds4n_dec_ws_reserve(&ws, &dims, 300, 1, cases[c].threads) != 0)
             return 1;
         /* Prefill 300 positions in two uneven chunks, then decode (split keys) to 640. */
         int64_t pos = 0;
         const int chunks[] = {130, 170};
         for (int i = 0; i < 2; i++) {
-            ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x, chunks[i], pos, out);
+            attend(&dims, &w, &kv, &ws, pool, x, chunks[i], pos, out);
             worst = fmax(worst, check(&kv, &ws, &w, pos, chunks[i]));
             pos += chunks[i];
         }
         for (; pos < 640; pos++) {
-            ds4n_attention(&dims, &w, &kv, 0, &ws, pool, x + (pos % 300) * E, 1, pos, out);
+            attend(&dims, &w, &kv, &ws, pool, x + (pos % 300) * E, 1, pos, out);
             if (pos % 17 == 0 || pos >= 630) worst = fmax(worst, check(&kv, &ws, &w, pos, 1));
         }
         ds4n_dec_ws_release(&ws);
