@@ -342,8 +342,17 @@ def run_request(
     sent = time.perf_counter()
     r.start_s = sent - t0
     try:
-        conn.request("POST", target.path, body=body, headers=target.headers())
-        resp = conn.getresponse()
+        try:
+            conn.request("POST", target.path, body=body, headers=target.headers())
+            resp = conn.getresponse()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            # the server closed the kept-alive connection between requests (llama-server
+            # does after a stream): the request was not served, so send it again afresh
+            conn.close()
+            sent = time.perf_counter()
+            r.start_s = sent - t0
+            conn.request("POST", target.path, body=body, headers=target.headers())
+            resp = conn.getresponse()
         if resp.status != 200:
             r.error = f"HTTP {resp.status}: {resp.read()[:300].decode(errors='replace')}"
             return r
