@@ -245,18 +245,26 @@ class DiskCache:
             log.warning("kv cache: cannot quarantine %s (%s); deleting it", path.name, e)
             path.unlink(missing_ok=True)
 
-    def _descendants(self, name: str) -> list[Entry]:
+    def _descendants(self, name: str, children: dict[str, list[Entry]] | None = None
+                     ) -> list[Entry]:  # fmt: skip
         """The deltas built on `name`, directly or through other deltas (lock held)."""
+        if children is None:
+            children = self._children()
         out: list[Entry] = []
-        names = {name}
-        grew = True
-        while grew:
-            grew = False
-            for e in self._entries.values():
-                if e.base in names and e.name not in names:
-                    names.add(e.name)
+        todo, seen = [name], {name}
+        while todo:
+            for e in children.get(todo.pop(), []):
+                if e.name not in seen:
+                    seen.add(e.name)
                     out.append(e)
-                    grew = True
+                    todo.append(e.name)
+        return out
+
+    def _children(self) -> dict[str, list[Entry]]:
+        out: dict[str, list[Entry]] = {}
+        for e in self._entries.values():
+            if e.base:
+                out.setdefault(e.base, []).append(e)
         return out
 
     def _chain(self, name: str) -> set[str]:
@@ -268,19 +276,15 @@ class DiskCache:
             e = self._entries.get(e.base) if e.base else None
         return out
 
-    def _drop_orphans(self) -> int:
-        """Delete the deltas whose chain misses a link (lock held); the bytes they free."""
-        freed = 0
+    def _drop_orphans(self) -> None:
+        """Move aside the deltas whose chain misses a link (lock held): they can never be
+        loaded, and like any unusable file they are kept for inspection, not deleted."""
         while True:
-            orphans = [e for e in self._entries.values()
-                       if e.base and e.base not in self._entries]  # fmt: skip
-            if not orphans:
-                return freed
-            for e in orphans:
-                log.info("kv cache: removing %s, its base %s is gone", e.name, e.base)
-                e.path.unlink(missing_ok=True)
-                del self._entries[e.name]
-                freed += e.size
+            orphan = next((e for e in self._entries.values()
+                           if e.base and e.base not in self._entries), None)  # fmt: skip
+            if orphan is None:
+                return
+            self._quarantine(orphan.path, f"its base {orphan.base} is gone")
 
     def has(self, name: str) -> bool:
         """Stored or queued for writing: a delta may be built on it."""
@@ -640,12 +644,14 @@ class DiskCache:
                 total -= size
             now = self._now_ms()
             while total > self.budget and self._entries:
+                children = self._children()
                 victim = min(
-                    self._entries.values(), key=lambda e: self._eviction_key(e, now, protected)
+                    self._entries.values(),
+                    key=lambda e: self._eviction_key(e, now, protected, children),
                 )
-                if victim.name in protected and victim.size <= self.budget:
-                    break
-                for e in [victim, *self._descendants(victim.name)]:
+                if self._eviction_key(victim, now, protected, children)[0] == float("inf"):
+                    break  # only what is being written and its chain are left
+                for e in [victim, *self._descendants(victim.name, children)]:
                     try:
                         e.path.unlink(missing_ok=True)
                     except OSError as err:
@@ -660,10 +666,17 @@ class DiskCache:
                              e.tokens, e.size, e.name)  # fmt: skip
         return removed
 
-    def _eviction_key(self, e: Entry, now: int, protected: set[str]) -> tuple:
-        guarded = e.name in protected and e.size <= self.budget
-        score = float("inf") if guarded else e.score(now)
-        return (score, e.header.last_used_ms or e.header.created_ms, e.name)
+    def _eviction_key(self, e: Entry, now: int, protected: set[str],
+                      children: dict[str, list[Entry]]) -> tuple:  # fmt: skip
+        """Lowest first. A file goes with the deltas built on it, so its score is that of
+        the family: the most valuable member's tokens (and hits) over the family's bytes,
+        and it was used when the last of them was."""
+        family = [e, *self._descendants(e.name, children)]
+        guarded = any(f.name in protected for f in family) and e.size <= self.budget
+        value = max(f.score(now) * f.size for f in family) / sum(f.size for f in family)
+        score = float("inf") if guarded else value
+        used = max(f.header.last_used_ms or f.header.created_ms for f in family)
+        return (score, used, e.name)
 
     # ---- admin -------------------------------------------------------------------------
 
