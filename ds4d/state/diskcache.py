@@ -51,7 +51,10 @@ log = logging.getLogger("ds4d.kvcache")
 
 HIT_HALF_LIFE_S = 6 * 3600
 PENDING_WAIT_S = 120.0  # longest a load waits for the pending write of its file
-ADMISSION_SLACK = 1.01  # a file must fit the budget with 1% to spare
+ADMISSION_SLACK = 1.01
+# Eviction scores this close count as equal: a conversation's files differ in tokens per
+# byte only by alignment and the rendered text, which must not outweigh recency.
+SCORE_TIE = 1.01  # a file must fit the budget with 1% to spare
 QUARANTINE_DIR = "quarantine"
 DAY_S = 86400
 
@@ -645,12 +648,17 @@ class DiskCache:
             now = self._now_ms()
             while total > self.budget and self._entries:
                 children = self._children()
-                victim = min(
-                    self._entries.values(),
-                    key=lambda e: self._eviction_key(e, now, protected, children),
-                )
-                if self._eviction_key(victim, now, protected, children)[0] == float("inf"):
+                keys = {
+                    e.name: self._eviction_key(e, now, protected, children)
+                    for e in self._entries.values()
+                }
+                lowest = min(k[0] for k in keys.values())
+                if lowest == float("inf"):
                     break  # only what is being written and its chain are left
+                # scores within SCORE_TIE of the lowest tie: the least recently used goes
+                victim = self._entries[
+                    min((k[1], k[2]) for k in keys.values() if k[0] <= lowest * SCORE_TIE)[1]
+                ]
                 for e in [victim, *self._descendants(victim.name, children)]:
                     try:
                         e.path.unlink(missing_ok=True)
