@@ -280,3 +280,23 @@ def test_a_chain_is_evicted_whole_scored_as_a_family_and_recency_breaks_near_tie
     before = c.bytes_used()
     assert sorted(c.evict(prefix=a.name[:8])) == sorted([a.name, a2.name])
     assert c.bytes_used() == before - a.size - a2.size == 0
+
+
+def test_a_looked_up_file_is_not_evicted_before_it_is_loaded(tmp_path):
+    clock = Clock()
+    c = cache(tmp_path, clock=clock)
+    text = "the conversation asked again " * 10
+    old = c.save(Reason.COLD, text, 900, payload(20_000))
+    clock.t += 60
+    match = c.lookup(text + "and more")
+    assert match is not None and match.entry.name == old.name
+    # the slot it replaces is saved meanwhile and needs room: the match stays
+    c.budget = 22_000  # room for the new file only
+    assert c.save(Reason.EVICT, "the slot's own session " * 10, 950, payload(21_000))
+    assert old.path.exists()
+    loaded = c.load(match, text + "and more")
+    assert loaded is not None and loaded.entry.name == old.name
+    # once loaded it is an ordinary file again
+    c.budget = 1
+    c.enforce_budget()
+    assert not old.path.exists()

@@ -51,6 +51,9 @@ log = logging.getLogger("ds4d.kvcache")
 
 HIT_HALF_LIFE_S = 6 * 3600
 PENDING_WAIT_S = 120.0  # longest a load waits for the pending write of its file
+# A lookup's match (and its chain) is not evicted until it is loaded or this has passed:
+# the save of the slot it replaces is written meanwhile and makes room in the budget.
+PIN_S = 120.0
 ADMISSION_SLACK = 1.01
 # Eviction scores this close count as equal: a conversation's files differ in tokens per
 # byte only by alignment and the rendered text, which must not outweigh recency.
@@ -184,6 +187,7 @@ class DiskCache:
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._pending: dict[str, Entry] = {}
+        self._pins: dict[str, float] = {}  # name -> time.monotonic() the pin ends
         self._writes: collections.deque[tuple[float, int]] = collections.deque()
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.dir, 0o700)
@@ -339,12 +343,24 @@ class DiskCache:
         if best is None:
             self.stats.misses += 1
             return None
+        with self._lock:
+            until = time.monotonic() + PIN_S
+            for name in self._chain(best.name) | {best.name}:
+                self._pins[name] = until
         return DiskMatch(best, best.header.text_bytes)
 
     def load(self, match: DiskMatch, prompt_text: str) -> Loaded | None:
         """Read and verify `match`'s file, and for a delta every link of its chain; None
         (bad file moved aside, logged) if unusable. A match whose write is still queued
         waits for it first."""
+        try:
+            return self._load(match, prompt_text)
+        finally:
+            with self._lock:
+                for name in self._chain(match.entry.name) | {match.entry.name}:
+                    self._pins.pop(name, None)
+
+    def _load(self, match: DiskMatch, prompt_text: str) -> Loaded | None:
         entry = match.entry
         if entry.pending is not None:
             if not entry.pending.wait(PENDING_WAIT_S):
@@ -634,6 +650,9 @@ class DiskCache:
         protected = {protect} if isinstance(protect, str) else set(protect or ())
         removed: list[str] = []
         with self._lock:
+            mono = time.monotonic()
+            self._pins = {n: t for n, t in self._pins.items() if t > mono}
+            protected |= set(self._pins)
             quarantined = self._quarantined()
             total = (
                 incoming
