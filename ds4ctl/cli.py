@@ -250,7 +250,7 @@ def _cell(key: str, value: Any) -> str:
         if leaf in ("created", "last_used") and value > 1e9:
             return _ago(time.time() - value)
         if leaf in ("bytes", "size", "budget_bytes", "bytes_used", "bytes_written",
-                    "evicted_bytes", "daily_write_bytes"):
+                    "evicted_bytes", "daily_write_bytes", "bytes_written_today"):
             return _size(value)
         if leaf in ("uptime", "uptime_s"):
             return _span(value)

@@ -253,3 +253,50 @@ def test_kill_9_mid_write_never_leaves_an_accepted_file(tmp_path):
     assert fresh.entries() == []
     assert fresh.lookup("killed mid write " * 60) is None
     assert [p for p in fresh.dir.iterdir() if p.is_file()] == []  # the partial file is gone
+
+
+def test_a_chain_is_evicted_whole_scored_as_a_family_and_recency_breaks_near_ties(tmp_path):
+    clock = Clock()
+    c = cache(tmp_path, clock=clock)
+    a_text = "conversation a, the first one " * 10
+    b_text = "conversation b, the second one " * 10
+    a = c.save(Reason.COLD, a_text, 896, payload(20_000))
+    clock.t += 60
+    b = c.save(Reason.COLD, b_text, 880, payload(20_100))  # 0.6% more tokens per byte
+    clock.t += 60
+    # a's slot is reused: its evict save is a delta of a, written last
+    a2 = c.save(Reason.EVICT, a_text + "reply", 975, payload(2_000), base=a.name, depth=1)
+    assert a2 is not None and a2.base == a.name and a2.header.depth == 1
+    assert c.save(Reason.EVICT, b_text + "x", 990, payload(10), base="0" * 40 + ".kv",
+                  depth=1) is None  # fmt: skip
+    assert c.stats.delta_base_missing == 1
+    # room for one family more than what is there: the least recently used family goes
+    # (b: its score is within the tie of a's family, a was used last)
+    c.budget = a.size + a2.size + b.size
+    clock.t += 60
+    removed = c.enforce_budget(incoming=5_000)
+    assert removed == [b.name]
+    # evicting a takes its delta with it, and the accounting counts both
+    before = c.bytes_used()
+    assert sorted(c.evict(prefix=a.name[:8])) == sorted([a.name, a2.name])
+    assert c.bytes_used() == before - a.size - a2.size == 0
+
+
+def test_a_looked_up_file_is_not_evicted_before_it_is_loaded(tmp_path):
+    clock = Clock()
+    c = cache(tmp_path, clock=clock)
+    text = "the conversation asked again " * 10
+    old = c.save(Reason.COLD, text, 900, payload(20_000))
+    clock.t += 60
+    match = c.lookup(text + "and more")
+    assert match is not None and match.entry.name == old.name
+    # the slot it replaces is saved meanwhile and needs room: the match stays
+    c.budget = 22_000  # room for the new file only
+    assert c.save(Reason.EVICT, "the slot's own session " * 10, 950, payload(21_000))
+    assert old.path.exists()
+    loaded = c.load(match, text + "and more")
+    assert loaded is not None and loaded.entry.name == old.name
+    # once loaded it is an ordinary file again
+    c.budget = 1
+    c.enforce_budget()
+    assert not old.path.exists()

@@ -136,6 +136,10 @@ class Config:
         metavar="DIR")
     kv_disk_space_mb: int = _key(8192, "disk budget of the KV cache in MiB",
                                  reloadable=True, lo=1, metavar="N")
+    kv_disk_write_budget: int = _key(
+        20480, "KV checkpoint MiB written per 24 h (SSD wear); past it only checkpoints a "
+        "later request is likely to reuse (continued sessions, prefixes already hit) are "
+        "written; 0 = unlimited", lo=0, metavar="MIB")
     kv_cache_min_tokens: int = _key(
         512, "no checkpoint is saved or loaded with fewer tokens", lo=1, metavar="N",
         fitted="fitted to --ctx: ctx/16, from 16 up to 512")

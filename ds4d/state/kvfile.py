@@ -1,6 +1,9 @@
 """One disk KV checkpoint file: header, rendered text, engine payload, tool map.
 
-The layout is documented in docs/kv-cache-format.md. A file is written once, atomically
+The layout is documented in docs/kv-cache-format.md. A delta checkpoint (flag 0x02) holds
+only the rows after its base: its payload section starts with the base file's name (the
+20-byte SHA1 of the base's text) and its chain depth (u32), covered by the body checksum
+like the rest, then the engine's delta payload. A file is written once, atomically
 (temporary file in the same directory, fsync, rename, directory fsync); afterwards only
 the two mutable header fields (hit count, last-used time) are rewritten in place.
 
@@ -9,6 +12,7 @@ Everything here is synchronous file I/O; callers run it off the event loop.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import io
@@ -28,6 +32,9 @@ HEADER_SIZE = 128
 SUFFIX = ".kv"
 TMP_MARKER = ".tmp."
 FLAG_TOOL_MAP = 0x01
+FLAG_DELTA = 0x02
+# payload prefix of a delta file: base file name (sha1 digest), chain depth (1 = on a full)
+DELTA_PREFIX = struct.Struct("<20sI")
 TOOL_MAP_MAGIC = b"DTM1"
 MAX_ID_BYTES = 256
 
@@ -135,6 +142,16 @@ class Header:
     body_crc: int
     hits: int
     last_used_ms: int
+    base: bytes = b""  # a delta's base file (sha1 digest); read from the payload prefix
+    depth: int = 0  # links below this file in its chain
+
+    @property
+    def is_delta(self) -> bool:
+        return bool(self.flags & FLAG_DELTA)
+
+    @property
+    def base_name(self) -> str | None:
+        return self.base.hex() + SUFFIX if self.is_delta else None
 
     @property
     def file_size(self) -> int:
@@ -168,8 +185,23 @@ class Header:
     def unpack(cls, raw: bytes) -> Header:
         if len(raw) < HEADER_SIZE:
             raise Truncated(f"header is {len(raw)} bytes, expected {HEADER_SIZE}")
-        (magic, version, hsize, reason, flags, _r0, ctx, fp, tokens, _r1, created,
-         text_b, payload_b, tool_b, body_crc) = _FIXED.unpack_from(raw)
+        (
+            magic,
+            version,
+            hsize,
+            reason,
+            flags,
+            _r0,
+            ctx,
+            fp,
+            tokens,
+            _r1,
+            created,
+            text_b,
+            payload_b,
+            tool_b,
+            body_crc,
+        ) = _FIXED.unpack_from(raw)
         if magic != MAGIC:
             raise BadHeader(f"bad magic {magic!r}")
         if version != VERSION or hsize != HEADER_SIZE:
@@ -181,13 +213,27 @@ class Header:
             raise BadHeader("empty checkpoint")
         if bool(flags & FLAG_TOOL_MAP) != (tool_b > 0):
             raise BadHeader("tool-map flag disagrees with its size")
+        if flags & FLAG_DELTA and payload_b <= DELTA_PREFIX.size:
+            raise BadHeader("delta checkpoint without a payload")
         hits, _r2, last_used = _MUTABLE.unpack_from(raw, _MUTABLE_OFFSET)
         try:
             why = Reason(reason)
         except ValueError:
             why = Reason.UNKNOWN
-        return cls(why, flags, ctx, fp, tokens, created, text_b, payload_b, tool_b,
-                   body_crc, hits, last_used)
+        return cls(
+            why,
+            flags,
+            ctx,
+            fp,
+            tokens,
+            created,
+            text_b,
+            payload_b,
+            tool_b,
+            body_crc,
+            hits,
+            last_used,
+        )
 
 
 def read_header(path: Path) -> Header:
@@ -195,8 +241,14 @@ def read_header(path: Path) -> Header:
     with open(path, "rb") as f:
         header = Header.unpack(f.read(HEADER_SIZE))
         size = os.fstat(f.fileno()).st_size
-    if size != header.file_size:
-        raise Truncated(f"file is {size} bytes, header says {header.file_size}")
+        if size != header.file_size:
+            raise Truncated(f"file is {size} bytes, header says {header.file_size}")
+        if header.is_delta:  # the base reference; the body checksum covers it on load
+            f.seek(HEADER_SIZE + header.text_bytes)
+            base, depth = DELTA_PREFIX.unpack(f.read(DELTA_PREFIX.size))
+            if depth < 1:
+                raise BadHeader("delta checkpoint with chain depth 0")
+            header = dataclasses.replace(header, base=base, depth=depth)
     return header
 
 
@@ -287,12 +339,21 @@ def write_file(
     tool_map: Mapping[str, str] | None = None,
     now: int | None = None,
     max_bytes: int | None = None,
+    base: str | None = None,
+    depth: int = 0,
 ) -> tuple[Path, Header]:
     """Write a checkpoint atomically; returns its final path and header.
 
     `payload` is the engine's bytes or a function writing them to a file object
     (Session.save). With `max_bytes`, a file that turns out larger is discarded and
-    OverflowError raised — the caller's budget is re-checked on the real size."""
+    OverflowError raised — the caller's budget is re-checked on the real size. With
+    `base` (a file name), a delta: `payload` is the engine's delta payload on that base,
+    and `depth` the number of links under it."""
+    base_digest = b""
+    if base is not None:
+        if not is_kv_name(base) or depth < 1:
+            raise ValueError(f"bad delta base {base!r} (depth {depth})")
+        base_digest = bytes.fromhex(base[:40])
     text_b = text.encode()
     tool_b = encode_tool_map(tool_map or {})
     final = directory / file_name(text_b)
@@ -304,16 +365,18 @@ def write_file(
             f.write(bytes(HEADER_SIZE))
             f.write(text_b)
             writer = _CountingWriter(f, zlib.crc32(text_b))
+            if base_digest:
+                writer.write(DELTA_PREFIX.pack(base_digest, depth))
             if callable(payload):
                 payload(writer)
             else:
                 writer.write(payload)
-            if writer.count == 0:
+            if writer.count <= (DELTA_PREFIX.size if base_digest else 0):
                 raise KVFileError("engine payload is empty")
             f.write(tool_b)
             header = Header(
                 reason=reason,
-                flags=FLAG_TOOL_MAP if tool_b else 0,
+                flags=(FLAG_TOOL_MAP if tool_b else 0) | (FLAG_DELTA if base_digest else 0),
                 ctx=ctx,
                 fingerprint=fingerprint,
                 tokens=tokens,
@@ -324,6 +387,8 @@ def write_file(
                 body_crc=zlib.crc32(tool_b, writer.crc),
                 hits=0,
                 last_used_ms=stamp,
+                base=base_digest,
+                depth=depth,
             )
             if max_bytes is not None and header.file_size > max_bytes:
                 raise OverflowError(f"checkpoint of {header.file_size} bytes exceeds {max_bytes}")
@@ -366,6 +431,10 @@ def read_body(path: Path, header: Header, expect_text: bytes | None = None) -> B
         text = text_b.decode()
     except UnicodeDecodeError as e:
         raise BadHeader("stored text is not UTF-8") from e
+    if header.is_delta:
+        if DELTA_PREFIX.unpack_from(payload) != (header.base, header.depth):
+            raise KVFileError("file changed since its header was read")
+        payload = payload[DELTA_PREFIX.size :]
     return Body(text, payload, decode_tool_map(tool_b))
 
 

@@ -8,13 +8,20 @@ rolled back to make an entry. The decode loop calls `after_token`; SIGTERM calls
 `shutdown`. `sync` runs all of it in one blocking call; the daemon interleaves the same
 pieces chunk by chunk with other slots.
 
+Saves are off the critical path: `_save` copies the session's payload (Session.snapshot,
+a memcpy on the engine thread) and hands it to the disk cache's background writer, so
+the slot is free at once. A checkpoint extending the session's previous one (same
+tokens up to it, checked by digest) is a delta of the new rows only; every
+`max_chain` links a full file starts a new chain.
+
 Sessions follow the engine contract: tokens, eval(tokens, on_chunk), rewind(n),
-save(fp), load(fp). Every method that touches a session or the disk blocks: run it on a
-worker thread.
+save(fp), load(fp), and snapshot(start) / supports_delta when the engine has them. Every
+method that touches a session or the disk blocks: run it on a worker thread.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import threading
@@ -24,6 +31,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from ds4d.state import kvfile
 from ds4d.state.diskcache import DiskCache, DiskMatch
 from ds4d.state.kvfile import Reason
 from ds4d.state.matching import Plan, disk_effective, plan_sync
@@ -32,6 +42,8 @@ from ds4d.state.toolmemory import ToolMemory
 from ds4d.state.trace import CacheSource
 
 log = logging.getLogger("ds4d.kvcache")
+
+MAX_CHAIN = 8  # delta links on a full file before the next checkpoint is full again
 
 OnChunk = Callable[[int, int], Any]
 
@@ -47,10 +59,27 @@ class SyncResult:
     saves: list[str] = field(default_factory=list)  # "cold", "continued", "evict"
 
 
+@dataclass(frozen=True)
+class _Link:
+    """The last checkpoint of a session's tokens: what its next one may be a delta of."""
+
+    name: str
+    tokens: int
+    depth: int
+    digest: bytes  # token_digest of its tokens
+
+
 @dataclass
 class _SessionState:
     last_stored: int = 0  # continued frontier already on disk
     tool_ids: set[str] = field(default_factory=set)  # ids of the conversation it holds
+    chain: _Link | None = None
+    reused: bool = False  # the current request continued cached state (memory or disk)
+
+
+def _digest(tokens: Sequence[int]) -> bytes:
+    """The engine's token digest (sha256 of little-endian int32): what a delta names."""
+    return hashlib.sha256(np.asarray(tokens, dtype="<i4").tobytes()).digest()
 
 
 class KVState:
@@ -63,6 +92,7 @@ class KVState:
         policy: SavePolicy | None = None,
         tool_memory: ToolMemory | None = None,
         can_rewind: bool = True,
+        max_chain: int = MAX_CHAIN,
     ) -> None:
         self.tokenizer = tokenizer
         self.n_ctx = n_ctx
@@ -72,6 +102,7 @@ class KVState:
             disk.min_tokens = self.policy.min_tokens
         self.tool_memory = tool_memory if tool_memory is not None else ToolMemory()
         self.can_rewind = can_rewind
+        self.max_chain = max_chain
         self._lock = threading.Lock()
         self._state: weakref.WeakKeyDictionary[Any, _SessionState] = weakref.WeakKeyDictionary()
 
@@ -150,6 +181,8 @@ class KVState:
         st = self._st(session)
         if source not in ("memory-token", "memory-text"):
             st.last_stored = 0
+            st.chain = None
+        st.reused = source != "none"
         st.tool_ids = set(tool_ids)
 
     def load_disk(self, session: Any, match: DiskMatch, prompt_text: str) -> list[int] | None:
@@ -161,7 +194,8 @@ class KVState:
         if loaded is None:
             return None
         try:
-            session.load(io.BytesIO(loaded.payload))
+            for payload in loaded.payloads:  # a delta's chain, base first
+                session.load(io.BytesIO(payload))
         except Exception as e:  # the engine refused it (version, layout, ctx)
             log.warning("kv cache: engine refused %s: %s", loaded.entry.name, e)
             self.disk.reject(loaded.entry, str(e))
@@ -180,7 +214,11 @@ class KVState:
             self.disk.reject(loaded.entry, f"holds {reused} tokens, header says {match.tokens}")
             return None
         self.tool_memory.update(loaded.tool_map)
-        self._st(session).last_stored = reused
+        st = self._st(session)
+        st.last_stored = reused
+        st.reused = True
+        st.chain = _Link(loaded.entry.name, reused, loaded.entry.header.depth,
+                         _digest(session.tokens))  # fmt: skip
         log.info(
             "kv cache hit text tokens=%d text=%d file=%s",
             reused,
@@ -289,7 +327,10 @@ class KVState:
 
     # ---- saves -------------------------------------------------------------------------
 
-    def _save(self, session: Any, reason: Reason) -> bool:
+    def _save(self, session: Any, reason: Reason, background: bool = True) -> bool:
+        """Checkpoint the session as it is now. With the disk cache's writer (and
+        `background`), only a copy is taken here and the file is written later. True when
+        the save was written or queued."""
         if self.disk is None:
             return False
         tokens = list(session.tokens)
@@ -301,18 +342,50 @@ class KVState:
             return False
         st = self._st(session)
         ids = st.tool_ids
-        entry = self.disk.save(
-            reason,
-            text,
-            len(tokens),
-            session.save,
-            tool_map=self.tool_memory.select(ids) if ids else None,
-        )
-        if entry is None:
+        tool_map = self.tool_memory.select(ids) if ids else None
+        likely = reason == Reason.CONTINUED or st.reused
+        link = self._delta_base(session, st, tokens)
+        start = link.tokens if link is not None else 0
+        disk = self.disk
+        if not likely and disk.over_write_budget(disk.estimate_size(text, len(tokens) - start,
+                                                                    tool_map)):  # fmt: skip
+            disk.stats.skipped_daily_budget += 1
+            log.info("kv cache: daily write budget reached; not saving %d tokens", len(tokens))
             return False
+        kwargs: dict[str, Any] = {"tool_map": tool_map, "likely_reused": likely}
+        snapshot = getattr(session, "snapshot", None)
+        if snapshot is not None:
+            snap = snapshot(start)
+            payload: Any = snap.write
+            kwargs["payload_estimate"] = snap.nbytes
+        else:  # a session without copies: written now, before it can change
+            payload, background = session.save, False
+        if link is not None:
+            kwargs.update(base=link.name, depth=link.depth + 1)
+        value = (likely, reason.is_anchor, len(tokens))
+        if background:
+            ok = disk.submit(value, reason, text, len(tokens), payload, **kwargs)
+        else:
+            ok = disk.save(reason, text, len(tokens), payload, **kwargs) is not None
+        if not ok:
+            return False
+        st.chain = _Link(kvfile.file_name(text), len(tokens), link.depth + 1 if link else 0,
+                         _digest(tokens))  # fmt: skip
         if reason in (Reason.COLD, Reason.CONTINUED):
             st.last_stored = max(st.last_stored, len(tokens))
         return True
+
+    def _delta_base(self, session: Any, st: _SessionState, tokens: list[int]) -> _Link | None:
+        """The checkpoint this save may extend: the session's last one, if the session
+        still holds its tokens, it is on disk (or queued) and the chain is not too long."""
+        link = st.chain
+        if link is None or self.disk is None or not getattr(session, "supports_delta", False):
+            return None
+        if link.depth + 1 > self.max_chain or not link.tokens < len(tokens):
+            return None
+        if _digest(tokens[: link.tokens]) != link.digest or not self.disk.has(link.name):
+            return None
+        return link
 
     def after_token(self, session: Any) -> bool:
         """Decode-loop hook: a continued checkpoint when the session reaches a frontier."""
@@ -323,17 +396,29 @@ class KVState:
         self.tool_memory.remember(call_id, sampled_text)
         self._st(session).tool_ids.add(call_id)
 
-    def save_session(self, session: Any, reason: Reason = Reason.SHUTDOWN) -> bool:
-        """Save the whole live session (shutdown, evict). Blocking."""
-        return self.policy.worth_saving(len(session.tokens)) and self._save(session, reason)
+    def save_session(self, session: Any, reason: Reason = Reason.SHUTDOWN,
+                     background: bool = True) -> bool:  # fmt: skip
+        """Save the whole live session (shutdown, evict): queued for the background writer
+        when there is one, else written now."""
+        return self.policy.worth_saving(len(session.tokens)) and self._save(
+            session, reason, background
+        )
 
-    def shutdown(self, sessions: Iterable[Any]) -> int:
-        """SIGTERM/SIGINT: every session worth keeping goes to disk. Returns files saved.
-        Never raises: a session that cannot be saved is logged and the others still are."""
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait for the queued checkpoint writes; False if `timeout` passed first."""
+        writer = self.disk.writer if self.disk is not None else None
+        return writer is None or writer.drain(timeout)
+
+    def shutdown(self, sessions: Iterable[Any], timeout: float | None = None) -> int:
+        """SIGTERM/SIGINT: the queued writes are finished (within `timeout`), then every
+        session worth keeping goes to disk, written now. Returns files saved. Never
+        raises: a session that cannot be saved is logged and the others still are."""
+        if not self.drain(timeout):
+            log.warning("kv cache: pending checkpoint writes did not finish in %ss", timeout)
         saved = 0
         for n, session in enumerate(sessions):
             try:
-                saved += self.save_session(session, Reason.SHUTDOWN)
+                saved += self.save_session(session, Reason.SHUTDOWN, background=False)
             except Exception as e:  # noqa: BLE001 - one bad session must not cost the rest
                 log.warning("kv cache: shutdown save of slot %d failed: %s", n, e)
         return saved

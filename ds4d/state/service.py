@@ -25,10 +25,14 @@ from ds4d.state.normalize import strip_billing_header
 from ds4d.state.savepolicy import SavePolicy
 from ds4d.state.toolmemory import ToolMemory
 from ds4d.state.trace import TraceRecord, TraceWriter
+from ds4d.state.writer import CheckpointWriter
 
 log = logging.getLogger("ds4d.kvcache")
 
 MIB = 1024 * 1024
+# The daemon asks its service manager for 60 s more when it starts the shutdown saves:
+# the queued writes get most of it, the slots' own shutdown saves the rest.
+SHUTDOWN_DRAIN_S = 45.0
 
 
 def tool_call_ids(request: Any) -> list[str]:
@@ -42,8 +46,14 @@ def tool_call_ids(request: Any) -> list[str]:
 
 
 class StateService:
-    def __init__(self, kv: KVState, trace: TraceWriter | None = None, *,
-                 normalize: bool | Callable[[], bool] = True, tool_replay: bool = True) -> None:
+    def __init__(
+        self,
+        kv: KVState,
+        trace: TraceWriter | None = None,
+        *,
+        normalize: bool | Callable[[], bool] = True,
+        tool_replay: bool = True,
+    ) -> None:
         self.kv = kv
         self.disk = kv.disk
         self.tool_memory = kv.tool_memory
@@ -60,6 +70,8 @@ class StateService:
         ctx: int,
         kv_dir: Path | None,
         space_mb: int = 8192,
+        write_budget_mb: int | None = None,
+        background: bool = True,
         policy: dict[str, int | None] | None = None,
         tool_memory_max_ids: int = 100_000,
         tool_replay: bool = True,
@@ -68,12 +80,20 @@ class StateService:
         trace_content: bool = False,
     ) -> StateService:
         """`kv_dir` None turns the disk cache off; `policy` holds the kv-cache-* knobs
-        (None or missing = the default fitted to `ctx`)."""
+        (None or missing = the default fitted to `ctx`). `write_budget_mb`: MiB written
+        per 24 h (0 = unlimited, None = the disk cache's default); `background`: saves go
+        through a writer thread."""
         pol = SavePolicy.for_context(ctx, **(policy or {}))
         disk = None
         if kv_dir is not None:
+            daily = None if write_budget_mb is None else write_budget_mb * MIB
             disk = DiskCache(kv_dir, budget_bytes=space_mb * MIB, fingerprint=fingerprint,
-                             ctx=ctx, min_tokens=pol.min_tokens)
+                             ctx=ctx, min_tokens=pol.min_tokens,
+                             daily_write_bytes=daily)  # fmt: skip
+            if write_budget_mb == 0:
+                disk.daily_write_bytes = None
+            if background:
+                disk.writer = CheckpointWriter()
         memory = ToolMemory(tool_memory_max_ids if tool_replay else 0)
         kv = KVState(tokenizer, ctx, disk=disk, policy=pol, tool_memory=memory)
         trace = TraceWriter(trace_path or None, trace_content)
@@ -145,23 +165,38 @@ class StateService:
             return
         rec = job.record
         slot = job.slot.index if job.slot is not None else -1
-        extra = {k: rec[k] for k in ("ttft_s", "shortfall", "miss_reason", "prefilled_tokens")
-                 if k in rec}
-        self.trace.write(TraceRecord(
-            api=job.api, slot=slot, prompt_tokens=rec.get("prompt_tokens", len(job.tokens)),
-            cache_source=rec.get("cache_source", "none"),
-            cached_tokens=rec.get("cached_tokens", 0),
-            prefill_s=rec.get("prefill_s", 0.0), decode_s=rec.get("decode_s", 0.0),
-            generated_tokens=rec.get("generated_tokens", 0),
-            finish_reason=rec.get("finish", "error"),
-            disk_file=getattr(sync, "disk_file", None), extra=extra,
-        ), prompt=job.text, output=rec.get("output"))
+        extra = {
+            k: rec[k]
+            for k in ("ttft_s", "shortfall", "miss_reason", "prefilled_tokens")
+            if k in rec
+        }
+        self.trace.write(
+            TraceRecord(
+                api=job.api,
+                slot=slot,
+                prompt_tokens=rec.get("prompt_tokens", len(job.tokens)),
+                cache_source=rec.get("cache_source", "none"),
+                cached_tokens=rec.get("cached_tokens", 0),
+                prefill_s=rec.get("prefill_s", 0.0),
+                decode_s=rec.get("decode_s", 0.0),
+                generated_tokens=rec.get("generated_tokens", 0),
+                finish_reason=rec.get("finish", "error"),
+                disk_file=getattr(sync, "disk_file", None),
+                extra=extra,
+            ),
+            prompt=job.text,
+            output=rec.get("output"),
+        )
 
     def metrics_lines(self) -> list[str]:
         lines: list[str] = []
         memory = self.tool_memory
-        lines += _family("ds4d_tool_memory_ids", "gauge", "tool-call ids remembered for replay",
-                         [f"ds4d_tool_memory_ids {len(memory)}"])
+        lines += _family(
+            "ds4d_tool_memory_ids",
+            "gauge",
+            "tool-call ids remembered for replay",
+            [f"ds4d_tool_memory_ids {len(memory)}"],
+        )
         if self.disk is None:
             return lines
         s = self.disk.stats_dict()
@@ -183,13 +218,26 @@ class StateService:
         ):
             name = f"ds4d_kv_disk_{key}" + ("_total" if kind == "counter" else "")
             lines += _family(name, kind, text, [f"{name} {s[key]}"])
+        # background writes and delta checkpoints
+        for key, kind, text in (
+            ("bytes_written_today", "gauge", "bytes of KV checkpoints written in the last 24 h"),
+            ("daily_write_bytes", "gauge", "daily write budget of KV checkpoints (0 = none)"),
+            ("pending_writes", "gauge", "KV checkpoint writes queued or in progress"),
+            ("dropped_queue_full", "counter", "KV checkpoint saves dropped: write queue full"),
+            ("deltas_written", "counter", "delta KV checkpoint files written (new rows only)"),
+            ("delta_entries", "gauge", "delta KV checkpoint files on disk"),
+            ("delta_base_missing", "counter", "delta saves skipped: their base file was gone"),
+        ):
+            name = f"ds4d_kv_disk_{key}" + ("_total" if kind == "counter" else "")
+            lines += _family(name, kind, text, [f"{name} {s[key] or 0}"])
         return lines
 
-    def shutdown(self, sessions: Iterable[Any]) -> int:
-        """Save every session worth keeping (SIGTERM/SIGINT, after draining); blocking."""
+    def shutdown(self, sessions: Iterable[Any], timeout: float | None = SHUTDOWN_DRAIN_S) -> int:
+        """Finish the queued checkpoint writes (within `timeout`), then save every
+        session worth keeping (SIGTERM/SIGINT, after draining); blocking."""
         if self.disk is None:
             return 0
-        n = self.kv.shutdown(sessions)
+        n = self.kv.shutdown(sessions, timeout)
         log.info("kv cache: %d shutdown checkpoint(s) written", n)
         return n
 
@@ -207,9 +255,15 @@ def _family(name: str, kind: str, text: str, samples: list[str]) -> list[str]:
     return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples]
 
 
-def from_config(config: Any, *, engine: Any, ctx: int, kv_dir: Path,
-                trace: TraceWriter | None = None,
-                current: Callable[[], Any] | None = None) -> StateService:
+def from_config(
+    config: Any,
+    *,
+    engine: Any,
+    ctx: int,
+    kv_dir: Path,
+    trace: TraceWriter | None = None,
+    current: Callable[[], Any] | None = None,
+) -> StateService:
     """A StateService for the daemon's Config (duck-typed: the kv_*/tool_* keys). A
     kv-cache knob left at its built-in value is fitted to the context instead.
     `current` returns the live config (reloadable keys: the billing-line switch)."""
@@ -228,11 +282,15 @@ def from_config(config: Any, *, engine: Any, ctx: int, kv_dir: Path,
         "boundary_align_tokens": knob("kv_cache_boundary_align_tokens"),
     }
     service = StateService.create(
+        tokenizer=engine.tokenizer,
         # Checkpoints hold KV rows of one type: another --kv-type is another cache.
-        tokenizer=engine.tokenizer, fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}",
+        fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}",
         ctx=ctx,
-        kv_dir=kv_dir if config.kv_disk else None, space_mb=config.kv_disk_space_mb,
-        policy=policy, tool_memory_max_ids=config.tool_memory_max_ids,
+        kv_dir=kv_dir if config.kv_disk else None,
+        space_mb=config.kv_disk_space_mb,
+        write_budget_mb=getattr(config, "kv_disk_write_budget", None),
+        policy=policy,
+        tool_memory_max_ids=config.tool_memory_max_ids,
         tool_replay=config.tool_replay,
         normalize=lambda: bool(getattr(live(), "normalize_claude_billing_header", True)),
     )
@@ -252,15 +310,21 @@ class CacheView:
     def _cache(self) -> DiskCache:
         cache = self._get()
         if cache is None:
-            raise RuntimeError("the disk KV cache is not available (model loading or "
-                               "kv_disk = false)")
+            raise RuntimeError(
+                "the disk KV cache is not available (model loading or kv_disk = false)"
+            )
         return cache
 
     def ls(self) -> list[dict]:
         return self._cache().ls()
 
-    def evict(self, prefix: str | None = None, *, everything: bool = False,
-              older_than_s: float | None = None) -> list[str]:
+    def evict(
+        self,
+        prefix: str | None = None,
+        *,
+        everything: bool = False,
+        older_than_s: float | None = None,
+    ) -> list[str]:
         return self._cache().evict(prefix, everything=everything, older_than_s=older_than_s)
 
     def stats_dict(self) -> dict:

@@ -1,0 +1,113 @@
+"""The background checkpoint writer: one worker thread, a bounded queue.
+
+Saving a slot's state used to write the file before the slot could be reused, and the
+write counted in the next request's time to first token. Now the state layer copies the
+session's payload (a memcpy on the engine thread) and queues a job here; the worker
+writes it with the same atomicity as before. When the queue is full the job of lowest
+value (the new one included) is dropped and counted: a dropped checkpoint only costs a
+later prefill, a blocked queue would cost memory without bound.
+
+Thread-safe; jobs run one at a time in submission order.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("ds4d.kvcache")
+
+DEFAULT_QUEUE = 4
+
+
+@dataclass(order=True)
+class Job:
+    value: tuple  # the lowest is dropped first when the queue is full
+    serial: int
+    run: Callable[[], Any] = field(compare=False)
+    on_drop: Callable[[], Any] = field(compare=False, default=lambda: None)
+
+
+class CheckpointWriter:
+    def __init__(self, max_pending: int = DEFAULT_QUEUE, name: str = "ds4d-kv-writer") -> None:
+        if max_pending < 1:
+            raise ValueError("the checkpoint queue needs room for at least one job")
+        self.max_pending = max_pending
+        self.dropped = 0
+        self.failed = 0
+        self._name = name
+        self._jobs: list[Job] = []
+        self._running = 0
+        self._serial = 0
+        self._closed = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def pending(self) -> int:
+        """Jobs queued or being written."""
+        with self._cond:
+            return len(self._jobs) + self._running
+
+    def submit(self, run: Callable[[], Any], value: tuple = (),
+               on_drop: Callable[[], Any] = lambda: None) -> bool:  # fmt: skip
+        """Queue `run`; False when it was dropped at once (queue full of more valuable
+        jobs, or the writer closed). A queued job dropped later gets `on_drop()`."""
+        with self._cond:
+            if self._closed:
+                self.dropped += 1
+                on_drop()
+                return False
+            self._serial += 1
+            job = Job(value, self._serial, run, on_drop)
+            self._jobs.append(job)
+            victim = None
+            if len(self._jobs) > self.max_pending:
+                # lowest value, the newest among equals (older jobs are bases of newer)
+                victim = min(self._jobs, key=lambda j: (j.value, -j.serial))
+                self._jobs.remove(victim)
+                self.dropped += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+        if victim is not None:
+            log.warning("kv cache: checkpoint queue full (%d): dropped a pending save",
+                        self.max_pending)  # fmt: skip
+            victim.on_drop()
+        return victim is not job
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._closed:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.pop(0)
+                self._running = 1
+            try:
+                job.run()
+            except Exception:  # noqa: BLE001 - a failed save must not stop the writer
+                self.failed += 1
+                log.exception("kv cache: background checkpoint write failed")
+            finally:
+                with self._cond:
+                    self._running = 0
+                    self._cond.notify_all()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued job is written; False if `timeout` passed first."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._jobs and not self._running, timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Write what is queued (up to `timeout`), then stop the worker."""
+        done = self.drain(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        return done
