@@ -316,7 +316,7 @@ def one_line(text: str) -> None:
 
 # ---- checkpoints --------------------------------------------------------------------------
 
-_HDR = E._HEADER  # magic, version, fingerprint, n_tokens, n_vocab, has_logits, kv bytes
+_HDR = E._HEADER  # magic, version, fingerprint, n_tokens, n_vocab, has_logits, kv bytes, kv type
 
 
 class PayloadMutator:
@@ -328,8 +328,8 @@ class PayloadMutator:
         self.kv_at = _HDR.size + 4 * n_tokens + (4 * n_vocab if has_logits else 0)
         # header fields as (name, offset, size)
         self.fields = [("version", 8, 4), ("n_tokens", 44, 8), ("n_vocab", 52, 4),
-                       ("has_logits", 56, 4), ("kv bytes", 60, 8)]  # fmt: skip
-        assert _HDR.size == 68
+                       ("has_logits", 56, 4), ("kv bytes", 60, 8), ("kv type", 68, 8)]  # fmt: skip
+        assert _HDR.size == 76
 
     def one(self, rng: np.random.Generator) -> tuple[str, bytes]:
         data = bytearray(self.raw)

@@ -11,11 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from ds4d.engine.engine import _HEADER
 from ds4d.engine.errors import EngineError
 from fuzz.native_open import GGUFMutator, WorkingCopy, fuzz
 from tests.gguf_structure import write_tiny_model
 
-TOKENS_AT = 68  # the payload header's size: token ids follow it
+TOKENS_AT = _HEADER.size  # token ids follow the payload header
 
 
 def payload(engine, tokens: list[int]) -> bytes:

@@ -717,5 +717,7 @@ def test_requests_without_a_limit_get_the_default_cap(client):
         [],
     )
     body = json.loads(reply.body)
-    assert body["status"] == "incomplete" and body["usage"]["output_tokens"] == 2
+    # The server's own cap, not the client's: the response completes (Codex fails a turn
+    # on `incomplete`), and the cut message item says it was cut.
+    assert body["status"] == "completed" and body["usage"]["output_tokens"] == 2
     assert body["output"][-1]["status"] == "incomplete"
