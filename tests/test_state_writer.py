@@ -150,7 +150,7 @@ def test_a_dropped_pending_write_is_a_miss_not_a_wait(engine, tmp_path, tokens):
 def test_continued_checkpoints_write_only_new_rows_and_load_as_a_chain(engine, tmp_path, tokens):
     kv = make(engine, tmp_path, max_chain=3)
     disk = kv.disk
-    row = engine.model.kv_token_bytes
+    row = engine.model.kv_token_bytes(engine.info.kv_type)
     written = []
     with engine.new_session(CTX) as s:
         for n in (200, 300, 400, 500, 600):
