@@ -51,6 +51,9 @@ SLOW_TESTS: dict[str, str] = {
         "a long conversation over several turns"
     ),
     "tests/test_ds4ctl.py::test_cache_ls_and_evict": "fills the disk cache with long prompts",
+    "tests/test_bench_serve.py::test_start_runs_k_clients_against_a_real_daemon": (
+        "starts a daemon and replays the serving workload at K = 1 and 2"
+    ),
     "tests/test_ds4ctl.py::test_power_50_keeps_the_output_identical": (
         "two cold long-prompt requests, one at half power"
     ),
