@@ -271,7 +271,7 @@ def test_bench_batch_cli(tmp_path) -> None:
     assert float(rows[0]["vs_one"]) == 1.0
     for x in rows:
         n, tps, s = int(x["sessions"]), float(x["gen_tps"]), float(x["gen_s"])
-        assert tps == pytest.approx(n * 4 / s, rel=1e-3)
+        assert tps == pytest.approx(n * 4 / s, rel=2e-2)  # gen_s is rounded in the CSV
         assert float(x["vs_one"]) == pytest.approx(tps / float(rows[0]["gen_tps"]), rel=1e-3)
     assert "vs one" in r.stdout
     bad = ds4d("bench", "--batch", "0", "--prompt-file", str(prompt), timeout=60)

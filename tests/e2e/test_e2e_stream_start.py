@@ -24,8 +24,8 @@ import pytest
 
 from tests.e2e.daemon_process import running_daemon
 
-# About 1500 tokens: seconds of prefill on two shared cores, against 50 ms keepalives.
-LONG = "word " * 1500
+# About 3000 tokens: seconds of prefill on two shared cores, against 50 ms keepalives.
+LONG = "word " * 3000
 TTFT_COUNT = "ds4d_time_to_first_token_seconds_count"
 
 
