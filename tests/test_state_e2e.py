@@ -162,8 +162,8 @@ def test_evicted_conversations_come_back_from_disk_within_budget(tmp_path, book)
     """N+1 long conversations through N slots, then the first again: a disk hit reusing
     >= 90% of it; with a small budget the directory stays within it after every request.
     (A conversation's checkpoints are one full file and deltas of its new rows, about
-    40 MB each; 100 MB holds two.)"""
-    budget_mb = 100
+    20 MB each in the default f16 KV; 50 MB holds two.)"""
+    budget_mb = 50
     kv = tmp_path / "kv"
     talks = [
         [{"role": "user", "content": f"Riassumi:\n{book[i * 2500 : (i + 1) * 2500]}"}]
