@@ -221,16 +221,16 @@ def test_admin_ls_evict_stats(tmp_path):
 
 
 CHILD = textwrap.dedent("""
-    import sys, time
+    import sys
     from pathlib import Path
     from ds4d.state import kvfile
-    def slow(fp):
-        for i in range(400):
+    def stalled(fp):
+        for i in range(21):
             fp.write(b"k" * 65536)
-            if i == 20:
-                print("writing", flush=True)
-            time.sleep(0.005)  # a slow disk, so the kill lands mid-write
-    kvfile.write_file(Path(sys.argv[1]), "killed mid write " * 50, slow,
+        print("writing", flush=True)
+        sys.stdin.readline()  # a disk that stalls mid-write: the parent kills us here
+        fp.write(b"k" * 65536)
+    kvfile.write_file(Path(sys.argv[1]), "killed mid write " * 50, stalled,
                       reason=kvfile.Reason.COLD, tokens=900, ctx=8192,
                       fingerprint=kvfile.fingerprint_digest(sys.argv[2]))
     print("done", flush=True)
@@ -240,11 +240,16 @@ CHILD = textwrap.dedent("""
 def test_kill_9_mid_write_never_leaves_an_accepted_file(tmp_path):
     c = cache(tmp_path)
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(c.dir), FP], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", CHILD, str(c.dir), FP],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert child.stdout.readline().strip() == "writing"  # mid-write: 21 of 400 chunks
+    assert child.stdout.readline().strip() == "writing"  # mid-write: 21 chunks, stalled
     child.send_signal(signal.SIGKILL)
     child.wait()
+    child.stdin.close()
+    child.stdout.close()
     assert child.returncode == -signal.SIGKILL
     leftovers = [p.name for p in c.dir.iterdir()]
     assert leftovers and all(kvfile.tmp_owner_pid(n) == child.pid for n in leftovers)
