@@ -228,3 +228,33 @@ def test_a_cancelled_waiter_leaves_the_gate_usable():
 async def _cancellable(gate: EngineGate, work: _Work, scope: trio.CancelScope) -> None:
     with scope:
         await gate.run(work.call, "cancelled", 0.1)
+
+
+def test_a_new_requests_first_step_goes_ahead_of_the_long_prefills_next_chunk():
+    """A short request arriving during a long prefill: its own prefill runs after the
+    chunk being computed, its first decode step right after that (the gate waits for it
+    to be queued), and the long chunk's credit is not cut short by the small prefill."""
+    work = _Work()
+
+    async def short_request(gate: EngineGate) -> None:
+        await gate.run(work.call, "short-prefill", 0.1, bulk=True)
+        await trio.lowlevel.checkpoint()  # sending its usage, joining the decode batch
+        for name in ("t1", "t2", "t3"):
+            await gate.run(work.call, name, 0.2)
+            await trio.lowlevel.checkpoint()  # handling the token
+
+    async def main() -> None:
+        gate = EngineGate(clock=work.clock)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: gate.run(work.call, "chunk1", 1.0, True, bulk=True))
+            await wait_all_tasks_blocked()
+            nursery.start_soon(short_request, gate)
+            await wait_all_tasks_blocked()
+            nursery.start_soon(lambda: gate.run(work.call, "chunk2", 1.0, bulk=True))
+            await wait_all_tasks_blocked()
+            work.hold.set()
+
+    trio.run(main)
+    # 1 s of credit from chunk1: the short prefill (0.1 s) leaves it whole, and three
+    # 0.2 s steps fit in it.
+    assert work.order == ["chunk1", "short-prefill", "t1", "t2", "t3", "chunk2"]

@@ -30,6 +30,7 @@ from ds4d.chat.types import (
     Usage,
 )
 from ds4d.daemon.batcher import Batcher
+from ds4d.daemon.chunking import ChunkSizer
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool, Ticket
 from ds4d.engine.sampler import SamplingParams, make_rng, sample
@@ -66,6 +67,8 @@ class Generator:
         self.metrics = metrics
         # Decode steps of all generating slots advance together, one engine call each.
         self.batcher = Batcher(engine, gate, on_batch=metrics.count_decode_batch)
+        # Prefill chunks sized by engine time: each one stalls the other slots briefly.
+        self.chunks = ChunkSizer()
         self._vocab: VocabIndex | None = None
         self._longest_token: int | None = None  # bytes of the vocabulary's longest token
         # Hooks for the state layer (disk cache, trace, tool memory); see sync_slot.
@@ -232,6 +235,12 @@ class Generator:
         t0 = time.perf_counter()
         logged = [t0]
         evaluating = [False]
+        whole = [False]  # the next eval is the prompt's only chunk
+
+        def chunk_size(held: int, total: int) -> int:
+            n = self.chunks.size(held, total - held)
+            whole[0] = not evaluating[0] and n >= total - held
+            return n
 
         def progress(done: int, total: int) -> None:  # long prefills say how far they are
             now = time.perf_counter()
@@ -247,14 +256,25 @@ class Generator:
                 evaluating[0] = True
                 rec["cached_tokens"] = len(session.tokens)
             # Prefill work is `bulk`: the gate lets other slots' decode steps go first
-            # for as long as each chunk took (see EngineGate).
-            return await self.gate.run(fn, *args, bulk=True)
+            # for as long as each chunk took (see EngineGate). A prompt prefilled in one
+            # chunk (a short request, a conversation's next turn) goes as decode steps
+            # do, within that credit: a long prefill does not hold it up for a chunk.
+            if fn != session.eval:
+                return await self.gate.run(fn, *args, bulk=True)
+            depth = len(session.tokens)
+            async with self.gate.hold(bulk=not whole[0]) as engine:
+                result = await engine.work(fn, *args)
+                self.chunks.observe(depth, len(args[0]), engine.work_s)
+                self.metrics.prefill_chunks += 1
+                await engine.rest()
+            return result
 
         hooks = {"on_progress": progress, **self.sync_hooks}
         try:
             sync = await sync_slot(
                 slot, job.text, job.tokens, encode=self.encode, decode=self.tok.decode,
-                run_engine=run_engine, tool_ids=tool_call_ids(job.request), **hooks)
+                run_engine=run_engine, tool_ids=tool_call_ids(job.request),
+                chunk=chunk_size, **hooks)
         except BaseException:
             rec["prefill_s"] = time.perf_counter() - t0
             if evaluating[0]:

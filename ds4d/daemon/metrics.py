@@ -55,6 +55,7 @@ class Metrics:
         # advanced in all (their ratio is the mean batch size).
         self.decode_steps = 0
         self.decode_step_slots = 0
+        self.prefill_chunks = 0  # prefill engine calls (chunks are sized by engine time)
 
     def account(self, record: dict[str, Any]) -> None:
         """A request that had a slot, as its generation record says (completed, cut by
@@ -132,6 +133,9 @@ class Metrics:
         family("ds4d_decode_step_slots_total", "counter",
                "slots advanced by decode engine calls (/ steps = mean batch size)")
         lines.append(f"ds4d_decode_step_slots_total {self.decode_step_slots}")
+        family("ds4d_prefill_chunks_total", "counter",
+               "prefill engine calls (each one chunk of a prompt; others wait for it)")
+        lines.append(f"ds4d_prefill_chunks_total {self.prefill_chunks}")
         for extra in self.extra:
             lines += extra()
         return "\n".join(lines) + "\n"

@@ -133,7 +133,9 @@ class Held:
         result = await trio.to_thread.run_sync(fn, *args)
         work = gate.clock() - start
         self.work_s += work
-        gate._credit = work if self.bulk else max(0.0, gate._credit - work)
+        # A chunk's credit is not cut short by a smaller prefill run meanwhile (a new
+        # request's short prompt): each bulk call leaves at least its own time.
+        gate._credit = max(gate._credit, work) if self.bulk else max(0.0, gate._credit - work)
         return result
 
     async def rest(self) -> None:
@@ -149,10 +151,14 @@ class EngineGate:
     Calls wait in FIFO order, with one exception that keeps a long prefill from starving
     the other slots: each `bulk` call (a prefill chunk) earns the short calls (decode
     steps, each one batch of every generating slot: ds4d.daemon.batcher) as much engine
-    time as it took, and while that credit lasts a waiting short
-    call goes ahead of the queue. So a slot that is generating gets a burst of tokens
-    between two chunks of another slot's prefill, not one token per chunk: it stalls at
-    most about one chunk, and the prefill still gets at least half of the engine time.
+    time as it took (a smaller chunk run meanwhile does not cut that short), and while
+    that credit lasts a waiting short call goes ahead of the queue. So a slot that is
+    generating gets a burst of tokens between two chunks of another slot's prefill, not
+    one token per chunk: it stalls at most about one chunk, and the prefill still gets at
+    least half of the engine time. A new request's short prefill waits for at most the
+    chunk being computed (FIFO), and its first decode step goes within the credit, ahead
+    of the long prefill's next chunk. Chunks are sized by engine time
+    (ds4d.daemon.chunking), so "one chunk" is a bounded stall at any depth.
 
     `pace(work_seconds)` (power throttling) is awaited after each call while the gate is
     still held, so the whole process keeps to the power level; it runs on the trio loop,
@@ -182,7 +188,7 @@ class EngineGate:
         try:
             yield Held(self, bulk)
         finally:
-            self._release(step_done=not bulk)
+            self._release()
 
     async def _acquire(self, bulk: bool) -> None:
         if not self._busy and not self._waiting:
@@ -190,7 +196,7 @@ class EngineGate:
             try:
                 await trio.lowlevel.checkpoint()  # a checkpoint on every path, as a lock has
             except BaseException:
-                self._release()
+                self._release(settle=False)
                 raise
             return
         turn = _Turn(bulk)
@@ -199,17 +205,18 @@ class EngineGate:
             await turn.event.wait()
         except BaseException:
             if turn.granted:  # handed the gate while being cancelled: pass it on
-                self._release()
+                self._release(settle=False)
             else:
                 self._waiting.remove(turn)
             raise
 
-    def _release(self, step_done: bool = False) -> None:
+    def _release(self, settle: bool = True) -> None:
         turn = self._next()
-        if step_done and turn is not None and turn.bulk and self._credit > 0:
-            # A decoding slot queues its next step only after handling this one's token:
-            # the gate stays reserved until every task has moved on (that slot's next
-            # step is then waiting, or it finished or waits for its client).
+        if settle and turn is not None and turn.bulk and self._credit > 0:
+            # A decoding slot queues its next step only after handling this one's token,
+            # and a slot whose prefill just ended queues its first step only after this
+            # call returns: the gate stays reserved until every task has moved on (such
+            # a step is then waiting, or its slot finished or waits for its client).
             if not self._deferred:
                 self._deferred = True
                 trio.lowlevel.spawn_system_task(self._release_when_settled)
@@ -226,7 +233,7 @@ class EngineGate:
             await trio.testing.wait_all_tasks_blocked()
         finally:
             self._deferred = False
-            self._release()
+            self._release(settle=False)
 
     def _next(self) -> _Turn | None:
         if self._credit > 0:

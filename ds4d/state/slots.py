@@ -20,6 +20,7 @@ from ds4d.state.matching import Decode, Encode, Plan, plan_sync
 RunEngine = Callable[..., Awaitable[Any]]  # run_engine(fn, *args) -> fn(*args) on a worker
 
 PREFILL_CHUNK = 256  # tokens per engine call: between chunks other slots get a turn
+ChunkSize = Callable[[int, int], int]  # (tokens held, tokens wanted) -> next chunk's size
 
 
 @dataclass
@@ -63,7 +64,7 @@ async def sync_slot(
     kv: KVState | None = None,
     tool_ids: Iterable[str] = (),
     on_progress: Callable[[int, int], None] | None = None,
-    chunk: int = PREFILL_CHUNK,
+    chunk: int | ChunkSize = PREFILL_CHUNK,
 ) -> SyncResult:
     """Make `slot.session` hold the prompt (and its next-token logits).
 
@@ -71,7 +72,9 @@ async def sync_slot(
     a long live session about to be replaced is saved first (evict), a disk hit is
     loaded on a worker, and the prefill pauses at the cold boundary and at continued
     frontiers to write those checkpoints. `tool_ids`: the conversation's tool-call ids,
-    stored with its checkpoints for exact replay after a restart."""
+    stored with its checkpoints for exact replay after a restart. `chunk`: tokens per
+    prefill call, or what gives them before each call from the tokens held and the
+    prompt's length (the daemon sizes chunks by engine time)."""
     session = slot.session
     live = list(session.tokens)
     if kv is not None:
@@ -100,7 +103,8 @@ async def sync_slot(
     stops = kv.stops(done, total, reused) if kv is not None else []
     while done < total:
         limit = next((p for p, _ in stops if p > done), total)
-        step = tokens[done : min(done + chunk, limit)]
+        size = chunk if isinstance(chunk, int) else chunk(done, total)
+        step = tokens[done : min(done + max(1, size), limit)]
         await run_engine(session.eval, step)
         done += len(step)
         for position, reason in stops:

@@ -1,9 +1,13 @@
 """Fair prefill on a real ds4d (two slots, the embedded model, the real openai SDK): a
-short request sent while another slot prefills a long prompt is answered within a few of
-that prefill's chunks, not one chunk per generated token.
+short request sent while another slot prefills a long prompt gets its first token after
+at most the chunk being computed and its own prefill, and its last within a chunk more,
+not one chunk per generated token.
 
-Measured in the long prompt's own progress, not in seconds: `ds4d_slot_tokens` shows the
-prefilling slot's KV growing chunk by chunk (256 tokens each)."""
+Measured in the daemon's prefill engine calls (`ds4d_prefill_chunks_total`), not in
+seconds: the long prompt must still be prefilling when the short answer ends, and the
+chunks counted from the short request's sending to its first and its last token bound
+how long it waited, whatever the machine's speed (each chunk is sized to a fixed engine
+time, so the decode steps' share of the credit it earns does not depend on the load)."""
 
 from __future__ import annotations
 
@@ -15,7 +19,6 @@ import pytest
 from tests.e2e.daemon_process import Daemon, running_daemon
 from tests.polling import wait_until
 
-CHUNK = 256  # ds4d.state.slots.PREFILL_CHUNK
 SHORT_TOKENS = 16
 
 
@@ -31,15 +34,18 @@ def oai(daemon):
     return openai.OpenAI(base_url=f"{daemon.url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
-def _busy_slot_tokens(daemon: Daemon) -> tuple[int, int]:
-    """(index, tokens held) of the one busy slot."""
+def _chunks(daemon: Daemon) -> int:
+    return int(daemon.metrics()["ds4d_prefill_chunks_total"])
+
+
+def _busy_slots(daemon: Daemon) -> list[tuple[int, int]]:
+    """(index, tokens held) of each busy slot."""
     m = daemon.metrics()
     busy = [i for i in range(2) if m[f'ds4d_slot_busy{{slot="{i}"}}'] == 1]
-    assert len(busy) == 1
-    return busy[0], int(m[f'ds4d_slot_tokens{{slot="{busy[0]}"}}'])
+    return [(i, int(m[f'ds4d_slot_tokens{{slot="{i}"}}'])) for i in busy]
 
 
-def test_short_request_finishes_within_a_few_chunks_of_a_long_prefill(daemon, oai):
+def test_short_request_is_answered_within_a_chunk_or_two_of_a_long_prefill(daemon, oai):
     done = threading.Event()
     failure: list[BaseException] = []
 
@@ -56,26 +62,40 @@ def test_short_request_finishes_within_a_few_chunks_of_a_long_prefill(daemon, oa
     t.start()
     try:
         wait_until(
-            lambda: done.is_set() or daemon.metrics()["ds4d_requests_running"] == 1,
-            60,
-            "the long request never started",
+            lambda: done.is_set() or any(n >= 512 for _, n in _busy_slots(daemon)),
+            120,
+            "the long prefill never got going",
         )
         assert not done.is_set(), "the long request ended before the short one was sent"
-        slot, before = _busy_slot_tokens(daemon)
-        r = oai.chat.completions.create(
+        ((slot, before),) = _busy_slots(daemon)
+        sent = _chunks(daemon)
+        at_first: int | None = None
+        tokens = 0
+        stream = oai.chat.completions.create(
             model="m",
             max_tokens=SHORT_TOKENS,
             temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
             messages=[{"role": "user", "content": "Write a long story about a dragon."}],
         )
-        m = daemon.metrics()
-        after = int(m[f'ds4d_slot_tokens{{slot="{slot}"}}'])
+        for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content and at_first is None:
+                at_first = _chunks(daemon)
+            if chunk.usage is not None:
+                tokens = chunk.usage.completion_tokens
+        at_end = _chunks(daemon)
+        after = int(daemon.metrics()[f'ds4d_slot_tokens{{slot="{slot}"}}'])
         assert not done.is_set(), "the long prefill ended first: the test proves nothing"
     finally:
-        t.join(120)
+        t.join(300)
     assert not failure
-    assert r.usage is not None and r.usage.completion_tokens == SHORT_TOKENS
-    # One token per chunk would take 17+ chunks (its prefill, then 16 tokens); fairly
-    # scheduled, the short request waits for about one chunk before its prefill and one
-    # before its first token, and its tokens then come in bursts between chunks.
-    assert after - before <= 5 * CHUNK, (before, after)
+    assert tokens == SHORT_TOKENS
+    assert at_first is not None
+    # Before its first token: the long chunk being computed when it arrived, its own
+    # prefill, and one more finished while the metrics were read. One token per chunk
+    # would take 17+ chunks (its prefill, then 16 tokens).
+    assert at_first - sent <= 3, (sent, at_first, at_end)
+    # Its 16 tokens come in one burst (a chunk's credit holds many decode steps), or two.
+    assert at_end - sent <= 4, (sent, at_first, at_end)
+    assert before < after < 3300, (before, after)

@@ -1,0 +1,140 @@
+"""What the serving figure scripts share: a real `ds4d serve` on an ephemeral port with
+private cache, state and runtime directories, its /metrics, the load average, and a
+streamed chat completion timed token by token.
+
+Not a test helper: the figure scripts print seconds measured on the machine they run on,
+so each line they print carries the load average beside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+@dataclass
+class Daemon:
+    url: str
+    proc: subprocess.Popen[bytes]
+    home: Path  # its XDG directories and log
+
+    def metrics(self) -> dict[str, float]:
+        """The /metrics samples as {'name{labels}': value}."""
+        out = {}
+        for line in httpx.get(f"{self.url}/metrics", timeout=30).text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def log(self) -> str:
+        return (self.home / "ds4d.log").read_text(errors="replace")
+
+
+@contextmanager
+def started(*args: str) -> Iterator[Daemon]:
+    """`ds4d serve ARGS` until the block ends (SIGTERM, then its exit is waited for)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="ds4d-fig-") as tmp:
+        home = Path(tmp)
+        env = dict(os.environ)
+        for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
+            d = home / var.lower()
+            d.mkdir(mode=0o700)
+            env[var] = str(d)
+        env.pop("NOTIFY_SOCKET", None)
+        cmd = [sys.executable, "-m", "ds4d", "serve", "--port", str(port), *args]
+        with open(home / "ds4d.log", "ab") as log:
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        daemon = Daemon(f"http://127.0.0.1:{port}", proc, home)
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise SystemExit(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
+                try:
+                    if httpx.get(f"{daemon.url}/health", timeout=5).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(0.2)  # a tool polling a process it started, not a test
+            yield daemon
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def load() -> str:
+    """The 1-minute load average, as the figures are printed beside."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
+@dataclass
+class Timed:
+    """One streamed chat completion: when it was sent, when each text chunk arrived."""
+
+    sent: float
+    chunks: list[float] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    ended: float = 0.0
+
+    @property
+    def ttft(self) -> float:
+        return self.chunks[0] - self.sent if self.chunks else float("nan")
+
+    @property
+    def total(self) -> float:
+        return self.ended - self.sent
+
+
+def stream_chat(url: str, content: str, max_tokens: int, timeout: float = 900) -> Timed:
+    """A greedy streamed chat completion of one user message, timed chunk by chunk."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    timed = Timed(time.perf_counter())
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=timeout) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                timed.usage = event["usage"]
+            for choice in event.get("choices", []):
+                if choice.get("delta", {}).get("content"):
+                    timed.chunks.append(time.perf_counter())
+    timed.ended = time.perf_counter()
+    return timed
+
+
+def passage(words: int, offset: int) -> str:
+    """`words` words of the checkout's test text from word `offset` on (wrapping): distinct
+    offsets give prompts that share nothing past the chat template."""
+    text = (
+        Path(__file__).resolve().parent.parent / "tests/data/text/promessi_sposi.txt"
+    ).read_text()
+    all_words = text.split()
+    start = offset % len(all_words)
+    picked = (all_words[start:] + all_words)[:words]
+    return " ".join(picked)

@@ -1,0 +1,111 @@
+"""Prefill chunk sizes from measured engine time (ds4d.daemon.chunking): chunks take about
+the target at every depth, within the floor and ceiling, from what the engine has shown;
+and sync_slot prefills in the sizes it is given, on a real engine session."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from ds4d.daemon.chunking import ChunkSizer
+from ds4d.state.slots import Slot, sync_slot
+
+
+def test_before_anything_is_measured_the_first_size_is_used():
+    assert ChunkSizer(first_tokens=64).size(0) == 64
+    assert ChunkSizer(first_tokens=64).size(10_000) == 64
+
+
+def test_a_constant_cost_gives_the_target_in_tokens():
+    sizer = ChunkSizer(target_s=0.25, max_tokens=256)
+    for depth in range(0, 2048, 128):
+        sizer.observe(depth, 128, 128 * 0.002)  # 2 ms a token
+    assert sizer.size(0) == 125
+    assert sizer.size(1500) == 125
+
+
+def test_the_cost_grows_with_depth_and_deep_chunks_shrink():
+    # 1 ms a token at depth 0, one more for every 2000 tokens of context.
+    sizer = ChunkSizer(target_s=0.25, min_tokens=16, max_tokens=256)
+
+    def cost(depth: float) -> float:
+        return 0.001 + depth * 0.0000005
+
+    for depth in range(0, 4000, 200):
+        sizer.observe(depth, 200, 200 * cost(depth + 100))
+    assert sizer.cost(8000) == pytest.approx(cost(8000))
+    size = sizer.size(8000)  # 5 ms a token there: about 50 tokens
+    assert 48 <= size <= 50
+    assert size * cost(8000 + size / 2) == pytest.approx(0.25, rel=0.02)
+    shallow = sizer.size(0)  # its tokens average a little deeper than 0: under 250
+    assert 230 <= shallow < 250
+    assert shallow * cost(shallow / 2) == pytest.approx(0.25, rel=0.02)
+
+
+def test_sizes_stay_within_the_floor_and_the_ceiling():
+    slow = ChunkSizer(target_s=0.25, min_tokens=32, max_tokens=256)
+    slow.observe(0, 32, 10.0)
+    assert slow.size(0) == 32
+    fast = ChunkSizer(target_s=0.25, min_tokens=32, max_tokens=256)
+    fast.observe(0, 256, 0.001)
+    assert fast.size(0) == 256
+
+
+def test_noise_saying_deeper_is_cheaper_is_ignored():
+    sizer = ChunkSizer(target_s=0.25, min_tokens=8, max_tokens=1000)
+    sizer.observe(0, 100, 100 * 0.004)
+    sizer.observe(3000, 100, 100 * 0.002)  # a busy moment early on, a quiet one later
+    assert sizer.cost(100_000) == pytest.approx(0.003)  # the mean: no negative slope
+
+
+def test_a_tail_under_half_a_chunk_goes_with_the_chunk_before_it():
+    sizer = ChunkSizer(target_s=0.25, min_tokens=16, max_tokens=256)
+    sizer.observe(0, 100, 100 * 0.008)  # 8 ms a token: 31 tokens a chunk
+    n = sizer.size(0)
+    assert n == 31
+    assert sizer.size(0, remaining=n + n // 2 - 1) == n + n // 2 - 1  # one call
+    assert sizer.size(0, remaining=n + n // 2) == n  # a tail of half a chunk: its own
+    assert sizer.size(0, remaining=5) == 5
+    assert ChunkSizer(first_tokens=64).size(0, remaining=90) == 90
+
+
+def test_empty_and_instant_chunks_are_not_measurements():
+    sizer = ChunkSizer(first_tokens=64)
+    sizer.observe(0, 0, 1.0)
+    sizer.observe(0, 10, 0.0)
+    assert sizer.cost(0) is None and sizer.size(0) == 64
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        ChunkSizer(min_tokens=64, first_tokens=32)
+    with pytest.raises(ValueError):
+        ChunkSizer(target_s=0)
+
+
+def test_sync_slot_prefills_in_the_sizes_it_is_given(engine):
+    slot = Slot(0, engine.new_session(256), 256)
+    prompt = list(range(10, 110))
+    calls: list[int] = []
+    asked: list[int] = []
+
+    def size(depth: int, total: int) -> int:
+        assert total == len(prompt)
+        asked.append(depth)
+        return 8 + depth // 4  # 8, 10, 15, ...
+
+    async def run_engine(fn, *args):
+        if fn == slot.session.eval:
+            calls.append(len(args[0]))
+        return fn(*args)
+
+    async def main() -> None:
+        await sync_slot(slot, "", prompt, encode=lambda t: [], decode=lambda t: None,
+                        run_engine=run_engine, chunk=size)  # fmt: skip
+
+    trio.run(main)
+    assert sum(calls) == len(prompt) and list(slot.session.tokens) == prompt
+    depths = [sum(calls[:i]) for i in range(len(calls))]
+    assert asked == depths
+    assert calls[:-1] == [8 + d // 4 for d in depths[:-1]]
+    assert calls[-1] <= 8 + depths[-1] // 4
