@@ -5,6 +5,8 @@ busy by a job that waits on an event, so ordering is asserted without wall-clock
 from __future__ import annotations
 
 import io
+import os
+import sys
 import threading
 
 import numpy as np
@@ -15,7 +17,7 @@ from ds4d.state.diskcache import DiskCache
 from ds4d.state.kvfile import Reason
 from ds4d.state.kvstate import KVState
 from ds4d.state.savepolicy import SavePolicy
-from ds4d.state.writer import CheckpointWriter
+from ds4d.state.writer import WRITER_NICE, CheckpointWriter
 
 CTX = 1024
 TEXT = (
@@ -85,6 +87,19 @@ def test_writer_drops_the_lowest_value_when_full_and_survives_failures() -> None
     assert ran == ["e"] and w.failed == 1 and w.pending == 0
     assert w.close(30)
     assert not w.submit(lambda: ran.append("late")) and w.dropped == 5
+
+
+def test_the_writer_runs_below_the_engines_priority() -> None:
+    """Its thread's nice value is WRITER_NICE above the threads that submit (Linux: a
+    thread's own; elsewhere nothing changes rather than the whole process)."""
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    seen: list[int] = []
+    w = CheckpointWriter()
+    w.submit(lambda: seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+    assert w.close(30)
+    raised = min(19, mine + WRITER_NICE) if sys.platform.startswith("linux") else mine
+    assert seen == [raised]
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
 
 # -- background saves ----------------------------------------------------------------------

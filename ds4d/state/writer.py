@@ -7,12 +7,19 @@ writes it with the same atomicity as before. When the queue is full the job of l
 value (the new one included) is dropped and counted: a dropped checkpoint only costs a
 later prefill, a blocked queue would cost memory without bound.
 
+The worker runs at a lower CPU priority than the engine (`nice` WRITER_NICE more, on
+Linux, where a thread's nice value is its own): a checkpoint can wait, while a prefill it
+competed with would be someone's time to first token, and a preempted engine thread
+stalls its whole parallel step.
+
 Thread-safe; jobs run one at a time in submission order.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +28,7 @@ from typing import Any
 log = logging.getLogger("ds4d.kvcache")
 
 DEFAULT_QUEUE = 4
+WRITER_NICE = 10  # added to the writer thread's nice value (Linux)
 
 
 @dataclass(order=True)
@@ -81,6 +89,7 @@ class CheckpointWriter:
         return victim is not job
 
     def _loop(self) -> None:
+        lower_thread_priority(WRITER_NICE)
         while True:
             with self._cond:
                 while not self._jobs and not self._closed:
@@ -111,3 +120,20 @@ class CheckpointWriter:
             self._closed = True
             self._cond.notify_all()
         return done
+
+
+def lower_thread_priority(increment: int) -> bool:
+    """Add `increment` to the calling thread's nice value; True if it was changed. Only on
+    Linux, where setpriority on a thread id changes that thread alone (elsewhere it would
+    change the whole process, the engine's threads included)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(
+            os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+        )
+    except OSError as e:  # a sandbox may refuse it: the writer still works
+        log.debug("kv cache: could not lower the writer's priority: %s", e)
+        return False
+    return True
