@@ -37,13 +37,36 @@ class Daemon:
                 out[key] = float(value)
         return out
 
+    def cpu_seconds(self) -> float:
+        """CPU time the daemon's process has used, all its threads (Linux /proc): less
+        sensitive to other load than wall time."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def ds4ctl(self, *args: str) -> object:
+        """The JSON answer of the real ds4ctl (the one installed beside this python)."""
+        env = dict(os.environ, XDG_RUNTIME_DIR=str(self.home / "xdg_runtime_dir"))
+        tool = Path(sys.executable).parent / "ds4ctl"
+        out = subprocess.run([str(tool), "--json", *args], env=env, capture_output=True,
+                             text=True, check=True)  # fmt: skip
+        return json.loads(out.stdout)
+
+    def idle_writer(self) -> dict[str, float]:
+        """The metrics once no checkpoint write is queued or running."""
+        while True:
+            m = self.metrics()
+            if not m.get("ds4d_kv_disk_pending_writes", 0):
+                return m
+            time.sleep(0.1)  # polling another process's writer
+
     def log(self) -> str:
         return (self.home / "ds4d.log").read_text(errors="replace")
 
 
 @contextmanager
 def started(*args: str) -> Iterator[Daemon]:
-    """`ds4d serve ARGS` until the block ends (SIGTERM, then its exit is waited for)."""
+    """`ds4d serve ARGS` until the block ends (SIGTERM, then its exit is waited for);
+    `{home}` in an argument is the daemon's private directory."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -55,7 +78,8 @@ def started(*args: str) -> Iterator[Daemon]:
             d.mkdir(mode=0o700)
             env[var] = str(d)
         env.pop("NOTIFY_SOCKET", None)
-        cmd = [sys.executable, "-m", "ds4d", "serve", "--port", str(port), *args]
+        own = [a.replace("{home}", str(home)) for a in args]
+        cmd = [sys.executable, "-m", "ds4d", "serve", "--port", str(port), *own]
         with open(home / "ds4d.log", "ab") as log:
             proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         daemon = Daemon(f"http://127.0.0.1:{port}", proc, home)

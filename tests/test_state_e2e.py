@@ -293,3 +293,40 @@ def _swallow(fn, *args):
         fn(*args)
     except (openai.APIError, httpx.HTTPError):
         pass  # the daemon was killed under it
+
+
+def test_a_growing_conversation_writes_each_row_once(tmp_path, book, engine):
+    """A conversation growing turn by turn on a real daemon: its first checkpoint is a full
+    file, every later one a delta holding only the rows added since the one before (the
+    rest of a file is its header, key text, new token ids and last logits), and the bytes
+    /metrics counts as written are exactly those files: no prefix is written twice."""
+    row = engine.model.kv_token_bytes("f16")
+    logits = 4 * engine.info.n_vocab
+    flags = ("--slots", "1", "--ctx", "4096", "--kv-type", "f16",
+             "--kv-cache-continued-interval-tokens", "512",
+             "--kv-cache-boundary-align-tokens", "256")  # fmt: skip
+    messages: list[dict] = []
+    with start(tmp_path, *flags) as d:
+        c = client(d)
+        prompt = 0
+        for turn in range(6):
+            part = book[2000 + 1100 * turn : 2000 + 1100 * (turn + 1)]
+            messages.append({"role": "user", "content": f"Riassumi:\n{part}"})
+            r = ask(c, messages)
+            if turn:
+                assert r.usage.prompt_tokens_details.cached_tokens > prompt
+            prompt = r.usage.prompt_tokens
+            messages.append({"role": "assistant", "content": r.choices[0].message.content})
+        wait_until(lambda: d.metrics()["ds4d_kv_disk_pending_writes"] == 0, 120,
+                   "checkpoint writes still pending")  # fmt: skip
+        written = d.metrics()["ds4d_kv_disk_bytes_written_total"]
+        files = sorted(ds4ctl(tmp_path, "cache", "ls"), key=lambda f: f["tokens"])
+    assert prompt > 2048 and len(files) >= 4, (prompt, files)
+    assert written == sum(f["bytes"] for f in files)
+    assert not files[0]["base"]
+    by_name = {f["name"]: f for f in files}
+    for prev, f in zip(files, files[1:], strict=False):
+        assert f["base"] == prev["name"], "each checkpoint extends the one before"
+        new = f["tokens"] - by_name[f["base"]]["tokens"]
+        rest = f["bytes"] - new * row - f["text_bytes"]
+        assert 0 < rest <= 1024 + 4 * new + logits, (f, new, rest)
