@@ -96,6 +96,7 @@ def test_short_request_is_answered_within_a_chunk_or_two_of_a_long_prefill(daemo
     # prefill, and one more finished while the metrics were read. One token per chunk
     # would take 17+ chunks (its prefill, then 16 tokens).
     assert at_first - sent <= 3, (sent, at_first, at_end)
-    # Its 16 tokens come in one burst (a chunk's credit holds many decode steps), or two.
-    assert at_end - sent <= 4, (sent, at_first, at_end)
+    # Its 16 tokens come in bursts between the long prompt's chunks, each burst as much
+    # decode time as a chunk took: a few chunks, not one per token.
+    assert at_end - sent <= 6, (sent, at_first, at_end)
     assert before < after < 3300, (before, after)
