@@ -8,6 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from ds4d.chat.errors import ContextExceeded, Overloaded, PromptRefused, Refused, Unavailable
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -49,6 +50,23 @@ class ApiError(Exception):
 
 def bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
+
+
+def refusal_error(err: Refused) -> ApiError:
+    """The HTTP error for a refusal raised below the API layer (ds4d.chat.errors): bad
+    prompts are 400s, a full queue and an unready server 503s with Retry-After."""
+    if isinstance(err, ContextExceeded):
+        return ApiError(400, err.message, param=err.param, code="context_length_exceeded",
+                        extra={f"n_prompt_{err.unit}": err.size, "n_ctx": err.n_ctx})
+    if isinstance(err, PromptRefused):
+        return ApiError(400, err.message, param=err.param)
+    if isinstance(err, Overloaded):
+        return ApiError(503, err.message, kind="server_error", code="overloaded",
+                        headers={"Retry-After": str(err.retry_after_s)})
+    if isinstance(err, Unavailable):
+        retry = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s else None
+        return ApiError(503, err.message, kind="server_error", headers=retry)
+    return ApiError(500, "internal error (details are in the server log)", kind="server_error")
 
 
 def random_id(prefix: str, nbytes: int = 12) -> str:

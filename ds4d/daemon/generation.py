@@ -17,8 +17,8 @@ from typing import Any
 
 import trio
 
-from ds4d.api.common import ApiError
 from ds4d.chat.constrain import Allow, Force, VocabIndex
+from ds4d.chat.errors import ContextExceeded, PromptRefused
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -116,19 +116,17 @@ class Generator:
         try:
             text, tokens = await trio.to_thread.run_sync(work)
         except ValueError as e:  # the chat template refused the conversation
-            raise ApiError(400, str(e), param=param) from None
-        except ApiError as e:
-            if e.code == "context_length_exceeded":
-                self.metrics.rejected["context_length_exceeded"] += 1
+            raise PromptRefused(str(e), param) from None
+        except ContextExceeded:
+            self.metrics.rejected["context_length_exceeded"] += 1
             raise
         if not tokens:  # nothing to continue from: the model would have no logits
-            raise ApiError(400, "the prompt is empty", param=param)
+            raise PromptRefused("the prompt is empty", param)
         if len(tokens) >= self.ctx:
             self.metrics.rejected["context_length_exceeded"] += 1
-            raise ApiError(
-                400, f"Prompt has {len(tokens)} tokens, but the configured context size is "
-                f"{self.ctx} tokens", param=param, code="context_length_exceeded",
-                extra={"n_prompt_tokens": len(tokens), "n_ctx": self.ctx})
+            raise ContextExceeded(
+                f"Prompt has {len(tokens)} tokens, but the configured context size is "
+                f"{self.ctx} tokens", param, size=len(tokens), unit="tokens", n_ctx=self.ctx)
         return Job(req, api, text, tokens)
 
     def _shared_prefix(self, prefix: ChatRequest, tokens: list[int]) -> int:
@@ -145,10 +143,9 @@ class Generator:
         limit = 2 * self.ctx * self._max_token_bytes()
         size = len(text.encode("utf-8", errors="replace"))
         if size > limit:
-            raise ApiError(
-                400, f"Prompt has {size} bytes, more than the configured context of {self.ctx} "
-                f"tokens can hold", param=param, code="context_length_exceeded",
-                extra={"n_prompt_bytes": size, "n_ctx": self.ctx})
+            raise ContextExceeded(
+                f"Prompt has {size} bytes, more than the configured context of {self.ctx} "
+                f"tokens can hold", param, size=size, unit="bytes", n_ctx=self.ctx)
 
     def _max_token_bytes(self) -> int:
         if self._longest_token is None:
@@ -169,7 +166,7 @@ class Generator:
         try:
             text = self.render(req)
         except ValueError as e:  # the chat template refused the conversation
-            raise ApiError(400, str(e), param="messages") from None
+            raise PromptRefused(str(e), "messages") from None
         self._refuse_if_surely_too_long(text, "messages")
         return len(self.tokenize_prompt(text, raw=not self._special(req)))
 

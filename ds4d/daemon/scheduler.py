@@ -12,7 +12,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from ds4d.api.common import ApiError
+from ds4d.chat.errors import Overloaded
 from ds4d.state.matching import common_prefix
 from ds4d.state.slots import Slot
 
@@ -84,16 +84,15 @@ class SlotPool:
     def request(self, prompt: Sequence[int]) -> Ticket:
         """A place for this prompt, decided at once: a slot if one is idle (the one
         sharing most with the prompt, else the least recently used), else a place in the
-        queue behind the requests already waiting. A full queue is refused with 503 and
-        Retry-After."""
+        queue behind the requests already waiting. A full queue is refused (Overloaded:
+        503 with Retry-After)."""
         if not self._waiters:
             slot = self.best_idle(prompt)
             if slot is not None:
                 return Ticket(self, self._take(slot))
         if len(self._waiters) >= self.queue_size:
-            raise ApiError(503, "all slots are busy and the queue is full; retry later",
-                           kind="server_error", code="overloaded",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise Overloaded("all slots are busy and the queue is full; retry later",
+                             RETRY_AFTER_S)
         ticket = Ticket(self, None)
         self._waiters.append(ticket)
         return ticket

@@ -22,8 +22,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
-from ds4d.api.common import ApiError, Completion, force_tool_choice
+from ds4d.api.common import ApiError, Completion, force_tool_choice, refusal_error
 from ds4d.api.request_body import parse_json_body
+from ds4d.chat.errors import Refused, Unavailable
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import Event, Sampling
 from ds4d.daemon import wire
@@ -197,11 +198,11 @@ def create_app(daemon: Daemon) -> QuartTrio:
 def _require_ready(daemon: Daemon) -> Generator:
     """The generator, or a 503 while the model loads (or failed to) and during shutdown."""
     if daemon.generator is None:
-        raise ApiError(503, "the model is still loading" if not daemon.load_error
-                       else f"the model failed to load: {daemon.load_error}",
-                       kind="server_error", headers={"Retry-After": "5"})
+        raise Unavailable("the model is still loading" if not daemon.load_error
+                          else f"the model failed to load: {daemon.load_error}",
+                          retry_after_s=5)
     if daemon.shutdown.is_set():
-        raise ApiError(503, "server shutting down", kind="server_error")
+        raise Unavailable("server shutting down")
     return daemon.generator
 
 
@@ -211,6 +212,10 @@ def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
     @app.errorhandler(ApiError)
     async def on_api_error(err: ApiError) -> Response:
         return error_response(err)
+
+    @app.errorhandler(Refused)
+    async def on_refused(err: Refused) -> Response:
+        return error_response(refusal_error(err))
 
     @app.errorhandler(HTTPException)
     async def on_http_error(err: HTTPException) -> Response:
@@ -324,7 +329,8 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
                          req.tool_choice.name or req.tool_choice.mode)
             job = await gen.prepare(req, kind, param)
             job.ticket = gen.pool.request(job.tokens)
-        except ApiError as err:
+        except (ApiError, Refused) as refused:
+            err = refused if isinstance(refused, ApiError) else refusal_error(refused)
             daemon.metrics.requests[(kind, str(err.status))] += 1
             return error_response(err, protocol)
         model_name = req.model or daemon.model_id
