@@ -216,7 +216,7 @@ def batch_decode(engine, prompts: list[list[int]], gen_tokens: int) -> float:
         for _ in range(gen_tokens):
             steps = []
             for s in sessions:
-                logits = s.logits.copy()
+                logits = s.compute_logits().copy()
                 logits[stop_ids] = -np.inf
                 steps.append((s, [int(np.argmax(logits))]))
             engine.eval_batch(steps)
@@ -330,7 +330,7 @@ def _generate_greedy(session, n: int, stop_ids: np.ndarray) -> float:
     """Greedy decode of n tokens, never choosing an end-of-generation token; seconds."""
     t0 = time.perf_counter()
     for _ in range(n):
-        logits = session.logits.copy()
+        logits = session.compute_logits().copy()
         logits[stop_ids] = -np.inf
         session.eval([int(np.argmax(logits))])
     return time.perf_counter() - t0

@@ -62,13 +62,13 @@ def profile_decode(engine: Any, session: Any, n_tokens: int, stop_ids: np.ndarra
     rng = make_rng(PROFILE_SAMPLING.seed)
     stop = set(stop_ids.tolist())
     sample_s = 0.0
-    _ = session.logits  # after a rewind they are recomputed: not part of the profile
+    session.compute_logits()  # after a rewind this is a forward pass: not part of the profile
     native.Profile.enable()
     try:
         t_start = time.perf_counter()
         for _ in range(n_tokens):
             t0 = time.perf_counter()
-            logits = session.logits
+            logits = session.compute_logits()
             token = sample(logits, PROFILE_SAMPLING, rng)
             if token in stop:  # keep the count fixed, as the timed generation does
                 masked = logits.copy()

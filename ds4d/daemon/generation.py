@@ -418,7 +418,7 @@ def _after_eval(session: Any, evaluated: bool, params: Any, rng: Any, allowed: A
     """A decode step's own work once the batch has evaluated its token (engine thread)."""
     if evaluated and kv is not None:  # a continued checkpoint when decoding reaches a frontier
         kv.after_token(session)
-    return sample(session.logits, params, rng, allowed)
+    return sample(session.compute_logits(), params, rng, allowed)
 
 
 def _advance(constraint: Any, text: str | None) -> Force | Allow | None:
