@@ -191,6 +191,10 @@ class DS4ChatFormat:
             return render_completion(request.raw_prompt, mode)
         return render_request(request, mode, self.replay)
 
+    def tokenize_special(self, request: ChatRequest) -> bool:
+        """Always: even a legacy completion's prompt is wrapped in chat markers."""
+        return True
+
     def decode(self, request: ChatRequest) -> DS4Decode:
         return DS4Decode(request, self.mode(request))
 

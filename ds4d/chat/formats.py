@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from ds4d.chat.constrain import Step, VocabIndex
 from ds4d.chat.render import Template, render_request, template_supports_tools
@@ -36,7 +36,34 @@ from ds4d.chat.toolsyntax_mistral import MistralSyntax
 from ds4d.chat.toolsyntax_qwen_xml import QwenXMLSyntax
 from ds4d.chat.types import ChatRequest, Event, Message, Tool
 
+if TYPE_CHECKING:
+    from ds4d.engine.engine import Engine
+    from ds4d.engine.tokenizer_api import ModelTokenizer
+
 P = TypeVar("P")
+
+
+class ChatFormat(Protocol):
+    """A family's chat format as the serving loop uses it (see the module docstring):
+    TemplateChatFormat, or DeepSeek V4's DS4ChatFormat."""
+
+    family: str
+
+    def render(self, request: ChatRequest) -> str:
+        """The prompt text."""
+        ...
+
+    def tokenize_special(self, request: ChatRequest) -> bool:
+        """Whether special-token text in the prompt is parsed as those tokens."""
+        ...
+
+    def decode(self, request: ChatRequest) -> TemplateDecode:
+        """The output pipeline of one generation."""
+        ...
+
+    def forced_call(self, vocab: VocabIndex, request: ChatRequest) -> Step:
+        """The constraint writing the call a required / named tool_choice forces."""
+        ...
 
 # A plain ChatML template for GGUFs that carry none.
 FALLBACK_TEMPLATE = (
@@ -209,7 +236,7 @@ class TemplateChatFormat:
         return self._opens_reasoning[thinking]
 
 
-def chat_format_for(engine: Any, n_ctx: int) -> Any:
+def chat_format_for(engine: Engine, n_ctx: int) -> ChatFormat:
     """The chat format of the loaded model's family."""
     if engine.info.family == "deepseek4":
         from ds4d.chat.deepseek4_output import DS4ChatFormat
@@ -248,5 +275,5 @@ def _same_json(text: str, compact_json: str) -> str | None:
         return None
 
 
-def _token_text(tok: Any, token: int | None) -> str:
+def _token_text(tok: ModelTokenizer, token: int | None) -> str:
     return tok.decode([token]) if token is not None else ""

@@ -71,6 +71,10 @@ class ChatRequest:
     include_usage: bool = False  # streaming: send usage at the end (OpenAI asks for it)
     raw_prompt: str | None = None  # legacy completions: the text is the prompt, no template
     tool_id_prefix: str = "call_"  # "toolu_" for Anthropic clients
+    # Anthropic's cache_control: the conversation up to the last mark, and once the prompt
+    # is prepared the length of its part of the prompt in tokens (the usage split).
+    cache_prefix: ChatRequest | None = None
+    cache_prefix_tokens: int = 0
 
     @property
     def tools_active(self) -> bool:
@@ -121,9 +125,12 @@ class Usage:
         return self.prompt_tokens - self.cached_tokens
 
 
+FinishReason = Literal["stop", "length", "tool_calls", "error"]
+
+
 @dataclass
 class Finish:
-    reason: Literal["stop", "length", "tool_calls", "error"]
+    reason: FinishReason
     error: str | None = None
     stop_sequence: str | None = None  # the client stop sequence that ended the text
 

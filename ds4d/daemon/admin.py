@@ -31,7 +31,9 @@ import struct
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+import trio
 
 from ds4d.daemon.admin_protocol import (  # noqa: F401  (re-exported for the daemon)
     MAX_LINE_BYTES,
@@ -48,6 +50,8 @@ from ds4d.daemon.admin_protocol import (  # noqa: F401  (re-exported for the dae
 )
 
 log = logging.getLogger("ds4d.admin")
+
+T = TypeVar("T")
 
 # --------------------------------------------------------------------------------------
 # Peer credentials
@@ -177,6 +181,9 @@ class DaemonView(Protocol):
     async def stop(self) -> None:
         """Begin a graceful shutdown (as SIGTERM does) and return at once."""
 
+    def decode_batching(self) -> dict[str, int | float | None] | None:
+        """Batched decode so far (steps, slot steps, mean batch), None without a model."""
+
 
 class CacheView(Protocol):
     """The disk KV cache's admin surface (ds4d.state.service.CacheView, DiskCache).
@@ -205,6 +212,10 @@ class LiveSettings(Protocol):
 
 # --------------------------------------------------------------------------------------
 # Commands
+
+
+async def _off_loop(fn: Callable[[], T]) -> T:
+    return await trio.to_thread.run_sync(fn)
 
 
 class AdminCommands:
@@ -268,15 +279,15 @@ class AdminCommands:
 
     # -- individual commands -----------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         settings = self.live.get()["values"]
         out = dict(self.daemon.status())
         out["power"] = settings["power"]
         out["trace"] = settings["trace"] or None
-        metrics = getattr(self.daemon, "metrics", None)  # batched decode: mean batch size
-        out["decode"] = metrics.decode_batching() if metrics is not None else None
+        out["decode"] = self.daemon.decode_batching()  # batched decode: mean batch size
         try:
-            out["cache"] = self.cache.stats_dict() if self.cache is not None else None
+            cache = self.cache
+            out["cache"] = await _off_loop(cache.stats_dict) if cache is not None else None
         except Exception:  # not available yet (model loading) or disabled
             out["cache"] = None
         return out
@@ -286,22 +297,25 @@ class AdminCommands:
             raise AdminError("this daemon has no disk KV cache (kv_disk is off)", "unavailable")
         return self.cache
 
-    def cache_ls(self) -> list[dict[str, Any]]:
-        return self._need_cache().ls()
+    # The cache commands read or delete files: on a worker thread, never on the loop.
 
-    def cache_evict(self, prefix: str | None = None, all: bool = False,
-                    older_than: float | None = None) -> dict[str, Any]:
+    async def cache_ls(self) -> list[dict[str, Any]]:
+        return await _off_loop(self._need_cache().ls)
+
+    async def cache_evict(self, prefix: str | None = None, all: bool = False,
+                          older_than: float | None = None) -> dict[str, Any]:
         if not (prefix or all or older_than is not None):
             raise AdminError("cache evict needs a key prefix, all, or older_than")
         if older_than is not None and (not isinstance(older_than, (int, float))
                                        or older_than < 0):
             raise AdminError("older_than must be a number of seconds >= 0")
-        removed = self._need_cache().evict(prefix or None, everything=bool(all),
-                                           older_than_s=older_than)
+        cache = self._need_cache()
+        removed = await _off_loop(lambda: cache.evict(prefix or None, everything=bool(all),
+                                                      older_than_s=older_than))
         return {"evicted": len(removed), "names": removed}
 
-    def cache_stats(self) -> dict[str, Any]:
-        return self._need_cache().stats_dict()
+    async def cache_stats(self) -> dict[str, Any]:
+        return await _off_loop(self._need_cache().stats_dict)
 
     def trace_on(self, path: str | None = None) -> dict[str, Any]:
         current = self.live.get()["values"]["trace"]
@@ -354,8 +368,6 @@ async def serve(path: Path, commands: AdminCommands, *,
     """Serve the admin socket until cancelled; reports the bound path via task_status.
 
     Raises SocketInUseError before binding when another daemon owns the path."""
-    import trio
-
     allowed = default_allowed_uids() if allowed_uids is None else allowed_uids
     raw = bind_socket(path)
     inode = path.lstat().st_ino
@@ -376,8 +388,6 @@ async def serve(path: Path, commands: AdminCommands, *,
 async def _handle_connection(stream: Any, commands: AdminCommands,
                              allowed: frozenset[int],
                              log: Callable[[str], None] | None) -> None:
-    import trio
-
     async with stream:
         try:
             uid = peer_uid(stream.socket)
@@ -422,8 +432,6 @@ async def _send(stream: Any, message: Mapping[str, Any]) -> None:
 async def _refuse(stream: Any, message: Mapping[str, Any]) -> None:
     """Reply, then read (and drop) what the peer sends for a moment before closing:
     closing on unread data would reset the connection and lose the reply."""
-    import trio
-
     try:
         await _send(stream, message)
         await stream.send_eof()

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 import trio.testing
@@ -15,6 +15,8 @@ import trio.testing
 from ds4d.chat.errors import Overloaded
 from ds4d.state.matching import common_prefix
 from ds4d.state.slots import Slot
+
+T = TypeVar("T")
 
 RETRY_AFTER_S = 2
 
@@ -126,7 +128,7 @@ class Held:
         self.bulk = bulk
         self.work_s = 0.0  # engine time taken during this turn
 
-    async def work(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def work(self, fn: Callable[..., T], *args: Any) -> T:
         gate = self.gate
         start = gate.clock()
         result = await trio.to_thread.run_sync(fn, *args)
@@ -166,7 +168,7 @@ class EngineGate:
         self._credit = 0.0  # seconds of engine time short calls may take ahead of bulk ones
         self._deferred = False  # a release waits for the tasks to settle
 
-    async def run(self, fn: Callable[..., Any], *args: Any, bulk: bool = False) -> Any:
+    async def run(self, fn: Callable[..., T], *args: Any, bulk: bool = False) -> T:
         async with self.hold(bulk) as engine:
             result = await engine.work(fn, *args)
             await engine.rest()

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +29,13 @@ from ds4d.chat.errors import Refused, Unavailable
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import Event, Sampling
 from ds4d.daemon import wire
-from ds4d.daemon.config import kv_dir, model_path
+from ds4d.daemon.config import Config, model_path
 from ds4d.daemon.generation import Generator
-from ds4d.daemon.metrics import Metrics
+from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool
+from ds4d.daemon.state_config import state_from_config
+from ds4d.engine.engine import Engine
 from ds4d.state.service import CacheView, StateService
-from ds4d.state.service import from_config as state_from_config
 from ds4d.state.slots import Slot
 from ds4d.state.trace import TraceWriter
 
@@ -43,14 +45,25 @@ CONSUMER_START_S = 30.0  # a stream whose body is not read by then is abandoned
 CREATED = 1767225600
 
 
+class _StateMetrics:
+    """The state layer's series once the model is loaded (none before)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def metrics_lines(self) -> list[str]:
+        state = self._daemon.state
+        return state.metrics_lines() if state is not None else []
+
+
 class Daemon:
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.started = time.time()
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self.generator: Generator | None = None
         self.pool: SlotPool | None = None
-        self.metrics = Metrics()
+        self.metrics = Metrics(self._gauges(), sources=[_StateMetrics(self)])
         self.ctx = 0
         self.model_id = ""
         self.load_error: str | None = None
@@ -62,19 +75,26 @@ class Daemon:
         self.state: StateService | None = None
         self.trace = TraceWriter()
         self.cache_view = CacheView(lambda: self.state.disk if self.state else None)
-        m = self.metrics
-        m.gauge("ds4d_requests_running", "requests generating on a slot",
-                lambda: self.pool.busy if self.pool else 0)
-        m.gauge("ds4d_requests_waiting", "requests queued for a slot",
-                lambda: self.pool.waiting if self.pool else 0)
-        m.gauge("ds4d_slot_busy", "1 while the slot runs a request",
-                lambda: {f'slot="{s.index}"': int(s.busy)
-                         for s in (self.pool.slots if self.pool else [])})
-        m.gauge("ds4d_slot_tokens", "tokens held in the slot's KV",
-                lambda: {f'slot="{s.index}"': len(s.tokens)
-                         for s in (self.pool.slots if self.pool else [])})
-        m.gauge("ds4d_model_loaded", "1 once the model is loaded",
-                lambda: int(self.generator is not None))
+
+    def _gauges(self) -> list[Gauge]:
+        def per_slot(read: Callable[[Slot], int]) -> Callable[[], GaugeValue]:
+            def value() -> GaugeValue:
+                return {f'slot="{s.index}"': read(s) for s in (self.pool.slots if self.pool else [])}
+
+            return value
+
+        return [
+            Gauge("ds4d_requests_running", "requests generating on a slot",
+                  lambda: self.pool.busy if self.pool else 0),
+            Gauge("ds4d_requests_waiting", "requests queued for a slot",
+                  lambda: self.pool.waiting if self.pool else 0),
+            Gauge("ds4d_slot_busy", "1 while the slot runs a request",
+                  per_slot(lambda s: int(s.busy))),
+            Gauge("ds4d_slot_tokens", "tokens held in the slot's KV",
+                  per_slot(lambda s: s.session.n_tokens)),
+            Gauge("ds4d_model_loaded", "1 once the model is loaded",
+                  lambda: int(self.generator is not None)),
+        ]  # fmt: skip
 
     @property
     def ready(self) -> bool:
@@ -108,12 +128,11 @@ class Daemon:
         self.model_id = Path(info.path).stem if info.path else info.name
         self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)],
                              cfg.queue_size)
+        # the disk cache's scan reads every checkpoint's header: on a worker
+        state = self.state = await trio.to_thread.run_sync(lambda: state_from_config(
+            cfg, engine=engine, ctx=ctx, trace=self.trace, current=lambda: self.config))
         generator = Generator(engine, chat_format_for(engine, ctx), ctx, self.pool, self.gate,
-                              self.metrics)
-        self.state = await trio.to_thread.run_sync(lambda: state_from_config(
-            cfg, engine=engine, ctx=ctx, kv_dir=kv_dir(cfg), trace=self.trace,
-            current=lambda: self.config))
-        self.state.attach(generator, self.metrics)
+                              self.metrics, state)
         self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
 
@@ -134,6 +153,9 @@ class Daemon:
             "queue": {"waiting": self.pool.waiting if self.pool else 0,
                       "limit": self.config.queue_size},
         }
+
+    def decode_batching(self) -> dict[str, int | float | None]:
+        return self.metrics.decode_batching()
 
     def slots(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self.pool.slots] if self.pool else []
@@ -275,7 +297,10 @@ def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(daemon.metrics.render(),
+        # the daemon's own series where they change; the disk cache's read off the loop
+        own = daemon.metrics.own_lines()
+        rest = await trio.to_thread.run_sync(daemon.metrics.source_lines)
+        return Response("\n".join(own + rest) + "\n",
                         content_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")
@@ -373,7 +398,7 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     def _sse_response(encoder: Any, recv: trio.MemoryReceiveChannel[Event],
                       scope: trio.CancelScope, started: trio.Event) -> Response:
-        async def body():  # noqa: ANN202 - an async generator Quart iterates
+        async def body() -> AsyncIterator[bytes]:
             started.set()
             try:
                 for chunk in encoder.open():
