@@ -206,7 +206,7 @@ class LiveSettings(Protocol):
 
     def get(self, key: str | None = None) -> dict[str, Any]: ...
     def set_runtime(self, key: str, value: Any) -> Any: ...
-    def set_persistent(self, key: str, value: str) -> dict[str, Any]: ...
+    async def set_persistent(self, key: str, value: str) -> dict[str, Any]: ...
     def reload(self) -> dict[str, Any]: ...
 
 
@@ -348,9 +348,9 @@ class AdminCommands:
     def config_get(self, key: str | None = None) -> dict[str, Any]:
         return self.live.get(key)
 
-    def config_set(self, key: str, value: Any) -> dict[str, Any]:
-        return self.live.set_persistent(key, value if isinstance(value, str) else
-                                        json.dumps(value))
+    async def config_set(self, key: str, value: Any) -> dict[str, Any]:
+        return await self.live.set_persistent(key, value if isinstance(value, str) else
+                                              json.dumps(value))
 
     async def stop(self) -> dict[str, Any]:
         await self.daemon.stop()

@@ -233,36 +233,39 @@ class Generator:
                 return  # the client went away before its turn
             raise
         finish: Finish | None = None  # None: cancelled (client gone, shutdown)
-        r = job.record
-        r.slot = slot.index
-        try:
-            async with send:
+        job.record.slot = slot.index
+        async with send:  # closed last: a client that sees the end finds its trace line
+            try:
+                finish = await self._generate(job, slot, send)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the client went away: cancelled
+            except Exception:  # an engine failure ends this request, not the daemon
+                log.exception("generation failed")
+                finish = Finish("error", "generation failed (details are in the server log)")
                 try:
-                    finish = await self._generate(job, slot, send)
+                    await send.send(finish)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    pass  # the client went away: cancelled
-                except Exception:  # an engine failure ends this request, not the daemon
-                    log.exception("generation failed")
-                    finish = Finish("error", "generation failed (details are in the server log)")
-                    try:
-                        await send.send(finish)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        pass
-        finally:
-            self.pool.release(slot)
-            r.finish = finish.reason if finish is not None else "cancelled"
-            # One record feeds the log line, /metrics and the trace: they cannot disagree.
-            self.metrics.account(r)
-            log.info("%s slot %d: prompt %d tokens (%d cached, %s), prefill %d tokens in "
-                     "%.2fs, %d generated in %.2fs, finish %s", r.api, slot.index,
-                     r.prompt_tokens, r.cached_tokens, r.cache_source, r.prefilled_tokens,
-                     r.prefill_s, r.generated_tokens, r.decode_s, r.finish)
-            # A file write, off the loop; shielded: a cancelled request is traced too.
-            with trio.CancelScope(shield=True):
-                try:
-                    await trio.to_thread.run_sync(self.state.trace_finished, r, job.text)
-                except Exception:  # a trace failure must never break serving
-                    log.exception("writing the trace line failed")
+                    pass
+            finally:
+                await self._finished(job, slot, finish)
+
+    async def _finished(self, job: Job, slot: Slot, finish: Finish | None) -> None:
+        """Release the slot, then report the request: log line, /metrics, trace."""
+        self.pool.release(slot)
+        r = job.record
+        r.finish = finish.reason if finish is not None else "cancelled"
+        # One record feeds the log line, /metrics and the trace: they cannot disagree.
+        self.metrics.account(r)
+        log.info("%s slot %d: prompt %d tokens (%d cached, %s), prefill %d tokens in "
+                 "%.2fs, %d generated in %.2fs, finish %s", r.api, slot.index,
+                 r.prompt_tokens, r.cached_tokens, r.cache_source, r.prefilled_tokens,
+                 r.prefill_s, r.generated_tokens, r.decode_s, r.finish)
+        # A file write, off the loop; shielded: a cancelled request is traced too.
+        with trio.CancelScope(shield=True):
+            try:
+                await trio.to_thread.run_sync(self.state.trace_finished, r, job.text)
+            except Exception:  # a trace failure must never break serving
+                log.exception("writing the trace line failed")
 
     async def _generate(self, job: Job, slot: Slot,
                         send: trio.MemorySendChannel[Event]) -> Finish:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+import trio
 
 from ds4d.daemon.admin_protocol import AdminError
 from ds4d.daemon.config import (
@@ -113,8 +114,9 @@ class LiveConfig:
         self._apply(new)
         return value
 
-    def set_persistent(self, key: str, value: str) -> dict[str, Any]:
-        """`config set`: validate, write the overrides file, reload."""
+    async def set_persistent(self, key: str, value: str) -> dict[str, Any]:
+        """`config set`: validate, write the overrides file (on a worker thread: its
+        fsync can wait long behind other writes), reload."""
         path = self._loaded.overrides_file
         try:
             parsed = parse_value(key, value, "ds4ctl config set")
@@ -129,7 +131,7 @@ class LiveConfig:
                 raise AdminError(f"cannot read {path}: {e}", "io") from None
         overrides[key] = parsed
         try:
-            _write_toml_atomically(path, overrides)
+            await trio.to_thread.run_sync(_write_toml_atomically, path, overrides)
         except OSError as e:
             raise AdminError(f"cannot write {path}: {e.strerror}", "io") from None
         outcome = self.reload()
@@ -256,8 +258,6 @@ async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
 
 
 async def reload_on_sighup(live: LiveConfig, *, task_status: Any = None) -> None:
-    import trio
-
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         if task_status is not None:
             task_status.started()

@@ -208,11 +208,14 @@ class DiskCache:
         files carrying our own pid are stale too (a previous run with a recycled pid)."""
         entries: dict[str, Entry] = {}
         for item in sorted(os.scandir(self.dir), key=lambda d: d.name):
-            if not item.is_file(follow_symlinks=False):
-                continue
             pid = kvfile.tmp_owner_pid(item.name)
+            stale = pid is not None and ((startup and pid == os.getpid()) or not _pid_alive(pid))
+            if not item.is_file(follow_symlinks=False):
+                if stale and item.is_dir(follow_symlinks=False):  # a quarantine moved aside
+                    shutil.rmtree(item.path, ignore_errors=True)
+                continue
             if pid is not None:
-                if (startup and pid == os.getpid()) or not _pid_alive(pid):
+                if stale:
                     log.info("kv cache: removing unfinished write %s", item.name)
                     Path(item.path).unlink(missing_ok=True)
                 continue
@@ -644,11 +647,13 @@ class DiskCache:
                        incoming: int = 0) -> list[str]:  # fmt: skip
         """Delete lowest-score files until everything (plus `incoming` bytes about to be
         written) fits the budget; a file goes with the deltas built on it. Returns the
-        names removed."""
+        names removed. The index changes under the lock; the files are deleted after it,
+        so a large eviction never holds up the threads that save and load."""
         if not self.budget:
             return []
         protected = {protect} if isinstance(protect, str) else set(protect or ())
         removed: list[str] = []
+        doomed: list[Path] = []
         with self._lock:
             mono = time.monotonic()
             self._pins = {n: t for n, t in self._pins.items() if t > mono}
@@ -662,10 +667,11 @@ class DiskCache:
             for _, size, path in quarantined:  # worthless for reuse: they go first
                 if total <= self.budget:
                     break
-                path.unlink(missing_ok=True)
+                doomed.append(path)  # nothing else reads the quarantine
                 total -= size
             now = self._now_ms()
-            while total > self.budget and self._entries:
+            stuck = False
+            while total > self.budget and self._entries and not stuck:
                 children = self._children()
                 keys = {
                     e.name: self._eviction_key(e, now, protected, children)
@@ -680,10 +686,11 @@ class DiskCache:
                 ]
                 for e in [victim, *self._descendants(victim.name, children)]:
                     try:
-                        e.path.unlink(missing_ok=True)
-                    except OSError as err:
+                        doomed += self._doom(e.path)
+                    except OSError as err:  # it stays indexed; stop evicting for now
                         log.warning("kv cache: cannot evict %s: %s", e.name, err)
-                        return removed
+                        stuck = True
+                        break
                     del self._entries[e.name]
                     total -= e.size
                     removed.append(e.name)
@@ -691,7 +698,18 @@ class DiskCache:
                     self.stats.evicted_bytes += e.size
                     log.info("kv cache evicted reason=disk-cache-full tokens=%d size=%d file=%s",
                              e.tokens, e.size, e.name)  # fmt: skip
+        _delete(doomed)
         return removed
+
+    def _doom(self, path: Path) -> list[Path]:
+        """Move `path` aside for deletion after the lock (lock held): its new path, or
+        none when it is gone already. OSError when it cannot be moved."""
+        gone = path.with_name(kvfile.doomed_name(path.name))
+        try:
+            os.rename(path, gone)
+        except FileNotFoundError:
+            return []
+        return [gone]
 
     def _eviction_key(self, e: Entry, now: int, protected: set[str],
                       children: dict[str, list[Entry]]) -> tuple:  # fmt: skip
@@ -721,11 +739,13 @@ class DiskCache:
         older_than_s: float | None = None,
     ) -> list[str]:
         """Remove entries by name prefix, all of them, or those unused for `older_than_s`.
-        Returns the names removed."""
+        Returns the names removed (the files are deleted after the index lock, as in
+        enforce_budget)."""
         if prefix is None and not everything and older_than_s is None:
             raise ValueError("evict needs a name prefix, everything=True or older_than_s")
         now = self._now_ms()
         removed = []
+        doomed: list[Path] = []
         with self._lock:
             for e in list(self._entries.values()):
                 used = e.header.last_used_ms or e.header.created_ms
@@ -736,13 +756,15 @@ class DiskCache:
                 for d in [e, *self._descendants(e.name)]:
                     if d.name not in self._entries:
                         continue
-                    d.path.unlink(missing_ok=True)
+                    doomed += self._doom(d.path)
                     del self._entries[d.name]
                     removed.append(d.name)
                     self.stats.evictions += 1
                     self.stats.evicted_bytes += d.size
             if everything and self.quarantine_dir.is_dir():
-                shutil.rmtree(self.quarantine_dir, ignore_errors=True)
+                doomed.append(self.quarantine_dir.rename(
+                    self.dir / kvfile.doomed_name(QUARANTINE_DIR)))  # fmt: skip
+        _delete(doomed)
         return removed
 
     def stats_dict(self) -> dict:
@@ -762,6 +784,19 @@ class DiskCache:
             "dropped_queue_full": writer.dropped if writer is not None else 0,
             "dir": str(self.dir),
         }
+
+
+def _delete(paths: list[Path]) -> None:
+    """Delete files (or a moved-aside directory) that left the index; a failure is
+    logged, never raised: the scan at the next start removes what is left."""
+    for path in paths:
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("kv cache: cannot delete %s: %s", path.name, e)
 
 
 def _pid_alive(pid: int) -> bool:

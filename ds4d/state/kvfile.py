@@ -124,6 +124,14 @@ def tmp_owner_pid(name: str) -> int | None:
     return int(pid) if pid.isdigit() else None
 
 
+def doomed_name(name: str) -> str:
+    """A temporary name a file is renamed to before it is deleted: renaming is quick where
+    deleting a large file is not, so an index lock covers only the rename; the name reads
+    as an unfinished write of this process, which a scan never loads (and a restart
+    removes)."""
+    return f".{name}{TMP_MARKER}{os.getpid()}.{next(_tmp_serial)}.gone"
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
