@@ -111,7 +111,7 @@ def number(obj: dict[str, Any], key: str, lo: float, hi: float, default: Any = N
 
 def max_tokens_of(obj: dict[str, Any], *keys: str) -> int | None:
     for key in keys:
-        value = field_of(obj, key, int, None)
+        value: int | None = field_of(obj, key, int, None)
         if value is not None:
             if value < 1:
                 raise bad(f"'{key}' must be at least 1, got {value}", key)

@@ -18,9 +18,12 @@ class ToolCall:
     arguments: str  # JSON text of an object, as the client or the model wrote it
 
 
+Role = Literal["system", "user", "assistant", "tool"]
+
+
 @dataclass
 class Message:
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Role
     content: str = ""
     reasoning: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)

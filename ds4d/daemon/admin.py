@@ -62,12 +62,12 @@ def peer_uid(sock: socket.socket) -> int:
     if hasattr(socket, "SO_PEERCRED"):  # Linux: struct ucred {pid_t; uid_t; gid_t}
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", raw)
-        return uid
+        return int(uid)
     if sys.platform == "darwin":  # getpeereid(): LOCAL_PEERCRED -> struct xucred
         sol_local, local_peercred = 0, 0x001
         raw = sock.getsockopt(sol_local, local_peercred, 76)
         _version, uid = struct.unpack_from("=II", raw)
-        return uid
+        return int(uid)
     raise OSError(errno.ENOTSUP, "peer credentials are not available on this platform")
 
 

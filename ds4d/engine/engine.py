@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, Protocol, cast
 
 import numpy as np
 
@@ -246,6 +246,12 @@ def _make_tokenizer(family: Family, gf: GGUFFile) -> ModelTokenizer:
         raise ModelLoadError(f"cannot build the tokenizer from {gf.path}: {e}") from None
 
 
+class ByteSink(Protocol):
+    """Where a snapshot's payload goes: a binary file, or a writer wrapping one."""
+
+    def write(self, data: bytes | memoryview, /) -> object: ...
+
+
 @dataclass(frozen=True, eq=False)
 class SessionSnapshot:
     """An in-memory copy of a session's payload (Session.snapshot): the session can be
@@ -274,7 +280,7 @@ class SessionSnapshot:
         n_logits = 4 * self.n_vocab if self.logits is not None else 0
         return head + 4 * len(self.tokens) + n_logits + self.kv_len
 
-    def write(self, fp: BinaryIO) -> int:
+    def write(self, fp: ByteSink) -> int:
         """Writes the payload (full or delta; Session.load reads either). Returns bytes."""
         has_logits = int(self.logits is not None)
         fpr = bytes.fromhex(self.fingerprint)

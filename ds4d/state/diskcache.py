@@ -46,6 +46,7 @@ from typing import Any
 
 from ds4d.state import kvfile
 from ds4d.state.kvfile import Header, KVFileError, PayloadWriter, Reason
+from ds4d.state.writer import CheckpointWriter, JobValue
 
 log = logging.getLogger("ds4d.kvcache")
 
@@ -92,7 +93,7 @@ class Entry:
         score = (eff_hits + 1.0) * h.tokens / h.file_size
         return score * 2.0 if h.reason.is_anchor else score
 
-    def describe(self, now_ms: int) -> dict:
+    def describe(self, now_ms: int) -> dict[str, Any]:
         h = self.header
         return {
             "name": self.name,
@@ -162,7 +163,7 @@ class Stats:
 class DiskCache:
     def __init__(
         self,
-        directory: str | os.PathLike,
+        directory: str | os.PathLike[str],
         *,
         budget_bytes: int,
         fingerprint: str | bytes,
@@ -183,7 +184,7 @@ class DiskCache:
         self.daily_write_bytes = daily_write_bytes
         self.clock = clock
         self.stats = Stats()
-        self.writer: Any = None  # a CheckpointWriter: saves via `submit` go through it
+        self.writer: CheckpointWriter | None = None  # saves via `submit` go through it
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._pending: dict[str, Entry] = {}
@@ -590,13 +591,30 @@ class DiskCache:
         self.enforce_budget(protect=protect)
         return entry
 
-    def submit(self, value: tuple, reason: Reason, text: str, tokens: int,
-               payload: bytes | PayloadWriter, **kwargs: Any) -> bool:  # fmt: skip
-        """`save` on the writer thread (inline without a writer). Until it is written the
-        name is pending: `lookup` may return it and `load` then waits. False when the
-        save was dropped at once (queue full)."""
+    def submit(
+        self,
+        value: JobValue,
+        reason: Reason,
+        text: str,
+        tokens: int,
+        payload: bytes | PayloadWriter,
+        tool_map: Mapping[str, str] | None = None,
+        payload_estimate: int | None = None,
+        *,
+        base: str | None = None,
+        depth: int = 0,
+        likely_reused: bool = False,
+    ) -> bool:
+        """`save` on the writer thread (inline without a writer); `value` ranks it in the
+        writer's queue. Until it is written the name is pending: `lookup` may return it
+        and `load` then waits. False when the save was dropped at once (queue full)."""
+
+        def save() -> Entry | None:
+            return self.save(reason, text, tokens, payload, tool_map, payload_estimate,
+                             base=base, depth=depth, likely_reused=likely_reused)  # fmt: skip
+
         if self.writer is None:
-            return self.save(reason, text, tokens, payload, **kwargs) is not None
+            return save() is not None
         name = kvfile.file_name(text)
         done = threading.Event()
         now = self._now_ms()
@@ -613,7 +631,7 @@ class DiskCache:
 
         def run() -> None:
             try:
-                self.save(reason, text, tokens, payload, **kwargs)
+                save()
             finally:
                 finish()
 
@@ -712,7 +730,7 @@ class DiskCache:
         return [gone]
 
     def _eviction_key(self, e: Entry, now: int, protected: set[str],
-                      children: dict[str, list[Entry]]) -> tuple:  # fmt: skip
+                      children: dict[str, list[Entry]]) -> tuple[float, int, str]:  # fmt: skip
         """Lowest first. A file goes with the deltas built on it, so its score is that of
         the family: the most valuable member's tokens (and hits) over the family's bytes,
         and it was used when the last of them was."""
@@ -725,7 +743,7 @@ class DiskCache:
 
     # ---- admin -------------------------------------------------------------------------
 
-    def ls(self) -> list[dict]:
+    def ls(self) -> list[dict[str, Any]]:
         now = self._now_ms()
         return sorted(
             (e.describe(now) for e in self.entries()), key=lambda d: d["last_used"], reverse=True
@@ -767,7 +785,7 @@ class DiskCache:
         _delete(doomed)
         return removed
 
-    def stats_dict(self) -> dict:
+    def stats_dict(self) -> dict[str, Any]:
         with self._lock:
             n = len(self._entries)
             deltas = sum(1 for e in self._entries.values() if e.base)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ds4d.engine.engine import ByteSink
+
 MAGIC = b"DS4K"
 VERSION = 1
 HEADER_SIZE = 128
@@ -47,7 +49,7 @@ assert _FIXED.size == 92 and _MUTABLE_OFFSET + _MUTABLE.size <= HEADER_SIZE
 
 _tmp_serial = itertools.count()
 
-PayloadWriter = Callable[[BinaryIO], object]
+PayloadWriter = Callable[[ByteSink], object]  # writes an engine payload (SessionSnapshot.write)
 
 
 class Reason(enum.IntEnum):
@@ -316,7 +318,7 @@ class _CountingWriter:
         self.crc = crc
         self.count = 0
 
-    def write(self, data) -> int:  # noqa: ANN001 - any bytes-like object
+    def write(self, data: bytes | memoryview, /) -> int:
         view = memoryview(data).cast("B")
         self._f.write(view)
         self.crc = zlib.crc32(view, self.crc)

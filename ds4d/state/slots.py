@@ -27,10 +27,10 @@ T = TypeVar("T")
 class RunBlocking(Protocol):
     """`await run(fn, *args)`: fn(*args) where it may block (a worker thread)."""
 
-    def __call__(self, fn: Callable[..., T], *args: Any) -> Awaitable[T]: ...
+    def __call__(self, fn: Callable[..., T], *args: object) -> Awaitable[T]: ...
 
 
-async def run_here(fn: Callable[..., T], *args: Any) -> T:
+async def run_here(fn: Callable[..., T], *args: object) -> T:
     """A RunBlocking for callers with nothing else to do meanwhile (tests, one-shot tools)."""
     return fn(*args)
 
