@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from ds4d.chat.errors import ContextExceeded, Overloaded, PromptRefused, Refused, Unavailable
 from ds4d.chat.types import (
@@ -46,6 +47,41 @@ class ApiError(Exception):
         self.code = code
         self.extra = extra or {}
         self.headers = headers or {}
+
+
+class EventStream(Protocol):
+    """One streamed response in a protocol's SSE framing (each module's `Stream`)."""
+
+    def open(self) -> list[str]:
+        """What is sent before the first event."""
+        ...
+
+    def feed(self, ev: Event) -> list[str]: ...
+
+    def keepalive(self) -> str:
+        """Sent when nothing happened for a while (a long prefill, the queue)."""
+        ...
+
+    def error(self, err: ApiError) -> list[str]: ...
+
+
+class ApiProtocol(Protocol):
+    """A protocol module (openai_chat, openai_completions, openai_responses,
+    anthropic_messages), as the daemon's routes use it."""
+
+    def parse(self, body: Any, defaults: Sampling) -> ChatRequest:
+        """The request JSON as a neutral request (ApiError for anything malformed)."""
+        ...
+
+    def response(self, req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
+        """The non-streaming response body."""
+        ...
+
+    def error_body(self, err: ApiError) -> dict[str, Any]: ...
+
+    @property
+    def Stream(self) -> Callable[[ChatRequest, str], EventStream]:  # noqa: N802 - the class
+        ...
 
 
 def bad(message: str, param: str | None = None) -> ApiError:

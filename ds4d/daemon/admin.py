@@ -57,7 +57,7 @@ T = TypeVar("T")
 # Peer credentials
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: socket.socket | trio.socket.SocketType) -> int:
     """The effective uid of the process at the other end of a connected Unix socket."""
     if hasattr(socket, "SO_PEERCRED"):  # Linux: struct ucred {pid_t; uid_t; gid_t}
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -364,7 +364,7 @@ class AdminCommands:
 async def serve(path: Path, commands: AdminCommands, *,
                 allowed_uids: frozenset[int] | None = None,
                 log: Callable[[str], None] | None = None,
-                task_status: Any = None) -> None:
+                task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve the admin socket until cancelled; reports the bound path via task_status.
 
     Raises SocketInUseError before binding when another daemon owns the path."""
@@ -373,8 +373,7 @@ async def serve(path: Path, commands: AdminCommands, *,
     inode = path.lstat().st_ino
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
     try:
-        if task_status is not None:
-            task_status.started(path)
+        task_status.started(path)
 
         async def handle(stream: trio.SocketStream) -> None:
             await _handle_connection(stream, commands, allowed, log)
@@ -385,7 +384,7 @@ async def serve(path: Path, commands: AdminCommands, *,
         await listener.aclose()
 
 
-async def _handle_connection(stream: Any, commands: AdminCommands,
+async def _handle_connection(stream: trio.SocketStream, commands: AdminCommands,
                              allowed: frozenset[int],
                              log: Callable[[str], None] | None) -> None:
     async with stream:
@@ -425,11 +424,11 @@ async def _handle_connection(stream: Any, commands: AdminCommands,
             return
 
 
-async def _send(stream: Any, message: Mapping[str, Any]) -> None:
+async def _send(stream: trio.SocketStream, message: Mapping[str, Any]) -> None:
     await stream.send_all(encode(message))
 
 
-async def _refuse(stream: Any, message: Mapping[str, Any]) -> None:
+async def _refuse(stream: trio.SocketStream, message: Mapping[str, Any]) -> None:
     """Reply, then read (and drop) what the peer sends for a moment before closing:
     closing on unread data would reset the connection and lose the reply."""
     try:

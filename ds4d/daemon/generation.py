@@ -18,7 +18,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import numpy as np
 import trio
@@ -282,7 +282,7 @@ class Generator:
                 log.info("slot %d: prefill %d/%d tokens (%.0f tokens/s)", slot.index, done,
                          total, done / (now - t0))
 
-        async def run_engine(fn: Callable[..., T], *args: Any) -> T:
+        async def run_engine(fn: Callable[..., T], *args: object) -> T:
             # What the session held when the prefill's first evaluation began is what was
             # reused; a prefill cancelled midway is then accounted for exactly.
             if fn == session.eval and not evaluating[0]:
@@ -292,7 +292,7 @@ class Generator:
             # for as long as each chunk took (see EngineGate).
             return await self.gate.run(fn, *args, bulk=True)
 
-        async def run_blocking(fn: Callable[..., T], *args: Any) -> T:
+        async def run_blocking(fn: Callable[..., T], *args: object) -> T:
             return await trio.to_thread.run_sync(fn, *args)
 
         try:

@@ -42,6 +42,7 @@ from ds4d.daemon.config import (
     resolve_config,
     validate,
 )
+from ds4d.daemon.notify import Notifier
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -56,7 +57,7 @@ RUNTIME_SOURCE = "runtime (ds4ctl)"
 
 class LiveConfig:
     def __init__(self, resolved: Resolved, args: argparse.Namespace | None = None,
-                 environ: Mapping[str, str] | None = None, notifier: Any = None) -> None:
+                 environ: Mapping[str, str] | None = None, notifier: Notifier | None = None) -> None:
         self._args = args
         self._environ = dict(os.environ if environ is None else environ)
         self._loaded = resolved
@@ -67,7 +68,7 @@ class LiveConfig:
 
     @classmethod
     def load(cls, args: argparse.Namespace | None = None,
-             environ: Mapping[str, str] | None = None, notifier: Any = None) -> LiveConfig:
+             environ: Mapping[str, str] | None = None, notifier: Notifier | None = None) -> LiveConfig:
         """Load from all sources; raises ConfigError (exit with CONFIG_ERROR)."""
         return cls(resolve_config(args, environ), args, environ, notifier)
 
@@ -235,7 +236,7 @@ def _safe_reload(live: LiveConfig, why: str) -> None:
 
 
 async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
-                      task_status: Any = None) -> None:
+                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Reload whenever the config or overrides file changes (editors' atomic renames
     included: the parent directories are watched and filtered by name)."""
     import anyio
@@ -243,8 +244,7 @@ async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
 
     targets = {str(p.absolute()) for p in live.watched_files}
     dirs = sorted({str(Path(t).parent) for t in targets if Path(t).parent.is_dir()})
-    if task_status is not None:
-        task_status.started()
+    task_status.started()
     if not dirs:
         return
     stop = anyio.Event()
@@ -257,9 +257,8 @@ async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
         stop.set()
 
 
-async def reload_on_sighup(live: LiveConfig, *, task_status: Any = None) -> None:
+async def reload_on_sighup(live: LiveConfig, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
-        if task_status is not None:
-            task_status.started()
+        task_status.started()
         async for _ in signals:
             _safe_reload(live, "SIGHUP")

@@ -7,7 +7,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import trio
 import trio.testing
@@ -128,7 +128,7 @@ class Held:
         self.bulk = bulk
         self.work_s = 0.0  # engine time taken during this turn
 
-    async def work(self, fn: Callable[..., T], *args: Any) -> T:
+    async def work(self, fn: Callable[..., T], *args: object) -> T:
         gate = self.gate
         start = gate.clock()
         result = await trio.to_thread.run_sync(fn, *args)
@@ -168,7 +168,7 @@ class EngineGate:
         self._credit = 0.0  # seconds of engine time short calls may take ahead of bulk ones
         self._deferred = False  # a release waits for the tasks to settle
 
-    async def run(self, fn: Callable[..., T], *args: Any, bulk: bool = False) -> T:
+    async def run(self, fn: Callable[..., T], *args: object, bulk: bool = False) -> T:
         async with self.hold(bulk) as engine:
             result = await engine.work(fn, *args)
             await engine.rest()

@@ -8,6 +8,7 @@ doing the translation, `ds4d.daemon.generation` doing the work.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
@@ -23,11 +24,18 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
-from ds4d.api.common import ApiError, Completion, force_tool_choice, refusal_error
+from ds4d.api.common import (
+    ApiError,
+    ApiProtocol,
+    Completion,
+    EventStream,
+    force_tool_choice,
+    refusal_error,
+)
 from ds4d.api.request_body import parse_json_body
 from ds4d.chat.errors import Refused, Unavailable
 from ds4d.chat.formats import chat_format_for
-from ds4d.chat.types import Event, Sampling
+from ds4d.chat.types import ChatRequest, Event, Sampling
 from ds4d.daemon import wire
 from ds4d.daemon.config import Config, model_path
 from ds4d.daemon.generation import Generator
@@ -175,7 +183,7 @@ class Daemon:
                 "max_model_len": self.ctx}
 
 
-PROTOCOLS = {
+PROTOCOLS: dict[str, tuple[ApiProtocol, str]] = {
     "chat": (openai_chat, "messages"),
     "completions": (openai_completions, "prompt"),
     "responses": (openai_responses, "input"),
@@ -183,7 +191,7 @@ PROTOCOLS = {
 }
 
 
-def _protocol_for_path(path: str) -> Any:
+def _protocol_for_path(path: str) -> ApiProtocol:
     return anthropic_messages if path.startswith("/v1/messages") else openai_chat
 
 
@@ -193,7 +201,7 @@ def _request_line() -> tuple[str, str]:
     return request.method, request.path
 
 
-def error_response(err: ApiError, protocol: Any = None) -> Response:
+def error_response(err: ApiError, protocol: ApiProtocol | None = None) -> Response:
     protocol = protocol or _protocol_for_path(_request_line()[1])
     resp = Response(json.dumps(protocol.error_body(err)) + "\n", status=err.status,
                     content_type="application/json")
@@ -326,26 +334,25 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
         return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                         min_p=c.min_p)
 
-    async def _parsed(protocol: Any, **options: Any) -> Any:
+    async def _parsed(parse: Callable[[Any, Sampling], ChatRequest]) -> ChatRequest:
         """The body read, decoded and translated on a worker thread: a large request
         must not hold the event loop (other requests, /health) while it is parsed."""
         data = await request.get_data(as_text=False)
         assert isinstance(data, bytes)  # as_text=False: the raw body
         sampling = defaults()
-        return await trio.to_thread.run_sync(
-            lambda: protocol.parse(parse_json_body(data), sampling, **options))
+        return await trio.to_thread.run_sync(lambda: parse(parse_json_body(data), sampling))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
         gen = _require_ready(daemon)
-        req = await _parsed(anthropic_messages, count_only=True)
+        req = await _parsed(functools.partial(anthropic_messages.parse, count_only=True))
         n = await trio.to_thread.run_sync(gen.count_tokens, req)
         return Response(json.dumps({"input_tokens": n}), content_type="application/json")
 
     async def _generate(kind: str) -> Response:
         protocol, param = PROTOCOLS[kind]
         try:
-            req = await _parsed(protocol)
+            req = await _parsed(protocol.parse)
             gen = _require_ready(daemon)
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
@@ -396,7 +403,7 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
         encoder = protocol.Stream(req, model_name)
         return _sse_response(encoder, recv, scope, consumer_started)
 
-    def _sse_response(encoder: Any, recv: trio.MemoryReceiveChannel[Event],
+    def _sse_response(encoder: EventStream, recv: trio.MemoryReceiveChannel[Event],
                       scope: trio.CancelScope, started: trio.Event) -> Response:
         async def body() -> AsyncIterator[bytes]:
             started.set()

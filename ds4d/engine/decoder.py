@@ -323,7 +323,9 @@ class DecoderState:
     def _buffer(self, rows: int) -> np.ndarray:
         return np.empty(self.model.n_head_kv * max(rows, 0) * self._row_bytes, np.uint8)
 
-    def _rows(self, fn: Any, il: int, which: int, start: int, n: int, buf: np.ndarray) -> None:
+    def _rows(
+        self, fn: Callable[..., int], il: int, which: int, start: int, n: int, buf: np.ndarray
+    ) -> None:
         if fn(self.handle, il, which, start, n - start, buf.ctypes.data) != 0:
             raise EngineError(f"KV rows [{start}, {n}) are outside a {self.n_ctx}-token session")
 
