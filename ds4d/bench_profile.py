@@ -22,6 +22,7 @@ import csv
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
 import numpy as np
 
 from ds4d.engine import native
