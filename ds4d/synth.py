@@ -170,9 +170,7 @@ def _has_bias(name: str, p: L.DS4Params) -> bool:
     return int(name.split(".")[1]) >= p.n_hash_layer
 
 
-def _tensor(
-    rng: np.random.Generator, spec: L.TensorSpec, qtype: T, p: L.DS4Params
-) -> np.ndarray:
+def _tensor(rng: np.random.Generator, spec: L.TensorSpec, qtype: T, p: L.DS4Params) -> np.ndarray:
     """Random values for one tensor, encoded in its type (numpy shape = reversed dims)."""
     name, shape = spec.name, tuple(reversed(spec.dims))
     base = name.split(".", 2)[-2] if name.startswith("blk.") else name.split(".")[0]

@@ -141,9 +141,7 @@ def test_no_loop_step_blocks_while_a_gigabyte_is_evicted_and_a_checkpoint_writte
         body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": prompt}]}
         replies: list[httpx.Response] = []
         request, request_errors = in_thread(
-            lambda: replies.append(
-                httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
-            )
+            lambda: replies.append(httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600))
         )
         changed = admin_protocol.call(
             socket, "config.set", {"key": "kv_disk_space_mb", "value": str(BUDGET_AFTER_MIB)}

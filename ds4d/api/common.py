@@ -92,13 +92,23 @@ def refusal_error(err: Refused) -> ApiError:
     """The HTTP error for a refusal raised below the API layer (ds4d.chat.errors): bad
     prompts are 400s, a full queue and an unready server 503s with Retry-After."""
     if isinstance(err, ContextExceeded):
-        return ApiError(400, err.message, param=err.param, code="context_length_exceeded",
-                        extra={f"n_prompt_{err.unit}": err.size, "n_ctx": err.n_ctx})
+        return ApiError(
+            400,
+            err.message,
+            param=err.param,
+            code="context_length_exceeded",
+            extra={f"n_prompt_{err.unit}": err.size, "n_ctx": err.n_ctx},
+        )
     if isinstance(err, PromptRefused):
         return ApiError(400, err.message, param=err.param)
     if isinstance(err, Overloaded):
-        return ApiError(503, err.message, kind="server_error", code="overloaded",
-                        headers={"Retry-After": str(err.retry_after_s)})
+        return ApiError(
+            503,
+            err.message,
+            kind="server_error",
+            code="overloaded",
+            headers={"Retry-After": str(err.retry_after_s)},
+        )
     if isinstance(err, Unavailable):
         retry = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s else None
         return ApiError(503, err.message, kind="server_error", headers=retry)
@@ -111,12 +121,25 @@ def random_id(prefix: str, nbytes: int = 12) -> str:
 
 # ---- validation ------------------------------------------------------------------------
 
-_TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
-               list: "an array", dict: "an object"}
+_TYPE_NAMES = {
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    list: "an array",
+    dict: "an object",
+}
 
 
-def field_of(obj: dict[str, Any], key: str, types: type | tuple[type, ...], default: Any = None,
-             *, where: str = "", required: bool = False) -> Any:
+def field_of(
+    obj: dict[str, Any],
+    key: str,
+    types: type | tuple[type, ...],
+    default: Any = None,
+    *,
+    where: str = "",
+    required: bool = False,
+) -> Any:
     """obj[key] if it has one of `types` (null counts as absent), else a 400 naming it.
     JSON has one number type: `float` accepts integers too; `int` never accepts booleans."""
     value = obj.get(key)
@@ -133,8 +156,16 @@ def field_of(obj: dict[str, Any], key: str, types: type | tuple[type, ...], defa
     return value
 
 
-def number(obj: dict[str, Any], key: str, lo: float, hi: float, default: Any = None,
-           *, integer: bool = False, where: str = "") -> Any:
+def number(
+    obj: dict[str, Any],
+    key: str,
+    lo: float,
+    hi: float,
+    default: Any = None,
+    *,
+    integer: bool = False,
+    where: str = "",
+) -> Any:
     """A number in [lo, hi] (NaN and infinities are outside any range), or `default`."""
     value = field_of(obj, key, int if integer else float, None, where=where)
     if value is None:
@@ -158,7 +189,9 @@ def max_tokens_of(obj: dict[str, Any], *keys: str) -> int | None:
 SEED_MAX = (1 << 64) - 1  # seeds are taken as unsigned 64-bit integers
 
 
-def sampling_of(obj: dict[str, Any], defaults: Sampling, *, max_temperature: float = 2.0) -> Sampling:
+def sampling_of(
+    obj: dict[str, Any], defaults: Sampling, *, max_temperature: float = 2.0
+) -> Sampling:
     """The request's sampling fields, each checked against what the sampler accepts, so a
     bad value is a 400 naming it rather than a failure in the middle of generating."""
     top_p = number(obj, "top_p", 0.0, 1.0, defaults.top_p)

@@ -65,6 +65,7 @@ class ChatFormat(Protocol):
         """The constraint writing the call a required / named tool_choice forces."""
         ...
 
+
 # A plain ChatML template for GGUFs that carry none.
 FALLBACK_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + "

@@ -193,8 +193,13 @@ class CacheView(Protocol):
     def ls(self) -> list[dict[str, Any]]:
         """One dict per checkpoint (name, tokens, size, hits, reason, last_used...)."""
 
-    def evict(self, prefix: str | None = None, *, everything: bool = False,
-              older_than_s: float | None = None) -> list[str]:
+    def evict(
+        self,
+        prefix: str | None = None,
+        *,
+        everything: bool = False,
+        older_than_s: float | None = None,
+    ) -> list[str]:
         """Remove matching checkpoints; returns the names removed."""
 
     def stats_dict(self) -> dict[str, Any]:
@@ -221,8 +226,9 @@ async def _off_loop(fn: Callable[[], T]) -> T:
 class AdminCommands:
     """Maps protocol commands onto the daemon, cache and live config."""
 
-    def __init__(self, daemon: DaemonView, live: LiveSettings,
-                 cache: CacheView | None = None) -> None:
+    def __init__(
+        self, daemon: DaemonView, live: LiveSettings, cache: CacheView | None = None
+    ) -> None:
         self.daemon = daemon
         self.live = live
         self.cache = cache
@@ -251,9 +257,11 @@ class AdminCommands:
             return error_reply("bad_request", "a request is a JSON object")
         version = message.get("v")
         if version != PROTOCOL_VERSION:
-            return error_reply("unsupported_version",
-                               f"protocol version {version!r} not supported "
-                               f"(this daemon speaks {PROTOCOL_VERSION})")
+            return error_reply(
+                "unsupported_version",
+                f"protocol version {version!r} not supported "
+                f"(this daemon speaks {PROTOCOL_VERSION})",
+            )
         cmd, args = message.get("cmd"), message.get("args") or {}
         fn = self._table.get(cmd) if isinstance(cmd, str) else None
         if fn is None:
@@ -302,16 +310,17 @@ class AdminCommands:
     async def cache_ls(self) -> list[dict[str, Any]]:
         return await _off_loop(self._need_cache().ls)
 
-    async def cache_evict(self, prefix: str | None = None, all: bool = False,
-                          older_than: float | None = None) -> dict[str, Any]:
+    async def cache_evict(
+        self, prefix: str | None = None, all: bool = False, older_than: float | None = None
+    ) -> dict[str, Any]:
         if not (prefix or all or older_than is not None):
             raise AdminError("cache evict needs a key prefix, all, or older_than")
-        if older_than is not None and (not isinstance(older_than, (int, float))
-                                       or older_than < 0):
+        if older_than is not None and (not isinstance(older_than, (int, float)) or older_than < 0):
             raise AdminError("older_than must be a number of seconds >= 0")
         cache = self._need_cache()
-        removed = await _off_loop(lambda: cache.evict(prefix or None, everything=bool(all),
-                                                      older_than_s=older_than))
+        removed = await _off_loop(
+            lambda: cache.evict(prefix or None, everything=bool(all), older_than_s=older_than)
+        )
         return {"evicted": len(removed), "names": removed}
 
     async def cache_stats(self) -> dict[str, Any]:
@@ -335,8 +344,11 @@ class AdminCommands:
 
     def trace_status(self) -> dict[str, Any]:
         values = self.live.get()["values"]
-        return {"enabled": bool(values["trace"]), "path": values["trace"] or None,
-                "content": values["trace_content"]}
+        return {
+            "enabled": bool(values["trace"]),
+            "path": values["trace"] or None,
+            "content": values["trace_content"],
+        }
 
     def power(self, level: int | None = None) -> dict[str, Any]:
         if level is not None:
@@ -349,8 +361,9 @@ class AdminCommands:
         return self.live.get(key)
 
     async def config_set(self, key: str, value: Any) -> dict[str, Any]:
-        return await self.live.set_persistent(key, value if isinstance(value, str) else
-                                              json.dumps(value))
+        return await self.live.set_persistent(
+            key, value if isinstance(value, str) else json.dumps(value)
+        )
 
     async def stop(self) -> dict[str, Any]:
         await self.daemon.stop()
@@ -361,10 +374,14 @@ class AdminCommands:
 # Server (trio)
 
 
-async def serve(path: Path, commands: AdminCommands, *,
-                allowed_uids: frozenset[int] | None = None,
-                log: Callable[[str], None] | None = None,
-                task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED) -> None:
+async def serve(
+    path: Path,
+    commands: AdminCommands,
+    *,
+    allowed_uids: frozenset[int] | None = None,
+    log: Callable[[str], None] | None = None,
+    task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Serve the admin socket until cancelled; reports the bound path via task_status.
 
     Raises SocketInUseError before binding when another daemon owns the path."""
@@ -384,9 +401,12 @@ async def serve(path: Path, commands: AdminCommands, *,
         await listener.aclose()
 
 
-async def _handle_connection(stream: trio.SocketStream, commands: AdminCommands,
-                             allowed: frozenset[int],
-                             log: Callable[[str], None] | None) -> None:
+async def _handle_connection(
+    stream: trio.SocketStream,
+    commands: AdminCommands,
+    allowed: frozenset[int],
+    log: Callable[[str], None] | None,
+) -> None:
     async with stream:
         try:
             uid = peer_uid(stream.socket)

@@ -85,13 +85,16 @@ class ControlPlane:
             nursery.start_soon(run_watchdog, self.notifier)
             if self.notifier.enabled:
                 nursery.start_soon(self._report_status)
-            await nursery.start(lambda task_status: admin.serve(
-                self.socket_path, commands, log=log.warning, task_status=task_status))
+            await nursery.start(
+                lambda task_status: admin.serve(
+                    self.socket_path, commands, log=log.warning, task_status=task_status
+                )
+            )
             log.info("admin socket %s", self.socket_path)
-            await nursery.start(lambda task_status: watch_files(
-                self.live, task_status=task_status))
-            await nursery.start(lambda task_status: reload_on_sighup(
-                self.live, task_status=task_status))
+            await nursery.start(lambda task_status: watch_files(self.live, task_status=task_status))
+            await nursery.start(
+                lambda task_status: reload_on_sighup(self.live, task_status=task_status)
+            )
             task_status.started()
 
     # -- sd_notify milestones ---------------------------------------------------------------
@@ -112,9 +115,11 @@ class ControlPlane:
                 continue
             try:
                 s = self.daemon.status()
-                text = (f"{self._serving}; slots busy {s['slots']['busy']}/"
-                        f"{s['slots']['total']}, queued {s['queue']['waiting']}, "
-                        f"power {self.config.power}%")
+                text = (
+                    f"{self._serving}; slots busy {s['slots']['busy']}/"
+                    f"{s['slots']['total']}, queued {s['queue']['waiting']}, "
+                    f"power {self.config.power}%"
+                )
             except Exception:  # a status line is never worth a crash
                 continue
             if text != last:

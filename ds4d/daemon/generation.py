@@ -170,7 +170,12 @@ class Generator:
             self.metrics.rejected["context_length_exceeded"] += 1
             raise ContextExceeded(
                 f"Prompt has {len(tokens)} tokens, but the configured context size is "
-                f"{self.ctx} tokens", param, size=len(tokens), unit="tokens", n_ctx=self.ctx)
+                f"{self.ctx} tokens",
+                param,
+                size=len(tokens),
+                unit="tokens",
+                n_ctx=self.ctx,
+            )
         return Job(req, text, tokens, GenerationRecord(api, len(tokens)))
 
     def _shared_prefix(self, prefix: ChatRequest, tokens: list[int]) -> int:
@@ -189,7 +194,12 @@ class Generator:
         if size > limit:
             raise ContextExceeded(
                 f"Prompt has {size} bytes, more than the configured context of {self.ctx} "
-                f"tokens can hold", param, size=size, unit="bytes", n_ctx=self.ctx)
+                f"tokens can hold",
+                param,
+                size=size,
+                unit="bytes",
+                n_ctx=self.ctx,
+            )
 
     def _max_token_bytes(self) -> int:
         if self._longest_token is None:
@@ -256,10 +266,20 @@ class Generator:
         r.finish = finish.reason if finish is not None else "cancelled"
         # One record feeds the log line, /metrics and the trace: they cannot disagree.
         self.metrics.account(r)
-        log.info("%s slot %d: prompt %d tokens (%d cached, %s), prefill %d tokens in "
-                 "%.2fs, %d generated in %.2fs, finish %s", r.api, slot.index,
-                 r.prompt_tokens, r.cached_tokens, r.cache_source, r.prefilled_tokens,
-                 r.prefill_s, r.generated_tokens, r.decode_s, r.finish)
+        log.info(
+            "%s slot %d: prompt %d tokens (%d cached, %s), prefill %d tokens in "
+            "%.2fs, %d generated in %.2fs, finish %s",
+            r.api,
+            slot.index,
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.cache_source,
+            r.prefilled_tokens,
+            r.prefill_s,
+            r.generated_tokens,
+            r.decode_s,
+            r.finish,
+        )
         # A file write, off the loop; shielded: a cancelled request is traced too.
         with trio.CancelScope(shield=True):
             try:
@@ -267,8 +287,7 @@ class Generator:
             except Exception:  # a trace failure must never break serving
                 log.exception("writing the trace line failed")
 
-    async def _generate(self, job: Job, slot: Slot,
-                        send: trio.MemorySendChannel[Event]) -> Finish:
+    async def _generate(self, job: Job, slot: Slot, send: trio.MemorySendChannel[Event]) -> Finish:
         rec = job.record
         session = slot.session
         t0 = time.perf_counter()
@@ -279,8 +298,13 @@ class Generator:
             now = time.perf_counter()
             if now - logged[0] >= PROGRESS_LOG_S:
                 logged[0] = now
-                log.info("slot %d: prefill %d/%d tokens (%.0f tokens/s)", slot.index, done,
-                         total, done / (now - t0))
+                log.info(
+                    "slot %d: prefill %d/%d tokens (%.0f tokens/s)",
+                    slot.index,
+                    done,
+                    total,
+                    done / (now - t0),
+                )
 
         async def run_engine(fn: Callable[..., T], *args: object) -> T:
             # What the session held when the prefill's first evaluation began is what was
@@ -297,9 +321,17 @@ class Generator:
 
         try:
             sync = await sync_slot(
-                slot, job.text, job.tokens, encode=self.encode, decode=self.tok.decode,
-                run_engine=run_engine, run_blocking=run_blocking,
-                kv=self.state.kv, tool_ids=tool_call_ids(job.request), on_progress=progress)
+                slot,
+                job.text,
+                job.tokens,
+                encode=self.encode,
+                decode=self.tok.decode,
+                run_engine=run_engine,
+                run_blocking=run_blocking,
+                kv=self.state.kv,
+                tool_ids=tool_call_ids(job.request),
+                on_progress=progress,
+            )
         except BaseException:
             rec.prefill_s = time.perf_counter() - t0
             if evaluating[0]:
@@ -325,8 +357,9 @@ class Generator:
         await send.send(finish)
         return finish
 
-    async def _decode(self, job: Job, slot: Slot,
-                      send: trio.MemorySendChannel[Event]) -> tuple[Finish, int]:
+    async def _decode(
+        self, job: Job, slot: Slot, send: trio.MemorySendChannel[Event]
+    ) -> tuple[Finish, int]:
         req = job.request
         session = slot.session
         tok = self.tok
@@ -393,8 +426,18 @@ class Generator:
                         break
                     continue
                 allowed = step.ids if isinstance(step, Allow) else None
-                token = await member.step(pending, functools.partial(
-                    _after_eval, session, bool(pending), parser.sampling(params), rng, allowed, kv))
+                token = await member.step(
+                    pending,
+                    functools.partial(
+                        _after_eval,
+                        session,
+                        bool(pending),
+                        parser.sampling(params),
+                        rng,
+                        allowed,
+                        kv,
+                    ),
+                )
                 pending = []
                 if token in eog and constraint is None:
                     reason = "stop"
@@ -442,8 +485,9 @@ class Generator:
 
     def _sampling(self, req: ChatRequest) -> SamplingParams:
         s = req.sampling
-        return SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                              min_p=s.min_p, seed=s.seed)
+        return SamplingParams(
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed
+        )
 
     def _rng(self, req: ChatRequest) -> np.random.Generator:
         return make_rng(req.sampling.seed)

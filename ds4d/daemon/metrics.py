@@ -65,9 +65,7 @@ class Metrics:
     so no locking); gauges and sources are read at scrape time. `render` reads the
     sources, which may touch the disk: run it on a worker thread."""
 
-    def __init__(
-        self, gauges: Sequence[Gauge] = (), sources: Sequence[MetricsSource] = ()
-    ) -> None:
+    def __init__(self, gauges: Sequence[Gauge] = (), sources: Sequence[MetricsSource] = ()) -> None:
         self.requests: dict[tuple[str, str], int] = defaultdict(int)  # (api, status)
         self.prompt_tokens = 0
         self.cached_tokens: dict[str, int] = defaultdict(int)  # by cache source
@@ -104,8 +102,11 @@ class Metrics:
     def decode_batching(self) -> dict[str, int | float | None]:
         """What `ds4ctl status` shows of batched decode."""
         steps, slots = self.decode_steps, self.decode_step_slots
-        return {"steps": steps, "slot_steps": slots,
-                "mean_batch": round(slots / steps, 2) if steps else None}
+        return {
+            "steps": steps,
+            "slot_steps": slots,
+            "mean_batch": round(slots / steps, 2) if steps else None,
+        }
 
     def render(self) -> str:
         """The whole exposition (blocking: see source_lines)."""
@@ -131,7 +132,7 @@ class Metrics:
             name, value = gauge.name, gauge.read()
             family(name, "gauge", gauge.help_text)
             if isinstance(value, dict):
-                lines += [f'{name}{{{k}}} {v}' for k, v in value.items()]
+                lines += [f"{name}{{{k}}} {v}" for k, v in value.items()]
             else:
                 lines.append(f"{name} {value}")
         family("ds4d_requests_total", "counter", "HTTP generation requests by API and status")
@@ -140,35 +141,54 @@ class Metrics:
         family("ds4d_requests_rejected_total", "counter", "requests refused before running")
         for reason, n in sorted(self.rejected.items()):
             lines.append(f'ds4d_requests_rejected_total{{reason="{reason}"}} {n}')
-        family("ds4d_requests_finished_total", "counter",
-               "requests that had a slot, by how they ended")
-        for reason in sorted({"stop", "length", "tool_calls", "error", "cancelled",
-                              *self.finished}):
-            lines.append(f'ds4d_requests_finished_total{{finish_reason="{reason}"}} '
-                         f"{self.finished[reason]}")
+        family(
+            "ds4d_requests_finished_total", "counter", "requests that had a slot, by how they ended"
+        )
+        for reason in sorted(
+            {"stop", "length", "tool_calls", "error", "cancelled", *self.finished}
+        ):
+            lines.append(
+                f'ds4d_requests_finished_total{{finish_reason="{reason}"}} {self.finished[reason]}'
+            )
         family("ds4d_prompt_tokens_total", "counter", "prompt tokens of requests that had a slot")
         lines.append(f"ds4d_prompt_tokens_total {self.prompt_tokens}")
-        family("ds4d_prefilled_tokens_total", "counter",
-               "prompt tokens evaluated (not reused), cancelled prefills included")
+        family(
+            "ds4d_prefilled_tokens_total",
+            "counter",
+            "prompt tokens evaluated (not reused), cancelled prefills included",
+        )
         lines.append(f"ds4d_prefilled_tokens_total {self.prefilled_tokens}")
-        family("ds4d_cached_prompt_tokens_total", "counter",
-               "prompt tokens reused instead of prefilled, by where they came from")
+        family(
+            "ds4d_cached_prompt_tokens_total",
+            "counter",
+            "prompt tokens reused instead of prefilled, by where they came from",
+        )
         for source in ("memory-token", "memory-text", "disk-text"):
-            lines.append(f'ds4d_cached_prompt_tokens_total{{source="{source}"}} '
-                         f"{self.cached_tokens[source]}")
+            lines.append(
+                f'ds4d_cached_prompt_tokens_total{{source="{source}"}} {self.cached_tokens[source]}'
+            )
         family("ds4d_generated_tokens_total", "counter", "tokens generated")
         lines.append(f"ds4d_generated_tokens_total {self.generated_tokens}")
         family("ds4d_prefill_seconds_total", "counter", "time spent prefilling prompts")
         lines.append(f"ds4d_prefill_seconds_total {self.prefill_seconds:.6f}")
         family("ds4d_decode_seconds_total", "counter", "time spent generating tokens")
         lines.append(f"ds4d_decode_seconds_total {self.decode_seconds:.6f}")
-        family("ds4d_time_to_first_token_seconds", "histogram",
-               "from request arrival to the first generated token")
+        family(
+            "ds4d_time_to_first_token_seconds",
+            "histogram",
+            "from request arrival to the first generated token",
+        )
         lines += self.ttft.lines("ds4d_time_to_first_token_seconds")
-        family("ds4d_decode_steps_total", "counter",
-               "decode engine calls, each advancing every generating slot by its step")
+        family(
+            "ds4d_decode_steps_total",
+            "counter",
+            "decode engine calls, each advancing every generating slot by its step",
+        )
         lines.append(f"ds4d_decode_steps_total {self.decode_steps}")
-        family("ds4d_decode_step_slots_total", "counter",
-               "slots advanced by decode engine calls (/ steps = mean batch size)")
+        family(
+            "ds4d_decode_step_slots_total",
+            "counter",
+            "slots advanced by decode engine calls (/ steps = mean batch size)",
+        )
         lines.append(f"ds4d_decode_step_slots_total {self.decode_step_slots}")
         return lines

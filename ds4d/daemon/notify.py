@@ -43,7 +43,10 @@ class Notifier:
 
     def reloading(self) -> None:
         if self._ready:
-            self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+            self.send(
+                "RELOADING=1",
+                f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}",
+            )
 
     def reloaded(self) -> None:
         if self._ready:

@@ -56,8 +56,13 @@ RUNTIME_SOURCE = "runtime (ds4ctl)"
 
 
 class LiveConfig:
-    def __init__(self, resolved: Resolved, args: argparse.Namespace | None = None,
-                 environ: Mapping[str, str] | None = None, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        resolved: Resolved,
+        args: argparse.Namespace | None = None,
+        environ: Mapping[str, str] | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
         self._args = args
         self._environ = dict(os.environ if environ is None else environ)
         self._loaded = resolved
@@ -67,8 +72,12 @@ class LiveConfig:
         self._notifier = notifier
 
     @classmethod
-    def load(cls, args: argparse.Namespace | None = None,
-             environ: Mapping[str, str] | None = None, notifier: Notifier | None = None) -> LiveConfig:
+    def load(
+        cls,
+        args: argparse.Namespace | None = None,
+        environ: Mapping[str, str] | None = None,
+        notifier: Notifier | None = None,
+    ) -> LiveConfig:
         """Load from all sources; raises ConfigError (exit with CONFIG_ERROR)."""
         return cls(resolve_config(args, environ), args, environ, notifier)
 
@@ -137,8 +146,7 @@ class LiveConfig:
             raise AdminError(f"cannot write {path}: {e.strerror}", "io") from None
         outcome = self.reload()
         source = self._sources.get(key, "built-in")
-        masked = source not in (str(path), RUNTIME_SOURCE) and getattr(
-            self._current, key) != parsed
+        masked = source not in (str(path), RUNTIME_SOURCE) and getattr(self._current, key) != parsed
         return {
             "key": key,
             "value": getattr(self._current, key),
@@ -175,9 +183,11 @@ class LiveConfig:
             applied = [k for k in apply if getattr(self._current, k) != apply[k]]
             if applied:
                 self._apply(new)
-                log.info("config reloaded: %s", ", ".join(
-                    f"{k}={getattr(new, k)!r}" for k in applied if k != "api_keys") or
-                    "api_keys changed")
+                log.info(
+                    "config reloaded: %s",
+                    ", ".join(f"{k}={getattr(new, k)!r}" for k in applied if k != "api_keys")
+                    or "api_keys changed",
+                )
             if restart:
                 log.warning("config: restart required for %s", ", ".join(restart))
             return {"applied": applied, "restart_required": restart}
@@ -205,8 +215,10 @@ class LiveConfig:
 
 def _write_toml_atomically(path: Path, data: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = ("# Written by `ds4ctl config set`; merged after the main config file.\n"
-              "# Remove a line to fall back to the config file's value.\n")
+    header = (
+        "# Written by `ds4ctl config set`; merged after the main config file.\n"
+        "# Remove a line to fall back to the config file's value.\n"
+    )
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
@@ -235,8 +247,12 @@ def _safe_reload(live: LiveConfig, why: str) -> None:
         pass  # already logged; the running config is kept
 
 
-async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
-                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def watch_files(
+    live: LiveConfig,
+    *,
+    debounce_ms: int = 200,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Reload whenever the config or overrides file changes (editors' atomic renames
     included: the parent directories are watched and filtered by name)."""
     import anyio
@@ -249,15 +265,23 @@ async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
         return
     stop = anyio.Event()
     try:
-        async for _changes in awatch(*dirs, watch_filter=lambda _c, p: p in targets,
-                                     debounce=debounce_ms, step=50, rust_timeout=1000,
-                                     recursive=False, stop_event=stop):
+        async for _changes in awatch(
+            *dirs,
+            watch_filter=lambda _c, p: p in targets,
+            debounce=debounce_ms,
+            step=50,
+            rust_timeout=1000,
+            recursive=False,
+            stop_event=stop,
+        ):
             _safe_reload(live, "file changed")
     finally:
         stop.set()
 
 
-async def reload_on_sighup(live: LiveConfig, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+async def reload_on_sighup(
+    live: LiveConfig, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
         task_status.started()
         async for _ in signals:

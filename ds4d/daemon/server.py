@@ -87,7 +87,9 @@ class Daemon:
     def _gauges(self) -> list[Gauge]:
         def per_slot(read: Callable[[Slot], int]) -> Callable[[], GaugeValue]:
             def value() -> GaugeValue:
-                return {f'slot="{s.index}"': read(s) for s in (self.pool.slots if self.pool else [])}
+                return {
+                    f'slot="{s.index}"': read(s) for s in (self.pool.slots if self.pool else [])
+                }
 
             return value
 
@@ -122,11 +124,20 @@ class Daemon:
         info = engine.info
         ctx = cfg.ctx or info.n_ctx_train
         if ctx > info.n_ctx_train:
-            log.warning("--ctx %d is above the model's trained context %d: quality may drop "
-                        "past it", ctx, info.n_ctx_train)
-        log.info("model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",
-                 info.name, info.architecture, info.quant, time.perf_counter() - t0,
-                 cfg.slots, ctx)
+            log.warning(
+                "--ctx %d is above the model's trained context %d: quality may drop past it",
+                ctx,
+                info.n_ctx_train,
+            )
+        log.info(
+            "model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",
+            info.name,
+            info.architecture,
+            info.quant,
+            time.perf_counter() - t0,
+            cfg.slots,
+            ctx,
+        )
         sessions = []
         for i in range(cfg.slots):
             sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
@@ -134,13 +145,16 @@ class Daemon:
         self.engine = engine
         self.ctx = ctx
         self.model_id = Path(info.path).stem if info.path else info.name
-        self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)],
-                             cfg.queue_size)
+        self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)], cfg.queue_size)
         # the disk cache's scan reads every checkpoint's header: on a worker
-        state = self.state = await trio.to_thread.run_sync(lambda: state_from_config(
-            cfg, engine=engine, ctx=ctx, trace=self.trace, current=lambda: self.config))
-        generator = Generator(engine, chat_format_for(engine, ctx), ctx, self.pool, self.gate,
-                              self.metrics, state)
+        state = self.state = await trio.to_thread.run_sync(
+            lambda: state_from_config(
+                cfg, engine=engine, ctx=ctx, trace=self.trace, current=lambda: self.config
+            )
+        )
+        generator = Generator(
+            engine, chat_format_for(engine, ctx), ctx, self.pool, self.gate, self.metrics, state
+        )
         self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
 
@@ -156,10 +170,14 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "pid": os.getpid(),
             "http": f"{self.config.host}:{self.config.port}",
-            "slots": {"total": len(self.pool.slots) if self.pool else self.config.slots,
-                      "busy": self.pool.busy if self.pool else 0},
-            "queue": {"waiting": self.pool.waiting if self.pool else 0,
-                      "limit": self.config.queue_size},
+            "slots": {
+                "total": len(self.pool.slots) if self.pool else self.config.slots,
+                "busy": self.pool.busy if self.pool else 0,
+            },
+            "queue": {
+                "waiting": self.pool.waiting if self.pool else 0,
+                "limit": self.config.queue_size,
+            },
         }
 
     def decode_batching(self) -> dict[str, int | float | None]:
@@ -178,9 +196,14 @@ class Daemon:
         return self.state.shutdown([s.session for s in self.pool.slots])
 
     def model_object(self, model_id: str | None = None) -> dict[str, Any]:
-        return {"id": model_id or self.model_id, "object": "model", "created": CREATED,
-                "owned_by": "ds4d", "context_length": self.ctx,
-                "max_model_len": self.ctx}
+        return {
+            "id": model_id or self.model_id,
+            "object": "model",
+            "created": CREATED,
+            "owned_by": "ds4d",
+            "context_length": self.ctx,
+            "max_model_len": self.ctx,
+        }
 
 
 PROTOCOLS: dict[str, tuple[ApiProtocol, str]] = {
@@ -203,8 +226,11 @@ def _request_line() -> tuple[str, str]:
 
 def error_response(err: ApiError, protocol: ApiProtocol | None = None) -> Response:
     protocol = protocol or _protocol_for_path(_request_line()[1])
-    resp = Response(json.dumps(protocol.error_body(err)) + "\n", status=err.status,
-                    content_type="application/json")
+    resp = Response(
+        json.dumps(protocol.error_body(err)) + "\n",
+        status=err.status,
+        content_type="application/json",
+    )
     for k, v in err.headers.items():
         resp.headers[k] = v
     return resp
@@ -228,9 +254,12 @@ def create_app(daemon: Daemon) -> QuartTrio:
 def _require_ready(daemon: Daemon) -> Generator:
     """The generator, or a 503 while the model loads (or failed to) and during shutdown."""
     if daemon.generator is None:
-        raise Unavailable("the model is still loading" if not daemon.load_error
-                          else f"the model failed to load: {daemon.load_error}",
-                          retry_after_s=5)
+        raise Unavailable(
+            "the model is still loading"
+            if not daemon.load_error
+            else f"the model failed to load: {daemon.load_error}",
+            retry_after_s=5,
+        )
     if daemon.shutdown.is_set():
         raise Unavailable("server shutting down")
     return daemon.generator
@@ -251,10 +280,11 @@ def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
     async def on_http_error(err: HTTPException) -> Response:
         status = err.code or 500
         method, path = _request_line()
-        message = {404: f"unknown endpoint {method} {path}",
-                   405: f"method {method} not allowed on {path}",
-                   413: f"request body larger than {daemon.config.max_body_bytes} bytes"}.get(
-            status, err.name)
+        message = {
+            404: f"unknown endpoint {method} {path}",
+            405: f"method {method} not allowed on {path}",
+            413: f"request body larger than {daemon.config.max_body_bytes} bytes",
+        }.get(status, err.name)
         kind = "invalid_request_error" if status < 500 else "server_error"
         return error_response(ApiError(status, message, kind=kind))
 
@@ -263,8 +293,9 @@ def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
         # The traceback goes to the log; the client learns only that it was our fault.
         method, path = _request_line()
         log.exception("unhandled error in %s %s", method, path)
-        return error_response(ApiError(500, "internal error (details are in the server log)",
-                                       kind="server_error"))
+        return error_response(
+            ApiError(500, "internal error (details are in the server log)", kind="server_error")
+        )
 
 
 def _add_api_key_check(app: QuartTrio, daemon: Daemon) -> None:
@@ -280,9 +311,14 @@ def _add_api_key_check(app: QuartTrio, daemon: Daemon) -> None:
         given = given or request.headers.get("x-api-key")
         if given and any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
             return None
-        return error_response(ApiError(401, "invalid or missing API key (send "
-                                            "'Authorization: Bearer KEY' or 'x-api-key: KEY')",
-                                       kind="authentication_error", code="invalid_api_key"))
+        return error_response(
+            ApiError(
+                401,
+                "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                kind="authentication_error",
+                code="invalid_api_key",
+            )
+        )
 
 
 def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
@@ -290,8 +326,10 @@ def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
-        return Response(json.dumps({"name": "ds4d", "model": daemon.model_id or None}),
-                        content_type="application/json")
+        return Response(
+            json.dumps({"name": "ds4d", "model": daemon.model_id or None}),
+            content_type="application/json",
+        )
 
     @app.get("/health")
     async def health() -> Response:
@@ -308,21 +346,22 @@ def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
         # the daemon's own series where they change; the disk cache's read off the loop
         own = daemon.metrics.own_lines()
         rest = await trio.to_thread.run_sync(daemon.metrics.source_lines)
-        return Response("\n".join(own + rest) + "\n",
-                        content_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            "\n".join(own + rest) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     @app.get("/v1/models")
     async def models() -> Response:
         data = [daemon.model_object()] if daemon.ready else []
-        return Response(json.dumps({"object": "list", "data": data}),
-                        content_type="application/json")
+        return Response(
+            json.dumps({"object": "list", "data": data}), content_type="application/json"
+        )
 
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
         # Any name is an alias of the loaded model.
         _require_ready(daemon)
-        return Response(json.dumps(daemon.model_object(model_id)),
-                        content_type="application/json")
+        return Response(json.dumps(daemon.model_object(model_id)), content_type="application/json")
 
 
 def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
@@ -331,8 +370,7 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     def defaults() -> Sampling:
         c = daemon.config
-        return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                        min_p=c.min_p)
+        return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p)
 
     async def _parsed(parse: Callable[[Any, Sampling], ChatRequest]) -> ChatRequest:
         """The body read, decoded and translated on a worker thread: a large request
@@ -357,8 +395,11 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
             if force_tool_choice(req, daemon.config.force_tool_choice):
-                log.info("%s: tool_choice forced to %s (force_tool_choice)", kind,
-                         req.tool_choice.name or req.tool_choice.mode)
+                log.info(
+                    "%s: tool_choice forced to %s (force_tool_choice)",
+                    kind,
+                    req.tool_choice.name or req.tool_choice.mode,
+                )
             job = await gen.prepare(req, kind, param)
             job.ticket = gen.pool.request(job.tokens)
         except (ApiError, Refused) as refused:
@@ -398,13 +439,19 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
                         completion.add(ev)
             finally:
                 scope.cancel()
-            return Response(json.dumps(protocol.response(req, completion, model_name)),
-                            content_type="application/json")
+            return Response(
+                json.dumps(protocol.response(req, completion, model_name)),
+                content_type="application/json",
+            )
         encoder = protocol.Stream(req, model_name)
         return _sse_response(encoder, recv, scope, consumer_started)
 
-    def _sse_response(encoder: EventStream, recv: trio.MemoryReceiveChannel[Event],
-                      scope: trio.CancelScope, started: trio.Event) -> Response:
+    def _sse_response(
+        encoder: EventStream,
+        recv: trio.MemoryReceiveChannel[Event],
+        scope: trio.CancelScope,
+        started: trio.Event,
+    ) -> Response:
         async def body() -> AsyncIterator[bytes]:
             started.set()
             try:

@@ -42,9 +42,7 @@ class FamilyState(Protocol):
         """Bytes of memory reserved for n_ctx positions."""
         ...
 
-    def eval(
-        self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False
-    ) -> None:
+    def eval(self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False) -> None:
         """One forward pass appending `tokens` (int32, C-contiguous); fills `logits` (the
         next-token logits, n_vocab float32; n x n_vocab with all_logits) unless None."""
         ...

@@ -105,9 +105,7 @@ class KVState:
         self.can_rewind = can_rewind
         self.max_chain = max_chain
         self._lock = threading.Lock()
-        self._state: weakref.WeakKeyDictionary[Session, _SessionState] = (
-            weakref.WeakKeyDictionary()
-        )
+        self._state: weakref.WeakKeyDictionary[Session, _SessionState] = weakref.WeakKeyDictionary()
 
     def _st(self, session: Session) -> _SessionState:
         with self._lock:
@@ -363,9 +361,7 @@ class KVState:
             st.last_stored = max(st.last_stored, len(tokens))
         return True
 
-    def _delta_base(
-        self, session: Session, st: _SessionState, tokens: list[int]
-    ) -> _Link | None:
+    def _delta_base(self, session: Session, st: _SessionState, tokens: list[int]) -> _Link | None:
         """The checkpoint this save may extend: the session's last one, if the session
         still holds its tokens, it is on disk (or queued) and the chain is not too long."""
         link = st.chain

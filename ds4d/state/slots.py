@@ -52,10 +52,14 @@ class Slot:
         return self.session.tokens
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.index, "state": "busy" if self.busy else "idle",
-                "tokens": self.session.n_tokens, "ctx": self.ctx,
-                "requests": self.requests,
-                "idle_s": 0.0 if self.busy else round(time.monotonic() - self.last_used, 1)}
+        return {
+            "id": self.index,
+            "state": "busy" if self.busy else "idle",
+            "tokens": self.session.n_tokens,
+            "ctx": self.ctx,
+            "requests": self.requests,
+            "idle_s": 0.0 if self.busy else round(time.monotonic() - self.last_used, 1),
+        }
 
 
 @dataclass

@@ -57,8 +57,9 @@ class GenerationRecord:
 
 
 class TraceWriter:
-    def __init__(self, path: str | os.PathLike[str] | None = None,
-                 include_text: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, include_text: bool = False
+    ) -> None:
         self._lock = threading.Lock()
         self._file: TextIO | None = None
         self.path: Path | None = None
@@ -88,15 +89,17 @@ class TraceWriter:
         if old is not None:
             old.close()
 
-    def write(self, record: TraceRecord, prompt: str | None = None,
-              output: str | None = None) -> None:
+    def write(
+        self, record: TraceRecord, prompt: str | None = None, output: str | None = None
+    ) -> None:
         """Append one line; `prompt`/`output` are written only when text is opted in."""
         if self._file is None:
             return
         data = asdict(record)
         extra = data.pop("extra")
         data["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.time)) + (
-            f".{int(record.time % 1 * 1000):03d}Z")
+            f".{int(record.time % 1 * 1000):03d}Z"
+        )
         data["prefill_s"] = round(record.prefill_s, 4)
         data["decode_s"] = round(record.decode_s, 4)
         data.update(extra)
