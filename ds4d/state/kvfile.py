@@ -53,7 +53,7 @@ PayloadWriter = Callable[[ByteSink], object]  # writes an engine payload (Sessio
 
 
 class Reason(enum.IntEnum):
-    """Why a checkpoint was written (spec §13.5)."""
+    """Why a checkpoint was written."""
 
     UNKNOWN = 0
     COLD = 1
