@@ -90,10 +90,6 @@ class Job:
     ticket: Ticket | None = None  # its place in the slot queue
     slot: Slot | None = None
 
-    @property
-    def api(self) -> str:
-        return self.record.api
-
 
 class Generator:
     def __init__(
