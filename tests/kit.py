@@ -154,7 +154,7 @@ def teacher_forced(engine: Any, seq: Sequence, margin: float) -> Comparison:
             else:
                 end = pos + 1
                 session.eval([int(seq.tokens[pos])])
-                logits = session.logits[None, :]
+                logits = session.compute_logits()[None, :]
             lp = log_softmax(logits)
             rows = np.arange(end - pos)[:, None]
             ours[pos:end] = lp[rows, seq.top_ids[pos:end]]

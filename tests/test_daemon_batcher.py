@@ -44,13 +44,13 @@ def alone(engine, prompt: list[int], n: int, params: SamplingParams = GREEDY) ->
     rng = make_rng(params.seed)
     out = []
     for _ in range(n):
-        out.append(sample(session.logits, params, rng))
+        out.append(sample(session.compute_logits(), params, rng))
         session.eval(out[-1:])
     return out
 
 
 def _sample(session, params: SamplingParams, rng) -> int:
-    return sample(session.logits, params, rng)
+    return sample(session.compute_logits(), params, rng)
 
 
 async def decode(member: Member, n: int, out: list[int], params: SamplingParams = GREEDY) -> None:
