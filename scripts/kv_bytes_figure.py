@@ -8,8 +8,8 @@ first ~`--tokens`-token prompt (paging the weights in), then another on the othe
   process with the same model and type) per context position;
 - resident: the daemon's resident set (VmRSS) after the second prompt (and its
   checkpoint's write) minus before it, per prompt token (the KV rows it wrote);
-- disk: the cold checkpoint's file bytes per token it holds, and the same without its
-  fixed parts (header, key text, token ids, the last logits): the KV rows alone;
+- disk: the bytes of the checkpoint files both prompts left per KV row they hold (a
+  delta holds the rows after its base's; header, key text, ids and logits included);
 - the ratio of each to f32.
 
 Usage: .venv/bin/python scripts/kv_bytes_figure.py [--tokens 4000] [--types f32,f16,q8_0]
@@ -46,11 +46,14 @@ def ask(d: Daemon, prompt: str) -> int:
     return int(r.json()["usage"]["prompt_tokens"])
 
 
-def cold_file(d: Daemon, prompt_tokens: int) -> dict:
-    """The cold checkpoint of the last prompt: the newest file no longer than it."""
+def disk_per_row(d: Daemon) -> tuple[float, int]:
+    """Bytes of all checkpoint files per KV row they hold (a delta holds the rows after
+    its base's), and the rows: header, key text, token ids and logits included."""
     d.idle_writer()
-    files = [f for f in d.ds4ctl("cache", "ls") if f["tokens"] <= prompt_tokens]  # type: ignore[attr-defined]
-    return dict(max(files, key=lambda f: f["created"]))
+    files: list[dict] = d.ds4ctl("cache", "ls")  # type: ignore[assignment]
+    tokens = {f["name"]: f["tokens"] for f in files}
+    rows = sum(f["tokens"] - (tokens[f["base"]] if f["base"] else 0) for f in files)
+    return sum(f["bytes"] for f in files) / rows, rows
 
 
 def main() -> None:
@@ -62,14 +65,13 @@ def main() -> None:
     from ds4d.engine.engine import Engine
 
     print(f"# ds4d serve --slots 2 --threads 2 --ctx {CTX} --kv-type T; load {load()}")
-    print("kv_type,reserved_per_position,resident_per_token,disk_file_per_token,"
-          "disk_rows_per_token,prompt_tokens,checkpoint_tokens,load1")  # fmt: skip
-    rows: dict[str, tuple[float, float, float, float]] = {}
+    print("kv_type,reserved_per_position,resident_per_token,disk_per_row,prompt_tokens,"
+          "rows_on_disk,load1")  # fmt: skip
+    rows: dict[str, tuple[float, float, float]] = {}
     for kv_type in args.types.split(","):
         engine = Engine.open(default_model_path(), threads=1, kv_type=kv_type)
         with engine.new_session(CTX) as s:
             reserved = s.kv_bytes / CTX
-        n_vocab = engine.info.n_vocab
         engine.close()
         with started("--slots", "2", "--threads", "2", "--ctx", str(CTX),
                      "--kv-type", kv_type) as d:  # fmt: skip
@@ -83,18 +85,15 @@ def main() -> None:
             n = ask(d, prompt)
             d.idle_writer()  # the checkpoint's copy of the rows is written and freed
             resident = (rss(d) - before) / n
-            f = cold_file(d, n)
-        fixed = 128 + f["text_bytes"] + 76 + 4 * f["tokens"] + 4 * n_vocab
-        rows[kv_type] = (reserved, resident, f["bytes"] / f["tokens"],
-                         (f["bytes"] - fixed) / f["tokens"])  # fmt: skip
-        print(f"{kv_type},{reserved:.0f},{resident:.0f},{f['bytes'] / f['tokens']:.0f},"
-              f"{(f['bytes'] - fixed) / f['tokens']:.0f},{n},{f['tokens']},{load()}",
+            disk, held = disk_per_row(d)
+        rows[kv_type] = (reserved, resident, disk)
+        print(f"{kv_type},{reserved:.0f},{resident:.0f},{disk:.0f},{n},{held},{load()}",
               flush=True)  # fmt: skip
     if "f32" in rows:
         base = rows["f32"]
         for kv_type, values in rows.items():
             ratios = ", ".join(f"{v / b:.3f}" for v, b in zip(values, base, strict=True))
-            print(f"# {kv_type} / f32 (reserved, resident, disk file, disk rows): {ratios}")
+            print(f"# {kv_type} / f32 (reserved, resident, disk): {ratios}")
 
 
 if __name__ == "__main__":
