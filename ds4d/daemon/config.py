@@ -95,6 +95,11 @@ class Config:
         16, "requests that may wait for a slot; beyond it 503 + Retry-After", lo=0, metavar="N")
     max_body_bytes: int = _key(
         64 * 1024 * 1024, "largest accepted request body in bytes", lo=1024, metavar="N")
+    prefill_chunk_ms: float = _key(
+        250.0, "engine time of one prefill chunk in milliseconds (32 to 256 tokens): about "
+        "the longest a new request or a generating slot waits for another slot's prefill; "
+        "longer chunks prefill a few per cent faster (MoE models: more)",
+        lo=10.0, hi=60000.0, metavar="MS")
     keepalive_s: float = _key(
         5.0, "longest silence of a stream in seconds: a keepalive (an empty Anthropic "
         "thinking delta, Responses' `response.in_progress` again, an SSE comment on chat "

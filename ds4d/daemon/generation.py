@@ -102,6 +102,7 @@ class Generator:
         gate: EngineGate,
         metrics: Metrics,
         state: GenerationState,
+        chunks: ChunkSizer | None = None,
     ) -> None:
         self.engine = engine
         self.tok = engine.tokenizer
@@ -114,7 +115,7 @@ class Generator:
         # Decode steps of all generating slots advance together, one engine call each.
         self.batcher = Batcher(engine, gate, on_batch=metrics.count_decode_batch)
         # Prefill chunks sized by engine time: each one stalls the other slots briefly.
-        self.chunks = ChunkSizer()
+        self.chunks = chunks if chunks is not None else ChunkSizer()
         self._vocab: VocabIndex | None = None
         self._longest_token: int | None = None  # bytes of the vocabulary's longest token
 

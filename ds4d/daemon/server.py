@@ -37,6 +37,7 @@ from ds4d.chat.errors import Refused, Unavailable
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import ChatRequest, Event, Sampling
 from ds4d.daemon import wire
+from ds4d.daemon.chunking import ChunkSizer
 from ds4d.daemon.config import Config, model_path
 from ds4d.daemon.generation import Generator
 from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
@@ -153,7 +154,14 @@ class Daemon:
             )
         )
         generator = Generator(
-            engine, chat_format_for(engine, ctx), ctx, self.pool, self.gate, self.metrics, state
+            engine,
+            chat_format_for(engine, ctx),
+            ctx,
+            self.pool,
+            self.gate,
+            self.metrics,
+            state,
+            chunks=ChunkSizer(target_s=cfg.prefill_chunk_ms / 1000),
         )
         self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
