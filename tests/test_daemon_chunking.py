@@ -42,6 +42,19 @@ def test_the_cost_grows_with_depth_and_deep_chunks_shrink():
     assert shallow * cost(shallow / 2) == pytest.approx(0.25, rel=0.02)
 
 
+def test_shallower_than_anything_seen_the_cost_is_not_extrapolated_down():
+    # Deep chunks only, with a steep slope (noise, or a busy moment at the end): followed
+    # down to depth 0 the line would promise nearly free tokens and one huge chunk.
+    sizer = ChunkSizer(target_s=0.25, min_tokens=16, max_tokens=1000)
+    for depth in range(5000, 6000, 32):
+        sizer.observe(depth, 32, 32 * (0.004 + (depth - 5000) * 0.000004))
+    shallowest = sizer.cost(5016)  # the mean depth of the first chunk seen
+    assert shallowest == pytest.approx(0.004, rel=0.01)
+    assert sizer.cost(0) == sizer.cost(2000) == shallowest  # not the line's 0 there
+    assert sizer.size(0) == round(0.25 / shallowest)
+    assert sizer.size(7000) < sizer.size(5000)  # deeper still follows the line
+
+
 def test_sizes_stay_within_the_floor_and_the_ceiling():
     slow = ChunkSizer(target_s=0.25, min_tokens=32, max_tokens=256)
     slow.observe(0, 32, 10.0)

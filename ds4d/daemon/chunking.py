@@ -4,9 +4,9 @@ A prefill chunk is one engine call that nothing can interrupt: a request arrivin
 it runs waits for it, and a slot that is generating stalls for it. So every chunk is
 sized to take about `target_s` of engine time at the speed the engine has shown: the
 speed falls as the context deepens (attention reads every row before the chunk's), so
-the cost of a token is fitted as a line in its depth over the last chunks of any slot,
-and the next chunk of a session at depth d gets `target_s / cost(d)` tokens, within
-[`min_tokens`, `max_tokens`]. Below about 64 tokens a chunk spends noticeably more
+the cost of a token is fitted as a line in its depth over the last chunks of any slot
+(followed deeper than the chunks seen, not shallower), and the next chunk of a session at
+depth d gets `target_s / cost(d)` tokens, within [`min_tokens`, `max_tokens`]. Below about 64 tokens a chunk spends noticeably more
 engine time per token (the weights are decoded for fewer rows at a time), hence the floor.
 A prompt's last piece is not split off when it is under half a chunk: a short request's
 prompt is one call, not two waits.
@@ -60,7 +60,10 @@ class ChunkSizer:
         sxx = sum((d - mx) ** 2 for d, _ in self._seen)
         sxy = sum((d - mx) * (c - my) for d, c in self._seen)
         slope = max(0.0, sxy / sxx)  # deeper is never cheaper; noise may say otherwise
-        return max(my + slope * (depth - mx), my * 0.1)
+        # Above the depths seen the line goes on (longer attention: smaller chunks); below
+        # them it is not followed down (a noisy slope would promise cheap tokens and
+        # a chunk far over the target): the cost at the shallowest depth seen stands.
+        return my + slope * (max(depth, min(depths)) - mx)
 
     def size(self, depth: int, remaining: int | None = None) -> int:
         """Tokens for the next chunk of a session holding `depth` tokens, `remaining` more
