@@ -10,7 +10,8 @@ background writer while the next prompt is prefilled); with `--no-kv-disk` nothi
 saved. The configurations alternate (A B B A ...), the same requests every time. Prints
 each run with the daemon's own prefill time (its trace), the CPU time its process used
 from the next request's sending to its first token (all threads, the writer's included:
-on a loaded machine a steadier measure than seconds), the checkpoint writes pending when
+on a loaded machine a steadier measure than seconds), the engine thread's time copying
+sessions for the writer meanwhile (/metrics), the checkpoint writes pending when
 the next request was sent and the bytes written by its first token, then the medians
 and their ratio (target: within 10 %).
 
@@ -64,16 +65,19 @@ def run(config: str, args: argparse.Namespace, extra: list[str]) -> tuple[float,
         m = d.metrics()
         pending = int(m.get("ds4d_kv_disk_pending_writes", 0))
         written0 = m.get("ds4d_kv_disk_bytes_written_total", 0)
+        copying0 = m.get("ds4d_kv_disk_snapshot_seconds_total", 0)
         cpu0 = d.cpu_seconds()
         nxt = stream_chat(d.url, next_text, 1)
         cpu = d.cpu_seconds() - cpu0
         m = d.metrics()
         trace = json.loads((d.home / "trace.jsonl").read_text().splitlines()[-1])
         written = int(m.get("ds4d_kv_disk_bytes_written_total", 0) - written0)
+        copying = m.get("ds4d_kv_disk_snapshot_seconds_total", 0) - copying0
         line = (
             f"{config},{first.json()['usage']['prompt_tokens']},"
             f"{nxt.usage.get('prompt_tokens')},{nxt.usage.get('prompt_tokens_details')},"
-            f"{nxt.ttft:.2f},{trace['prefill_s']:.2f},{cpu:.2f},{pending},{written},{load()}"
+            f"{nxt.ttft:.2f},{trace['prefill_s']:.2f},{cpu:.2f},{copying:.3f},{pending},{written},"
+            f"{load()}"
         )
     return nxt.ttft, cpu, line
 
@@ -93,7 +97,7 @@ def main() -> None:
     print(f"# ds4d serve --slots 1 --threads 2 --ctx {args.ctx} {' '.join(extra)}; "
           f"load at start {load()}")  # fmt: skip
     print("config,long_prompt_tokens,next_prompt_tokens,next_cached,next_ttft_s,"
-          "next_prefill_s_in_trace,daemon_cpu_s_to_first_token,pending_writes_at_send,"
+          "next_prefill_s_in_trace,daemon_cpu_s_to_first_token,snapshot_s,pending_writes_at_send,"
           "bytes_written_meanwhile,load1")  # fmt: skip
     ttft: dict[str, list[float]] = {"disk": [], "no-disk": []}
     cpu: dict[str, list[float]] = {"disk": [], "no-disk": []}

@@ -112,9 +112,11 @@ def test_slot_is_free_while_its_checkpoint_is_still_being_written(engine, tmp_pa
     with engine.new_session(CTX) as s:
         s.eval(tokens[:400])
         held = s.tokens
+        assert disk.stats.snapshot_seconds == 0
         assert kv.save_evict(s)  # returns with the write queued
         name = kvfile.file_name(kv.key_text(held))
         assert disk.stats.files_written == 0 and disk.stats_dict()["pending_writes"] == 2
+        assert disk.stats.snapshot_seconds > 0  # the copy, counted: the critical path's part
         assert not (disk.dir / name).exists()
         # the slot goes on with another prompt at once; its logits are those of a cold run
         s.rewind(0)

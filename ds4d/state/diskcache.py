@@ -158,6 +158,7 @@ class Stats:
     skipped_daily_budget: int = 0
     deltas_written: int = 0
     delta_base_missing: int = 0
+    snapshot_seconds: float = 0.0  # engine-thread time copying sessions for the writer
 
 
 class DiskCache:

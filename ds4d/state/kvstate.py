@@ -340,8 +340,11 @@ class KVState:
             disk.stats.skipped_daily_budget += 1
             log.info("kv cache: daily write budget reached; not saving %d tokens", len(tokens))
             return False
-        # a copy of the payload (a memcpy): the session may change once this returns
+        # a copy of the payload (a memcpy): the session may change once this returns; the
+        # one part of a save on the critical path, so its time is counted
+        copying = time.perf_counter()
         snap = session.snapshot(start)
+        disk.stats.snapshot_seconds += time.perf_counter() - copying
         base = link.name if link is not None else None
         depth = link.depth + 1 if link is not None else 0
         if background:

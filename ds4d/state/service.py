@@ -229,6 +229,7 @@ class StateService:
             ("deltas_written", "counter", "delta KV checkpoint files written (new rows only)"),
             ("delta_entries", "gauge", "delta KV checkpoint files on disk"),
             ("delta_base_missing", "counter", "delta saves skipped: their base file was gone"),
+            ("snapshot_seconds", "counter", "engine-thread time copying sessions to save"),
         ):
             name = f"ds4d_kv_disk_{key}" + ("_total" if kind == "counter" else "")
             lines += _family(name, kind, text, [f"{name} {s[key] or 0}"])
