@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 log = logging.getLogger("ds4d.kvcache")
 
 DEFAULT_QUEUE = 4
-WRITER_NICE = 10  # added to the writer thread's nice value (Linux)
+# Added to the writer thread's nice value (Linux; capped at 19, the lowest priority): a
+# saturated machine still gives it a little time, about 1.5 % of a core against an engine
+# thread at nice 0, so it neither starves nor slows a prefill by more than that.
+WRITER_NICE = 19
 
 # How much a queued job is worth keeping (tuples compare in order; the lowest is dropped
 # first): the state layer ranks a save by (likely reused, anchor, tokens).
