@@ -472,12 +472,23 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
             # set up (at least 30 s), so every family is reached however slow the others.
             deadline = started + max(30.0, (end - started) / (len(names) - k)) if end else None
             done = Counter()
+            slow: list[tuple[float, str]] = []  # the slowest mutants, named in the summary
+
+            def timed(t: float, what: str) -> None:
+                slow.append((time.monotonic() - t, what))
+                slow.sort(reverse=True)
+                del slow[3:]
+                n = sum(done.values())
+                if n and n % 250 == 0:
+                    log(f"  {name}: {n} mutants, {time.monotonic() - started:.0f} s")
+
             # GGUF mutants (with a time limit, 70% of the seed's share: checkpoints are cheap).
             gguf_deadline = started + 0.7 * (deadline - started) if deadline else None
             for _ in range(gguf_counts[name]):
                 if gguf_deadline and time.monotonic() > gguf_deadline:
                     break
                 m = mutator.one(rng)
+                t = time.monotonic()
                 copy.apply(m)
                 if crash_dir is not None:  # names the mutant a sanitizer abort hit
                     crash_dir.mkdir(parents=True, exist_ok=True)
@@ -493,12 +504,14 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
                 if verbose and outcome.startswith("opened"):
                     log(f"  {name}: {outcome}: {m.what}")
                 done[f"gguf {outcome}"] += 1
+                timed(t, f"gguf {outcome}: {m.what}")
             # Checkpoint mutants, loaded into the seed engine.
             pm = PayloadMutator(payload, CKPT_TOKENS, n_vocab, True)
             for _ in range(ckpt_counts[name]):
                 if deadline and time.monotonic() > deadline:
                     break
                 what, blob = pm.one(rng)
+                t = time.monotonic()
                 try:
                     outcome = run_checkpoint(engine, blob)
                 except Exception as e:  # noqa: BLE001
@@ -506,11 +519,14 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
                     finding("checkpoint", name, what, blob, e)
                 outcomes[f"checkpoint {outcome}"] += 1
                 done[f"checkpoint {outcome}"] += 1
+                timed(t, f"checkpoint {outcome}: {what}")
             engine.close()
             copy.path.unlink()
             summary = ", ".join(f"{k}: {v}" for k, v in sorted(done.items()))
             log(f"{name}: {sum(done.values())} mutants in {time.monotonic() - started:.0f} s"
                 f" ({summary})")  # fmt: skip
+            for dt, what in slow:
+                log(f"  slowest: {dt:.2f} s {what[:120]}")
     return Report(outcomes, findings, time.monotonic() - t0)
 
 
