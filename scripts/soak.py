@@ -3,8 +3,9 @@
 Each client thread holds its own conversation and loops until the time is up: it picks one
 of the four APIs (OpenAI chat completions, completions, responses, Anthropic messages)
 and streaming or not in turn, sends the conversation so far plus a new user turn, appends
-the reply, and starts a new conversation once its text passes --reset-chars (so the KV
-cache sees growing conversations, prefix reuse, evictions and disk checkpoints).
+the reply, and starts a new conversation once the tokens it leaves in its slot (prompt
+plus reply) pass --reset-tokens (so the KV cache sees growing conversations, prefix
+reuse, evictions and disk checkpoints, and no prompt outgrows the context).
 
 Conversations cycle at that fixed length, so the KV rows a slot ever touches (resident
 pages of its calloc'd cache) are bounded by it: the RSS baseline is taken once the
@@ -198,7 +199,7 @@ def one_request(
 
 def client_loop(url: str, index: int, deadline: float, tally: Tally, args) -> None:
     turns: list[tuple[str, str]] = []
-    chars = 0
+    used = 0  # tokens the last turn left in its slot
     step = index  # clients start on different APIs
     with httpx.Client(base_url=url, timeout=args.request_timeout) as http:
         while time.monotonic() < deadline:
@@ -211,13 +212,13 @@ def client_loop(url: str, index: int, deadline: float, tally: Tally, args) -> No
             try:
                 reply, n_in, n_out = one_request(http, api, stream, turns, args.max_tokens)
                 turns[-1] = (user, reply)
-                chars += len(user) + len(reply)
+                used = n_in + n_out
                 tally.ok(api + ("+stream" if stream else ""), n_in, n_out)
             except (httpx.HTTPError, RuntimeError, KeyError, ValueError) as e:
                 tally.fail(api + ("+stream" if stream else ""), f"{type(e).__name__}: {e}")
                 turns.pop()
-            if chars > args.reset_chars:  # a new conversation: lengths cycle at this bound
-                turns, chars = [], 0
+            if used > args.reset_tokens:  # a new conversation: lengths cycle at this bound
+                turns, used = [], 0
                 tally.cycled(index)
 
 
@@ -342,15 +343,16 @@ def main() -> int:
         type=int,
         default=2,
         help="and not before every client has completed this many conversations "
-        "(the KV rows a conversation touches are bounded by --reset-chars)",
+        "(the KV rows a conversation touches are bounded by --reset-tokens)",
     )
     ap.add_argument("--clients", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument(
-        "--reset-chars",
+        "--reset-tokens",
         type=int,
-        default=3000,
-        help="a conversation restarts once its text passes this many characters",
+        default=None,
+        help="a conversation restarts once its prompt and reply pass this many tokens "
+        "(default: 3/4 of --ctx, leaving room for one more turn)",
     )
     ap.add_argument("--request-timeout", type=float, default=300.0)
     ap.add_argument("--sample-seconds", type=float, default=5.0)
@@ -384,6 +386,8 @@ def main() -> int:
         help="daemon state (kv checkpoints, log); default a temporary directory",
     )
     args = ap.parse_args()  # fmt: skip
+    if args.reset_tokens is None:
+        args.reset_tokens = 3 * args.ctx // 4
     warmup = args.warmup_minutes if args.warmup_minutes is not None else max(1.0, args.minutes / 10)
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="ds4d-soak-"))
     state.mkdir(parents=True, exist_ok=True)
@@ -460,7 +464,11 @@ def main() -> int:
             if warm is None and s.t >= 60 * warmup and s.cycles >= args.warmup_cycles:
                 warm = s
                 if args.probe or args.tracemalloc:
+                    # The probe's own allocations (a tracemalloc snapshot is tens of MB)
+                    # stay in the heap: the baseline is the sample after it.
                     probes.append(take_probe(proc, probe_dir, 1))
+                    warm = sample()
+                    samples.append(warm)
         for t in threads:
             t.join(args.request_timeout)
         if proc.poll() is None:
@@ -487,7 +495,7 @@ def report(args, state: Path, log_path: Path, tally: Tally, samples: list[Sample
     elapsed = end.t
     print(
         f"soak: {args.clients} clients, {elapsed / 60:.1f} min, ctx {args.ctx}, "
-        f"slots {args.slots}, max_tokens {args.max_tokens}, reset at {args.reset_chars} chars"
+        f"slots {args.slots}, max_tokens {args.max_tokens}, reset at {args.reset_tokens} tokens"
     )
     print(
         f"requests {total}, errors {errors}, output tokens {tally.tokens_out}; conversations "
