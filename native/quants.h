@@ -161,6 +161,7 @@ ds4n_tile_fn ds4n_active_tile(void);
 extern const struct ds4n_kernel_set ds4n_scalar_set;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const struct ds4n_kernel_set ds4n_avx2_set;
+extern const struct ds4n_kernel_set ds4n_avx512_set;
 #define DS4N_HAVE_AVX2 1
 #endif
 #if defined(__aarch64__)

@@ -1,7 +1,7 @@
 /* SIMD level selection: which kernel set the whole process runs.
  *
- * The level is chosen once at load (best the CPU has, or DS4N_SIMD=scalar|avx2|neon) and may
- * be changed with ds4n_set_simd() by tests. Each set may leave row kernels out; resolution
+ * The level is chosen once at load (best the CPU has, or DS4N_SIMD=scalar|avx2|avx512|neon)
+ * and may be changed with ds4n_set_simd() by tests. Each set may leave row kernels out; resolution
  * fills those from the scalar set so a lookup is one table read. */
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +29,12 @@ static int cpu_has(int level) {
     case DS4N_SIMD_AVX2:
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && x86_has_f16c();
+    case DS4N_SIMD_AVX512:
+        /* The compiler runtime reports AVX-512 features only when the OS saves the zmm and
+         * mask state (XCR0), so this also checks the kernel enabled them. */
+        return cpu_has(DS4N_SIMD_AVX2) && __builtin_cpu_supports("avx512f") &&
+               __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx512dq");
 #endif
 #ifdef DS4N_HAVE_NEON
     case DS4N_SIMD_NEON:
@@ -42,6 +48,7 @@ static int cpu_has(int level) {
 static const struct ds4n_kernel_set *kernel_set(int level) {
 #ifdef DS4N_HAVE_AVX2
     if (level == DS4N_SIMD_AVX2) return &ds4n_avx2_set;
+    if (level == DS4N_SIMD_AVX512) return &ds4n_avx512_set;
 #endif
 #ifdef DS4N_HAVE_NEON
     if (level == DS4N_SIMD_NEON) return &ds4n_neon_set;
@@ -54,6 +61,8 @@ static int best_level(void) {
     if (env && strcmp(env, "scalar") == 0) return DS4N_SIMD_SCALAR;
     if (env && strcmp(env, "avx2") == 0) return DS4N_SIMD_AVX2;
     if (env && strcmp(env, "neon") == 0) return DS4N_SIMD_NEON;
+    if (env && strcmp(env, "avx512") == 0) return DS4N_SIMD_AVX512;
+    if (cpu_has(DS4N_SIMD_AVX512)) return DS4N_SIMD_AVX512;
     if (cpu_has(DS4N_SIMD_AVX2)) return DS4N_SIMD_AVX2;
     if (cpu_has(DS4N_SIMD_NEON)) return DS4N_SIMD_NEON;
     return DS4N_SIMD_SCALAR;

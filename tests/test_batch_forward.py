@@ -22,6 +22,7 @@ from ds4d.engine.errors import ContextFullError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
 from tests.kit import kit_families, kit_model
+from tests.test_kernels import LEVELS, SIMD_LEVELS
 
 N_CTX = 512
 
@@ -100,14 +101,27 @@ def kit_engine(request) -> Iterator[Engine]:
         yield e
 
 
-def test_kit_families_batch_bitwise_equal_alone(kit_engine: Engine) -> None:
+@pytest.fixture(params=LEVELS, ids=[native.SIMD_NAMES[x] for x in LEVELS])
+def level(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Each kernel set this CPU runs: the batch guarantee holds within every one of them."""
+    native.set_simd(request.param)
+    yield request.param
+    native.set_simd(native.SIMD_AUTO)
+
+
+def test_kit_families_batch_bitwise_equal_alone(kit_engine: Engine, level: int) -> None:
     chunks, seen = run_batched(kit_engine, SCHEDULE, seed=1)
     assert_alone_equal(kit_engine, chunks, seen)
 
 
-def test_embedded_model_batch_bitwise_equal_alone(engine: Engine) -> None:
-    chunks, seen = run_batched(engine, SMALL_SCHEDULE, seed=2)
-    assert_alone_equal(engine, chunks, seen)
+@pytest.mark.parametrize("simd", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
+def test_embedded_model_batch_bitwise_equal_alone(engine: Engine, simd: int) -> None:
+    native.set_simd(simd)
+    try:
+        chunks, seen = run_batched(engine, SMALL_SCHEDULE, seed=2)
+        assert_alone_equal(engine, chunks, seen)
+    finally:
+        native.set_simd(native.SIMD_AUTO)
 
 
 def test_batch_is_one_forward_pass(kit_engine: Engine) -> None:

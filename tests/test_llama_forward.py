@@ -17,6 +17,7 @@ from ds4d.engine import native
 from ds4d.engine.gguf_file import GGUFFile
 from tests.reference.llama_ref import LlamaReference
 from tests.reference.tiny_llama import write_tiny_llama
+from tests.test_kernels import SIMD_LEVELS
 
 # float32 activations in a different summation order than the reference: logits (of
 # magnitude ~10-30) agree to a few 1e-4; the bound leaves room without hiding a bug
@@ -67,16 +68,18 @@ def test_chunked_prefill_equals_token_by_token(exact_engine, prompt) -> None:
     assert np.abs(kv_rows(chunked) - kv_rows(stepped)).max() < 1e-3
 
 
-def test_scalar_kernels_match_simd(exact_engine, prompt) -> None:
-    simd = exact_engine.new_session(128)
-    simd_logits = simd.eval_all_logits(prompt[:70])
-    previous = native.simd_level()
+@pytest.mark.parametrize("level", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
+def test_scalar_kernels_match_simd(exact_engine, prompt, level: int) -> None:
+    """The whole forward with the scalar kernels against each SIMD set this CPU runs."""
     try:
+        native.set_simd(level)
+        simd = exact_engine.new_session(128)
+        simd_logits = simd.eval_all_logits(prompt[:70])
         native.set_simd("scalar")
         scalar = exact_engine.new_session(128)
         scalar_logits = scalar.eval_all_logits(prompt[:70])
     finally:
-        native.set_simd(previous)
+        native.set_simd(native.SIMD_AUTO)
     assert np.abs(simd_logits - scalar_logits).max() < LOGIT_TOL
 
 
@@ -113,9 +116,18 @@ CHECK_FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "
                f"-I{REPO / 'native'}"]  # fmt: skip
 
 
+# The x86 SIMD attention files and their flags (as native/Makefile compiles them).
+X86_SIMD_FLAGS = {
+    "attention_avx2.c": ["-mavx2", "-mfma", "-mf16c"],
+    "attention_avx512.c": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
+                           "-mavx512dq"],
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("arch", ["native", "aarch64"])
 def test_attention_simd_kernels_match_scalar(arch: str, tmp_path: Path) -> None:
-    """The AVX2 kernel here, the NEON one under qemu-user, against the scalar kernel."""
+    """The AVX2 and AVX-512 kernels here (each one the CPU runs), the NEON one under qemu-user,
+    against the scalar kernel."""
     import platform
     import shutil
     import subprocess
@@ -133,10 +145,24 @@ def test_attention_simd_kernels_match_scalar(arch: str, tmp_path: Path) -> None:
         if platform.machine() not in ("x86_64", "AMD64"):
             pytest.skip("the native SIMD check is for x86-64 (arm64 runs NEON natively)")
         cc = shutil.which("cc") or shutil.which("gcc")
-        cmd = [cc, *CHECK_FLAGS, "-mavx2", "-mfma", "-mf16c", str(native_dir / "attention_avx2.c")]
+        assert cc
+        objs = []
+        for name, flags in X86_SIMD_FLAGS.items():
+            obj = tmp_path / name.replace(".c", ".o")
+            subprocess.run([cc, *CHECK_FLAGS, *flags, "-c", str(native_dir / name), "-o", str(obj)],
+                           check=True)  # fmt: skip
+            objs.append(str(obj))
+        cmd = [cc, *CHECK_FLAGS, *objs]
         run = [str(exe)]
     subprocess.run([*cmd, str(native_dir / "attention.c"), str(check), "-o", str(exe), "-lm"],
                    check=True)  # fmt: skip
     result = subprocess.run(run, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SIMD vs scalar: max |diff|" in result.stdout
+    if arch == "native":
+        # Every x86 level this CPU runs was checked, none skipped.
+        runs = {native.SIMD_NAMES[lvl] for lvl in (native.SIMD_AVX2, native.SIMD_AVX512)
+                if native.set_simd(lvl) == lvl}  # fmt: skip
+        native.set_simd(native.SIMD_AUTO)
+        for name in runs:
+            assert f"{name} attention over f32 / f16 / q8_0 KV" in result.stdout, result.stdout

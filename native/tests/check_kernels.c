@@ -1,4 +1,4 @@
-/* Checks the best SIMD kernel set of this CPU against the scalar one, for every type:
+/* Checks every SIMD kernel set this CPU runs against the scalar one, for every type:
  * dequantize must be bit-identical, dot and matmul (decode and prefill shapes, 1 and 2
  * threads) equal within float32 rounding. Built natively (AVX2) and cross-compiled for
  * aarch64 and run under qemu (NEON) by `make -C native check-neon`. Exit status 1 on any
@@ -195,24 +195,28 @@ static void check_mxfp4_exponents(int simd) {
 }
 
 int main(void) {
-    int simd = ds4n_set_simd(DS4N_SIMD_AUTO);
-    const char *names[] = {"scalar", "avx2", "neon"};
-    if (simd == DS4N_SIMD_SCALAR) {
-        printf("check_kernels: this CPU has no SIMD kernel set; nothing to compare\n");
-        return 0;
-    }
+    const char *names[] = {"scalar", "avx2", "neon", "avx512"};
     ds4n_pool *pool = ds4n_pool_new(2);
-    int n_types = (int)(sizeof TYPES / sizeof *TYPES);
-    for (int i = 0; i < n_types; i++) {
-        check_rows(i, simd);
-        check_matmul(i, simd, NULL);
-        check_matmul(i, simd, pool);
-        check_small_batch(i, simd, NULL);
-        check_small_batch(i, simd, pool);
+    const int n_types = (int)(sizeof TYPES / sizeof *TYPES);
+    int checked = 0;
+    /* Every SIMD level this CPU runs (ds4n_set_simd falls back to scalar for the others). */
+    for (int simd = DS4N_SIMD_AVX2; simd <= DS4N_SIMD_AVX512; simd++) {
+        if (ds4n_set_simd(simd) != simd) continue;
+        const int before = failures;
+        for (int i = 0; i < n_types; i++) {
+            check_rows(i, simd);
+            check_matmul(i, simd, NULL);
+            check_matmul(i, simd, pool);
+            check_small_batch(i, simd, NULL);
+            check_small_batch(i, simd, pool);
+        }
+        check_mxfp4_exponents(simd);
+        printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
+               failures > before ? "FAILED" : "ok");
+        checked++;
     }
-    check_mxfp4_exponents(simd);
     ds4n_pool_free(pool);
-    printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
-           failures ? "FAILED" : "ok");
+    ds4n_set_simd(DS4N_SIMD_AUTO);
+    if (!checked) printf("check_kernels: this CPU has no SIMD kernel set; nothing to compare\n");
     return failures ? 1 : 0;
 }
