@@ -1,7 +1,8 @@
 /* AVX-512 primitives of the attention kernel (F, BW, VL, DQ with FMA and F16C); the blocked
  * driver is attention_generic.h. A 16-key K tile is one register: up to 6 query rows against
- * it (6 accumulators), a vectorized exp for the online-softmax step with the key masks in
- * mask registers, then P·V over 16 values of the head at a time; f16 and q8_0 KV are widened
+ * it (4 accumulators each, so the FMA chains overlap), a vectorized exp for the online-softmax
+ * step with the key masks in mask registers, then P·V over 64 values of the head at a time
+ * (4 accumulators per row); f16 and q8_0 KV are widened
  * to floats as they are loaded, so the cache is read once per step in its stored size. Same
  * results as ds4n_attn_scalar up to float rounding. */
 #include "attention.h"
@@ -46,33 +47,44 @@ INLINE __m512 s8x16(const int8_t *p) {
 }
 
 /* S[i][0..16) = Q[i] · K tile, for rg rows of Q (stride hd) and S (stride DS4N_KBLOCK).
- * q8_0: each 32-dim block's integer products are summed, then scaled per key lane. */
+ * Each row sums into QK_SPLIT accumulators (dims taken round-robin), added at the end, so
+ * the FMA chains overlap instead of waiting on each other. q8_0: each 32-dim block's integer
+ * products are summed, then scaled per key lane. */
+#define QK_SPLIT 4
 INLINE void qk_tile(const float *Q, int hd, const void *kt, float *S, int rg, int t) {
-    __m512 acc[RG_MAX];
-    for (int i = 0; i < rg; i++) acc[i] = _mm512_setzero_ps();
+    __m512 acc[RG_MAX][QK_SPLIT];
+    for (int i = 0; i < rg; i++)
+        for (int a = 0; a < QK_SPLIT; a++) acc[i][a] = _mm512_setzero_ps();
     if (t == DS4N_KV_Q8_0) {
         for (int b = 0; b < hd / DS4N_KV_QK; b++) {
             const char *blk = (const char *)kt + (int64_t)b * DS4N_KT * DS4N_KV_QB;
             const int8_t *qs = (const int8_t *)(blk + 2 * DS4N_KT);
-            __m512 part[RG_MAX];
-            for (int i = 0; i < rg; i++) part[i] = _mm512_setzero_ps();
-            for (int d = 0; d < DS4N_KV_QK; d++) {
-                const __m512 k = s8x16(qs + d * DS4N_KT);
-                for (int i = 0; i < rg; i++)
-                    part[i] = _mm512_fmadd_ps(_mm512_set1_ps(Q[i * hd + b * DS4N_KV_QK + d]), k,
-                                              part[i]);
-            }
+            __m512 part[RG_MAX][QK_SPLIT];
+            for (int i = 0; i < rg; i++)
+                for (int a = 0; a < QK_SPLIT; a++) part[i][a] = _mm512_setzero_ps();
+            for (int d = 0; d < DS4N_KV_QK; d += QK_SPLIT)
+                for (int a = 0; a < QK_SPLIT; a++) {
+                    const __m512 k = s8x16(qs + (d + a) * DS4N_KT);
+                    for (int i = 0; i < rg; i++)
+                        part[i][a] = _mm512_fmadd_ps(
+                            _mm512_set1_ps(Q[i * hd + b * DS4N_KV_QK + d + a]), k, part[i][a]);
+                }
             const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-            for (int i = 0; i < rg; i++) acc[i] = _mm512_fmadd_ps(part[i], s, acc[i]);
+            for (int i = 0; i < rg; i++)
+                for (int a = 0; a < QK_SPLIT; a++)
+                    acc[i][a] = _mm512_fmadd_ps(part[i][a], s, acc[i][a]);
         }
     } else {
-        for (int d = 0; d < hd; d++) {
-            const __m512 k = k_lanes(kt, d, t);
-            for (int i = 0; i < rg; i++)
-                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(Q[i * hd + d]), k, acc[i]);
-        }
+        for (int d = 0; d < hd; d += QK_SPLIT) /* hd is a multiple of 16 */
+            for (int a = 0; a < QK_SPLIT; a++) {
+                const __m512 k = k_lanes(kt, d + a, t);
+                for (int i = 0; i < rg; i++)
+                    acc[i][a] = _mm512_fmadd_ps(_mm512_set1_ps(Q[i * hd + d + a]), k, acc[i][a]);
+            }
     }
-    for (int i = 0; i < rg; i++) _mm512_storeu_ps(S + i * DS4N_KBLOCK, acc[i]);
+    for (int i = 0; i < rg; i++)
+        _mm512_storeu_ps(S + i * DS4N_KBLOCK, _mm512_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]),
+                                                            _mm512_add_ps(acc[i][2], acc[i][3])));
 }
 
 /* Values [c, c+16) of a V row, widened to floats (c is a multiple of 16). */
@@ -89,20 +101,30 @@ INLINE __m512 v_lanes(const char *row, int c, int t) {
     return _mm512_loadu_ps((const float *)row + c);
 }
 
-/* O[i] = O[i]*corr[i] + sum_j P[i][j] V[j] over nk keys, for rg rows. */
+/* O[i] = O[i]*corr[i] + sum_j P[i][j] V[j] over nk keys, for rg rows: PV_SPAN values of the
+ * head at a time (PV_SPAN / 16 vectors per row), so each key's V values feed that many
+ * independent FMA chains per row. */
+#define PV_SPAN 64
 INLINE void pv_tile(const float *P, int nk, const void *V, int hd, float *O,
                     const float *corr, int rg, int t) {
     const int64_t vrow = ds4n_kv_row_bytes(t, hd);
-    for (int c = 0; c < hd; c += 16) {
-        __m512 acc[RG_MAX];
+    for (int c0 = 0; c0 < hd; c0 += PV_SPAN) {
+        const int nc = (hd - c0 < PV_SPAN ? hd - c0 : PV_SPAN) / 16;
+        __m512 acc[RG_MAX][PV_SPAN / 16];
         for (int i = 0; i < rg; i++)
-            acc[i] = _mm512_mul_ps(_mm512_loadu_ps(O + i * hd + c), _mm512_set1_ps(corr[i]));
+            for (int c = 0; c < nc; c++)
+                acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(O + i * hd + c0 + 16 * c),
+                                          _mm512_set1_ps(corr[i]));
         for (int jj = 0; jj < nk; jj++) {
-            const __m512 v = v_lanes((const char *)V + jj * vrow, c, t);
-            for (int i = 0; i < rg; i++)
-                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(P[i * DS4N_KBLOCK + jj]), v, acc[i]);
+            for (int c = 0; c < nc; c++) {
+                const __m512 v = v_lanes((const char *)V + jj * vrow, c0 + 16 * c, t);
+                for (int i = 0; i < rg; i++)
+                    acc[i][c] =
+                        _mm512_fmadd_ps(_mm512_set1_ps(P[i * DS4N_KBLOCK + jj]), v, acc[i][c]);
+            }
         }
-        for (int i = 0; i < rg; i++) _mm512_storeu_ps(O + i * hd + c, acc[i]);
+        for (int i = 0; i < rg; i++)
+            for (int c = 0; c < nc; c++) _mm512_storeu_ps(O + i * hd + c0 + 16 * c, acc[i][c]);
     }
 }
 

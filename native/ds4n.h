@@ -25,10 +25,11 @@ enum ds4n_type {
 };
 
 /* SIMD levels; DS4N_SIMD_AUTO picks the best the CPU supports. AVX512 is F, BW, VL and DQ
- * (with the AVX2 level's FMA and F16C). */
+ * (with the AVX2 level's FMA and F16C); AMX is that set with the decode matvecs of some types
+ * on AMX tiles (AMX-TILE, AMX-BF16, AVX512-BF16, and the tile state granted by the OS). */
 enum ds4n_simd {
     DS4N_SIMD_AUTO = -1, DS4N_SIMD_SCALAR = 0, DS4N_SIMD_AVX2 = 1, DS4N_SIMD_NEON = 2,
-    DS4N_SIMD_AVX512 = 3,
+    DS4N_SIMD_AVX512 = 3, DS4N_SIMD_AMX = 4,
 };
 
 /* Selects the kernel set for the whole process and returns the level now in force

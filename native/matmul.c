@@ -6,7 +6,9 @@
  * matvec for the types whose blocks carry a min (min·Σx).
  *
  * 2 <= T <= DS4N_SMALL_T (batched decode of several sessions): each row read once and each
- * of its blocks decoded once for all T tokens, token t's result bitwise the T == 1 one.
+ * of its blocks decoded once for all T tokens, token t's result bitwise the T == 1 one. A
+ * kernel set may instead have one kernel for every T <= DS4N_SMALL_T (the AMX level's tile
+ * matvec), which then serves decode and small batches alike.
  *
  * T > DS4N_SMALL_T (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
  * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into a float buffer (64 KB,
@@ -107,6 +109,16 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
         k->cols(w, m->X, m->K, xsum, m->K, m->Y + r, m->rows, (int)m->T);
 }
 
+/* The set's one kernel for decode and small batches (the AMX level's), when it has one for
+ * the type and K: 1 if it ran. */
+static int one_kernel(const struct matmul_job *m, int64_t r0, int64_t r1) {
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const struct ds4n_row_kernels *k = ds4n_active_kernels(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    return k->mv && k->mv((const uint8_t *)m->W + r0 * row_bytes, row_bytes, r1 - r0, m->X,
+                          m->K, (int)m->T, m->Y + r0, m->rows);
+}
+
 static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     ds4n_dequant_fn dequantize = ds4n_active_kernels(m->type)->dequantize;
@@ -141,9 +153,11 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const fl
     int64_t r0, r1;
     share(rows, ith, nth, &r0, &r1);
     const int64_t t0 = ds4n_profile_on() ? ds4n_now_ns() : 0;
-    if (r0 < r1 && T == 1) matvec_rows(&m, r0, r1);
-    else if (r0 < r1 && T <= DS4N_SMALL_T) small_rows(&m, r0, r1);
-    else if (r0 < r1) gemm_rows(&m, r0, r1);
+    if (r0 < r1 && !(T <= DS4N_SMALL_T && one_kernel(&m, r0, r1))) {
+        if (T == 1) matvec_rows(&m, r0, r1);
+        else if (T <= DS4N_SMALL_T) small_rows(&m, r0, r1);
+        else gemm_rows(&m, r0, r1);
+    }
     if (t0) ds4n_profile_matmul(type, rows, K, T, ds4n_now_ns() - t0);
 }
 

@@ -125,6 +125,9 @@ DS4N_INLINE void f16_pairs(const uint8_t *p, int64_t stride, const int R, float 
     if (R > 2) memcpy(&u, p + 2 * stride, 4), v = _mm_insert_epi32(v, (int)u, 2);
     if (R > 3) memcpy(&u, p + 3 * stride, 4), v = _mm_insert_epi32(v, (int)u, 3);
     _mm256_storeu_ps(out, _mm256_cvtph_ps(v));
+    /* Read back from memory: each use is then a broadcast load folded into its FMA, not a
+     * register broadcast on the shuffle port. */
+    __asm__("" : : "r"(out) : "memory");
 }
 
 static inline void q8_codes(const int8_t *qs, v16 q[2]) {

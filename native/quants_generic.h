@@ -524,8 +524,8 @@ DS4N_FLOAT_KERNELS(f16, DS4N_F16)
 DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
 
 /* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn`. */
-#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, NULL}
-#define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name, cols_##name}
+#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, NULL, NULL}
+#define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name, cols_##name, NULL}
 #define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn)                                        \
     const struct ds4n_kernel_set set_name = {                                            \
         .row = {                                                                         \
@@ -534,7 +534,7 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
             DS4N_ROW_MV(Q5_1, q5_1), DS4N_ROW_MV(Q8_0, q8_0),                            \
             DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW_MV(Q4_K, q4_K),         \
             DS4N_ROW_MV(Q5_K, q5_K),                                                     \
-            [DS4N_Q6_K] = {dequant_q6_K, dot_q6_K, rows_q6_K_R, cols_q6_K_T},            \
+            [DS4N_Q6_K] = {dequant_q6_K, dot_q6_K, rows_q6_K_R, cols_q6_K_T, NULL},      \
             DS4N_ROW(IQ2_XXS, iq2_xxs), DS4N_ROW_MV(IQ4_NL, iq4_nl),                     \
             DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW_MV(MXFP4, mxfp4),                         \
         },                                                                               \

@@ -36,7 +36,8 @@ N = 1280  # 5 super-blocks, 40 legacy blocks
 def simd_levels() -> list[int]:
     """Every level this CPU runs (set_simd falls back to scalar for the others)."""
     levels = []
-    for level in (native.SIMD_SCALAR, native.SIMD_AVX2, native.SIMD_NEON, native.SIMD_AVX512):
+    for level in (native.SIMD_SCALAR, native.SIMD_AVX2, native.SIMD_NEON, native.SIMD_AVX512,
+                  native.SIMD_AMX):  # fmt: skip
         if native.set_simd(level) == level:
             levels.append(level)
     native.set_simd(native.SIMD_AUTO)

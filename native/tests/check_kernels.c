@@ -110,8 +110,8 @@ static void check_rows(int i, int simd) {
     free(w);
 }
 
-static void check_matmul(int i, int simd, ds4n_pool *pool) {
-    enum { K = 512, ROWS = 13, TMAX = 17 };
+static void check_matmul(int i, int simd, ds4n_pool *pool, int64_t K) {
+    enum { ROWS = 13, TMAX = 17 };
     static const int64_t token_counts[] = {1, 2, 5, TMAX};
     int64_t row_bytes;
     uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
@@ -144,8 +144,8 @@ static void check_matmul(int i, int simd, ds4n_pool *pool) {
 
 /* 2..8 tokens in one matmul (the small-batch path) must give each token the bits of a
  * single-token matmul, at the scalar level and this CPU's SIMD level. */
-static void check_small_batch(int i, int simd, ds4n_pool *pool) {
-    enum { K = 768, ROWS = 13, TMAX = 8 };
+static void check_small_batch(int i, int simd, ds4n_pool *pool, int64_t K) {
+    enum { ROWS = 13, TMAX = 8 };
     int64_t row_bytes;
     uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
     float *X = malloc(sizeof(float) * TMAX * K);
@@ -195,20 +195,25 @@ static void check_mxfp4_exponents(int simd) {
 }
 
 int main(void) {
-    const char *names[] = {"scalar", "avx2", "neon", "avx512"};
+    const char *names[] = {"scalar", "avx2", "neon", "avx512", "amx"};
     ds4n_pool *pool = ds4n_pool_new(2);
     const int n_types = (int)(sizeof TYPES / sizeof *TYPES);
     int checked = 0;
     /* Every SIMD level this CPU runs (ds4n_set_simd falls back to scalar for the others). */
-    for (int simd = DS4N_SIMD_AVX2; simd <= DS4N_SIMD_AVX512; simd++) {
+    for (int simd = DS4N_SIMD_AVX2; simd <= DS4N_SIMD_AMX; simd++) {
         if (ds4n_set_simd(simd) != simd) continue;
         const int before = failures;
         for (int i = 0; i < n_types; i++) {
             check_rows(i, simd);
-            check_matmul(i, simd, NULL);
-            check_matmul(i, simd, pool);
-            check_small_batch(i, simd, NULL);
-            check_small_batch(i, simd, pool);
+            check_matmul(i, simd, NULL, 512);
+            check_matmul(i, simd, pool, 512);
+            check_small_batch(i, simd, NULL, 768);
+            check_small_batch(i, simd, pool, 768);
+            /* An odd number of blocks (and rows fewer than a tile), for the 32-value types. */
+            if (ds4n_type_block_size(TYPES[i].type) <= 32) {
+                check_matmul(i, simd, pool, 96);
+                check_small_batch(i, simd, pool, 96);
+            }
         }
         check_mxfp4_exponents(simd);
         printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
