@@ -25,6 +25,7 @@ static inline float vhsum(vacc a) { return ds4n_hsum_avx512(a); }
 static inline vacc vfma_s(vacc acc, float s, vacc v) {
     return _mm512_fmadd_ps(_mm512_set1_ps(s), v, acc);
 }
+static inline vacc vfma_m(vacc acc, const float *s, vacc v) { return vfma_s(acc, *s, v); }
 
 static inline vacc v16_dot(v16 q, const float *x) { return _mm512_mul_ps(q, _mm512_loadu_ps(x)); }
 
@@ -124,10 +125,9 @@ DS4N_INLINE void f16_pairs(const uint8_t *p, int64_t stride, const int R, float 
     if (R > 1) memcpy(&u, p + stride, 4), v = _mm_insert_epi32(v, (int)u, 1);
     if (R > 2) memcpy(&u, p + 2 * stride, 4), v = _mm_insert_epi32(v, (int)u, 2);
     if (R > 3) memcpy(&u, p + 3 * stride, 4), v = _mm_insert_epi32(v, (int)u, 3);
-    _mm256_storeu_ps(out, _mm256_cvtph_ps(v));
-    /* Read back from memory: each use is then a broadcast load folded into its FMA, not a
-     * register broadcast on the shuffle port. */
-    __asm__("" : : "r"(out) : "memory");
+    /* Stored by an asm the compiler cannot see through, so each use of out[] is a broadcast
+     * load folded into its FMA, not a register broadcast on the shuffle port. */
+    __asm__("vmovups %1, %0" : "=m"(*(float(*)[8])out) : "x"(_mm256_cvtph_ps(v)));
 }
 
 static inline void q8_codes(const int8_t *qs, v16 q[2]) {

@@ -2,7 +2,8 @@
  * kernel file (quants_avx2.c, quants_neon.c) after it defines, for its vector type:
  *
  *   vacc                  an accumulator vector;  vzero(), vadd(), vsub(), vhsum()
- *   vfma_s(acc, s, v)     acc + s·v (s a float)
+ *   vfma_s(acc, s, v)     acc + s·v (s a float);  vfma_m(acc, p, v)  the same with s = *p in
+ *                         memory (a broadcast operand where the ISA has one)
  *   v16                   16 floats in registers
  *   v16_dot(q, x)         Σ q·x over x[0..16), as a vector;   v16_sum(x)  Σ x, as a vector
  *   v16_fma(acc, q, x)    acc + that Σ q·x
@@ -127,8 +128,8 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
         if (pairs) f16_pairs(p, row_stride, R, dm);
         for (int r = 0; r < R; r++) {
             load_legacy(type, p + r * row_stride, &b);
-            const float d = pairs ? dm[2 * r] : b.d;
-            acc[r] = vfma_s(acc[r], d, block32_dot(b.q, x));
+            const vacc s = block32_dot(b.q, x);
+            acc[r] = pairs ? vfma_m(acc[r], &dm[2 * r], s) : vfma_s(acc[r], b.d, s);
             if (is_affine(type)) accm[r] += dm[2 * r + 1] * xsum[i];
         }
     }
