@@ -104,9 +104,18 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     float xsum[XSUM_MAX];
     if (rows_kernel)
         for (int64_t t = 0; t < m->T; t++) block_sums(m->X + t * m->K, nb, xsum + t * nb);
-    const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
-    for (int64_t r = r0; r < r1; r++, w += row_bytes)
-        k->cols(w, m->X, m->K, xsum, m->K, m->Y + r, m->rows, (int)m->T);
+    /* Rows taken from DS4N_MV_ROWS runs in turn, as matvec_rows reads them: memory sees that
+     * many sequential streams, not one (a single stream leaves most of the bandwidth idle). */
+    const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS, len = n / streams;
+    for (int64_t j = 0; j < len; j++)
+        for (int64_t s = 0; s < streams; s++) {
+            const int64_t r = r0 + s * len + j;
+            k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r,
+                    m->rows, (int)m->T);
+        }
+    for (int64_t r = r0 + streams * len; r < r1; r++)
+        k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r, m->rows,
+                (int)m->T);
 }
 
 /* The set's one kernel for decode and small batches (the AMX level's), when it has one for
