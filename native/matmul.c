@@ -12,8 +12,8 @@
  *
  * T > DS4N_SMALL_T (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
  * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into a float buffer (64 KB,
- * L2-resident) and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x
- * DS4N_TILE_COLS tokens of SIMD accumulators) over every token against it; each micro-kernel
+ * L2-resident) and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x the set's
+ * tile_cols tokens of SIMD accumulators) over every token against it; each micro-kernel
  * call streams its 3 token rows from L1. Long panels measured best (fewer horizontal sums and
  * partial-sum passes over Y); the typical model row (K <= 1024) is a single panel. */
 #include "profile.h"
@@ -132,6 +132,7 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     ds4n_dequant_fn dequantize = ds4n_active_kernels(m->type)->dequantize;
     ds4n_tile_fn tile = ds4n_active_tile();
+    const int cols = ds4n_active_tile_cols();
     int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     _Alignas(64) float panel[PANEL_ROWS * PANEL_K];
 
@@ -142,8 +143,8 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
             int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
             for (int64_t i = 0; i < nr; i++)
                 dequantize(wk + (rp + i) * row_bytes, panel + i * kc, kc);
-            for (int64_t t = 0; t < m->T; t += DS4N_TILE_COLS) {
-                int nt = m->T - t < DS4N_TILE_COLS ? (int)(m->T - t) : DS4N_TILE_COLS;
+            for (int64_t t = 0; t < m->T; t += cols) {
+                int nt = m->T - t < cols ? (int)(m->T - t) : cols;
                 const float *x = m->X + t * m->K + k0;
                 float *y = m->Y + t * m->rows + rp;
                 for (int64_t i = 0; i < nr; i += DS4N_TILE_ROWS) {

@@ -140,18 +140,21 @@ struct ds4n_row_kernels {
     ds4n_mv_fn mv;     /* non-NULL: T <= DS4N_SMALL_T goes here first */
 };
 
-/* GEMM micro-kernel: for r < R (1..4) and t < C (1..3), acc[r][t] = dot(W + r*ldw, X + t*ldx)
- * over k floats; results go to Y[t*ldy + r], added to what is there when accumulate != 0. */
+/* GEMM micro-kernel: for r < R (1..4) and t < C (1..the set's tile_cols), acc[r][t] =
+ * dot(W + r*ldw, X + t*ldx) over k floats; results go to Y[t*ldy + r], added to what is
+ * there when accumulate != 0. */
 typedef void (*ds4n_tile_fn)(const float *W, int64_t ldw, const float *X, int64_t ldx,
                              int64_t k, float *Y, int64_t ldy, int R, int C, int accumulate);
 #define DS4N_TILE_ROWS 4
-#define DS4N_TILE_COLS 3
+#define DS4N_TILE_COLS 3      /* tokens per micro-kernel call, unless the set says more */
+#define DS4N_TILE_COLS_MAX 6
 
 /* Everything one SIMD level provides. Row-kernel slots left NULL fall back to scalar. */
 #define DS4N_TYPE_SLOTS 40 /* type ids are < 40 */
 struct ds4n_kernel_set {
     struct ds4n_row_kernels row[DS4N_TYPE_SLOTS];
     ds4n_tile_fn tile;
+    int tile_cols; /* C of the micro-kernel (0: DS4N_TILE_COLS) */
 };
 
 struct ds4n_type_traits {
@@ -164,6 +167,7 @@ const struct ds4n_type_traits *ds4n_traits(int type);
 /* The kernels in force for the current SIMD level (resolved; never NULL for a supported type). */
 const struct ds4n_row_kernels *ds4n_active_kernels(int type);
 ds4n_tile_fn ds4n_active_tile(void);
+int ds4n_active_tile_cols(void);
 
 extern const struct ds4n_kernel_set ds4n_scalar_set;
 #if defined(__x86_64__) || defined(_M_X64)

@@ -524,10 +524,11 @@ DS4N_FLOAT_KERNELS(f32, DS4N_F32)
 DS4N_FLOAT_KERNELS(f16, DS4N_F16)
 DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
 
-/* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn`. */
+/* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn` of tile_cols tokens
+ * (0: DS4N_TILE_COLS). */
 #define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, NULL, NULL}
 #define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name, cols_##name, NULL}
-#define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn)                                        \
+#define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn, cols)                                  \
     const struct ds4n_kernel_set set_name = {                                            \
         .row = {                                                                         \
             DS4N_ROW(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),                \
@@ -539,7 +540,7 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
             DS4N_ROW(IQ2_XXS, iq2_xxs), DS4N_ROW_MV(IQ4_NL, iq4_nl),                     \
             DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW_MV(MXFP4, mxfp4),                         \
         },                                                                               \
-        .tile = tile_fn,                                                                 \
+        .tile = tile_fn, .tile_cols = cols,                                              \
     };
 
 #endif

@@ -10,6 +10,7 @@
 
 static struct ds4n_row_kernels active[DS4N_TYPE_SLOTS];
 static ds4n_tile_fn active_tile;
+static int active_tile_cols;
 static int active_level;
 
 #ifdef DS4N_HAVE_AVX2
@@ -92,6 +93,7 @@ int ds4n_set_simd(int level) {
 #endif
     }
     active_tile = set->tile;
+    active_tile_cols = set->tile_cols ? set->tile_cols : DS4N_TILE_COLS;
     active_level = level;
     return level;
 }
@@ -106,6 +108,10 @@ const struct ds4n_row_kernels *ds4n_active_kernels(int type) {
 
 ds4n_tile_fn ds4n_active_tile(void) {
     return active_tile;
+}
+
+int ds4n_active_tile_cols(void) {
+    return active_tile_cols;
 }
 
 /* Chosen at load, before any kernel call (and so before any worker thread exists). */
