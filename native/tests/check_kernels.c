@@ -1,6 +1,7 @@
 /* Checks every SIMD kernel set this CPU runs against the scalar one, for every type:
  * dequantize must be bit-identical, dot and matmul (decode and prefill shapes, 1 and 2
- * threads) equal within float32 rounding. Built natively (AVX2) and cross-compiled for
+ * threads) equal within float32 rounding, and 2..8 tokens bitwise the single-token result.
+ * Built natively (every x86 level the CPU runs: AVX2, AVX-512, AMX) and cross-compiled for
  * aarch64 and run under qemu (NEON) by `make -C native check-neon`. Exit status 1 on any
  * mismatch. Uses only the public ds4n.h API. */
 #include <math.h>
