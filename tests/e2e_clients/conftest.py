@@ -5,9 +5,10 @@ and runs this directory with DS4D_E2E_CLIENTS=1; without it nothing here is coll
 `make test` / `make test-all` never need npm, the network or minutes of prefill.
 
 Each client file starts its own daemon in the README's configuration (the embedded
-SmolLM2, `--ctx 32768`, two slots, disk KV on) with a trace of every request (text
-included), runs the client non-interactively, offline against loopback, with its own
-HOME, and reads what happened from the client's own output and the daemon's trace.
+SmolLM2, `--ctx 32768 --rope-scaling yarn`, two slots, disk KV on) with a trace of every
+request (text included), runs the client non-interactively, offline against loopback,
+with its own HOME, and reads what happened from the client's own output and the daemon's
+trace.
 A run's numbers (first-turn prompt tokens, time to first token, the next run's cached
 tokens) are printed at the end of the session."""
 
@@ -37,8 +38,10 @@ PINNED = {"claude": "claude-2.1.197", "codex": "codex-0.171.0", "opencode": "ope
 # hundred tokens/s on two cores, far slower when the machine is shared.
 RUN_TIMEOUT_S = float(os.environ.get("DS4D_E2E_RUN_TIMEOUT_S", "2400"))
 # Answers are kept short through each client's own output limit or ds4d's default cap:
-# a 135M model given 32000 tokens rambles for minutes.
-MAX_OUTPUT = 64
+# a 135M model given 32000 tokens rambles for minutes. 256 rather than less: Claude Code
+# answers a reply cut at the limit (stop_reason max_tokens) by asking the model to resume,
+# three times, and then fails the run; SmolLM2 ends most of its replies within 256.
+MAX_OUTPUT = 256
 
 REPORT: list[dict] = []
 
@@ -99,6 +102,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         tmp,
         "--ctx",
         "32768",
+        "--rope-scaling",
+        "yarn",
         "--kv-disk",
         "--trace",
         str(trace),
@@ -220,7 +225,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not REPORT:
         return
     w = terminalreporter
-    w.section("agent clients against ds4d (embedded SmolLM2, --ctx 32768)")
+    w.section("agent clients against ds4d (embedded SmolLM2, --ctx 32768 --rope-scaling yarn)")
     w.write_line(
         f"{'client':<22} {'1st prompt':>10} {'TTFT s':>8} {'2nd prompt':>10} "
         f"{'2nd cached':>10} {'run s':>7}"
