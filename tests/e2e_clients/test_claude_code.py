@@ -23,6 +23,7 @@ from tests.e2e_clients.conftest import (
     MAX_OUTPUT,
     Run,
     Served,
+    assert_no_markup,
     assert_reused,
     base_env,
     client_bin,
@@ -98,6 +99,8 @@ def test_claude_code(served: Served, tmp_path: Path, mode: list[str]) -> None:
     second = claude(served, tmp_path, mode, "Use the Bash tool to run: echo ds4d-e2e")
     assert second.returncode == 0, second.explain()
     result_text(second)
+    for run in (first, second):
+        assert_no_markup([b["text"] for b in blocks(run, "assistant", "text")], run)
     call, after = tool_round_trip(second.records, "messages", "Bash")
     assert_reused(head, call)
     # The client ran the call the model made and sent its result back.
