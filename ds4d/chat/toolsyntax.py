@@ -22,14 +22,16 @@ before its body is complete (end of sequence, max_tokens) yields no event at all
 `CallParser.malformed` says why in one line (the serving loop logs it and records it
 in the trace; the finish reason stays what ended the generation: `length` for
 max_tokens, else `stop`). A block cut off after a complete body (a missing closing
-tag) is accepted. Stray closing tags in text are removed. This rule is what remains
-when the constraint cannot take over: when the piece that completed the opening marker
-already holds text past the markup the constraint would force (the model chose a name
-in the same token), what the model wrote cannot be replayed into a constraint. Once a
+tag) is accepted. Stray closing tags in text are removed. The dropping rule is what
+remains when the constraint cannot take over: when the piece that completed the opening
+marker already holds text past the markup the constraint would force (the model chose a
+name in the same token), what the model wrote cannot be replayed into a constraint. Once a
 constraint has taken over, the call is completed even past max_tokens (it is bounded by
 its schema), as a forced call is. A call written inside reasoning is not a call:
 reasoning is passed on verbatim (a later turn renders it back, and the prompt must
-match the KV), and it never goes to the text channel.
+match the KV), and it never goes to the text channel. A marker of the tool's own turn
+(`Syntax.enders`: the template's tool-result wrapper) ends the reply before it: the
+model has begun playing the tool, and neither the marker nor what follows is text.
 
 **Replay.** The tool memory keeps, per call id, a record of the call's compact
 arguments and the exact text the model sampled for it (`replay_record`). When a later
