@@ -85,13 +85,14 @@ class Served:
             XDG_CONFIG_HOME=str(self.tmp / "xdg_config_home"),
         )
         code = "import sys; from ds4ctl.cli import main; sys.exit(main(sys.argv[1:]))"
-        subprocess.run(
+        p = subprocess.run(
             [sys.executable, "-c", code, "config", "set", "force_tool_choice", value],
             env=env,
-            check=True,
             capture_output=True,
-            timeout=30,
+            text=True,
+            timeout=60,
         )
+        assert p.returncode == 0, f"ds4ctl exit {p.returncode}: {p.stderr.strip()}"
 
 
 @pytest.fixture(scope="module")
