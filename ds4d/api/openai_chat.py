@@ -26,6 +26,7 @@ from ds4d.chat.types import (
     Finish,
     Message,
     ReasoningDelta,
+    Role,
     Sampling,
     TextDelta,
     Tool,
@@ -37,7 +38,7 @@ from ds4d.chat.types import (
 )
 
 TEXT_PARTS = ("text", "input_text", "output_text")
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool", "function": "tool"}
 
 
@@ -80,8 +81,8 @@ def parse_tool_choice(value: Any, tools: list[Tool]) -> ToolChoice:
             raise bad("tool_choice 'required' needs at least one tool", "tool_choice")
         return ToolChoice("required")
     if isinstance(value, dict):
-        fn = value.get("function") if isinstance(value.get("function"), dict) else value
-        name = fn.get("name")
+        fn = value.get("function")
+        name = (fn if isinstance(fn, dict) else value).get("name")
         if isinstance(name, str):
             if name not in {t.name for t in tools}:
                 raise bad(f"tool_choice names '{name}', which is not among the tools",

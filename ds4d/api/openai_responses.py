@@ -27,6 +27,7 @@ from ds4d.chat.types import (
     Finish,
     Message,
     ReasoningDelta,
+    Role,
     Sampling,
     TextDelta,
     Tool,
@@ -41,7 +42,7 @@ __all__ = ["error_body", "parse", "response", "Stream"]
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text",
               "refusal")
-ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 CALL_ITEMS = {"function_call", "custom_tool_call", "local_shell_call"}
 OUTPUT_ITEMS = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 
@@ -347,6 +348,7 @@ class Stream:
                                     item_id=item["id"], output_index=self._index,
                                     summary_index=0, part={"type": "summary_text", "text": ""}))
             self.text += ev.text
+            assert self.item is not None  # opened just above if it was not
             out.append(self._ev("response.reasoning_summary_text.delta",
                                 item_id=self.item["id"], output_index=self._index,
                                 summary_index=0, delta=ev.text))
@@ -360,6 +362,7 @@ class Stream:
                                     part={"type": "output_text", "text": "",
                                           "annotations": []}))
             self.text += ev.text
+            assert self.item is not None  # opened just above if it was not
             out.append(self._ev("response.output_text.delta", item_id=self.item["id"],
                                 output_index=self._index, content_index=0, delta=ev.text,
                                 logprobs=[]))

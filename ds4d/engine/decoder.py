@@ -7,19 +7,17 @@ model object whose `new_state(n_ctx, kv_type)` is a `DecoderState` over the fami
 `ds4n_<family>_session_new` and `ds4n_<family>_eval`. The KV cache holds K and V in the
 session's KV type (`KV_TYPES`: float32, IEEE half, or GGUF's Q8_0 blocks of 32 along the
 head dimension, which a head dimension not a multiple of 32 cannot use); resident memory
-and the session payload both hold the stored type. engine.py drives the state through:
-
-    state.eval(tokens_int32, logits_out, all_logits), state.n_past, state.set_n_past(n),
-    state.kv_bytes, state.kv_type, state.kv_payload_bytes(n, start), state.write_kv(fp, n,
-    start), state.read_kv(fp, n, start), state.close()
-
-and several states of one model at once through `model.eval_batch(states, tokens, logits)`
-(`ds4n_<family>_eval_batch`: one forward pass, the weights read once for all of them).
+and the session payload both hold the stored type. `DecoderModel` is a
+`ds4d.engine.family.BatchedModel` and `DecoderState` a `FamilyState`: engine.py drives them
+through those Protocols, several states of one model at once through
+`model.eval_batch(states, tokens, logits)` (`ds4n_<family>_eval_batch`: one forward pass,
+the weights read once for all of them).
 """
 
 from __future__ import annotations
 
 import ctypes
+import io
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, BinaryIO
 
@@ -27,6 +25,7 @@ import numpy as np
 
 from ds4d.engine import native
 from ds4d.engine.errors import EngineError, ModelLoadError
+from ds4d.engine.family import FamilyState
 from ds4d.engine.gguf_file import GGUFFile, Tensor
 from ds4d.engine.native import lib
 
@@ -76,7 +75,7 @@ def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
         fn.restype, fn.argtypes = restype, argtypes
 
 
-def fptr(a: np.ndarray | None) -> ctypes._Pointer | None:
+def fptr(a: np.ndarray | None) -> ctypes._Pointer[ctypes.c_float] | None:
     if a is None:
         return None
     assert a.dtype == np.float32 and a.flags.c_contiguous
@@ -196,7 +195,7 @@ class DecoderModel:
         (the reference the tests compare against); Engine.open chooses the serving type."""
         return DecoderState(self, n_ctx, kv_type)
 
-    def eval_batch(self, states: Sequence[DecoderState], tokens: Sequence[np.ndarray],
+    def eval_batch(self, states: Sequence[FamilyState], tokens: Sequence[np.ndarray],
                    logits: np.ndarray | None) -> None:  # fmt: skip
         """One forward pass appending tokens[i] (int32, at least one) to states[i] (at most
         MAX_BATCH distinct states of this model); logits (len(states) x n_vocab float32, or
@@ -206,11 +205,12 @@ class DecoderModel:
         if n != len(tokens) or not 1 <= n <= MAX_BATCH:
             raise EngineError(f"eval_batch: {n} states for {len(tokens)} token lists"
                               f" (1..{MAX_BATCH})")  # fmt: skip
-        if any(s.model is not self for s in states):
+        mine = [s for s in states if isinstance(s, DecoderState) and s.model is self]
+        if len(mine) != n:
             raise EngineError("eval_batch: a state of another model")
         if logits is not None and logits.shape != (n, self.n_vocab):
             raise EngineError(f"eval_batch: logits of shape {logits.shape}")
-        handles = (ctypes.c_void_p * n)(*[s.handle for s in states])
+        handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])
         counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
         flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
         rc = getattr(lib, f"ds4n_{self.prefix}_eval_batch")(
@@ -235,7 +235,7 @@ class DecoderState:
         self.kv_type = kv_type
         self._row_bytes = model.kv_row_bytes(kv_type)
         self._eval = getattr(lib, f"ds4n_{model.prefix}_eval")
-        self._handle = getattr(lib, f"ds4n_{model.prefix}_session_new")(
+        self._handle: int | None = getattr(lib, f"ds4n_{model.prefix}_session_new")(
             model.handle, self.n_ctx, KV_TYPES[kv_type]
         )
         if not self._handle:
@@ -251,7 +251,13 @@ class DecoderState:
     def n_past(self) -> int:
         return int(lib.ds4n_dec_session_n_past(self.handle))
 
-    def set_n_past(self, n: int) -> None:
+    def rewind(self, n: int) -> None:
+        """Keep the first n positions: the KV rows after them are dropped (no evaluation)."""
+        if not 0 <= n <= self.n_past:
+            raise EngineError(f"cannot hold {n} tokens: the state has {self.n_past}")
+        self._set_n_past(n)
+
+    def _set_n_past(self, n: int) -> None:
         if lib.ds4n_dec_session_set_n_past(self.handle, n) != 0:
             raise EngineError(f"cannot hold {n} tokens in a {self.n_ctx}-token session")
 
@@ -299,22 +305,27 @@ class DecoderState:
         for il in range(self.model.n_layer):
             for which in (0, 1):
                 self._rows(lib.ds4n_dec_session_kv_get, il, which, start, n, buf)
-                fp.write(memoryview(buf))
+                fp.write(memoryview(buf.data))
 
     def read_kv(self, fp: BinaryIO, n: int, start: int = 0) -> None:
-        """Reads what write_kv(fp, n, start) wrote into rows [start, n); the caller sets
-        n_past afterwards."""
+        """Reads what write_kv(fp, n, start) wrote into rows [start, n), then holds n
+        positions; on an error (a truncated payload) it still holds `start`."""
+        if start != self.n_past:
+            raise EngineError(f"KV rows from {start} do not extend a state of {self.n_past}")
         buf = self._buffer(n - start)
-        view = memoryview(buf)
+        view = memoryview(buf.data)
         for il in range(self.model.n_layer):
             for which in (0, 1):
                 _read_exact(fp, view)
                 self._rows(lib.ds4n_dec_session_kv_set, il, which, start, n, buf)
+        self._set_n_past(n)
 
     def _buffer(self, rows: int) -> np.ndarray:
         return np.empty(self.model.n_head_kv * max(rows, 0) * self._row_bytes, np.uint8)
 
-    def _rows(self, fn: Any, il: int, which: int, start: int, n: int, buf: np.ndarray) -> None:
+    def _rows(
+        self, fn: Callable[..., int], il: int, which: int, start: int, n: int, buf: np.ndarray
+    ) -> None:
         if fn(self.handle, il, which, start, n - start, buf.ctypes.data) != 0:
             raise EngineError(f"KV rows [{start}, {n}) are outside a {self.n_ctx}-token session")
 
@@ -330,7 +341,12 @@ class DecoderState:
 def _read_exact(fp: BinaryIO, view: memoryview) -> None:
     done = 0
     while done < len(view):
-        got = fp.readinto(view[done:])
+        if isinstance(fp, io.BufferedIOBase | io.RawIOBase):  # straight into the buffer
+            got = fp.readinto(view[done:]) or 0
+        else:
+            data = fp.read(len(view) - done)
+            got = len(data)
+            view[done : done + got] = data
         if not got:
             raise EngineError("session payload is truncated (KV rows)")
         done += got
