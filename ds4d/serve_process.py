@@ -3,7 +3,8 @@
 port of 127.0.0.1, runs with the environment the caller gives (`private_env`: its own XDG
 directories, so its disk KV, config and admin socket are not the user's daemon's), writes
 its output to a log file, is ready once /health answers 200, and is stopped with SIGTERM
-(SIGKILL if it does not exit in time) when the `serve_process` block ends.
+(SIGKILL if it does not exit in time) when the `serve_process` block ends (or by `stop`,
+for a caller that starts and kills daemons itself: `start_serve`).
 
 Waiting for it to load is a bounded poll of /health (another process offers no event to
 wait on). The caller may pass its own poll (`wait`): the tests pass tests/polling.py's
@@ -114,6 +115,34 @@ def serve_command(port: int, serve_args: Sequence[str]) -> list[str]:
             *serve_args]  # fmt: skip
 
 
+def start_serve(
+    serve_args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    start_timeout: float,
+    wait: Wait = poll_until,
+    echo: bool = False,
+    append: bool = False,
+) -> ServeProcess:
+    """`ds4d serve --host 127.0.0.1 --port <free port> *serve_args`, once ready; stopped
+    (and ServeProcessError raised) if it is not. The caller stops it (`stop`). echo: print
+    the command first; append: add to the log file rather than replace it."""
+    port = free_port()
+    cmd = serve_command(port, serve_args)
+    if echo:
+        print(f"# starting: {' '.join(cmd)}", flush=True)
+    with open(log_path, "ab" if append else "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+    daemon = ServeProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        wait(daemon.ready, start_timeout, "ds4d serve did not become healthy")
+    except BaseException:
+        daemon.stop(timeout=10)
+        raise
+    return daemon
+
+
 @contextmanager
 def serve_process(
     serve_args: Sequence[str],
@@ -125,17 +154,11 @@ def serve_process(
     wait: Wait = poll_until,
     echo: bool = False,
 ) -> Iterator[ServeProcess]:
-    """`ds4d serve --host 127.0.0.1 --port <free port> *serve_args`, ready (or
-    ServeProcessError), stopped at the end of the block. echo: print the command first."""
-    port = free_port()
-    cmd = serve_command(port, serve_args)
-    if echo:
-        print(f"# starting: {' '.join(cmd)}", flush=True)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
-    daemon = ServeProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    """start_serve's daemon for the block, stopped at its end (SIGTERM, SIGKILL after
+    stop_timeout seconds)."""
+    daemon = start_serve(serve_args, env=env, log_path=log_path, start_timeout=start_timeout,
+                         wait=wait, echo=echo)  # fmt: skip
     try:
-        wait(daemon.ready, start_timeout, "ds4d serve did not become healthy")
         yield daemon
     finally:
         daemon.stop(stop_timeout)
