@@ -235,6 +235,17 @@ def test_every_slow_test_listed_exists() -> None:
             assert name in functions, key
 
 
+def test_every_module_run_first_exists() -> None:
+    """RUN_FIRST in tests/conftest.py (the long modules `make test` starts first) names
+    test files that exist, once each, so a rename cannot quietly send a long module to the
+    end of the run."""
+    from tests.conftest import RUN_FIRST
+
+    assert len(set(RUN_FIRST)) == len(RUN_FIRST)
+    missing = [m for m in RUN_FIRST if not (REPO / m).is_file()]
+    assert not missing, missing
+
+
 def test_no_source_refers_to_documents_outside_the_repo() -> None:
     """Comments explain in place: none points at a path outside the checkout."""
     outside = re.compile(r"\.\./shared|design\.md|specs/dsv4|spec §")
