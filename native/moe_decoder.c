@@ -31,23 +31,7 @@ static void release(ds4n_dec_model *base) {
     ds4n_moe_scratch_free(m->scratch);
 }
 
-void *ds4n_moe_decoder_new(size_t size, const ds4n_dec_shape *shape, int n_global,
-                           int n_per_layer, const void *const *tensors, const int32_t *types) {
-    if (size < sizeof(ds4n_moe_decoder) || shape->n_ff != 0) return NULL;
-    ds4n_moe_decoder *m =
-        ds4n_dec_model_new(size, shape, n_global, n_per_layer, tensors, types, layers);
-    if (!m) return NULL;
-    m->base.release = release;
-    m->layer = calloc((size_t)shape->n_layer, sizeof *m->layer);
-    m->scratch = ds4n_moe_scratch_new();
-    if (!m->layer || !m->scratch) {
-        ds4n_dec_model_free(&m->base);
-        return NULL;
-    }
-    return m;
-}
-
-int ds4n_moe_decoder_valid(const ds4n_moe_decoder *m) {
+static int layers_valid(const ds4n_moe_decoder *m) {
     const ds4n_moe *first = &m->layer[0].moe;
     for (int il = 0; il < m->base.shape.n_layer; il++) {
         const ds4n_moe *e = &m->layer[il].moe;
@@ -57,6 +41,27 @@ int ds4n_moe_decoder_valid(const ds4n_moe_decoder *m) {
             return 0;
     }
     return 1;
+}
+
+void *ds4n_moe_decoder_new(size_t size, const ds4n_dec_shape *shape, int n_per_layer,
+                           const void *const *tensors, const int32_t *types,
+                           ds4n_moe_layer_fn describe, const void *hp) {
+    if (size < sizeof(ds4n_moe_decoder) || shape->n_ff != 0) return NULL;
+    ds4n_moe_decoder *m = ds4n_dec_model_new(size, shape, DS4N_DEC_N_GLOBAL, n_per_layer,
+                                             tensors, types, layers);
+    if (!m) return NULL;
+    m->base.release = release;
+    m->layer = calloc((size_t)shape->n_layer, sizeof *m->layer);
+    m->scratch = ds4n_moe_scratch_new();
+    if (m->layer && m->scratch)
+        for (int il = 0; il < shape->n_layer; il++)
+            describe(m, il, ds4n_dec_layer_w(&m->base.wt, il), ds4n_dec_layer_wt(&m->base.wt, il),
+                     hp);
+    if (!m->layer || !m->scratch || !layers_valid(m)) {
+        ds4n_dec_model_free(&m->base);
+        return NULL;
+    }
+    return m;
 }
 
 int64_t ds4n_moe_decoder_expert_bytes(const ds4n_dec_model *m) {

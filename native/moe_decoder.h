@@ -1,7 +1,8 @@
 /* The decoder of the mixture-of-experts families (qwen3moe.c, gptoss.c): every layer is
  * RMSNorm, attention, residual, RMSNorm, MoE FFN (moe.h), residual, so the layer loop is
  * shared; a family describes each layer (its norms, its attention, its experts) once at
- * load, and its C file holds only that description and its RoPE.
+ * load (ds4n_moe_layer_fn), and its C file holds only that description, its checks of its
+ * own hyper-parameters and its RoPE.
  *
  * The model (ds4n_moe_decoder, the first member of a family's model struct, itself starting
  * with decoder_model.h's ds4n_dec_model) owns the per-layer descriptions and the MoE working
@@ -37,15 +38,20 @@ typedef struct ds4n_moe_decoder {
     ds4n_moe_scratch *scratch;
 } ds4n_moe_decoder;
 
-/* ds4n_dec_model_new of a model struct of size bytes whose first member is a
- * ds4n_moe_decoder, with the zeroed layer array and the scratch allocated. The shape's n_ff
- * must be 0 (no dense FFN). NULL on a bad shape or no memory. */
-void *ds4n_moe_decoder_new(size_t size, const ds4n_dec_shape *shape, int n_global,
-                           int n_per_layer, const void *const *tensors, const int32_t *types);
+/* Describes layer il of m (m->layer[il]: norms, attention, experts) from its weight slots
+ * (lw, lt: decoder.h's ds4n_dec_layer_w / _wt) and the family's hyper-parameters hp. */
+typedef void (*ds4n_moe_layer_fn)(ds4n_moe_decoder *m, int il, const void *const *lw,
+                                  const int32_t *lt, const void *hp);
 
-/* 1 when every layer's experts are ds4n_moe_valid, as wide as the model and of layer 0's
- * sizes (the scratch is reserved once per eval for all of them). */
-int ds4n_moe_decoder_valid(const ds4n_moe_decoder *m);
+/* ds4n_dec_model_new of a model struct of size bytes whose first member is a
+ * ds4n_moe_decoder (the global slots are decoder_model.h's three), with the layer array
+ * and the scratch allocated and every layer described by describe(..., hp). The shape's
+ * n_ff must be 0 (no dense FFN). NULL on a bad shape, on layers whose experts are not
+ * ds4n_moe_valid, as wide as the model and of layer 0's sizes (the scratch is reserved
+ * once per eval for all of them), or no memory. */
+void *ds4n_moe_decoder_new(size_t size, const ds4n_dec_shape *shape, int n_per_layer,
+                           const void *const *tensors, const int32_t *types,
+                           ds4n_moe_layer_fn describe, const void *hp);
 
 /* Bytes of expert weights this model's evals have read so far (moe.h's counter); -1 for a
  * model that is not a MoE decoder. */
