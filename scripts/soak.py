@@ -19,31 +19,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from ds4d.serve_process import ServeProcessError, private_env, serve_process
 
 TOPICS = [
     "rivers", "bread", "compilers", "the moon", "chess", "gardens", "trains", "music",
     "volcanoes", "bees", "lighthouses", "maps", "glass", "clocks", "the sea", "paper",
 ]  # fmt: skip
 APIS = ("chat", "completions", "responses", "anthropic")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rss_kib(pid: int) -> int:
@@ -221,34 +214,23 @@ def main() -> int:
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="ds4d-soak-"))
     state.mkdir(parents=True, exist_ok=True)
     runtime = Path(tempfile.mkdtemp(prefix="ds4d-soak-rt-"))
-    port = free_port()
-    env = dict(os.environ, XDG_CACHE_HOME=str(state / "cache"), XDG_RUNTIME_DIR=str(runtime),
-               XDG_CONFIG_HOME=str(state / "config"), XDG_STATE_HOME=str(state / "xstate"))  # fmt: skip
-    env.pop("NOTIFY_SOCKET", None)
-    cmd = [sys.executable, "-m", "ds4d", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--ctx", str(args.ctx), "--slots", str(args.slots), "--threads", str(args.threads),
-           "--kv-disk", "--kv-disk-dir", str(state / "kv"), "--kv-disk-space-mb", "256"]  # fmt: skip
+    env = private_env({"XDG_CACHE_HOME": state / "cache", "XDG_RUNTIME_DIR": runtime,
+                       "XDG_CONFIG_HOME": state / "config", "XDG_STATE_HOME": state / "xstate"})  # fmt: skip
+    serve_args = ["--ctx", str(args.ctx), "--slots", str(args.slots), "--threads",
+                  str(args.threads), "--kv-disk", "--kv-disk-dir", str(state / "kv"),
+                  "--kv-disk-space-mb", "256"]  # fmt: skip
     if args.model:
-        cmd += ["--model", args.model]
+        serve_args += ["--model", args.model]
     log_path = state / "ds4d.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
+    daemon = ExitStack()
     try:
-        start_deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                print(f"ds4d exited with {proc.returncode}; see {log_path}", file=sys.stderr)
-                return 1
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > start_deadline:
-                print("ds4d did not become healthy", file=sys.stderr)
-                return 1
-            time.sleep(0.2)  # waiting on another process, bounded by start_deadline
+        try:
+            started = daemon.enter_context(serve_process(
+                serve_args, env=env, log_path=log_path, start_timeout=180, stop_timeout=60))  # fmt: skip
+        except ServeProcessError as e:
+            print(f"{e}\nsee {log_path}", file=sys.stderr)
+            return 1
+        url, proc = started.url, started.proc
         t0 = time.monotonic()
         deadline = t0 + 60 * args.minutes
         tally = Tally()
@@ -279,13 +261,7 @@ def main() -> int:
         rss_end = rss_kib(proc.pid) if proc.poll() is None else 0
         alive = proc.poll() is None
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        daemon.close()  # SIGTERM, SIGKILL after 60 s
     log_text = log_path.read_text(errors="replace")
     total = sum(tally.requests.values())
     errors = sum(tally.errors.values())
