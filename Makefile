@@ -45,15 +45,15 @@ lint: install
 	$(BIN)/ruff format --check ds4d ds4ctl tests scripts
 	$(BIN)/mypy
 
-# The fast tier (what CI runs): everything not marked slow, in parallel.
+# The fast tier (what CI runs): everything not marked slow, in parallel. `make -C native
+# check-neon` (SIMD kernels against scalar, NEON under qemu) is one of the tests
+# (tests/test_check_neon.py), so it runs beside the others instead of alone before them.
 test: install
-	$(MAKE) -C native check-neon PYTHON=$(abspath $(BIN)/python)
-	$(BIN)/pytest -q -n $(JOBS) --dist loadscope -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
 # Every test, the slow ones too (the wheel build in a temp venv, long prompts, soak).
 test-all: install
-	$(MAKE) -C native check-neon PYTHON=$(abspath $(BIN)/python)
-	$(BIN)/pytest -q -n $(JOBS) --dist loadscope $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The wheel users get (libds4n built inside it by native/CMakeLists.txt), into dist/.
 wheel:

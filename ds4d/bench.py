@@ -25,13 +25,19 @@ import importlib.util
 import resource
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ds4d.daemon.config import KV_TYPES
 from ds4d.daemon.exitcodes import CliError
+
+if TYPE_CHECKING:  # imported where used: `ds4d bench --help` loads no native library
+    from ds4d.bench_profile import Part
+    from ds4d.engine.engine import Engine, Session
 
 CSV_FIELDS = (
     "ctx",
@@ -124,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     info = engine.info
     print(
         f"# model {info.name} ({info.family}, {info.quant}, {info.file_bytes / 1e6:.1f} MB), "
-        f"threads {engine.threads}, kv {engine.kv_type}, prompt {args.prompt_file}",
+        f"threads {engine.threads}, kv {engine.kv_type}, kernels {_kernels()}, "
+        f"prompt {args.prompt_file}",
         flush=True,
     )
     profiler = None
@@ -180,8 +187,8 @@ def run_batch(args: argparse.Namespace) -> int:
     tokens = _prompt_tokens(engine, _read_prompt(args.prompt_file), args.ctx_start * args.batch)
     info = engine.info
     print(f"# model {info.name} ({info.family}, {info.quant}), threads {engine.threads}, "
-          f"{args.ctx_start}-token prompts, {args.gen_tokens} greedy tokens per session",
-          flush=True)  # fmt: skip
+          f"kernels {_kernels()}, {args.ctx_start}-token prompts, {args.gen_tokens} greedy "
+          "tokens per session", flush=True)  # fmt: skip
     print(f"{'sessions':>8} {'gen t/s':>9} {'per session':>12} {'vs one':>7}", flush=True)
     rows: list[BatchRow] = []
     for n in batch_counts(args.batch):
@@ -204,7 +211,7 @@ def run_batch(args: argparse.Namespace) -> int:
     return 0
 
 
-def batch_decode(engine, prompts: list[list[int]], gen_tokens: int) -> float:
+def batch_decode(engine: Engine, prompts: list[list[int]], gen_tokens: int) -> float:
     """Prefills one session per prompt, then times gen_tokens greedy steps of all of them
     together (end-of-generation tokens never chosen); seconds."""
     stop_ids = np.fromiter(engine.tokenizer.eog_ids, dtype=np.int64)
@@ -214,9 +221,9 @@ def batch_decode(engine, prompts: list[list[int]], gen_tokens: int) -> float:
             s.eval(p)
         t0 = time.perf_counter()
         for _ in range(gen_tokens):
-            steps = []
+            steps: list[tuple[Session, list[int]]] = []
             for s in sessions:
-                logits = s.logits.copy()
+                logits = s.compute_logits().copy()
                 logits[stop_ids] = -np.inf
                 steps.append((s, [int(np.argmax(logits))]))
             engine.eval_batch(steps)
@@ -245,16 +252,16 @@ def run_bandwidth(args: argparse.Namespace) -> int:
 class _Profiler:
     """The --profile hook of the sweep: a profiled generation at every frontier."""
 
-    def __init__(self, engine, bandwidth_mib: int) -> None:
+    def __init__(self, engine: Engine, bandwidth_mib: int) -> None:
         from ds4d.engine import native
 
         self.engine = engine
         self.bandwidth = native.read_bandwidth(engine.pool, bandwidth_mib << 20)
-        self.parts: list = []
+        self.parts: list[Part] = []
         print(f"# read bandwidth {self.bandwidth / 1e9:.1f} GB/s ({engine.threads} threads): "
               f"the bound of the profile", flush=True)  # fmt: skip
 
-    def __call__(self, session, ctx: int, gen_tokens: int, stop_ids: np.ndarray) -> None:
+    def __call__(self, session: Session, ctx: int, gen_tokens: int, stop_ids: np.ndarray) -> None:
         from ds4d.bench_profile import print_parts, profile_decode
 
         if gen_tokens == 0:
@@ -274,13 +281,13 @@ class _Profiler:
 
 
 def sweep(
-    engine,
+    engine: Engine,
     tokens: list[int],
     ctx_start: int,
     ctx_max: int,
     step: int,
     gen_tokens: int,
-    after_generation=None,
+    after_generation: Callable[[Session, int, int, np.ndarray], None] | None = None,
 ) -> list[Row]:
     """Runs the sweep on one session and returns one Row per frontier (also printed).
     after_generation(session, ctx, gen_tokens, stop_ids), if given, runs at each frontier
@@ -326,11 +333,11 @@ def sweep(
     return rows
 
 
-def _generate_greedy(session, n: int, stop_ids: np.ndarray) -> float:
+def _generate_greedy(session: Session, n: int, stop_ids: np.ndarray) -> float:
     """Greedy decode of n tokens, never choosing an end-of-generation token; seconds."""
     t0 = time.perf_counter()
     for _ in range(n):
-        logits = session.logits.copy()
+        logits = session.compute_logits().copy()
         logits[stop_ids] = -np.inf
         session.eval([int(np.argmax(logits))])
     return time.perf_counter() - t0
@@ -376,6 +383,13 @@ def _check_sweep(args: argparse.Namespace) -> None:
         raise CliError("--ctx-max must be ≥ --ctx-start", 2)
 
 
+def _kernels() -> str:
+    """The native kernel level in force (DS4N_SIMD or the best the CPU runs)."""
+    from ds4d.engine import native
+
+    return native.SIMD_NAMES.get(native.simd_level(), str(native.simd_level()))
+
+
 def _read_prompt(path: str) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
@@ -386,7 +400,7 @@ def _read_prompt(path: str) -> str:
     return text
 
 
-def _prompt_tokens(engine, text: str, needed: int) -> list[int]:
+def _prompt_tokens(engine: Engine, text: str, needed: int) -> list[int]:
     # Tokenize only a prefix that surely covers `needed` tokens (a token is rarely under
     # 2 bytes): encoding a whole novel would inflate the peak RSS the bench reports.
     chars = needed * 8

@@ -22,11 +22,13 @@ import csv
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ds4d.engine import native
+from ds4d.engine.decoder import DecoderModel
+from ds4d.engine.engine import Engine, Session
+from ds4d.engine.family import FamilyModel
 from ds4d.engine.sampler import SamplingParams, make_rng, sample
 
 PROFILE_FIELDS = ("ctx", "part", "ms_per_token", "share", "bytes_per_token", "gb_per_s",
@@ -46,15 +48,15 @@ class Part:
     fraction_of_bound: float  # bytes / bandwidth over the time taken (0: not applicable)
 
 
-def kv_bytes_read(model: Any, n_keys: int, kv_type: str = "f32") -> int:
+def kv_bytes_read(model: FamilyModel, n_keys: int, kv_type: str = "f32") -> int:
     """K and V bytes one decode step reads at n_keys positions, in the KV type (0 if
     unknown: a family with its own KV format)."""
-    if not hasattr(model, "kv_token_bytes"):
+    if not isinstance(model, DecoderModel):
         return 0
-    return int(model.kv_token_bytes(kv_type)) * n_keys
+    return model.kv_token_bytes(kv_type) * n_keys
 
 
-def profile_decode(engine: Any, session: Any, n_tokens: int, stop_ids: np.ndarray,
+def profile_decode(engine: Engine, session: Session, n_tokens: int, stop_ids: np.ndarray,
                    bandwidth: float) -> list[Part]:  # fmt: skip
     """Generates n_tokens on session with the native profile on (the session keeps them)
     and returns the per-token split (the parts' ms add up to the measured token time)."""
@@ -62,13 +64,13 @@ def profile_decode(engine: Any, session: Any, n_tokens: int, stop_ids: np.ndarra
     rng = make_rng(PROFILE_SAMPLING.seed)
     stop = set(stop_ids.tolist())
     sample_s = 0.0
-    _ = session.logits  # after a rewind they are recomputed: not part of the profile
+    session.compute_logits()  # after a rewind this is a forward pass: not part of the profile
     native.Profile.enable()
     try:
         t_start = time.perf_counter()
         for _ in range(n_tokens):
             t0 = time.perf_counter()
-            logits = session.logits
+            logits = session.compute_logits()
             token = sample(logits, PROFILE_SAMPLING, rng)
             if token in stop:  # keep the count fixed, as the timed generation does
                 masked = logits.copy()
@@ -84,7 +86,7 @@ def profile_decode(engine: Any, session: Any, n_tokens: int, stop_ids: np.ndarra
     return _split(engine, entries, totals, total_s, sample_s, n_tokens, ctx, bandwidth)
 
 
-def _split(engine: Any, entries: list[native.ProfileEntry], totals: dict[str, int],
+def _split(engine: Engine, entries: list[native.ProfileEntry], totals: dict[str, int],
            total_s: float, sample_s: float, n: int, ctx: int, bandwidth: float) -> list[Part]:  # fmt: skip
     n_vocab = engine.info.n_vocab
     names = native.TYPES_BY_ID

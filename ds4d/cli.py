@@ -78,7 +78,7 @@ def _run(module: ModuleType, args: argparse.Namespace) -> int:
         return 130
 
 
-def _load(cmd: str):
+def _load(cmd: str) -> ModuleType | None:
     module_name = SUBCOMMANDS[cmd][0]
     try:
         return importlib.import_module(module_name)

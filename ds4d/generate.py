@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     stop = set(tok.eog_ids)
     generated = 0
     for _ in range(args.max_tokens):
-        token = sample(session.logits, params, rng)
+        token = sample(session.compute_logits(), params, rng)
         if token in stop:
             break
         sys.stdout.write(decoder.feed(token))

@@ -170,7 +170,7 @@ def _has_bias(name: str, p: L.DS4Params) -> bool:
     return int(name.split(".")[1]) >= p.n_hash_layer
 
 
-def _tensor(rng: np.random.Generator, spec: L.TensorSpec, qtype, p: L.DS4Params) -> np.ndarray:
+def _tensor(rng: np.random.Generator, spec: L.TensorSpec, qtype: T, p: L.DS4Params) -> np.ndarray:
     """Random values for one tensor, encoded in its type (numpy shape = reversed dims)."""
     name, shape = spec.name, tuple(reversed(spec.dims))
     base = name.split(".", 2)[-2] if name.startswith("blk.") else name.split(".")[0]
@@ -199,7 +199,10 @@ def _tensor(rng: np.random.Generator, spec: L.TensorSpec, qtype, p: L.DS4Params)
         std = 1.0
     if qtype in (T.F16, T.Q8_0):
         x = (std * rng.standard_normal(shape)).astype(np.float32)
-        return x.astype(np.float16) if qtype == T.F16 else quants.quantize(x, qtype)
+        if qtype == T.F16:
+            return np.asarray(x, dtype=np.float16)
+        quantized: np.ndarray = quants.quantize(x, qtype)
+        return quantized
     return _random_kquant_blocks(rng, qtype, shape, std)
 
 
@@ -212,7 +215,9 @@ _SCALE_FIELDS = {
 }
 
 
-def _random_kquant_blocks(rng, qtype, shape: tuple[int, ...], std: float) -> np.ndarray:
+def _random_kquant_blocks(
+    rng: np.random.Generator, qtype: T, shape: tuple[int, ...], std: float
+) -> np.ndarray:
     """Random valid blocks of a type gguf cannot quantize, scaled to the given spread."""
     block, size = GGML_QUANT_SIZES[qtype]
     *lead, n = shape

@@ -279,8 +279,9 @@ def forward(engine: E.Engine) -> None:
     n_vocab = engine.info.n_vocab
     with engine.new_session(8) as s:
         s.eval([1 % n_vocab, 2 % n_vocab])
-        if s.logits.shape != (n_vocab,):
-            raise Inconsistent(f"logits of shape {s.logits.shape}, expected ({n_vocab},)")
+        logits = s.compute_logits()
+        if logits.shape != (n_vocab,):
+            raise Inconsistent(f"logits of shape {logits.shape}, expected ({n_vocab},)")
 
 
 def run_gguf(path: Path, full: bool, seed_table: dict[str, TensorShape], field: str) -> str:

@@ -53,8 +53,7 @@ def measure(engine: Engine, kv_type: str, n_ctx: int, steps: int) -> float:
     state = model.new_state(n_ctx + 3 * steps + 2, kv_type)
     per_layer = model.n_head_kv * n_ctx * model.head_dim
     payload = b"".join(random_rows(kv_type, per_layer, rng) for _ in range(2 * model.n_layer))
-    state.read_kv(io.BytesIO(payload), n_ctx)
-    state.set_n_past(n_ctx)
+    state.read_kv(io.BytesIO(payload), n_ctx)  # holds n_ctx positions afterwards
     logits = np.empty(model.n_vocab, np.float32)
     tokens = rng.integers(0, model.n_vocab, 3 * steps + 1).astype(np.int32)
     state.eval(tokens[:1], logits)  # warm-up

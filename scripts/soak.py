@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,24 +40,20 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from ds4d.daemon import admin_protocol
+from ds4d.serve_process import ServeProcessError, private_env, serve_process
 
 TOPICS = [
     "rivers", "bread", "compilers", "the moon", "chess", "gardens", "trains", "music",
     "volcanoes", "bees", "lighthouses", "maps", "glass", "clocks", "the sea", "paper",
 ]  # fmt: skip
 APIS = ("chat", "completions", "responses", "anthropic")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -401,46 +395,36 @@ def main() -> int:
     state = args.state_dir or Path(tempfile.mkdtemp(prefix="ds4d-soak-"))
     state.mkdir(parents=True, exist_ok=True)
     runtime = Path(tempfile.mkdtemp(prefix="ds4d-soak-rt-"))
-    port = free_port()
-    env = dict(os.environ, XDG_CACHE_HOME=str(state / "cache"), XDG_RUNTIME_DIR=str(runtime),
-               XDG_CONFIG_HOME=str(state / "config"), XDG_STATE_HOME=str(state / "xstate"))  # fmt: skip
-    env.pop("NOTIFY_SOCKET", None)
+    env = private_env({"XDG_CACHE_HOME": state / "cache", "XDG_RUNTIME_DIR": runtime,
+                       "XDG_CONFIG_HOME": state / "config", "XDG_STATE_HOME": state / "xstate"})  # fmt: skip
     admin_sock = admin_protocol.default_socket_path(env)
-    launcher = [sys.executable, "-m", "ds4d"]
+    launcher: tuple[str, ...] = ("-m", "ds4d")
     probe_dir = state / "probe"
     if args.probe or args.tracemalloc:
-        launcher = [sys.executable, str(Path(__file__).with_name("soak_probe.py"))]
+        launcher = (str(Path(__file__).with_name("soak_probe.py")),)
         env["DS4D_SOAK_PROBE_DIR"] = str(probe_dir)
         env["DS4D_SOAK_TRACEMALLOC"] = str(args.tracemalloc)
-    cmd = [*launcher, "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--ctx", str(args.ctx), "--slots", str(args.slots), "--threads", str(args.threads),
-           "--kv-disk", "--kv-disk-dir", str(state / "kv"), "--kv-disk-space-mb", "256"]  # fmt: skip
+    serve_args = ["--ctx", str(args.ctx), "--slots", str(args.slots), "--threads",
+                  str(args.threads), "--kv-disk", "--kv-disk-dir", str(state / "kv"),
+                  "--kv-disk-space-mb", "256"]  # fmt: skip
     if args.model:
-        cmd += ["--model", args.model]
+        serve_args += ["--model", args.model]
     log_path = state / "ds4d.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
     samples: list[Sample] = []
     warm: Sample | None = None
     probes: list[dict] = []
     tally = Tally(args.clients)
     model_path = ""
+    daemon = ExitStack()
     try:
-        start_deadline = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                print(f"ds4d exited with {proc.returncode}; see {log_path}", file=sys.stderr)
-                return 1
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > start_deadline:
-                print("ds4d did not become healthy", file=sys.stderr)
-                return 1
-            time.sleep(0.2)  # waiting on another process, bounded by start_deadline
+        try:
+            started = daemon.enter_context(serve_process(
+                serve_args, env=env, log_path=log_path, start_timeout=180, stop_timeout=60,
+                launcher=launcher))  # fmt: skip
+        except ServeProcessError as e:
+            print(f"{e}\nsee {log_path}", file=sys.stderr)
+            return 1
+        url, proc = started.url, started.proc
         try:
             model_path = str(admin_protocol.call(admin_sock, "status").get("model_path") or "")
         except (OSError, admin_protocol.AdminError):
@@ -486,13 +470,7 @@ def main() -> int:
                 probes.append(take_probe(proc, probe_dir, 2))
         alive = proc.poll() is None
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        daemon.close()  # SIGTERM, SIGKILL after 60 s
     return report(args, state, log_path, tally, samples, warm, probes, alive, proc.returncode)
 
 

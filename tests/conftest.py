@@ -69,6 +69,45 @@ SLOW_TESTS: dict[str, str] = {
 }
 
 
+# The longest modules, longest first (measured with `--durations`), run before all others.
+# `make test` hands whole modules to its workers in collection order (xdist's loadscope,
+# --no-loadscope-reorder): started first, the long ones overlap each other and the many
+# short modules fill in at the end, so no worker sits idle while the other finishes a long
+# module. (xdist's own reordering, by number of tests, would put these few-test modules
+# last.) A module missing here just runs in file order after them.
+RUN_FIRST: list[str] = [
+    "tests/e2e/test_e2e_kit_families.py",  # nine daemons, one per kit family
+    "tests/e2e/test_e2e_api.py",
+    "tests/test_family_vectors.py",
+    "tests/test_native_build.py",  # the library built with gcc and with clang
+    "tests/e2e/test_e2e_families.py",
+    "tests/test_state_writer.py",
+    "tests/test_daemon_batcher.py",
+    "tests/test_gemma3_real.py",
+    "tests/test_check_neon.py",
+    "tests/e2e/test_e2e_batching.py",
+    "tests/e2e/test_e2e_stream_start.py",
+    "tests/test_state_kvstate.py",
+    "tests/test_chat_constrain.py",
+    "tests/test_ds4_model_forward.py",
+    "tests/test_llama_forward.py",
+    "tests/test_tokenizer_vocab.py",
+    "tests/test_session.py",
+    "tests/test_kv_types.py",
+    "tests/e2e/test_e2e_clients.py",
+    "tests/e2e/test_e2e_force_tool_choice.py",
+    "tests/e2e/test_e2e_fair_prefill.py",
+    "tests/test_bench_serve.py",
+    "tests/test_http_fuzz.py",
+    "tests/test_gguf_reader.py",
+]
+
+
+def run_order(nodeid: str) -> int:
+    module = nodeid.split("::", 1)[0]
+    return RUN_FIRST.index(module) if module in RUN_FIRST else len(RUN_FIRST)
+
+
 def is_slow(nodeid: str) -> bool:
     for key in SLOW_TESTS:
         if nodeid == key or nodeid.startswith((key + "::", key + "[")):
@@ -80,6 +119,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if is_slow(item.nodeid):
             item.add_marker(pytest.mark.slow)
+    # stable: each module's own order (and pytest's grouping by fixture) is kept
+    items.sort(key=lambda item: run_order(item.nodeid))
 
 
 @pytest.fixture(scope="session")

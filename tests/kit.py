@@ -124,6 +124,16 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
 
 
+def logprobs_of(logits: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """log_softmax(logits) at `ids` (per row), in float64, without a float64 copy of every
+    logit: the normaliser sums float32 exponentials in float64 (off by ~1e-7 from the
+    full float64 computation), several times faster over a 200k-token vocabulary."""
+    x = np.asarray(logits, np.float32)
+    top = x.max(axis=-1, keepdims=True)
+    total = np.exp(x - top).sum(axis=-1, keepdims=True, dtype=np.float64)
+    return np.take_along_axis(x, ids, axis=-1).astype(np.float64) - top - np.log(total)
+
+
 # Tokens per prefill call in teacher_forced: small enough that a 262k vocabulary's logits
 # stay ~40 MB, and calls start at different offsets within the sliding windows.
 PREFILL_CALL = 40
@@ -154,11 +164,9 @@ def teacher_forced(engine: Any, seq: Sequence, margin: float) -> Comparison:
             else:
                 end = pos + 1
                 session.eval([int(seq.tokens[pos])])
-                logits = session.logits[None, :]
-            lp = log_softmax(logits)
-            rows = np.arange(end - pos)[:, None]
-            ours[pos:end] = lp[rows, seq.top_ids[pos:end]]
-            argmax[pos:end] = lp.argmax(axis=-1)
+                logits = session.compute_logits()[None, :]
+            ours[pos:end] = logprobs_of(logits, seq.top_ids[pos:end])
+            argmax[pos:end] = logits.argmax(axis=-1)  # the log-softmax's argmax
             pos = end
     finally:
         session.close()

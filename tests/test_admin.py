@@ -40,6 +40,9 @@ class StandInDaemon:
     async def stop(self) -> None:
         self.stopped = True
 
+    def decode_batching(self) -> None:
+        return None
+
 
 def make_live(tmp_path: Path) -> LiveConfig:
     parser = argparse.ArgumentParser()

@@ -11,7 +11,8 @@ import pytest
 import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
 
-from ds4d.api.common import ApiError
+from ds4d.api.common import refusal_error
+from ds4d.chat.errors import Overloaded
 from ds4d.daemon.scheduler import EngineGate, SlotPool
 from ds4d.state.slots import Slot
 
@@ -59,9 +60,10 @@ def test_queue_is_fifo_bounded_and_cancellable(pool):
             order.append(name)
 
         first, second = pool.request([7]), pool.request([8])
-        with pytest.raises(ApiError) as e:
+        with pytest.raises(Overloaded) as e:
             pool.request([9])
-        assert e.value.status == 503 and e.value.headers["Retry-After"]
+        err = refusal_error(e.value)
+        assert err.status == 503 and err.code == "overloaded" and err.headers["Retry-After"]
         async with trio.open_nursery() as nursery:
             nursery.start_soon(wait, "first", first)
             nursery.start_soon(wait, "second", second)

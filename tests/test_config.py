@@ -201,28 +201,28 @@ def test_runtime_value_lasts_until_the_file_changes_that_key(home):
 def test_config_set_writes_overrides_and_keeps_the_users_file(home):
     original = "# my settings\npower = 90  # keep this comment\n"
     live, path, _ = live_for(home, original)
-    result = live.set_persistent("power", "35")
+    result = trio.run(live.set_persistent, "power", "35")
     assert result["value"] == 35 and result["applied"] == ["power"]
     assert path.read_text() == original
     overrides = Path(result["written"])
     assert tomllib.loads(overrides.read_text()) == {"power": 35}
     assert overrides.stat().st_mode & 0o777 == 0o600
-    live.set_persistent("api_keys", "x,y")
+    trio.run(live.set_persistent, "api_keys", "x,y")
     assert tomllib.loads(overrides.read_text()) == {"power": 35, "api_keys": ["x", "y"]}
     assert live.get("power")["sources"]["power"] == str(overrides)
-    restart = live.set_persistent("slots", "3")
+    restart = trio.run(live.set_persistent, "slots", "3")
     assert restart["restart_required"] == ["slots"] and live.current.slots == 2
     with pytest.raises(AdminError, match="expected an integer"):
-        live.set_persistent("power", "lots")
+        trio.run(live.set_persistent, "power", "lots")
     with pytest.raises(AdminError, match="unknown config key"):
-        live.set_persistent("powr", "1")
+        trio.run(live.set_persistent, "powr", "1")
     assert tomllib.loads(overrides.read_text())["power"] == 35
 
 
 def test_config_set_reports_a_masking_command_line_flag(home):
     write(Path(home["XDG_CONFIG_HOME"]) / "ds4d" / "ds4d.toml", "")
     live = LiveConfig.load(parse("--power", "90"), home)
-    result = live.set_persistent("power", "20")
+    result = trio.run(live.set_persistent, "power", "20")
     assert result["masked_by"] == "--power" and live.current.power == 90
 
 

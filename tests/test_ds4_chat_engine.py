@@ -46,7 +46,9 @@ def test_generation_round_trips_through_the_chat_layer(engine):
     rng = make_rng(11)
     generated, events = [], []
     for _ in range(24):
-        token = sample(session.logits, decode.sampling(SamplingParams(temperature=0.0)), rng)
+        token = sample(
+            session.compute_logits(), decode.sampling(SamplingParams(temperature=0.0)), rng
+        )
         if tok.is_eog(token):
             break
         session.eval([token])

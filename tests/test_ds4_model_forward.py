@@ -44,7 +44,7 @@ def decoded(engine, tokens):
     out = []
     for t in tokens:
         s.eval([t])
-        out.append(np.array(s.logits))
+        out.append(np.array(s.compute_logits()))
     return np.array(out), s
 
 
@@ -77,7 +77,7 @@ def test_chunked_prefill_equals_decode(engine, decoded, tokens):
     chunks = [0, 3, 130, 131, 400, N_TOKENS]  # odd sizes: blocks and windows split
     for a, b in zip(chunks, chunks[1:], strict=False):
         s.eval(tokens[a:b])
-        assert np.abs(s.logits - want[b - 1]).max() <= tol
+        assert np.abs(s.compute_logits() - want[b - 1]).max() <= tol
     whole = engine.new_session(N_CTX)
     all_logits = whole.eval_all_logits(tokens)
     assert np.abs(all_logits - want).max() <= tol
@@ -93,11 +93,11 @@ def test_save_load_continue_identical(engine, tokens, tmp_path):
     with open(path, "rb") as f:
         b.load(f)
     assert b.tokens == a.tokens
-    assert np.array_equal(b.logits, a.logits)
+    assert np.array_equal(b.compute_logits(), a.compute_logits())
     for t in tokens[300:420]:
         a.eval([t])
         b.eval([t])
-        assert np.array_equal(a.logits, b.logits)
+        assert np.array_equal(a.compute_logits(), b.compute_logits())
     # a payload saved after a load is the same bytes as the original path's
     buf_a, buf_b = io.BytesIO(), io.BytesIO()
     a.save(buf_a)
@@ -127,18 +127,18 @@ def test_rewind_replays_exactly(engine, decoded, tokens):
     s.rewind(200)
     assert s.tokens == tokens[:200]
     assert s._state.replayed == 50  # from the snapshot at 150, not from 0
-    assert np.abs(s.logits - want[199]).max() <= tol
+    assert np.abs(s.compute_logits() - want[199]).max() <= tol
     s.eval(tokens[200:230])
-    assert np.abs(s.logits - want[229]).max() <= tol
+    assert np.abs(s.compute_logits() - want[229]).max() <= tol
     s.eval(tokens[230:400])  # snapshot at 230; the replay below crosses pos 383 (ratio 128)
     s.rewind(390)
     assert s._state.replayed == 160
     s.eval(tokens[390:420])
-    assert np.abs(s.logits - want[419]).max() <= tol
+    assert np.abs(s.compute_logits() - want[419]).max() <= tol
     s.rewind(100)  # before every snapshot but the one at 0
     assert s._state.replayed == 100
     s.eval(tokens[100:101])
-    assert np.abs(s.logits - want[100]).max() <= tol
+    assert np.abs(s.compute_logits() - want[100]).max() <= tol
 
 
 def test_q4_experts_match_reference(tmp_path):

@@ -82,7 +82,7 @@ def test_official_vector(engine, case):
     session = engine.new_session(case["ctx"])
     session.eval(prompt)
     for i, step in enumerate(case["steps"]):
-        logits = session.logits.astype(np.float64)
+        logits = session.compute_logits().astype(np.float64)
         finite = np.isfinite(logits)
         m = logits[finite].max()
         logprobs = logits - (m + np.log(np.exp(logits[finite] - m).sum()))

@@ -15,8 +15,9 @@ from gguf import GGMLQuantizationType as Q
 from ds4d.engine import llama as llama_family
 from ds4d.engine import native
 from ds4d.engine.gguf_file import GGUFFile
-from tests.reference.llama_ref import LlamaReference
+from tests.reference.dense_ref import DenseReference
 from tests.reference.tiny_llama import write_tiny_llama
+from tests.test_kernels import SIMD_LEVELS
 
 # float32 activations in a different summation order than the reference: logits (of
 # magnitude ~10-30) agree to a few 1e-4; the bound leaves room without hiding a bug
@@ -35,7 +36,7 @@ def prompt(data_dir: Path) -> list[int]:
 
 
 def test_prefill_then_decode_match_reference(exact_engine, model_path: Path, prompt) -> None:
-    ref = LlamaReference(GGUFFile(model_path), np.float32)
+    ref = DenseReference(GGUFFile(model_path), dtype=np.float32)
     n_prefill = 40
     session = exact_engine.new_session(64)
     got = session.eval_all_logits(prompt[:n_prefill])
@@ -45,7 +46,7 @@ def test_prefill_then_decode_match_reference(exact_engine, model_path: Path, pro
     for tok in prompt[n_prefill : n_prefill + 4]:
         session.eval([tok])
         want = ref.forward([tok])[-1]
-        assert np.abs(session.logits - want).max() < LOGIT_TOL
+        assert np.abs(session.compute_logits() - want).max() < LOGIT_TOL
 
 
 def kv_rows(session) -> np.ndarray:
@@ -63,20 +64,22 @@ def test_chunked_prefill_equals_token_by_token(exact_engine, prompt) -> None:
     stepped = exact_engine.new_session(300)
     for tok in tokens:
         stepped.eval([tok])
-    assert np.abs(chunked.logits - stepped.logits).max() < LOGIT_TOL
+    assert np.abs(chunked.compute_logits() - stepped.compute_logits()).max() < LOGIT_TOL
     assert np.abs(kv_rows(chunked) - kv_rows(stepped)).max() < 1e-3
 
 
-def test_scalar_kernels_match_simd(exact_engine, prompt) -> None:
-    simd = exact_engine.new_session(128)
-    simd_logits = simd.eval_all_logits(prompt[:70])
-    previous = native.simd_level()
+@pytest.mark.parametrize("level", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
+def test_scalar_kernels_match_simd(exact_engine, prompt, level: int) -> None:
+    """The whole forward with the scalar kernels against each SIMD set this CPU runs."""
     try:
+        native.set_simd(level)
+        simd = exact_engine.new_session(128)
+        simd_logits = simd.eval_all_logits(prompt[:70])
         native.set_simd("scalar")
         scalar = exact_engine.new_session(128)
         scalar_logits = scalar.eval_all_logits(prompt[:70])
     finally:
-        native.set_simd(previous)
+        native.set_simd(native.SIMD_AUTO)
     assert np.abs(simd_logits - scalar_logits).max() < LOGIT_TOL
 
 
@@ -92,7 +95,7 @@ def test_scalar_kernels_match_simd(exact_engine, prompt) -> None:
 )
 def test_tiny_model_variants_match_reference(tmp_path: Path, options: dict) -> None:
     gf = GGUFFile(write_tiny_llama(tmp_path / "tiny.gguf", **options))
-    ref = LlamaReference(gf, np.float64)
+    ref = DenseReference(gf)
     tokens = np.random.default_rng(3).integers(0, gf.get("llama.vocab_size"), 90)
     with native.Pool(2) as pool:
         model = llama_family.load(gf, pool)
@@ -106,37 +109,3 @@ def test_tiny_model_variants_match_reference(tmp_path: Path, options: dict) -> N
             assert np.abs(last - ref.forward([int(tok)])[-1]).max() < 1e-3
         state.close()
         model.close()
-
-
-REPO = Path(__file__).resolve().parent.parent
-CHECK_FLAGS = ["-std=c11", "-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Werror",
-               f"-I{REPO / 'native'}"]  # fmt: skip
-
-
-@pytest.mark.parametrize("arch", ["native", "aarch64"])
-def test_attention_simd_kernels_match_scalar(arch: str, tmp_path: Path) -> None:
-    """The AVX2 kernel here, the NEON one under qemu-user, against the scalar kernel."""
-    import platform
-    import shutil
-    import subprocess
-
-    native_dir = REPO / "native"
-    check = REPO / "tests/reference/check_attention.c"
-    exe = tmp_path / "check_attention"
-    if arch == "aarch64":
-        cc, qemu = shutil.which("aarch64-linux-gnu-gcc"), shutil.which("qemu-aarch64")
-        if not cc or not qemu:
-            pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64")
-        cmd = [cc, "-static", *CHECK_FLAGS, str(native_dir / "attention_neon.c")]
-        run = [qemu, str(exe)]
-    else:
-        if platform.machine() not in ("x86_64", "AMD64"):
-            pytest.skip("the native SIMD check is for x86-64 (arm64 runs NEON natively)")
-        cc = shutil.which("cc") or shutil.which("gcc")
-        cmd = [cc, *CHECK_FLAGS, "-mavx2", "-mfma", "-mf16c", str(native_dir / "attention_avx2.c")]
-        run = [str(exe)]
-    subprocess.run([*cmd, str(native_dir / "attention.c"), str(check), "-o", str(exe), "-lm"],
-                   check=True)  # fmt: skip
-    result = subprocess.run(run, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "SIMD vs scalar: max |diff|" in result.stdout

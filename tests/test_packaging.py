@@ -153,6 +153,45 @@ def test_layers_import_only_the_layers_below() -> None:
     assert not wrong, "\n".join(wrong)
 
 
+def _raised_names(tree: ast.AST) -> set[str]:
+    """The names of the exception classes `raise` statements raise (`raise X(...)`,
+    `raise X`, `raise mod.X(...)`)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            exc = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(exc, ast.Name):
+                names.add(exc.id)
+            elif isinstance(exc, ast.Attribute):
+                names.add(exc.attr)
+    return names
+
+
+def test_only_the_api_layer_raises_protocol_errors() -> None:
+    """ApiError (an HTTP status and a protocol's error fields) is raised in ds4d/api only:
+    the layers below raise the neutral refusals of ds4d.chat.errors, which ds4d/api maps.
+    A helper building an ApiError for `raise` (`bad(...)`) counts when it is imported."""
+    wrong = []
+    for path in sorted((REPO / "ds4d").rglob("*.py")):
+        rel = path.relative_to(REPO)
+        if rel.parts[1] == "api":
+            continue
+        tree = ast.parse(path.read_text("utf-8"))
+        if "ApiError" in _raised_names(tree):
+            wrong.append(f"{rel} raises ApiError")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "ds4d.api.common":
+                if any(a.name == "bad" for a in node.names):
+                    wrong.append(f"{rel} imports ds4d.api.common.bad")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_protocol_error_check_sees_a_raise() -> None:
+    """The check above finds each spelling of a raise (so it cannot pass vacuously)."""
+    tree = ast.parse("raise ApiError(400, 'x')\nraise common.ApiError\nraise Other()\n")
+    assert _raised_names(tree) == {"ApiError", "Other"}
+
+
 def test_ds4ctl_imports_only_the_admin_protocol() -> None:
     imported = set()
     for path in (REPO / "ds4ctl").rglob("*.py"):
@@ -196,9 +235,20 @@ def test_every_slow_test_listed_exists() -> None:
             assert name in functions, key
 
 
+def test_every_module_run_first_exists() -> None:
+    """RUN_FIRST in tests/conftest.py (the long modules `make test` starts first) names
+    test files that exist, once each, so a rename cannot quietly send a long module to the
+    end of the run."""
+    from tests.conftest import RUN_FIRST
+
+    assert len(set(RUN_FIRST)) == len(RUN_FIRST)
+    missing = [m for m in RUN_FIRST if not (REPO / m).is_file()]
+    assert not missing, missing
+
+
 def test_no_source_refers_to_documents_outside_the_repo() -> None:
     """Comments explain in place: none points at a path outside the checkout."""
-    outside = re.compile(r"\.\./shared|design\.md|specs/dsv4")
+    outside = re.compile(r"\.\./shared|design\.md|specs/dsv4|spec §")
     found = []
     for root in ("ds4d", "ds4ctl", "native"):
         for path in sorted((REPO / root).rglob("*")):

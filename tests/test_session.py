@@ -36,7 +36,7 @@ def test_info_and_empty_session(engine) -> None:
     assert engine.chat_template and "<|im_start|>" in engine.chat_template
     assert engine.tokenizer is not None
     session = engine.new_session(100)
-    assert session.tokens == [] and session.logits is None
+    assert session.tokens == [] and session.last_logits is None
     session.eval([])
     assert session.tokens == []
     # 30 layers x (K + V) x 3 kv heads x 64 dims in the engine's KV type (the default f16:
@@ -57,18 +57,22 @@ def test_rewind_then_eval_equals_fresh(engine, tokens) -> None:
     fresh.eval(a)
     fresh.eval(c)
     assert session.tokens == fresh.tokens == a + c
-    np.testing.assert_array_equal(session.logits, fresh.logits)
+    np.testing.assert_array_equal(session.compute_logits(), fresh.compute_logits())
 
 
 def test_logits_after_rewind_are_recomputed(engine, tokens) -> None:
     session = engine.new_session(64)
     session.eval(tokens[:30])
-    after = session.logits.copy()
+    after = session.compute_logits().copy()
     session.eval(tokens[30:40])
     session.rewind(30)
+    assert session.last_logits is None  # dropped: reading them is no hidden forward pass
     # One decode step over the last kept token: equal up to float rounding.
-    assert np.abs(session.logits - after).max() < 5e-3
+    assert np.abs(session.compute_logits() - after).max() < 5e-3
     assert session.tokens == tokens[:30]
+    assert session.last_logits is not None  # kept until the next change
+    with pytest.raises(EngineError, match="empty session"):
+        engine.new_session(8).compute_logits()
 
 
 def test_rewind_bounds(engine, tokens) -> None:
@@ -78,7 +82,7 @@ def test_rewind_bounds(engine, tokens) -> None:
         session.rewind(6)
     session.rewind(5)  # a no-op keeps the logits
     session.rewind(0)
-    assert session.tokens == [] and session.logits is None
+    assert session.tokens == [] and session.last_logits is None
 
 
 def test_save_load_continue_is_identical(engine, tokens, tmp_path: Path) -> None:
@@ -92,10 +96,10 @@ def test_save_load_continue_is_identical(engine, tokens, tmp_path: Path) -> None
     with path.open("rb") as f:
         loaded.load(f)
     assert loaded.tokens == session.tokens
-    np.testing.assert_array_equal(loaded.logits, session.logits)
+    np.testing.assert_array_equal(loaded.compute_logits(), session.compute_logits())
     session.eval(tokens[70:80])
     loaded.eval(tokens[70:80])
-    np.testing.assert_array_equal(loaded.logits, session.logits)
+    np.testing.assert_array_equal(loaded.compute_logits(), session.compute_logits())
 
 
 def payload(engine, tokens: list[int]) -> bytes:
@@ -146,7 +150,7 @@ def test_on_chunk_can_stop_a_prefill_cleanly(engine, tokens) -> None:
     assert session.tokens == long[:256]
     fresh = engine.new_session(600)
     fresh.eval(long[:256])
-    np.testing.assert_array_equal(session.logits, fresh.logits)
+    np.testing.assert_array_equal(session.compute_logits(), fresh.compute_logits())
     # ... and the session goes on from there.
     seen: list[tuple[int, int]] = []
     session.eval(long[256:], on_chunk=lambda d, t: seen.append((d, t)))
@@ -156,7 +160,7 @@ def test_on_chunk_can_stop_a_prefill_cleanly(engine, tokens) -> None:
 def test_context_full_and_bad_tokens_leave_the_session_unchanged(engine, tokens) -> None:
     session = engine.new_session(8)
     session.eval(tokens[:5])
-    before = session.logits.copy()
+    before = session.compute_logits().copy()
     with pytest.raises(ContextFullError):
         session.eval(tokens[5:9])
     with pytest.raises(EngineError, match="outside the vocabulary"):
@@ -164,7 +168,7 @@ def test_context_full_and_bad_tokens_leave_the_session_unchanged(engine, tokens)
     with pytest.raises(EngineError, match="outside the vocabulary"):
         session.eval([-1])
     assert session.tokens == tokens[:5]
-    np.testing.assert_array_equal(session.logits, before)
+    np.testing.assert_array_equal(session.compute_logits(), before)
     session.eval(tokens[5:8])
     assert session.tokens == tokens[:8]
 
@@ -179,16 +183,16 @@ def test_sessions_in_parallel_threads_match_sequential(engine, tokens) -> None:
         s = engine.new_session(64)
         s.eval(part)
         for _ in range(3):
-            s.eval([int(np.argmax(s.logits))])
-        sequential.append((s.tokens, s.logits.copy()))
+            s.eval([int(np.argmax(s.compute_logits()))])
+        sequential.append((s.tokens, s.compute_logits().copy()))
     results: list = [None, None]
 
     def work(i: int) -> None:
         s = engine.new_session(64)
         s.eval(halves[i])
         for _ in range(3):
-            s.eval([int(np.argmax(s.logits))])
-        results[i] = (s.tokens, s.logits.copy())
+            s.eval([int(np.argmax(s.compute_logits()))])
+        results[i] = (s.tokens, s.compute_logits().copy())
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
     for t in threads:
@@ -221,16 +225,16 @@ def test_eval_batch_matches_each_session_alone(engine, tokens) -> None:
         s = engine.new_session(64)
         s.eval(p)
         for _ in range(4):
-            s.eval([int(np.argmax(s.logits))])
-        alone.append((s.tokens, s.logits.copy()))
+            s.eval([int(np.argmax(s.compute_logits()))])
+        alone.append((s.tokens, s.compute_logits().copy()))
     sessions = [engine.new_session(64) for _ in prompts]
     for s, p in zip(sessions, prompts, strict=True):
         s.eval(p)
     for _ in range(4):
-        engine.eval_batch([(s, [int(np.argmax(s.logits))]) for s in sessions])
+        engine.eval_batch([(s, [int(np.argmax(s.compute_logits()))]) for s in sessions])
     for s, (want_tokens, want_logits) in zip(sessions, alone, strict=True):
         assert s.tokens == want_tokens
-        np.testing.assert_array_equal(s.logits, want_logits)
+        np.testing.assert_array_equal(s.compute_logits(), want_logits)
     held = [s.tokens for s in sessions]
     with pytest.raises(EngineError, match="outside the vocabulary"):
         engine.eval_batch([(sessions[0], [1]), (sessions[1], [49152])])
@@ -288,7 +292,7 @@ def test_delta_chain_loads_to_the_same_state_as_one_full_payload(engine, story) 
     for blob in (base, d1, delta2):
         loaded.load(io.BytesIO(blob))
     assert loaded.tokens == session.tokens == story[:90]
-    np.testing.assert_array_equal(loaded.logits, session.logits)
+    np.testing.assert_array_equal(loaded.compute_logits(), session.compute_logits())
     full = io.BytesIO()
     session.save(full)
     again = io.BytesIO()
@@ -296,7 +300,7 @@ def test_delta_chain_loads_to_the_same_state_as_one_full_payload(engine, story) 
     assert again.getvalue() == full.getvalue()
     session.eval(story[90:95])
     loaded.eval(story[90:95])
-    np.testing.assert_array_equal(loaded.logits, session.logits)
+    np.testing.assert_array_equal(loaded.compute_logits(), session.compute_logits())
 
 
 def test_delta_refused_unless_the_session_holds_exactly_its_base(engine, story) -> None:
@@ -327,7 +331,7 @@ def test_delta_refused_unless_the_session_holds_exactly_its_base(engine, story) 
     assert base.tokens == story[:40]
     fresh = engine.new_session(128)
     fresh.eval(story[:40])
-    np.testing.assert_array_equal(base.logits, fresh.logits)
+    np.testing.assert_array_equal(base.compute_logits(), fresh.compute_logits())
     bad = bytearray(delta)
     struct.pack_into("<i", bad, struct.calcsize("<8sI32sQQIIQ32s"), -5)  # first new token
     good = engine.new_session(128)

@@ -19,11 +19,11 @@ CLIENT = '{ "limit": 5, "path": "/tmp", "recursive": true }'  # what the client 
 
 @pytest.fixture(scope="module")
 def tok(model_path):
-    import gguf
-
     from ds4d.engine.tokenizer import Tokenizer
 
-    return Tokenizer.from_gguf(gguf.GGUFReader(model_path))
+    # ds4d's own GGUF reader: the gguf package's takes seconds over the vocabulary
+    # (tests/test_tokenizer.py builds the same tokenizer through it)
+    return Tokenizer.from_gguf(model_path)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,7 @@ class Gate:
 def cold_logits(engine, tokens):
     with engine.new_session(CTX) as s:
         s.eval(tokens)
-        return np.array(s.logits)
+        return np.array(s.compute_logits())
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_slot_is_free_while_its_checkpoint_is_still_being_written(engine, tmp_pa
         # the slot goes on with another prompt at once; its logits are those of a cold run
         s.rewind(0)
         s.eval(tokens[100:300])
-        np.testing.assert_array_equal(s.logits, cold_logits(engine, tokens[100:300]))
+        np.testing.assert_array_equal(s.compute_logits(), cold_logits(engine, tokens[100:300]))
         assert not (disk.dir / name).exists()
         # a lookup already finds the pending checkpoint; its load waits for the write
         match = disk.lookup(kv.key_text(held) + "more")
@@ -121,7 +121,7 @@ def test_slot_is_free_while_its_checkpoint_is_still_being_written(engine, tmp_pa
         for p in loaded[0].payloads:
             s2.load(io.BytesIO(p))
         assert s2.tokens == held
-        np.testing.assert_array_equal(s2.logits, cold_logits(engine, held))
+        np.testing.assert_array_equal(s2.compute_logits(), cold_logits(engine, held))
 
 
 def test_a_dropped_pending_write_is_a_miss_not_a_wait(engine, tmp_path, tokens):
@@ -177,7 +177,7 @@ def test_continued_checkpoints_write_only_new_rows_and_load_as_a_chain(engine, t
         assert match.tokens == 500
         got = kv2.load_disk(s, match, text)
         assert got is not None and s.tokens == tokens[:500]
-        np.testing.assert_array_equal(s.logits, cold_logits(engine, tokens[:500]))
+        np.testing.assert_array_equal(s.compute_logits(), cold_logits(engine, tokens[:500]))
         # and the next checkpoint of that session is a delta of the file it loaded
         s.eval(tokens[500:560])
         assert kv2.save_session(s, Reason.CONTINUED) and kv2.drain(60)

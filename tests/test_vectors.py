@@ -43,7 +43,7 @@ def test_teacher_forced_logprobs_match_exact(exact_engine, data_dir: Path, case:
     session.eval(exact["prompt_tokens"])
     diffs, argmax_misses = [], []
     for i, step in enumerate(steps):
-        ours = log_softmax(session.logits)
+        ours = log_softmax(session.compute_logits())
         ids = np.array([t for t, _ in step["top"]])
         want = np.array([lp for _, lp in step["top"]])
         diffs.append(np.abs(ours[ids] - want).mean())

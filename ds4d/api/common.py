@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from ds4d.chat.errors import ContextExceeded, Overloaded, PromptRefused, Refused, Unavailable
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -47,8 +49,70 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+class EventStream(Protocol):
+    """One streamed response in a protocol's SSE framing (each module's `Stream`)."""
+
+    def open(self) -> list[str]:
+        """What is sent before the first event."""
+        ...
+
+    def feed(self, ev: Event) -> list[str]: ...
+
+    def keepalive(self) -> str:
+        """Sent when nothing happened for a while (a long prefill, the queue)."""
+        ...
+
+    def error(self, err: ApiError) -> list[str]: ...
+
+
+class ApiProtocol(Protocol):
+    """A protocol module (openai_chat, openai_completions, openai_responses,
+    anthropic_messages), as the daemon's routes use it."""
+
+    def parse(self, body: Any, defaults: Sampling) -> ChatRequest:
+        """The request JSON as a neutral request (ApiError for anything malformed)."""
+        ...
+
+    def response(self, req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
+        """The non-streaming response body."""
+        ...
+
+    def error_body(self, err: ApiError) -> dict[str, Any]: ...
+
+    @property
+    def Stream(self) -> Callable[[ChatRequest, str], EventStream]:  # noqa: N802 - the class
+        ...
+
+
 def bad(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
+
+
+def refusal_error(err: Refused) -> ApiError:
+    """The HTTP error for a refusal raised below the API layer (ds4d.chat.errors): bad
+    prompts are 400s, a full queue and an unready server 503s with Retry-After."""
+    if isinstance(err, ContextExceeded):
+        return ApiError(
+            400,
+            err.message,
+            param=err.param,
+            code="context_length_exceeded",
+            extra={f"n_prompt_{err.unit}": err.size, "n_ctx": err.n_ctx},
+        )
+    if isinstance(err, PromptRefused):
+        return ApiError(400, err.message, param=err.param)
+    if isinstance(err, Overloaded):
+        return ApiError(
+            503,
+            err.message,
+            kind="server_error",
+            code="overloaded",
+            headers={"Retry-After": str(err.retry_after_s)},
+        )
+    if isinstance(err, Unavailable):
+        retry = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s else None
+        return ApiError(503, err.message, kind="server_error", headers=retry)
+    return ApiError(500, "internal error (details are in the server log)", kind="server_error")
 
 
 def random_id(prefix: str, nbytes: int = 12) -> str:
@@ -57,12 +121,50 @@ def random_id(prefix: str, nbytes: int = 12) -> str:
 
 # ---- validation ------------------------------------------------------------------------
 
-_TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", float: "a number",
-               list: "an array", dict: "an object"}
+_TYPE_NAMES = {
+    str: "a string",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    list: "an array",
+    dict: "an object",
+}
 
 
-def field_of(obj: dict[str, Any], key: str, types: type | tuple[type, ...], default: Any = None,
-             *, where: str = "", required: bool = False) -> Any:
+def request_object(body: Any) -> dict[str, Any]:
+    """The parsed request body, which must be a JSON object."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    return body
+
+
+def objects_of(
+    value: Any, key: str, *, param: str | None = None, required: bool = False
+) -> list[tuple[int, dict[str, Any]]]:
+    """(index, item) of the request's array `key` of objects: none when it is absent and
+    not required; a 400 (naming `param`) when it is not an array, is empty and required,
+    or holds an item that is not an object."""
+    if value is None and not required:
+        return []
+    if not isinstance(value, list):
+        raise bad(f"'{key}' must be an array", param)
+    if required and not value:
+        raise bad(f"'{key}' must not be empty", param)
+    for n, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise bad(f"'{key}[{n}]' must be an object", param)
+    return list(enumerate(value))
+
+
+def field_of(
+    obj: dict[str, Any],
+    key: str,
+    types: type | tuple[type, ...],
+    default: Any = None,
+    *,
+    where: str = "",
+    required: bool = False,
+) -> Any:
     """obj[key] if it has one of `types` (null counts as absent), else a 400 naming it.
     JSON has one number type: `float` accepts integers too; `int` never accepts booleans."""
     value = obj.get(key)
@@ -79,8 +181,16 @@ def field_of(obj: dict[str, Any], key: str, types: type | tuple[type, ...], defa
     return value
 
 
-def number(obj: dict[str, Any], key: str, lo: float, hi: float, default: Any = None,
-           *, integer: bool = False, where: str = "") -> Any:
+def number(
+    obj: dict[str, Any],
+    key: str,
+    lo: float,
+    hi: float,
+    default: Any = None,
+    *,
+    integer: bool = False,
+    where: str = "",
+) -> Any:
     """A number in [lo, hi] (NaN and infinities are outside any range), or `default`."""
     value = field_of(obj, key, int if integer else float, None, where=where)
     if value is None:
@@ -93,7 +203,7 @@ def number(obj: dict[str, Any], key: str, lo: float, hi: float, default: Any = N
 
 def max_tokens_of(obj: dict[str, Any], *keys: str) -> int | None:
     for key in keys:
-        value = field_of(obj, key, int, None)
+        value: int | None = field_of(obj, key, int, None)
         if value is not None:
             if value < 1:
                 raise bad(f"'{key}' must be at least 1, got {value}", key)
@@ -104,7 +214,9 @@ def max_tokens_of(obj: dict[str, Any], *keys: str) -> int | None:
 SEED_MAX = (1 << 64) - 1  # seeds are taken as unsigned 64-bit integers
 
 
-def sampling_of(obj: dict[str, Any], defaults: Sampling, *, max_temperature: float = 2.0) -> Sampling:
+def sampling_of(
+    obj: dict[str, Any], defaults: Sampling, *, max_temperature: float = 2.0
+) -> Sampling:
     """The request's sampling fields, each checked against what the sampler accepts, so a
     bad value is a 400 naming it rather than a failure in the middle of generating."""
     top_p = number(obj, "top_p", 0.0, 1.0, defaults.top_p)

@@ -15,7 +15,9 @@ from ds4d.api.common import (
     field_of,
     json_text,
     max_tokens_of,
+    objects_of,
     random_id,
+    request_object,
     sampling_of,
     sse,
 )
@@ -27,6 +29,7 @@ from ds4d.chat.types import (
     Finish,
     Message,
     ReasoningDelta,
+    Role,
     Sampling,
     TextDelta,
     Tool,
@@ -41,7 +44,7 @@ __all__ = ["error_body", "parse", "response", "Stream"]
 
 TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text",
               "refusal")
-ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 CALL_ITEMS = {"function_call", "custom_tool_call", "local_shell_call"}
 OUTPUT_ITEMS = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 
@@ -60,15 +63,9 @@ def parse_tools(value: Any) -> tuple[list[Tool], dict[str, str]]:
     """Function tools, with the functions of `namespace` tools (Codex groups some tools
     so) flattened: the model calls them by their own name, and the reply's call item
     names the namespace again. Also returns {tool name: namespace}."""
-    if value is None:
-        return [], {}
-    if not isinstance(value, list):
-        raise bad("'tools' must be an array", "tools")
     tools: list[Tool] = []
     namespaces: dict[str, str] = {}
-    for n, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise bad(f"'tools[{n}]' must be an object", "tools")
+    for n, t in objects_of(value, "tools", param="tools"):
         kind = t.get("type")
         namespace = None
         if kind == "namespace":
@@ -149,8 +146,7 @@ def _input(value: Any, instructions: str) -> list[Message]:
 
 
 def parse(body: Any, defaults: Sampling) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = request_object(body)
     if body.get("previous_response_id") is not None or body.get("conversation") is not None:
         raise bad("previous_response_id is not supported; replay the full input instead",
                   "previous_response_id")
@@ -347,6 +343,7 @@ class Stream:
                                     item_id=item["id"], output_index=self._index,
                                     summary_index=0, part={"type": "summary_text", "text": ""}))
             self.text += ev.text
+            assert self.item is not None  # opened just above if it was not
             out.append(self._ev("response.reasoning_summary_text.delta",
                                 item_id=self.item["id"], output_index=self._index,
                                 summary_index=0, delta=ev.text))
@@ -360,6 +357,7 @@ class Stream:
                                     part={"type": "output_text", "text": "",
                                           "annotations": []}))
             self.text += ev.text
+            assert self.item is not None  # opened just above if it was not
             out.append(self._ev("response.output_text.delta", item_id=self.item["id"],
                                 output_index=self._index, content_index=0, delta=ev.text,
                                 logprobs=[]))

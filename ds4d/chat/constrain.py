@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -42,7 +42,20 @@ class Allow:
     ids: np.ndarray  # int64 token ids
 
 
-Step = Generator["Force | Allow", str, Any]
+# A constraint: yields what the next token may be, is sent the text of the token
+# sampled; a Choice returns the option it wrote.
+Step = Generator["Force | Allow", str, None]
+Choice = Generator["Force | Allow", str, str]
+
+
+class Vocabulary(Protocol):
+    """What indexing a vocabulary reads of a tokenizer (ds4d.engine's ModelTokenizer)."""
+
+    n_vocab: int
+
+    def is_special(self, token_id: int) -> bool: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
 
 
 class VocabIndex:
@@ -79,7 +92,7 @@ class VocabIndex:
         self.quote = np.array(self.by_text.get('"', []), dtype=np.int64)
 
     @classmethod
-    def from_tokenizer(cls, tok: Any, n_logits: int | None = None) -> VocabIndex:
+    def from_tokenizer(cls, tok: Vocabulary, n_logits: int | None = None) -> VocabIndex:
         """Every token's text; special tokens and partial UTF-8 sequences are None.
         `n_logits`: the model's output size, when it may differ from the vocabulary's
         (only ids both know can be sampled)."""
@@ -104,7 +117,7 @@ class VocabIndex:
         return np.array(sorted(ids), dtype=np.int64)
 
 
-def _token_text(tok: Any, token: int) -> str | None:
+def _token_text(tok: Vocabulary, token: int) -> str | None:
     if tok.is_special(token):
         return None
     raw: bytes = tok.token_bytes(token)
@@ -139,7 +152,7 @@ def required_keys(schema: dict[str, Any]) -> list[str]:
     return [k for k in props if k in required] + [k for k in required if k not in props]
 
 
-def choose(vocab: VocabIndex, options: list[str]) -> Step:
+def choose(vocab: VocabIndex, options: list[str]) -> Choice:
     """One of `options`, spelled token by token; once one is left it is forced outright.
     An option that is a prefix of another ends the choice as soon as it is spelled."""
     done = ""

@@ -4,7 +4,7 @@ parser plugged into the shared output pipeline (stop sequences -> thinking -> to
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from ds4d.chat.constrain import Step, VocabIndex
 from ds4d.chat.deepseek4 import (
@@ -133,8 +133,8 @@ class DS4Decode(TemplateDecode):
     @property
     def tool_block_closed(self) -> bool:
         """The end tag of a tool block was generated: stop here (no EOS follows)."""
-        tools: Any = self.parser.tools
-        return self.tools_active and tools is not None and tools.ended
+        tools = self.parser.tools
+        return self.tools_active and isinstance(tools, DSMLToolParser) and tools.ended
 
     def sampling(self, params: P) -> P:
         """`params` (a dataclass with temperature/top_k/top_p/min_p) for the next token."""
@@ -147,7 +147,7 @@ class DS4Decode(TemplateDecode):
     @property
     def replay(self) -> dict[str, str]:
         """Call id -> the exact block it was sampled in: what the tool memory keeps."""
-        tools: Any = self.parser.tools
+        tools = self.parser.tools
         return dict(tools.replay) if isinstance(tools, DSMLToolParser) else {}
 
     def feed(self, text: str) -> list[Event]:
@@ -190,6 +190,10 @@ class DS4ChatFormat:
         if request.raw_prompt is not None:
             return render_completion(request.raw_prompt, mode)
         return render_request(request, mode, self.replay)
+
+    def tokenize_special(self, request: ChatRequest) -> bool:
+        """Always: even a legacy completion's prompt is wrapped in chat markers."""
+        return True
 
     def decode(self, request: ChatRequest) -> DS4Decode:
         return DS4Decode(request, self.mode(request))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ds4d.chat.constrain import Step, VocabIndex
 from ds4d.chat.render import Template, render_request, template_supports_tools
@@ -36,7 +36,35 @@ from ds4d.chat.toolsyntax_mistral import MistralSyntax
 from ds4d.chat.toolsyntax_qwen_xml import QwenXMLSyntax
 from ds4d.chat.types import ChatRequest, Event, Message, Tool
 
+if TYPE_CHECKING:
+    from ds4d.engine.engine import Engine
+    from ds4d.engine.tokenizer_api import ModelTokenizer
+
 P = TypeVar("P")
+
+
+class ChatFormat(Protocol):
+    """A family's chat format as the serving loop uses it (see the module docstring):
+    TemplateChatFormat, or DeepSeek V4's DS4ChatFormat."""
+
+    family: str
+
+    def render(self, request: ChatRequest) -> str:
+        """The prompt text."""
+        ...
+
+    def tokenize_special(self, request: ChatRequest) -> bool:
+        """Whether special-token text in the prompt is parsed as those tokens."""
+        ...
+
+    def decode(self, request: ChatRequest) -> TemplateDecode:
+        """The output pipeline of one generation."""
+        ...
+
+    def forced_call(self, vocab: VocabIndex, request: ChatRequest) -> Step:
+        """The constraint writing the call a required / named tool_choice forces."""
+        ...
+
 
 # A plain ChatML template for GGUFs that carry none.
 FALLBACK_TEMPLATE = (
@@ -76,10 +104,17 @@ class TemplateDecode:
         self.tools = tools or []
         self._constrained = 0  # call blocks handed a constraint (or found unconstrainable)
 
+    def _calls(self) -> CallParser | HarmonyParser | None:
+        """The call parser of a template syntax, when tools are active."""
+        tools = self.parser.tools
+        return tools if isinstance(tools, CallParser | HarmonyParser) else None
+
     @property
     def stopped(self) -> bool:
-        """A stop sequence, or the end of the reply written out (harmony's `<|return|>`)."""
-        return self.parser.stopped or bool(getattr(self.parser.tools, "returned", False))
+        """A stop sequence, or the end of the reply written out (harmony's `<|return|>`, or
+        a tool-result marker the model began writing itself)."""
+        tools = self._calls()
+        return self.parser.stopped or (tools is not None and tools.returned)
 
     @property
     def stop_sequence(self) -> str | None:
@@ -93,33 +128,38 @@ class TemplateDecode:
     def tool_block_closed(self) -> bool:
         """Harmony's `<|call|>` ends the turn; Hermes-style models may call several
         tools in a row, and their end of sequence ends it."""
-        return bool(getattr(self.parser.tools, "ended", False))
+        tools = self.parser.tools
+        return isinstance(tools, HarmonyParser) and tools.ended
 
     @property
     def replay(self) -> dict[str, str]:
         """Call id -> the record the tool memory keeps for it (`toolsyntax.replay_record`:
         the arguments and the text the model sampled)."""
-        return dict(getattr(self.parser.tools, "replay", {}))
+        calls = self._calls()
+        return dict(calls.replay) if calls is not None else {}
 
     @property
     def malformed(self) -> str | None:
         """Why a call block was dropped (one line), if one was."""
-        return getattr(self.parser.tools, "malformed", None)
+        calls = self._calls()
+        return calls.malformed if calls is not None else None
 
     @property
     def call_opened(self) -> bool:
         """The model has just opened a call block that is not constrained yet."""
-        tools = self.parser.tools
-        return self.syntax is not None and getattr(tools, "opened", 0) > self._constrained
+        calls = self._calls()
+        return self.syntax is not None and calls is not None and calls.opened > self._constrained
 
     def constrain_call(self, vocab: VocabIndex) -> Step | None:
         """The constraint that finishes the call block the model opened (a valid call of
         a declared tool), or None when what it wrote already cannot be continued."""
-        tools: Any = self.parser.tools
-        self._constrained = tools.opened
+        calls = self._calls()
+        if calls is None:
+            return None
+        self._constrained = calls.opened
         if self.syntax is None or not self.tools:
             return None
-        return self.syntax.constrain_open(vocab, self.tools, tools.block_text + self.parser.held)
+        return self.syntax.constrain_open(vocab, self.tools, calls.block_text + self.parser.held)
 
     def sampling(self, params: P) -> P:
         return params
@@ -209,7 +249,7 @@ class TemplateChatFormat:
         return self._opens_reasoning[thinking]
 
 
-def chat_format_for(engine: Any, n_ctx: int) -> Any:
+def chat_format_for(engine: Engine, n_ctx: int) -> ChatFormat:
     """The chat format of the loaded model's family."""
     if engine.info.family == "deepseek4":
         from ds4d.chat.deepseek4_output import DS4ChatFormat
@@ -248,5 +288,5 @@ def _same_json(text: str, compact_json: str) -> str | None:
         return None
 
 
-def _token_text(tok: Any, token: int | None) -> str:
+def _token_text(tok: ModelTokenizer, token: int | None) -> str:
     return tok.decode([token]) if token is not None else ""

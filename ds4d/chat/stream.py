@@ -13,7 +13,7 @@ parsers, one per syntax, are in `ds4d.chat.toolsyntax` and the `toolsyntax_*` mo
 from __future__ import annotations
 
 import secrets
-from typing import Any, Protocol
+from typing import Protocol
 
 from ds4d.chat.types import Event, ReasoningDelta, TextDelta
 
@@ -127,6 +127,17 @@ class ThinkSplitter:
         return [("reasoning" if self.in_reasoning else "text", out)]
 
 
+class ToolParser(Protocol):
+    """The last stage: answer text in, text and tool-call events out (a syntax's
+    CallParser, HarmonyParser, DeepSeek V4's DSMLToolParser)."""
+
+    count: int  # calls announced so far
+
+    def feed(self, piece: str) -> list[Event]: ...
+
+    def flush(self) -> list[Event]: ...
+
+
 class OutputParser:
     """Whole pipeline: generated text pieces in, events out."""
 
@@ -141,7 +152,7 @@ class OutputParser:
     ) -> None:
         self.stop = StopMatcher(stops or [])
         self.think: Splitter | None = ThinkSplitter(in_reasoning) if split_thinking else None
-        self.tools: Any = None
+        self.tools: ToolParser | None = None
         if tools:  # Hermes calls of any tool name; a chat format sets its own parser
             from ds4d.chat.toolsyntax import CallParser  # (it builds on this module)
             from ds4d.chat.toolsyntax_hermes import HermesSyntax

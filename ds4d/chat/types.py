@@ -18,9 +18,12 @@ class ToolCall:
     arguments: str  # JSON text of an object, as the client or the model wrote it
 
 
+Role = Literal["system", "user", "assistant", "tool"]
+
+
 @dataclass
 class Message:
-    role: Literal["system", "user", "assistant", "tool"]
+    role: Role
     content: str = ""
     reasoning: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
@@ -71,6 +74,10 @@ class ChatRequest:
     include_usage: bool = False  # streaming: send usage at the end (OpenAI asks for it)
     raw_prompt: str | None = None  # legacy completions: the text is the prompt, no template
     tool_id_prefix: str = "call_"  # "toolu_" for Anthropic clients
+    # Anthropic's cache_control: the conversation up to the last mark, and once the prompt
+    # is prepared the length of its part of the prompt in tokens (the usage split).
+    cache_prefix: ChatRequest | None = None
+    cache_prefix_tokens: int = 0
 
     @property
     def tools_active(self) -> bool:
@@ -121,9 +128,12 @@ class Usage:
         return self.prompt_tokens - self.cached_tokens
 
 
+FinishReason = Literal["stop", "length", "tool_calls", "error"]
+
+
 @dataclass
 class Finish:
-    reason: Literal["stop", "length", "tool_calls", "error"]
+    reason: FinishReason
     error: str | None = None
     stop_sequence: str | None = None  # the client stop sequence that ended the text
 

@@ -31,7 +31,9 @@ import struct
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+import trio
 
 from ds4d.daemon.admin_protocol import (  # noqa: F401  (re-exported for the daemon)
     MAX_LINE_BYTES,
@@ -49,21 +51,23 @@ from ds4d.daemon.admin_protocol import (  # noqa: F401  (re-exported for the dae
 
 log = logging.getLogger("ds4d.admin")
 
+T = TypeVar("T")
+
 # --------------------------------------------------------------------------------------
 # Peer credentials
 
 
-def peer_uid(sock: socket.socket) -> int:
+def peer_uid(sock: socket.socket | trio.socket.SocketType) -> int:
     """The effective uid of the process at the other end of a connected Unix socket."""
     if hasattr(socket, "SO_PEERCRED"):  # Linux: struct ucred {pid_t; uid_t; gid_t}
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", raw)
-        return uid
+        return int(uid)
     if sys.platform == "darwin":  # getpeereid(): LOCAL_PEERCRED -> struct xucred
         sol_local, local_peercred = 0, 0x001
         raw = sock.getsockopt(sol_local, local_peercred, 76)
         _version, uid = struct.unpack_from("=II", raw)
-        return uid
+        return int(uid)
     raise OSError(errno.ENOTSUP, "peer credentials are not available on this platform")
 
 
@@ -177,6 +181,9 @@ class DaemonView(Protocol):
     async def stop(self) -> None:
         """Begin a graceful shutdown (as SIGTERM does) and return at once."""
 
+    def decode_batching(self) -> dict[str, int | float | None] | None:
+        """Batched decode so far (steps, slot steps, mean batch), None without a model."""
+
 
 class CacheView(Protocol):
     """The disk KV cache's admin surface (ds4d.state.service.CacheView, DiskCache).
@@ -186,8 +193,13 @@ class CacheView(Protocol):
     def ls(self) -> list[dict[str, Any]]:
         """One dict per checkpoint (name, tokens, size, hits, reason, last_used...)."""
 
-    def evict(self, prefix: str | None = None, *, everything: bool = False,
-              older_than_s: float | None = None) -> list[str]:
+    def evict(
+        self,
+        prefix: str | None = None,
+        *,
+        everything: bool = False,
+        older_than_s: float | None = None,
+    ) -> list[str]:
         """Remove matching checkpoints; returns the names removed."""
 
     def stats_dict(self) -> dict[str, Any]:
@@ -199,7 +211,7 @@ class LiveSettings(Protocol):
 
     def get(self, key: str | None = None) -> dict[str, Any]: ...
     def set_runtime(self, key: str, value: Any) -> Any: ...
-    def set_persistent(self, key: str, value: str) -> dict[str, Any]: ...
+    async def set_persistent(self, key: str, value: str) -> dict[str, Any]: ...
     def reload(self) -> dict[str, Any]: ...
 
 
@@ -207,11 +219,16 @@ class LiveSettings(Protocol):
 # Commands
 
 
+async def _off_loop(fn: Callable[[], T]) -> T:
+    return await trio.to_thread.run_sync(fn)
+
+
 class AdminCommands:
     """Maps protocol commands onto the daemon, cache and live config."""
 
-    def __init__(self, daemon: DaemonView, live: LiveSettings,
-                 cache: CacheView | None = None) -> None:
+    def __init__(
+        self, daemon: DaemonView, live: LiveSettings, cache: CacheView | None = None
+    ) -> None:
         self.daemon = daemon
         self.live = live
         self.cache = cache
@@ -240,9 +257,11 @@ class AdminCommands:
             return error_reply("bad_request", "a request is a JSON object")
         version = message.get("v")
         if version != PROTOCOL_VERSION:
-            return error_reply("unsupported_version",
-                               f"protocol version {version!r} not supported "
-                               f"(this daemon speaks {PROTOCOL_VERSION})")
+            return error_reply(
+                "unsupported_version",
+                f"protocol version {version!r} not supported "
+                f"(this daemon speaks {PROTOCOL_VERSION})",
+            )
         cmd, args = message.get("cmd"), message.get("args") or {}
         fn = self._table.get(cmd) if isinstance(cmd, str) else None
         if fn is None:
@@ -268,15 +287,15 @@ class AdminCommands:
 
     # -- individual commands -----------------------------------------------------------
 
-    def status(self) -> dict[str, Any]:
+    async def status(self) -> dict[str, Any]:
         settings = self.live.get()["values"]
         out = dict(self.daemon.status())
         out["power"] = settings["power"]
         out["trace"] = settings["trace"] or None
-        metrics = getattr(self.daemon, "metrics", None)  # batched decode: mean batch size
-        out["decode"] = metrics.decode_batching() if metrics is not None else None
+        out["decode"] = self.daemon.decode_batching()  # batched decode: mean batch size
         try:
-            out["cache"] = self.cache.stats_dict() if self.cache is not None else None
+            cache = self.cache
+            out["cache"] = await _off_loop(cache.stats_dict) if cache is not None else None
         except Exception:  # not available yet (model loading) or disabled
             out["cache"] = None
         return out
@@ -286,22 +305,26 @@ class AdminCommands:
             raise AdminError("this daemon has no disk KV cache (kv_disk is off)", "unavailable")
         return self.cache
 
-    def cache_ls(self) -> list[dict[str, Any]]:
-        return self._need_cache().ls()
+    # The cache commands read or delete files: on a worker thread, never on the loop.
 
-    def cache_evict(self, prefix: str | None = None, all: bool = False,
-                    older_than: float | None = None) -> dict[str, Any]:
+    async def cache_ls(self) -> list[dict[str, Any]]:
+        return await _off_loop(self._need_cache().ls)
+
+    async def cache_evict(
+        self, prefix: str | None = None, all: bool = False, older_than: float | None = None
+    ) -> dict[str, Any]:
         if not (prefix or all or older_than is not None):
             raise AdminError("cache evict needs a key prefix, all, or older_than")
-        if older_than is not None and (not isinstance(older_than, (int, float))
-                                       or older_than < 0):
+        if older_than is not None and (not isinstance(older_than, (int, float)) or older_than < 0):
             raise AdminError("older_than must be a number of seconds >= 0")
-        removed = self._need_cache().evict(prefix or None, everything=bool(all),
-                                           older_than_s=older_than)
+        cache = self._need_cache()
+        removed = await _off_loop(
+            lambda: cache.evict(prefix or None, everything=bool(all), older_than_s=older_than)
+        )
         return {"evicted": len(removed), "names": removed}
 
-    def cache_stats(self) -> dict[str, Any]:
-        return self._need_cache().stats_dict()
+    async def cache_stats(self) -> dict[str, Any]:
+        return await _off_loop(self._need_cache().stats_dict)
 
     def trace_on(self, path: str | None = None) -> dict[str, Any]:
         current = self.live.get()["values"]["trace"]
@@ -321,8 +344,11 @@ class AdminCommands:
 
     def trace_status(self) -> dict[str, Any]:
         values = self.live.get()["values"]
-        return {"enabled": bool(values["trace"]), "path": values["trace"] or None,
-                "content": values["trace_content"]}
+        return {
+            "enabled": bool(values["trace"]),
+            "path": values["trace"] or None,
+            "content": values["trace_content"],
+        }
 
     def power(self, level: int | None = None) -> dict[str, Any]:
         if level is not None:
@@ -334,9 +360,10 @@ class AdminCommands:
     def config_get(self, key: str | None = None) -> dict[str, Any]:
         return self.live.get(key)
 
-    def config_set(self, key: str, value: Any) -> dict[str, Any]:
-        return self.live.set_persistent(key, value if isinstance(value, str) else
-                                        json.dumps(value))
+    async def config_set(self, key: str, value: Any) -> dict[str, Any]:
+        return await self.live.set_persistent(
+            key, value if isinstance(value, str) else json.dumps(value)
+        )
 
     async def stop(self) -> dict[str, Any]:
         await self.daemon.stop()
@@ -347,22 +374,23 @@ class AdminCommands:
 # Server (trio)
 
 
-async def serve(path: Path, commands: AdminCommands, *,
-                allowed_uids: frozenset[int] | None = None,
-                log: Callable[[str], None] | None = None,
-                task_status: Any = None) -> None:
+async def serve(
+    path: Path,
+    commands: AdminCommands,
+    *,
+    allowed_uids: frozenset[int] | None = None,
+    log: Callable[[str], None] | None = None,
+    task_status: trio.TaskStatus[Path] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Serve the admin socket until cancelled; reports the bound path via task_status.
 
     Raises SocketInUseError before binding when another daemon owns the path."""
-    import trio
-
     allowed = default_allowed_uids() if allowed_uids is None else allowed_uids
     raw = bind_socket(path)
     inode = path.lstat().st_ino
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(raw))
     try:
-        if task_status is not None:
-            task_status.started(path)
+        task_status.started(path)
 
         async def handle(stream: trio.SocketStream) -> None:
             await _handle_connection(stream, commands, allowed, log)
@@ -373,11 +401,12 @@ async def serve(path: Path, commands: AdminCommands, *,
         await listener.aclose()
 
 
-async def _handle_connection(stream: Any, commands: AdminCommands,
-                             allowed: frozenset[int],
-                             log: Callable[[str], None] | None) -> None:
-    import trio
-
+async def _handle_connection(
+    stream: trio.SocketStream,
+    commands: AdminCommands,
+    allowed: frozenset[int],
+    log: Callable[[str], None] | None,
+) -> None:
     async with stream:
         try:
             uid = peer_uid(stream.socket)
@@ -415,15 +444,13 @@ async def _handle_connection(stream: Any, commands: AdminCommands,
             return
 
 
-async def _send(stream: Any, message: Mapping[str, Any]) -> None:
+async def _send(stream: trio.SocketStream, message: Mapping[str, Any]) -> None:
     await stream.send_all(encode(message))
 
 
-async def _refuse(stream: Any, message: Mapping[str, Any]) -> None:
+async def _refuse(stream: trio.SocketStream, message: Mapping[str, Any]) -> None:
     """Reply, then read (and drop) what the peer sends for a moment before closing:
     closing on unread data would reset the connection and lose the reply."""
-    import trio
-
     try:
         await _send(stream, message)
         await stream.send_eof()

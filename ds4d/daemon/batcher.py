@@ -27,29 +27,33 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TypeVar, cast, overload
 
 import trio
 import trio.testing
 
 from ds4d.daemon.scheduler import EngineGate
+from ds4d.engine.engine import Engine, Session
+
+T = TypeVar("T")
+Outcome = tuple[BaseException | None, object]  # a step's error, or what its `after` returned
 
 log = logging.getLogger("ds4d.batcher")
 
 
 class _Step:
     def __init__(
-        self, member: Member, tokens: Sequence[int], after: Callable[[], Any] | None
+        self, member: Member, tokens: Sequence[int], after: Callable[[], object] | None
     ) -> None:
         self.member = member
         self.tokens = list(tokens)
         self.after = after
         self.taken = False  # in a batch being computed
-        self.result: Any = None
+        self.result: object = None
         self.error: BaseException | None = None
         self.done = trio.Event()
 
-    def finish(self, error: BaseException | None, result: Any = None) -> None:
+    def finish(self, error: BaseException | None, result: object = None) -> None:
         self.error, self.result = error, result
         self.done.set()
 
@@ -57,19 +61,26 @@ class _Step:
 class Member:
     """One decoding job's place in the batch."""
 
-    def __init__(self, batcher: Batcher, session: Any) -> None:
+    def __init__(self, batcher: Batcher, session: Session) -> None:
         self.batcher = batcher
         self.session = session
 
-    async def step(self, tokens: Sequence[int], after: Callable[[], Any] | None = None) -> Any:
+    @overload
+    async def step(self, tokens: Sequence[int]) -> None: ...
+
+    @overload
+    async def step(self, tokens: Sequence[int], after: Callable[[], T]) -> T: ...
+
+    async def step(self, tokens: Sequence[int], after: Callable[[], T] | None = None) -> T | None:
         """Evaluates `tokens` on this member's session in the next batch, then runs
         `after` (on the engine thread); returns what `after` returned."""
-        return await self.batcher._submit(self, tokens, after)
+        # what `after` returned, carried through the batch as an object
+        return cast("T | None", await self.batcher._submit(self, tokens, after))
 
 
 class Batcher:
     def __init__(
-        self, engine: Any, gate: EngineGate, on_batch: Callable[[int], None] | None = None
+        self, engine: Engine, gate: EngineGate, on_batch: Callable[[int], None] | None = None
     ) -> None:
         self.engine = engine
         self.gate = gate
@@ -85,7 +96,7 @@ class Batcher:
         return len(self._members)
 
     @contextmanager
-    def join(self, session: Any) -> Iterator[Member]:
+    def join(self, session: Session) -> Iterator[Member]:
         if any(m.session is session for m in self._members):
             raise RuntimeError("this session is already decoding in the batch")
         member = Member(self, session)
@@ -106,8 +117,8 @@ class Batcher:
     # -- the member side ------------------------------------------------------------------
 
     async def _submit(
-        self, member: Member, tokens: Sequence[int], after: Callable[[], Any] | None
-    ) -> Any:
+        self, member: Member, tokens: Sequence[int], after: Callable[[], object] | None
+    ) -> object:
         if member not in self._members:
             raise RuntimeError("a step of a member that has left the batch")
         if member in self._queued:
@@ -166,7 +177,7 @@ class Batcher:
                 return
             for step in steps:
                 step.taken = True
-            outcomes: list[tuple[BaseException | None, Any]] | None = None
+            outcomes: list[Outcome] | None = None
             try:
                 outcomes = await engine.work(self._compute, steps)
             finally:
@@ -188,7 +199,7 @@ class Batcher:
             await trio.testing.wait_all_tasks_blocked()
         self._gathering = None
 
-    def _compute(self, steps: list[_Step]) -> list[tuple[BaseException | None, Any]]:
+    def _compute(self, steps: list[_Step]) -> list[Outcome]:
         """On the engine thread: one evaluation for every step, then each one's `after`."""
         errors: dict[int, BaseException] = {}
         evals = [(i, s) for i, s in enumerate(steps) if s.tokens]
@@ -209,7 +220,7 @@ class Batcher:
                         self.engine.eval_batch([(session, step.tokens)])
                     except Exception as e:
                         errors[i] = e
-        outcomes: list[tuple[BaseException | None, Any]] = []
+        outcomes: list[Outcome] = []
         for i, step in enumerate(steps):
             if i in errors:
                 outcomes.append((errors[i], None))

@@ -17,7 +17,7 @@ import dataclasses
 import os
 import sys
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,11 @@ class Config:
     ctx: int = _key(
         0, "context size of each slot in tokens; 0 = the model's trained context",
         flags=("-c", "--ctx"), lo=0, metavar="N")
+    rope_scaling: str = _key(
+        "", "run past the model's trained context: stretch its RoPE positions to --ctx "
+        "with `yarn` or `linear` (llama.cpp's --rope-scaling), for a file that declares "
+        "no scaling of its own; empty = as the file says", choices=("", "yarn", "linear"),
+        metavar="yarn|linear")
     slots: int = _key(2, "resident KV slots (concurrent sessions)", lo=1, hi=64, metavar="N")
     threads: int = _key(
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N")
@@ -179,8 +184,15 @@ class Config:
         lo=0.0, metavar="SECONDS")
 
 
-def config_keys() -> tuple[dataclasses.Field, ...]:
+def config_keys() -> tuple[dataclasses.Field[object], ...]:
     return dataclasses.fields(Config)
+
+
+def _default(f: dataclasses.Field[object]) -> object:
+    """A key's built-in value (a list key has a factory)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return typing.cast(Callable[[], object], f.default_factory)()
 
 
 def _key_types() -> dict[str, Any]:
@@ -210,7 +222,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     for f in config_keys():
         meta = f.metadata
         flags = meta["flags"] or ("--" + f.name.replace("_", "-"),)
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = _default(f)
         doc = meta["doc"].replace("%", "%%")
         help_text = f"{doc} (default: {meta['fitted'] or repr(default)})"
         kind = types[f.name]
@@ -311,7 +323,7 @@ def overrides_path(cli: str | None = None, environ: Mapping[str, str] | None = N
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         with open(path, "rb") as fh:
-            data = tomllib.load(fh)
+            data: dict[str, Any] = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
     except OSError as e:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -29,6 +29,11 @@ from ds4d.daemon.config import Config
 from ds4d.daemon.notify import Notifier, run_watchdog
 from ds4d.daemon.power import PowerGovernor
 from ds4d.daemon.reload import LiveConfig, reload_on_sighup, watch_files
+from ds4d.state.service import CacheView
+from ds4d.state.trace import TraceWriter
+
+if TYPE_CHECKING:  # the daemon is built after the control plane (see main.py)
+    from ds4d.daemon.server import Daemon
 
 log = logging.getLogger("ds4d.control")
 
@@ -41,10 +46,11 @@ class ControlPlane:
         self.notifier = notifier
         self.governor = PowerGovernor(live.current.power)
         self.socket_path: Path = admin_protocol.socket_path_for(live.current.admin_socket)
-        self.daemon: Any = None
-        self.cache: Any = None
-        self.trace: Any = None
+        self.daemon: Daemon | None = None
+        self.cache: CacheView | None = None
+        self.trace: TraceWriter | None = None
         self._serving: str | None = None  # the READY status line, once ready
+        self._nursery: trio.Nursery | None = None  # runs blocking follow-ups of changes
         live.subscribe(self._follow)
 
     @classmethod
@@ -59,29 +65,36 @@ class ControlPlane:
     def config(self) -> Config:
         return self.live.current
 
-    def attach(self, daemon: Any, cache: Any = None, trace: Any = None) -> None:
+    def attach(
+        self, daemon: Daemon, cache: CacheView | None = None, trace: TraceWriter | None = None
+    ) -> None:
         """Connect the daemon (`status/slots/stop`, `config`, `gate.pace`), the disk cache
-        (`ls/evict/stats_dict`, `budget`) and the trace writer (`open/close`)."""
+        (`ls/evict/stats_dict`, `set_budget`) and the trace writer (`open/close`)."""
         self.daemon, self.cache, self.trace = daemon, cache, trace
         daemon.gate.pace = self.governor.rest
         if trace is not None and self.config.trace:
             trace.open(self.config.trace, self.config.trace_content)
 
-    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the admin socket, ping the watchdog, watch the config; reports started
         once the socket is bound. Raises admin.SocketInUseError (exit ADDRESS_IN_USE)."""
+        assert self.daemon is not None, "attach the daemon first"
         commands = admin.AdminCommands(self.daemon, self.live, self.cache)
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(run_watchdog, self.notifier)
             if self.notifier.enabled:
                 nursery.start_soon(self._report_status)
-            await nursery.start(lambda task_status: admin.serve(
-                self.socket_path, commands, log=log.warning, task_status=task_status))
+            await nursery.start(
+                lambda task_status: admin.serve(
+                    self.socket_path, commands, log=log.warning, task_status=task_status
+                )
+            )
             log.info("admin socket %s", self.socket_path)
-            await nursery.start(lambda task_status: watch_files(
-                self.live, task_status=task_status))
-            await nursery.start(lambda task_status: reload_on_sighup(
-                self.live, task_status=task_status))
+            await nursery.start(lambda task_status: watch_files(self.live, task_status=task_status))
+            await nursery.start(
+                lambda task_status: reload_on_sighup(self.live, task_status=task_status)
+            )
             task_status.started()
 
     # -- sd_notify milestones ---------------------------------------------------------------
@@ -102,9 +115,11 @@ class ControlPlane:
                 continue
             try:
                 s = self.daemon.status()
-                text = (f"{self._serving}; slots busy {s['slots']['busy']}/"
-                        f"{s['slots']['total']}, queued {s['queue']['waiting']}, "
-                        f"power {self.config.power}%")
+                text = (
+                    f"{self._serving}; slots busy {s['slots']['busy']}/"
+                    f"{s['slots']['total']}, queued {s['queue']['waiting']}, "
+                    f"power {self.config.power}%"
+                )
             except Exception:  # a status line is never worth a crash
                 continue
             if text != last:
@@ -127,7 +142,7 @@ class ControlPlane:
         if self.daemon is not None:
             self.daemon.config = config
         if self.cache is not None and "kv_disk_space_mb" in changed:
-            self.cache.budget = config.kv_disk_space_mb * 1024 * 1024  # evicts beyond it
+            self._apply_budget(self.cache, config.kv_disk_space_mb * 1024 * 1024)
         if self.trace is not None and {"trace", "trace_content"} & set(changed):
             if config.trace:
                 self.trace.open(config.trace, config.trace_content)
@@ -135,3 +150,21 @@ class ControlPlane:
             else:
                 self.trace.close()
                 log.info("tracing off")
+
+    def _apply_budget(self, cache: CacheView, budget: int) -> None:
+        """A smaller budget evicts, which deletes files: on a worker thread, never on the
+        loop (a change before `run` applies at once)."""
+        if self._nursery is None:
+            cache.set_budget(budget)
+            return
+
+        async def evict() -> None:
+            try:
+                removed = await trio.to_thread.run_sync(cache.set_budget, budget)
+            except Exception:  # a failed eviction must not take the control plane down
+                log.exception("applying the disk budget failed")
+                return
+            log.info("disk budget now %d MiB (%d checkpoint(s) evicted)",
+                     budget // (1024 * 1024), len(removed))  # fmt: skip
+
+        self._nursery.start_soon(evict)

@@ -1,12 +1,20 @@
 """Prometheus text exposition of the daemon's counters (no client library needed for a
-handful of series)."""
+handful of series).
+
+The daemon builds `Metrics` with everything it reports: its gauges (read at scrape time)
+and the other parts' series (`MetricsSource`: the state layer's disk cache and tool
+memory). Nothing is added to it later.
+"""
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from ds4d.state.trace import GenerationRecord
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -34,11 +42,30 @@ class Histogram:
         return out
 
 
+class MetricsSource(Protocol):
+    """A part with series of its own (ds4d.state.service.StateService)."""
+
+    def metrics_lines(self) -> list[str]:
+        """Exposition lines, HELP and TYPE included (blocking: it may read the disk)."""
+        ...
+
+
+GaugeValue = int | float | dict[str, int | float]  # a dict: one sample per label set
+
+
+@dataclass(frozen=True)
+class Gauge:
+    name: str
+    help_text: str
+    read: Callable[[], GaugeValue]
+
+
 class Metrics:
     """Counters updated by the scheduler and the generation loop (all on the trio loop,
-    so no locking); gauges are read live through callbacks at scrape time."""
+    so no locking); gauges and sources are read at scrape time. `render` reads the
+    sources, which may touch the disk: run it on a worker thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, gauges: Sequence[Gauge] = (), sources: Sequence[MetricsSource] = ()) -> None:
         self.requests: dict[tuple[str, str], int] = defaultdict(int)  # (api, status)
         self.prompt_tokens = 0
         self.cached_tokens: dict[str, int] = defaultdict(int)  # by cache source
@@ -49,50 +76,63 @@ class Metrics:
         self.finished: dict[str, int] = defaultdict(int)  # finish reason
         self.rejected: dict[str, int] = defaultdict(int)  # reason
         self.ttft = Histogram(TTFT_BUCKETS)
-        self.gauges: dict[str, tuple[str, Callable[[], object]]] = {}
-        self.extra: list[Callable[[], list[str]]] = []  # other parts' series (disk cache...)
+        self.gauges = tuple(gauges)
+        self.sources = tuple(sources)
         # Batched decode: engine calls that advanced generating slots, and the slots they
         # advanced in all (their ratio is the mean batch size).
         self.decode_steps = 0
         self.decode_step_slots = 0
 
-    def account(self, record: dict[str, Any]) -> None:
+    def account(self, record: GenerationRecord) -> None:
         """A request that had a slot, as its generation record says (completed, cut by
         the limit, failed or cancelled at any point)."""
-        self.prompt_tokens += record["prompt_tokens"]
-        if record["cached_tokens"]:
-            self.cached_tokens[record["cache_source"]] += record["cached_tokens"]
-        self.prefilled_tokens += record["prefilled_tokens"]
-        self.generated_tokens += record["generated_tokens"]
-        self.prefill_seconds += record["prefill_s"]
-        self.decode_seconds += record["decode_s"]
-        self.finished[record["finish"]] += 1
+        self.prompt_tokens += record.prompt_tokens
+        if record.cached_tokens:
+            self.cached_tokens[record.cache_source] += record.cached_tokens
+        self.prefilled_tokens += record.prefilled_tokens
+        self.generated_tokens += record.generated_tokens
+        self.prefill_seconds += record.prefill_s
+        self.decode_seconds += record.decode_s
+        self.finished[record.finish] += 1
 
     def count_decode_batch(self, size: int) -> None:
         self.decode_steps += 1
         self.decode_step_slots += size
 
-    def decode_batching(self) -> dict[str, Any]:
+    def decode_batching(self) -> dict[str, int | float | None]:
         """What `ds4ctl status` shows of batched decode."""
         steps, slots = self.decode_steps, self.decode_step_slots
-        return {"steps": steps, "slot_steps": slots,
-                "mean_batch": round(slots / steps, 2) if steps else None}
-
-    def gauge(self, name: str, help_text: str, read: Callable[[], object]) -> None:
-        self.gauges[name] = (help_text, read)
+        return {
+            "steps": steps,
+            "slot_steps": slots,
+            "mean_batch": round(slots / steps, 2) if steps else None,
+        }
 
     def render(self) -> str:
+        """The whole exposition (blocking: see source_lines)."""
+        return "\n".join(self.own_lines() + self.source_lines()) + "\n"
+
+    def source_lines(self) -> list[str]:
+        """The sources' series (blocking: they read the disk cache's directory)."""
+        lines: list[str] = []
+        for source in self.sources:
+            lines += source.metrics_lines()
+        return lines
+
+    def own_lines(self) -> list[str]:
+        """The daemon's counters and gauges (quick: read on the event loop, where they
+        change)."""
         lines: list[str] = []
 
         def family(name: str, kind: str, help_text: str) -> None:
             lines.append(f"# HELP {name} {help_text}")
             lines.append(f"# TYPE {name} {kind}")
 
-        for name, (help_text, read) in self.gauges.items():
-            value = read()
-            family(name, "gauge", help_text)
+        for gauge in self.gauges:
+            name, value = gauge.name, gauge.read()
+            family(name, "gauge", gauge.help_text)
             if isinstance(value, dict):
-                lines += [f'{name}{{{k}}} {v}' for k, v in value.items()]
+                lines += [f"{name}{{{k}}} {v}" for k, v in value.items()]
             else:
                 lines.append(f"{name} {value}")
         family("ds4d_requests_total", "counter", "HTTP generation requests by API and status")
@@ -101,37 +141,54 @@ class Metrics:
         family("ds4d_requests_rejected_total", "counter", "requests refused before running")
         for reason, n in sorted(self.rejected.items()):
             lines.append(f'ds4d_requests_rejected_total{{reason="{reason}"}} {n}')
-        family("ds4d_requests_finished_total", "counter",
-               "requests that had a slot, by how they ended")
-        for reason in sorted({"stop", "length", "tool_calls", "error", "cancelled",
-                              *self.finished}):
-            lines.append(f'ds4d_requests_finished_total{{finish_reason="{reason}"}} '
-                         f"{self.finished[reason]}")
+        family(
+            "ds4d_requests_finished_total", "counter", "requests that had a slot, by how they ended"
+        )
+        for reason in sorted(
+            {"stop", "length", "tool_calls", "error", "cancelled", *self.finished}
+        ):
+            lines.append(
+                f'ds4d_requests_finished_total{{finish_reason="{reason}"}} {self.finished[reason]}'
+            )
         family("ds4d_prompt_tokens_total", "counter", "prompt tokens of requests that had a slot")
         lines.append(f"ds4d_prompt_tokens_total {self.prompt_tokens}")
-        family("ds4d_prefilled_tokens_total", "counter",
-               "prompt tokens evaluated (not reused), cancelled prefills included")
+        family(
+            "ds4d_prefilled_tokens_total",
+            "counter",
+            "prompt tokens evaluated (not reused), cancelled prefills included",
+        )
         lines.append(f"ds4d_prefilled_tokens_total {self.prefilled_tokens}")
-        family("ds4d_cached_prompt_tokens_total", "counter",
-               "prompt tokens reused instead of prefilled, by where they came from")
+        family(
+            "ds4d_cached_prompt_tokens_total",
+            "counter",
+            "prompt tokens reused instead of prefilled, by where they came from",
+        )
         for source in ("memory-token", "memory-text", "disk-text"):
-            lines.append(f'ds4d_cached_prompt_tokens_total{{source="{source}"}} '
-                         f"{self.cached_tokens[source]}")
+            lines.append(
+                f'ds4d_cached_prompt_tokens_total{{source="{source}"}} {self.cached_tokens[source]}'
+            )
         family("ds4d_generated_tokens_total", "counter", "tokens generated")
         lines.append(f"ds4d_generated_tokens_total {self.generated_tokens}")
         family("ds4d_prefill_seconds_total", "counter", "time spent prefilling prompts")
         lines.append(f"ds4d_prefill_seconds_total {self.prefill_seconds:.6f}")
         family("ds4d_decode_seconds_total", "counter", "time spent generating tokens")
         lines.append(f"ds4d_decode_seconds_total {self.decode_seconds:.6f}")
-        family("ds4d_time_to_first_token_seconds", "histogram",
-               "from request arrival to the first generated token")
+        family(
+            "ds4d_time_to_first_token_seconds",
+            "histogram",
+            "from request arrival to the first generated token",
+        )
         lines += self.ttft.lines("ds4d_time_to_first_token_seconds")
-        family("ds4d_decode_steps_total", "counter",
-               "decode engine calls, each advancing every generating slot by its step")
+        family(
+            "ds4d_decode_steps_total",
+            "counter",
+            "decode engine calls, each advancing every generating slot by its step",
+        )
         lines.append(f"ds4d_decode_steps_total {self.decode_steps}")
-        family("ds4d_decode_step_slots_total", "counter",
-               "slots advanced by decode engine calls (/ steps = mean batch size)")
+        family(
+            "ds4d_decode_step_slots_total",
+            "counter",
+            "slots advanced by decode engine calls (/ steps = mean batch size)",
+        )
         lines.append(f"ds4d_decode_step_slots_total {self.decode_step_slots}")
-        for extra in self.extra:
-            lines += extra()
-        return "\n".join(lines) + "\n"
+        return lines

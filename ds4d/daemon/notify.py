@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import sdnotify
+import trio
 
 
 class Notifier:
@@ -43,7 +43,10 @@ class Notifier:
 
     def reloading(self) -> None:
         if self._ready:
-            self.send("RELOADING=1", f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}")
+            self.send(
+                "RELOADING=1",
+                f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}",
+            )
 
     def reloaded(self) -> None:
         if self._ready:
@@ -78,12 +81,11 @@ def _watchdog_usec(env: Mapping[str, str]) -> int | None:
     return usec
 
 
-async def run_watchdog(notifier: Notifier, *, task_status: Any = None) -> None:
+async def run_watchdog(
+    notifier: Notifier, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Ping the watchdog from the trio loop until cancelled (returns at once if unused)."""
-    import trio
-
-    if task_status is not None:
-        task_status.started()
+    task_status.started()
     interval = notifier.watchdog_interval
     if interval is None:
         return

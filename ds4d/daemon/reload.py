@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+import trio
 
 from ds4d.daemon.admin_protocol import AdminError
 from ds4d.daemon.config import (
@@ -41,6 +42,7 @@ from ds4d.daemon.config import (
     resolve_config,
     validate,
 )
+from ds4d.daemon.notify import Notifier
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -54,8 +56,13 @@ RUNTIME_SOURCE = "runtime (ds4ctl)"
 
 
 class LiveConfig:
-    def __init__(self, resolved: Resolved, args: argparse.Namespace | None = None,
-                 environ: Mapping[str, str] | None = None, notifier: Any = None) -> None:
+    def __init__(
+        self,
+        resolved: Resolved,
+        args: argparse.Namespace | None = None,
+        environ: Mapping[str, str] | None = None,
+        notifier: Notifier | None = None,
+    ) -> None:
         self._args = args
         self._environ = dict(os.environ if environ is None else environ)
         self._loaded = resolved
@@ -65,8 +72,12 @@ class LiveConfig:
         self._notifier = notifier
 
     @classmethod
-    def load(cls, args: argparse.Namespace | None = None,
-             environ: Mapping[str, str] | None = None, notifier: Any = None) -> LiveConfig:
+    def load(
+        cls,
+        args: argparse.Namespace | None = None,
+        environ: Mapping[str, str] | None = None,
+        notifier: Notifier | None = None,
+    ) -> LiveConfig:
         """Load from all sources; raises ConfigError (exit with CONFIG_ERROR)."""
         return cls(resolve_config(args, environ), args, environ, notifier)
 
@@ -113,8 +124,9 @@ class LiveConfig:
         self._apply(new)
         return value
 
-    def set_persistent(self, key: str, value: str) -> dict[str, Any]:
-        """`config set`: validate, write the overrides file, reload."""
+    async def set_persistent(self, key: str, value: str) -> dict[str, Any]:
+        """`config set`: validate, write the overrides file (on a worker thread: its
+        fsync can wait long behind other writes), reload."""
         path = self._loaded.overrides_file
         try:
             parsed = parse_value(key, value, "ds4ctl config set")
@@ -129,13 +141,12 @@ class LiveConfig:
                 raise AdminError(f"cannot read {path}: {e}", "io") from None
         overrides[key] = parsed
         try:
-            _write_toml_atomically(path, overrides)
+            await trio.to_thread.run_sync(_write_toml_atomically, path, overrides)
         except OSError as e:
             raise AdminError(f"cannot write {path}: {e.strerror}", "io") from None
         outcome = self.reload()
         source = self._sources.get(key, "built-in")
-        masked = source not in (str(path), RUNTIME_SOURCE) and getattr(
-            self._current, key) != parsed
+        masked = source not in (str(path), RUNTIME_SOURCE) and getattr(self._current, key) != parsed
         return {
             "key": key,
             "value": getattr(self._current, key),
@@ -172,9 +183,11 @@ class LiveConfig:
             applied = [k for k in apply if getattr(self._current, k) != apply[k]]
             if applied:
                 self._apply(new)
-                log.info("config reloaded: %s", ", ".join(
-                    f"{k}={getattr(new, k)!r}" for k in applied if k != "api_keys") or
-                    "api_keys changed")
+                log.info(
+                    "config reloaded: %s",
+                    ", ".join(f"{k}={getattr(new, k)!r}" for k in applied if k != "api_keys")
+                    or "api_keys changed",
+                )
             if restart:
                 log.warning("config: restart required for %s", ", ".join(restart))
             return {"applied": applied, "restart_required": restart}
@@ -202,8 +215,10 @@ class LiveConfig:
 
 def _write_toml_atomically(path: Path, data: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    header = ("# Written by `ds4ctl config set`; merged after the main config file.\n"
-              "# Remove a line to fall back to the config file's value.\n")
+    header = (
+        "# Written by `ds4ctl config set`; merged after the main config file.\n"
+        "# Remove a line to fall back to the config file's value.\n"
+    )
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
@@ -232,8 +247,12 @@ def _safe_reload(live: LiveConfig, why: str) -> None:
         pass  # already logged; the running config is kept
 
 
-async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
-                      task_status: Any = None) -> None:
+async def watch_files(
+    live: LiveConfig,
+    *,
+    debounce_ms: int = 200,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
     """Reload whenever the config or overrides file changes (editors' atomic renames
     included: the parent directories are watched and filtered by name)."""
     import anyio
@@ -241,25 +260,29 @@ async def watch_files(live: LiveConfig, *, debounce_ms: int = 200,
 
     targets = {str(p.absolute()) for p in live.watched_files}
     dirs = sorted({str(Path(t).parent) for t in targets if Path(t).parent.is_dir()})
-    if task_status is not None:
-        task_status.started()
+    task_status.started()
     if not dirs:
         return
     stop = anyio.Event()
     try:
-        async for _changes in awatch(*dirs, watch_filter=lambda _c, p: p in targets,
-                                     debounce=debounce_ms, step=50, rust_timeout=1000,
-                                     recursive=False, stop_event=stop):
+        async for _changes in awatch(
+            *dirs,
+            watch_filter=lambda _c, p: p in targets,
+            debounce=debounce_ms,
+            step=50,
+            rust_timeout=1000,
+            recursive=False,
+            stop_event=stop,
+        ):
             _safe_reload(live, "file changed")
     finally:
         stop.set()
 
 
-async def reload_on_sighup(live: LiveConfig, *, task_status: Any = None) -> None:
-    import trio
-
+async def reload_on_sighup(
+    live: LiveConfig, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     with trio.open_signal_receiver(signal.SIGHUP) as signals:
-        if task_status is not None:
-            task_status.started()
+        task_status.started()
         async for _ in signals:
             _safe_reload(live, "SIGHUP")

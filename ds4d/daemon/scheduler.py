@@ -7,14 +7,16 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TypeVar
 
 import trio
 import trio.testing
 
-from ds4d.api.common import ApiError
+from ds4d.chat.errors import Overloaded
 from ds4d.state.matching import common_prefix
 from ds4d.state.slots import Slot
+
+T = TypeVar("T")
 
 RETRY_AFTER_S = 2
 
@@ -84,16 +86,15 @@ class SlotPool:
     def request(self, prompt: Sequence[int]) -> Ticket:
         """A place for this prompt, decided at once: a slot if one is idle (the one
         sharing most with the prompt, else the least recently used), else a place in the
-        queue behind the requests already waiting. A full queue is refused with 503 and
-        Retry-After."""
+        queue behind the requests already waiting. A full queue is refused (Overloaded:
+        503 with Retry-After)."""
         if not self._waiters:
             slot = self.best_idle(prompt)
             if slot is not None:
                 return Ticket(self, self._take(slot))
         if len(self._waiters) >= self.queue_size:
-            raise ApiError(503, "all slots are busy and the queue is full; retry later",
-                           kind="server_error", code="overloaded",
-                           headers={"Retry-After": str(RETRY_AFTER_S)})
+            raise Overloaded("all slots are busy and the queue is full; retry later",
+                             RETRY_AFTER_S)
         ticket = Ticket(self, None)
         self._waiters.append(ticket)
         return ticket
@@ -127,7 +128,7 @@ class Held:
         self.bulk = bulk
         self.work_s = 0.0  # engine time taken during this turn
 
-    async def work(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def work(self, fn: Callable[..., T], *args: object) -> T:
         gate = self.gate
         start = gate.clock()
         result = await trio.to_thread.run_sync(fn, *args)
@@ -167,7 +168,7 @@ class EngineGate:
         self._credit = 0.0  # seconds of engine time short calls may take ahead of bulk ones
         self._deferred = False  # a release waits for the tasks to settle
 
-    async def run(self, fn: Callable[..., Any], *args: Any, bulk: bool = False) -> Any:
+    async def run(self, fn: Callable[..., T], *args: object, bulk: bool = False) -> T:
         async with self.hold(bulk) as engine:
             result = await engine.work(fn, *args)
             await engine.rest()

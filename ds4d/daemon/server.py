@@ -8,11 +8,13 @@ doing the translation, `ds4d.daemon.generation` doing the work.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import json
 import logging
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,17 +24,26 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
-from ds4d.api.common import ApiError, Completion, force_tool_choice
+from ds4d.api.common import (
+    ApiError,
+    ApiProtocol,
+    Completion,
+    EventStream,
+    force_tool_choice,
+    refusal_error,
+)
 from ds4d.api.request_body import parse_json_body
+from ds4d.chat.errors import Refused, Unavailable
 from ds4d.chat.formats import chat_format_for
-from ds4d.chat.types import Event, Sampling
+from ds4d.chat.types import ChatRequest, Event, Sampling
 from ds4d.daemon import wire
-from ds4d.daemon.config import kv_dir, model_path
+from ds4d.daemon.config import Config, model_path
 from ds4d.daemon.generation import Generator
-from ds4d.daemon.metrics import Metrics
+from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool
+from ds4d.daemon.state_config import state_from_config
+from ds4d.engine.engine import Engine
 from ds4d.state.service import CacheView, StateService
-from ds4d.state.service import from_config as state_from_config
 from ds4d.state.slots import Slot
 from ds4d.state.trace import TraceWriter
 
@@ -42,14 +53,25 @@ CONSUMER_START_S = 30.0  # a stream whose body is not read by then is abandoned
 CREATED = 1767225600
 
 
+class _StateMetrics:
+    """The state layer's series once the model is loaded (none before)."""
+
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
+
+    def metrics_lines(self) -> list[str]:
+        state = self._daemon.state
+        return state.metrics_lines() if state is not None else []
+
+
 class Daemon:
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Config) -> None:
         self.config = config
         self.started = time.time()
-        self.engine: Any = None
+        self.engine: Engine | None = None
         self.generator: Generator | None = None
         self.pool: SlotPool | None = None
-        self.metrics = Metrics()
+        self.metrics = Metrics(self._gauges(), sources=[_StateMetrics(self)])
         self.ctx = 0
         self.model_id = ""
         self.load_error: str | None = None
@@ -61,19 +83,28 @@ class Daemon:
         self.state: StateService | None = None
         self.trace = TraceWriter()
         self.cache_view = CacheView(lambda: self.state.disk if self.state else None)
-        m = self.metrics
-        m.gauge("ds4d_requests_running", "requests generating on a slot",
-                lambda: self.pool.busy if self.pool else 0)
-        m.gauge("ds4d_requests_waiting", "requests queued for a slot",
-                lambda: self.pool.waiting if self.pool else 0)
-        m.gauge("ds4d_slot_busy", "1 while the slot runs a request",
-                lambda: {f'slot="{s.index}"': int(s.busy)
-                         for s in (self.pool.slots if self.pool else [])})
-        m.gauge("ds4d_slot_tokens", "tokens held in the slot's KV",
-                lambda: {f'slot="{s.index}"': len(s.tokens)
-                         for s in (self.pool.slots if self.pool else [])})
-        m.gauge("ds4d_model_loaded", "1 once the model is loaded",
-                lambda: int(self.generator is not None))
+
+    def _gauges(self) -> list[Gauge]:
+        def per_slot(read: Callable[[Slot], int]) -> Callable[[], GaugeValue]:
+            def value() -> GaugeValue:
+                return {
+                    f'slot="{s.index}"': read(s) for s in (self.pool.slots if self.pool else [])
+                }
+
+            return value
+
+        return [
+            Gauge("ds4d_requests_running", "requests generating on a slot",
+                  lambda: self.pool.busy if self.pool else 0),
+            Gauge("ds4d_requests_waiting", "requests queued for a slot",
+                  lambda: self.pool.waiting if self.pool else 0),
+            Gauge("ds4d_slot_busy", "1 while the slot runs a request",
+                  per_slot(lambda s: int(s.busy))),
+            Gauge("ds4d_slot_tokens", "tokens held in the slot's KV",
+                  per_slot(lambda s: s.session.n_tokens)),
+            Gauge("ds4d_model_loaded", "1 once the model is loaded",
+                  lambda: int(self.generator is not None)),
+        ]  # fmt: skip
 
     @property
     def ready(self) -> bool:
@@ -89,15 +120,36 @@ class Daemon:
         log.info("loading model %s", path)
         t0 = time.perf_counter()
         threads = cfg.threads or None
-        engine = await trio.to_thread.run_sync(Engine.open, path, threads, cfg.kv_type)
+        engine = await trio.to_thread.run_sync(
+            lambda: Engine.open(
+                path, threads, cfg.kv_type, rope_scaling=cfg.rope_scaling, n_ctx=cfg.ctx
+            )
+        )
         info = engine.info
         ctx = cfg.ctx or info.n_ctx_train
-        if ctx > info.n_ctx_train:
-            log.warning("--ctx %d is above the model's trained context %d: quality may drop "
-                        "past it", ctx, info.n_ctx_train)
-        log.info("model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",
-                 info.name, info.architecture, info.quant, time.perf_counter() - t0,
-                 cfg.slots, ctx)
+        if info.rope_stretch:
+            log.info("RoPE positions stretched with %s", info.rope_stretch)
+        elif ctx > info.n_ctx_train:
+            hint = (
+                "the file's own RoPE scaling is kept"
+                if cfg.rope_scaling
+                else "--rope-scaling yarn stretches the positions to --ctx"
+            )
+            log.warning(
+                "--ctx %d is above the model's trained context %d: quality may drop past it (%s)",
+                ctx,
+                info.n_ctx_train,
+                hint,
+            )
+        log.info(
+            "model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",
+            info.name,
+            info.architecture,
+            info.quant,
+            time.perf_counter() - t0,
+            cfg.slots,
+            ctx,
+        )
         sessions = []
         for i in range(cfg.slots):
             sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
@@ -105,14 +157,16 @@ class Daemon:
         self.engine = engine
         self.ctx = ctx
         self.model_id = Path(info.path).stem if info.path else info.name
-        self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)],
-                             cfg.queue_size)
-        generator = Generator(engine, chat_format_for(engine, ctx), ctx, self.pool, self.gate,
-                              self.metrics)
-        self.state = await trio.to_thread.run_sync(lambda: state_from_config(
-            cfg, engine=engine, ctx=ctx, kv_dir=kv_dir(cfg), trace=self.trace,
-            current=lambda: self.config))
-        self.state.attach(generator, self.metrics)
+        self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)], cfg.queue_size)
+        # the disk cache's scan reads every checkpoint's header: on a worker
+        state = self.state = await trio.to_thread.run_sync(
+            lambda: state_from_config(
+                cfg, engine=engine, ctx=ctx, trace=self.trace, current=lambda: self.config
+            )
+        )
+        generator = Generator(
+            engine, chat_format_for(engine, ctx), ctx, self.pool, self.gate, self.metrics, state
+        )
         self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
 
@@ -128,11 +182,18 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "pid": os.getpid(),
             "http": f"{self.config.host}:{self.config.port}",
-            "slots": {"total": len(self.pool.slots) if self.pool else self.config.slots,
-                      "busy": self.pool.busy if self.pool else 0},
-            "queue": {"waiting": self.pool.waiting if self.pool else 0,
-                      "limit": self.config.queue_size},
+            "slots": {
+                "total": len(self.pool.slots) if self.pool else self.config.slots,
+                "busy": self.pool.busy if self.pool else 0,
+            },
+            "queue": {
+                "waiting": self.pool.waiting if self.pool else 0,
+                "limit": self.config.queue_size,
+            },
         }
+
+    def decode_batching(self) -> dict[str, int | float | None]:
+        return self.metrics.decode_batching()
 
     def slots(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self.pool.slots] if self.pool else []
@@ -147,12 +208,17 @@ class Daemon:
         return self.state.shutdown([s.session for s in self.pool.slots])
 
     def model_object(self, model_id: str | None = None) -> dict[str, Any]:
-        return {"id": model_id or self.model_id, "object": "model", "created": CREATED,
-                "owned_by": "ds4d", "context_length": self.ctx,
-                "max_model_len": self.ctx}
+        return {
+            "id": model_id or self.model_id,
+            "object": "model",
+            "created": CREATED,
+            "owned_by": "ds4d",
+            "context_length": self.ctx,
+            "max_model_len": self.ctx,
+        }
 
 
-PROTOCOLS = {
+PROTOCOLS: dict[str, tuple[ApiProtocol, str]] = {
     "chat": (openai_chat, "messages"),
     "completions": (openai_completions, "prompt"),
     "responses": (openai_responses, "input"),
@@ -160,7 +226,7 @@ PROTOCOLS = {
 }
 
 
-def _protocol_for_path(path: str) -> Any:
+def _protocol_for_path(path: str) -> ApiProtocol:
     return anthropic_messages if path.startswith("/v1/messages") else openai_chat
 
 
@@ -170,10 +236,13 @@ def _request_line() -> tuple[str, str]:
     return request.method, request.path
 
 
-def error_response(err: ApiError, protocol: Any = None) -> Response:
+def error_response(err: ApiError, protocol: ApiProtocol | None = None) -> Response:
     protocol = protocol or _protocol_for_path(_request_line()[1])
-    resp = Response(json.dumps(protocol.error_body(err)) + "\n", status=err.status,
-                    content_type="application/json")
+    resp = Response(
+        json.dumps(protocol.error_body(err)) + "\n",
+        status=err.status,
+        content_type="application/json",
+    )
     for k, v in err.headers.items():
         resp.headers[k] = v
     return resp
@@ -197,11 +266,14 @@ def create_app(daemon: Daemon) -> QuartTrio:
 def _require_ready(daemon: Daemon) -> Generator:
     """The generator, or a 503 while the model loads (or failed to) and during shutdown."""
     if daemon.generator is None:
-        raise ApiError(503, "the model is still loading" if not daemon.load_error
-                       else f"the model failed to load: {daemon.load_error}",
-                       kind="server_error", headers={"Retry-After": "5"})
+        raise Unavailable(
+            "the model is still loading"
+            if not daemon.load_error
+            else f"the model failed to load: {daemon.load_error}",
+            retry_after_s=5,
+        )
     if daemon.shutdown.is_set():
-        raise ApiError(503, "server shutting down", kind="server_error")
+        raise Unavailable("server shutting down")
     return daemon.generator
 
 
@@ -212,14 +284,19 @@ def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
     async def on_api_error(err: ApiError) -> Response:
         return error_response(err)
 
+    @app.errorhandler(Refused)
+    async def on_refused(err: Refused) -> Response:
+        return error_response(refusal_error(err))
+
     @app.errorhandler(HTTPException)
     async def on_http_error(err: HTTPException) -> Response:
         status = err.code or 500
         method, path = _request_line()
-        message = {404: f"unknown endpoint {method} {path}",
-                   405: f"method {method} not allowed on {path}",
-                   413: f"request body larger than {daemon.config.max_body_bytes} bytes"}.get(
-            status, err.name)
+        message = {
+            404: f"unknown endpoint {method} {path}",
+            405: f"method {method} not allowed on {path}",
+            413: f"request body larger than {daemon.config.max_body_bytes} bytes",
+        }.get(status, err.name)
         kind = "invalid_request_error" if status < 500 else "server_error"
         return error_response(ApiError(status, message, kind=kind))
 
@@ -228,8 +305,9 @@ def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
         # The traceback goes to the log; the client learns only that it was our fault.
         method, path = _request_line()
         log.exception("unhandled error in %s %s", method, path)
-        return error_response(ApiError(500, "internal error (details are in the server log)",
-                                       kind="server_error"))
+        return error_response(
+            ApiError(500, "internal error (details are in the server log)", kind="server_error")
+        )
 
 
 def _add_api_key_check(app: QuartTrio, daemon: Daemon) -> None:
@@ -245,9 +323,14 @@ def _add_api_key_check(app: QuartTrio, daemon: Daemon) -> None:
         given = given or request.headers.get("x-api-key")
         if given and any(hmac.compare_digest(given.encode(), k.encode()) for k in keys):
             return None
-        return error_response(ApiError(401, "invalid or missing API key (send "
-                                            "'Authorization: Bearer KEY' or 'x-api-key: KEY')",
-                                       kind="authentication_error", code="invalid_api_key"))
+        return error_response(
+            ApiError(
+                401,
+                "invalid or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY')",
+                kind="authentication_error",
+                code="invalid_api_key",
+            )
+        )
 
 
 def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
@@ -255,8 +338,10 @@ def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
-        return Response(json.dumps({"name": "ds4d", "model": daemon.model_id or None}),
-                        content_type="application/json")
+        return Response(
+            json.dumps({"name": "ds4d", "model": daemon.model_id or None}),
+            content_type="application/json",
+        )
 
     @app.get("/health")
     async def health() -> Response:
@@ -270,21 +355,25 @@ def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(daemon.metrics.render(),
-                        content_type="text/plain; version=0.0.4; charset=utf-8")
+        # the daemon's own series where they change; the disk cache's read off the loop
+        own = daemon.metrics.own_lines()
+        rest = await trio.to_thread.run_sync(daemon.metrics.source_lines)
+        return Response(
+            "\n".join(own + rest) + "\n", content_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     @app.get("/v1/models")
     async def models() -> Response:
         data = [daemon.model_object()] if daemon.ready else []
-        return Response(json.dumps({"object": "list", "data": data}),
-                        content_type="application/json")
+        return Response(
+            json.dumps({"object": "list", "data": data}), content_type="application/json"
+        )
 
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
         # Any name is an alias of the loaded model.
         _require_ready(daemon)
-        return Response(json.dumps(daemon.model_object(model_id)),
-                        content_type="application/json")
+        return Response(json.dumps(daemon.model_object(model_id)), content_type="application/json")
 
 
 def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
@@ -293,38 +382,40 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     def defaults() -> Sampling:
         c = daemon.config
-        return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                        min_p=c.min_p)
+        return Sampling(temperature=c.temperature, top_p=c.top_p, top_k=c.top_k, min_p=c.min_p)
 
-    async def _parsed(protocol: Any, **options: Any) -> Any:
+    async def _parsed(parse: Callable[[Any, Sampling], ChatRequest]) -> ChatRequest:
         """The body read, decoded and translated on a worker thread: a large request
         must not hold the event loop (other requests, /health) while it is parsed."""
         data = await request.get_data(as_text=False)
         assert isinstance(data, bytes)  # as_text=False: the raw body
         sampling = defaults()
-        return await trio.to_thread.run_sync(
-            lambda: protocol.parse(parse_json_body(data), sampling, **options))
+        return await trio.to_thread.run_sync(lambda: parse(parse_json_body(data), sampling))
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
         gen = _require_ready(daemon)
-        req = await _parsed(anthropic_messages, count_only=True)
+        req = await _parsed(functools.partial(anthropic_messages.parse, count_only=True))
         n = await trio.to_thread.run_sync(gen.count_tokens, req)
         return Response(json.dumps({"input_tokens": n}), content_type="application/json")
 
     async def _generate(kind: str) -> Response:
         protocol, param = PROTOCOLS[kind]
         try:
-            req = await _parsed(protocol)
+            req = await _parsed(protocol.parse)
             gen = _require_ready(daemon)
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
             if force_tool_choice(req, daemon.config.force_tool_choice):
-                log.info("%s: tool_choice forced to %s (force_tool_choice)", kind,
-                         req.tool_choice.name or req.tool_choice.mode)
+                log.info(
+                    "%s: tool_choice forced to %s (force_tool_choice)",
+                    kind,
+                    req.tool_choice.name or req.tool_choice.mode,
+                )
             job = await gen.prepare(req, kind, param)
             job.ticket = gen.pool.request(job.tokens)
-        except ApiError as err:
+        except (ApiError, Refused) as refused:
+            err = refused if isinstance(refused, ApiError) else refusal_error(refused)
             daemon.metrics.requests[(kind, str(err.status))] += 1
             return error_response(err, protocol)
         model_name = req.model or daemon.model_id
@@ -360,14 +451,20 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
                         completion.add(ev)
             finally:
                 scope.cancel()
-            return Response(json.dumps(protocol.response(req, completion, model_name)),
-                            content_type="application/json")
+            return Response(
+                json.dumps(protocol.response(req, completion, model_name)),
+                content_type="application/json",
+            )
         encoder = protocol.Stream(req, model_name)
         return _sse_response(encoder, recv, scope, consumer_started)
 
-    def _sse_response(encoder: Any, recv: trio.MemoryReceiveChannel[Event],
-                      scope: trio.CancelScope, started: trio.Event) -> Response:
-        async def body():  # noqa: ANN202 - an async generator Quart iterates
+    def _sse_response(
+        encoder: EventStream,
+        recv: trio.MemoryReceiveChannel[Event],
+        scope: trio.CancelScope,
+        started: trio.Event,
+    ) -> Response:
+        async def body() -> AsyncIterator[bytes]:
             started.set()
             try:
                 for chunk in encoder.open():

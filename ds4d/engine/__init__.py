@@ -8,7 +8,7 @@ The narrow API everything above depends on (docs/architecture.md places it):
     engine.chat_template                       # the GGUF's jinja template or None
     session = engine.new_session(n_ctx)
     session.eval(tokens, on_chunk=None)        # prefill in chunks / decode one token
-    session.tokens, session.logits             # held tokens; next-token logits (float32)
+    session.tokens, session.compute_logits()   # held tokens; next-token logits (float32)
     session.rewind(n); session.save(fp); session.load(fp)
     sample(logits, SamplingParams(...), rng) -> token id
 

@@ -36,15 +36,19 @@ from __future__ import annotations
 import ctypes
 import io
 import struct
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from ds4d.engine import decoder, native
 from ds4d.engine import deepseek4_layout as layout
 from ds4d.engine.errors import EngineError
+from ds4d.engine.family import NATIVE_KV
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
+
+if TYPE_CHECKING:  # imported where used: the tokenizer loads the tokenizers package
+    from ds4d.engine.ds4_tokenizer import DS4Tokenizer
 
 FAMILY = "deepseek4"
 
@@ -161,7 +165,7 @@ class DS4Model:
         self.n_ctx_train = p.n_ctx_train
         cp = Params(**{f: getattr(p, f) for f in _INT_FIELDS + _FLOAT_FIELDS})
         ratios = (ctypes.c_int32 * p.n_layer)(*p.compress_ratios)
-        self._handle = lib.ds4n_dsv4_model_new(ctypes.byref(cp), ratios, p.n_layer)
+        self._handle: int | None = lib.ds4n_dsv4_model_new(ctypes.byref(cp), ratios, p.n_layer)
         if not self._handle:
             raise EngineError("the native deepseek4 forward rejected these parameters")
         for slot, name in enumerate(GLOBAL_SLOTS):
@@ -185,7 +189,8 @@ class DS4Model:
             raise EngineError("model is closed")
         return self._handle
 
-    def new_state(self, n_ctx: int) -> DS4State:
+    def new_state(self, n_ctx: int, kv_type: str = NATIVE_KV) -> DS4State:
+        """A session state; the compressed cache has its own layout whatever `kv_type`."""
         return DS4State(self, n_ctx)
 
     def close(self) -> None:
@@ -200,7 +205,7 @@ class DS4State:
     def __init__(self, model: DS4Model, n_ctx: int) -> None:
         self.model = model
         self.n_ctx = int(n_ctx)
-        self._handle = lib.ds4n_dsv4_state_new(model.handle, self.n_ctx)
+        self._handle: int | None = lib.ds4n_dsv4_state_new(model.handle, self.n_ctx)
         if not self._handle:
             raise EngineError(f"cannot allocate deepseek4 state for {n_ctx} tokens")
         self._tokens: list[int] = []  # kept to replay a prefix on rewind
@@ -218,9 +223,10 @@ class DS4State:
     def n_past(self) -> int:
         return int(lib.ds4n_dsv4_state_pos(self.handle))
 
-    def set_n_past(self, n: int) -> None:
+    def rewind(self, n: int) -> None:
         """Keep the first n tokens: restore the latest snapshot at or before n (or reset)
-        and replay the tokens from there to n."""
+        and evaluate the tokens from there to n again (forward passes: `replayed` counts
+        them)."""
         if not 0 <= n <= self.n_past:
             raise EngineError(f"cannot hold {n} tokens: the state has {self.n_past}")
         if n == self.n_past:
@@ -337,7 +343,9 @@ class DS4State:
                 size += 4 * (n_icomp[il] * p.idx_head_dim + 2 * 8 * 2 * p.idx_head_dim)
         return size
 
-    def _views(self, ls: LayerState, n: int, n_comp: int, n_icomp: int, raw_live: int):
+    def _views(
+        self, ls: LayerState, n: int, n_comp: int, n_icomp: int, raw_live: int
+    ) -> tuple[np.ndarray, list[int], list[np.ndarray]]:
         """numpy views on one layer's C buffers, in payload order (raw rows in logical
         order are a gather from the ring, returned with their ring indices)."""
         hd, ihd = ls.head_dim, ls.idx_head_dim
@@ -461,7 +469,7 @@ def load(gf: GGUFFile, pool: native.Pool) -> DS4Model:
     return DS4Model(gf, pool)
 
 
-def make_tokenizer(gf: GGUFFile):
+def make_tokenizer(gf: GGUFFile) -> DS4Tokenizer:
     """The V4 tokenizer from the GGUF's own vocabulary."""
     from ds4d.engine.ds4_tokenizer import DS4Tokenizer
 

@@ -257,6 +257,23 @@ class DS4Tokenizer:
             ids += self._encode_plain(text[pos:])
         return ids
 
+    def encode_continuation(self, text: str, special: bool = True) -> list[int]:
+        """`text` as it tokenizes after a non-special token: byte-level BPE adds no space
+        prefix, so this is `encode`."""
+        return self.encode(text, special)
+
+    def canonical_text(self, text: str, special: bool = True) -> str:
+        """`text` itself: this vocabulary drops no whitespace after a special token."""
+        return text
+
+    def source_text(self, ids: Sequence[int]) -> str | None:
+        """The text whose tokenization gives `ids`: their bytes, None when they end
+        inside a UTF-8 character (or an id is outside the vocabulary)."""
+        try:
+            return b"".join([self.token_bytes(i) for i in ids]).decode()
+        except (UnicodeDecodeError, ValueError):
+            return None
+
     def _encode_plain(self, text: str) -> list[int]:
         if not text:
             return []

@@ -1,15 +1,15 @@
 """Engine and Session: the narrow API the rest of ds4d uses (see ds4d/engine/__init__.py).
 
 The model family is chosen from general.architecture through FAMILIES; a family module
-provides `FAMILY` and `load(gguf_file, pool) -> model`, whose model has
-n_vocab / n_ctx_train / n_embd / n_layer and `new_state(n_ctx)` (see ds4d/engine/decoder.py
-for the state interface). Everything else here (chunked prefill, rewind, the session
-payload) is family-neutral.
+is a `ds4d.engine.family.Family` (`FAMILY`, `load(gguf_file, pool) -> FamilyModel`), and
+this module reaches the family only through those Protocols (FamilyModel, FamilyState,
+BatchedModel for the batched forward pass). Everything else here (chunked prefill,
+rewind, the session payload) is family-neutral.
 
 KV precision: the attention decoders store K and V as `kv_type` (KV_TYPES: f32, f16, q8_0;
 f16 by default, the exact f32 on request), resident and in session payloads, which record
-it. A family whose model has no `kv_row_bytes` keeps its own KV format and ignores
-kv_type: DeepSeek V4, whose compressed cache has a fixed layout (reported as "native").
+it. A family that is no BatchedModel keeps its own KV format and ignores kv_type:
+DeepSeek V4, whose compressed cache has a fixed layout (reported as "native").
 
 Sessions of one engine share its native thread pool, which runs one forward call at a
 time: calls are serialized by the engine's lock, so sessions may be used from different
@@ -26,14 +26,18 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from types import ModuleType
+from typing import TYPE_CHECKING, BinaryIO, Protocol, cast
 
 import numpy as np
 
 from ds4d.engine import native
+from ds4d.engine.context_extension import stretch_rope
 from ds4d.engine.decoder import KV_TYPES
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
+from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
 from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.tokenizer_api import ModelTokenizer
 
 # general.architecture -> family module. A new family is one module and one line here.
 FAMILIES = {
@@ -54,8 +58,6 @@ PREFILL_CHUNK = 256
 # The KV type serving defaults to: half the bytes of f32 at a log-prob distance of ~0.001
 # on the SmolLM2 vectors (tests/test_kv_types.py measures it).
 DEFAULT_KV_TYPE = "f16"
-# The kv_type of a family that keeps its own KV format (see the module docstring).
-NATIVE_KV = "native"
 
 PAYLOAD_MAGIC = b"DS4DSESS"
 # 2: the KV type joined the header (version 1 payloads held f32 rows without saying so).
@@ -92,6 +94,15 @@ class EngineInfo:
     path: str
     fingerprint: str
     kv_type: str = "f32"
+    rope_stretch: str = ""  # the RoPE scaling applied over the file's, in words
+
+
+if TYPE_CHECKING:  # mypy checks every family module against the Family Protocol
+    from ds4d.engine import deepseek4, gemma3, gptoss, llama, phi3, qwen2, qwen3, qwen3moe
+
+    _FAMILY_MODULES: tuple[Family, ...] = (
+        llama, deepseek4, qwen2, qwen3, gemma3, phi3, qwen3moe, gptoss
+    )  # fmt: skip
 
 
 def supported_architectures() -> list[str]:
@@ -101,8 +112,9 @@ def supported_architectures() -> list[str]:
 class Engine:
     """One GGUF loaded once (mmap), its tokenizer and chat template, and a thread pool."""
 
-    def __init__(self, gf: GGUFFile, family: Any, model: Any, pool: native.Pool,
-                 tokenizer: Any, kv_type: str = "f32") -> None:  # fmt: skip
+    def __init__(self, gf: GGUFFile, family: Family, model: FamilyModel, pool: native.Pool,
+                 tokenizer: ModelTokenizer, kv_type: str = "f32",
+                 rope_stretch: str = "") -> None:  # fmt: skip
         self.gguf = gf
         self.family = family
         self.model = model
@@ -116,25 +128,30 @@ class Engine:
             n_vocab=model.n_vocab, n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
             n_layer=model.n_layer, quant=gf.file_type_name, file_bytes=gf.file_bytes,
             path=str(gf.path), fingerprint=gf.fingerprint, kv_type=self.kv_type,
+            rope_stretch=rope_stretch,
         )  # fmt: skip
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], threads: int | None = None,
-             kv_type: str = DEFAULT_KV_TYPE) -> Engine:  # fmt: skip
+             kv_type: str = DEFAULT_KV_TYPE, *, rope_scaling: str = "",
+             n_ctx: int = 0) -> Engine:  # fmt: skip
         """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
-        EngineError for a bad thread count or a KV type the model cannot use."""
+        EngineError for a bad thread count or a KV type the model cannot use.
+        `rope_scaling` ("linear" or "yarn") stretches a model whose file declares no RoPE
+        scaling from its trained context to `n_ctx` (see context_extension.py)."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
         if kv_type not in KV_TYPES:
             raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
         gf = GGUFFile(path)
+        rope_stretch = stretch_rope(gf, rope_scaling, n_ctx)
         module = FAMILIES.get(gf.architecture)
         if module is None:
             raise ModelLoadError(
                 f"unsupported model architecture {gf.architecture!r} in {gf.path}"
                 f" (supported: {', '.join(supported_architectures())})"
             )
-        family = importlib.import_module(module)
+        family = cast(Family, importlib.import_module(module))
         pool = native.Pool(threads if threads is not None else native.physical_cores())
         try:
             model = family.load(gf, pool)
@@ -148,7 +165,7 @@ class Engine:
         except BaseException:
             pool.close()
             raise
-        return cls(gf, family, model, pool, tokenizer, kv_type)
+        return cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch)
 
     @property
     def threads(self) -> int:
@@ -180,17 +197,21 @@ class Engine:
                 raise EngineError("eval_batch: a session of another engine")
             checked.append((session, session._check(tokens)))
         checked = [(s, t) for s, t in checked if len(t)]
-        batch = getattr(self.model, "eval_batch", None)
-        if batch is None or len(checked) < 2 or any(len(t) > PREFILL_CHUNK for _, t in checked):
+        model = self.model
+        if (
+            not isinstance(model, BatchedModel)
+            or len(checked) < 2
+            or any(len(t) > PREFILL_CHUNK for _, t in checked)
+        ):
             for session, toks in checked:
                 session.eval(toks)
             return
-        limit = getattr(self.model, "max_batch", len(checked))
+        limit = model.max_batch
         with self.lock:
             for start in range(0, len(checked), limit):
                 group = checked[start : start + limit]
                 logits = np.empty((len(group), self.info.n_vocab), np.float32)
-                batch([s._state for s, _ in group], [t for _, t in group], logits)
+                model.eval_batch([s._state for s, _ in group], [t for _, t in group], logits)
                 logits.flags.writeable = False
                 for (session, toks), row in zip(group, logits, strict=True):
                     session._tokens.extend(toks.tolist())
@@ -208,29 +229,35 @@ class Engine:
         self.close()
 
 
-def _resolve_kv_type(model: Any, kv_type: str) -> str:
+def _resolve_kv_type(model: FamilyModel, kv_type: str) -> str:
     """The KV type sessions of model will use: kv_type, checked against the model (EngineError
     for q8_0 on a head dimension it cannot hold), or NATIVE_KV for a family with its own."""
-    if not hasattr(model, "kv_row_bytes"):
+    if not isinstance(model, BatchedModel):
         return NATIVE_KV
     model.kv_row_bytes(kv_type)
     return kv_type
 
 
-def _make_tokenizer(family: Any, gf: GGUFFile) -> Any:
-    make = getattr(family, "make_tokenizer", None)
+def _make_tokenizer(family: Family, gf: GGUFFile) -> ModelTokenizer:
+    """The family's own tokenizer (`make_tokenizer(gguf_file)`, optional in a family
+    module), else the GGUF vocabulary's through ds4d.engine.tokenizer."""
+    make = cast(ModuleType, family).__dict__.get("make_tokenizer")
     if make is not None:
-        return make(gf)
-    try:
-        from ds4d.engine.tokenizer import Tokenizer
-    except ImportError:  # pragma: no cover - only while the tokenizer is being built
-        return None
+        return cast(ModelTokenizer, make(gf))
+    from ds4d.engine.tokenizer import Tokenizer
+
     try:
         return Tokenizer.from_gguf(gf)
     except EngineError:
         raise
     except Exception as e:
         raise ModelLoadError(f"cannot build the tokenizer from {gf.path}: {e}") from None
+
+
+class ByteSink(Protocol):
+    """Where a snapshot's payload goes: a binary file, or a writer wrapping one."""
+
+    def write(self, data: bytes | memoryview, /) -> object: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,7 +273,7 @@ class SessionSnapshot:
     tokens: np.ndarray  # tokens[start:n_tokens], int32
     base_digest: bytes  # token_digest(tokens[:start]); b"" for a full payload
     logits: np.ndarray | None
-    kv: list[Any]  # buffers, in payload order
+    kv: Sequence[np.ndarray | bytes]  # buffers, in payload order
     kv_len: int
     kv_type: str = "f32"  # the full header records it; a delta's base already matched it
 
@@ -261,7 +288,7 @@ class SessionSnapshot:
         n_logits = 4 * self.n_vocab if self.logits is not None else 0
         return head + 4 * len(self.tokens) + n_logits + self.kv_len
 
-    def write(self, fp: BinaryIO) -> int:
+    def write(self, fp: ByteSink) -> int:
         """Writes the payload (full or delta; Session.load reads either). Returns bytes."""
         has_logits = int(self.logits is not None)
         fpr = bytes.fromhex(self.fingerprint)
@@ -284,17 +311,14 @@ class SessionSnapshot:
 class Session:
     """The exact tokens a session holds, its KV state, and the next-token logits.
 
-    After rewind(n) the logits are those after token n-1; they are recomputed lazily (one
-    decode step over that token, which rewrites its KV row up to float rounding) only if
-    read before the next eval."""
+    A rewind drops the logits: `compute_logits()` then evaluates the last held token again
+    (one decode step over it, which rewrites its KV row up to float rounding), unless an
+    eval comes first. `last_logits` never evaluates."""
 
     def __init__(self, engine: Engine, n_ctx: int) -> None:
         self.engine = engine
         self.n_ctx = int(n_ctx)
-        if engine.kv_type == NATIVE_KV:
-            self._state = engine.model.new_state(self.n_ctx)
-        else:
-            self._state = engine.model.new_state(self.n_ctx, kv_type=engine.kv_type)
+        self._state: FamilyState = engine.model.new_state(self.n_ctx, engine.kv_type)
         self._tokens: list[int] = []
         self._logits: np.ndarray | None = None
 
@@ -315,16 +339,27 @@ class Session:
         return self._state.kv_bytes
 
     @property
-    def logits(self) -> np.ndarray | None:
-        """Next-token logits (float32, n_vocab, read-only) after the last held token;
-        None for an empty session."""
-        if self._logits is None and self._tokens:
-            n = len(self._tokens)
-            self._state.set_n_past(n - 1)
+    def last_logits(self) -> np.ndarray | None:
+        """The next-token logits the last evaluation left (float32, n_vocab, read-only);
+        None for an empty session and after a rewind (see compute_logits)."""
+        return self._logits
+
+    def compute_logits(self) -> np.ndarray:
+        """The next-token logits after the last held token (float32, n_vocab, read-only).
+        When a rewind dropped them, this is a forward pass: the last held token is
+        evaluated again (engine lock; run it where evals of this session are serialized).
+        EngineError for an empty session, which has none."""
+        if self._logits is None:
+            if not self._tokens:
+                raise EngineError("an empty session has no next-token logits")
+            last = self._tokens[-1]
+            self._state.rewind(len(self._tokens) - 1)
             try:
-                self._forward(np.array([self._tokens[-1]], np.int32), extend=False)
-            finally:
-                self._state.set_n_past(n)
+                self._forward(np.array([last], np.int32), extend=False)
+            except BaseException:
+                self._tokens.pop()  # the state no longer holds it
+                raise
+        assert self._logits is not None
         return self._logits
 
     # -- eval ---------------------------------------------------------------------------
@@ -387,7 +422,7 @@ class Session:
             raise EngineError(f"cannot rewind to {n}: the session holds {len(self._tokens)}")
         if n == len(self._tokens):
             return
-        self._state.set_n_past(n)
+        self._state.rewind(n)
         del self._tokens[n:]
         self._logits = None
 
@@ -408,11 +443,11 @@ class Session:
             raise EngineError(f"cannot snapshot from token {start}: the session holds {n}")
         if start and not self.supports_delta:
             raise EngineError(f"{self.engine.info.family} sessions cannot be saved as deltas")
-        logits = self.logits
+        logits = self.compute_logits() if n else None
         info = self.engine.info
         kv = self._state.kv_rows(n, start)
         kv_len = self._state.kv_payload_bytes(n, start)
-        if sum(memoryview(b).nbytes for b in kv) != kv_len:
+        if sum(b.nbytes if isinstance(b, np.ndarray) else len(b) for b in kv) != kv_len:
             raise EngineError("session KV rows do not match their payload size")
         return SessionSnapshot(
             fingerprint=info.fingerprint, n_vocab=info.n_vocab, start=start, n_tokens=n,
@@ -427,7 +462,7 @@ class Session:
         (float32), then the family's KV rows for the held tokens only. Returns bytes.
         Streams the rows (no copy): the session must not change until it returns."""
         n = len(self._tokens)
-        logits = self.logits
+        logits = self.compute_logits() if n else None
         kv_len = self._state.kv_payload_bytes(n)
         info = self.engine.info
         header = _HEADER.pack(PAYLOAD_MAGIC, PAYLOAD_VERSION, bytes.fromhex(info.fingerprint),
@@ -482,12 +517,7 @@ class Session:
                 f" outside the vocabulary (0..{n_vocab - 1})"
             )
         logits = _read_array(fp, "<f4", n_vocab) if has_logits else None
-        try:
-            self._state.read_kv(fp, n)
-        except BaseException:
-            self._state.set_n_past(0)
-            raise
-        self._state.set_n_past(n)
+        self._state.read_kv(fp, n)  # an error leaves it empty, as the session is
         self._tokens = [int(t) for t in tokens]
         if logits is not None:
             logits = logits.astype(np.float32)
@@ -524,12 +554,7 @@ class Session:
         if len(tokens) and (tokens.min() < 0 or tokens.max() >= n_vocab):
             raise EngineError("session delta payload holds a token outside the vocabulary")
         logits = _read_array(fp, "<f4", n_vocab) if has_logits else None
-        try:
-            self._state.read_kv(fp, n, start)
-        except BaseException:
-            self._state.set_n_past(start)  # rows past the base were never counted
-            raise
-        self._state.set_n_past(n)
+        self._state.read_kv(fp, n, start)  # an error leaves it holding the base
         self._tokens.extend(int(t) for t in tokens)
         if logits is not None:
             logits = logits.astype(np.float32)

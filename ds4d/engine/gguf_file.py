@@ -276,6 +276,16 @@ class GGUFFile:
         """The metadata keys, in file order."""
         return list(self._metadata)
 
+    def override(self, values: dict[str, str | int | float]) -> None:
+        """Set metadata values over the file's (llama.cpp's --override-kv): later reads
+        see them, and the fingerprint names them, so KV state computed without them (or
+        with others) is refused rather than reused."""
+        fp = hashlib.sha256(f"{self.fingerprint}\0override\n".encode())
+        for key in sorted(values):
+            self._metadata[key] = values[key]
+            fp.update(f"{key}\0{values[key]!r}\n".encode())
+        self.fingerprint = fp.hexdigest()
+
     @property
     def name(self) -> str:
         return str(self.get("general.name") or self.path.stem)

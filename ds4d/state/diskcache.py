@@ -46,6 +46,7 @@ from typing import Any
 
 from ds4d.state import kvfile
 from ds4d.state.kvfile import Header, KVFileError, PayloadWriter, Reason
+from ds4d.state.writer import CheckpointWriter, JobValue
 
 log = logging.getLogger("ds4d.kvcache")
 
@@ -92,7 +93,7 @@ class Entry:
         score = (eff_hits + 1.0) * h.tokens / h.file_size
         return score * 2.0 if h.reason.is_anchor else score
 
-    def describe(self, now_ms: int) -> dict:
+    def describe(self, now_ms: int) -> dict[str, Any]:
         h = self.header
         return {
             "name": self.name,
@@ -162,7 +163,7 @@ class Stats:
 class DiskCache:
     def __init__(
         self,
-        directory: str | os.PathLike,
+        directory: str | os.PathLike[str],
         *,
         budget_bytes: int,
         fingerprint: str | bytes,
@@ -183,7 +184,7 @@ class DiskCache:
         self.daily_write_bytes = daily_write_bytes
         self.clock = clock
         self.stats = Stats()
-        self.writer: Any = None  # a CheckpointWriter: saves via `submit` go through it
+        self.writer: CheckpointWriter | None = None  # saves via `submit` go through it
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._pending: dict[str, Entry] = {}
@@ -208,11 +209,14 @@ class DiskCache:
         files carrying our own pid are stale too (a previous run with a recycled pid)."""
         entries: dict[str, Entry] = {}
         for item in sorted(os.scandir(self.dir), key=lambda d: d.name):
-            if not item.is_file(follow_symlinks=False):
-                continue
             pid = kvfile.tmp_owner_pid(item.name)
+            stale = pid is not None and ((startup and pid == os.getpid()) or not _pid_alive(pid))
+            if not item.is_file(follow_symlinks=False):
+                if stale and item.is_dir(follow_symlinks=False):  # a quarantine moved aside
+                    shutil.rmtree(item.path, ignore_errors=True)
+                continue
             if pid is not None:
-                if (startup and pid == os.getpid()) or not _pid_alive(pid):
+                if stale:
                     log.info("kv cache: removing unfinished write %s", item.name)
                     Path(item.path).unlink(missing_ok=True)
                 continue
@@ -587,13 +591,30 @@ class DiskCache:
         self.enforce_budget(protect=protect)
         return entry
 
-    def submit(self, value: tuple, reason: Reason, text: str, tokens: int,
-               payload: bytes | PayloadWriter, **kwargs: Any) -> bool:  # fmt: skip
-        """`save` on the writer thread (inline without a writer). Until it is written the
-        name is pending: `lookup` may return it and `load` then waits. False when the
-        save was dropped at once (queue full)."""
+    def submit(
+        self,
+        value: JobValue,
+        reason: Reason,
+        text: str,
+        tokens: int,
+        payload: bytes | PayloadWriter,
+        tool_map: Mapping[str, str] | None = None,
+        payload_estimate: int | None = None,
+        *,
+        base: str | None = None,
+        depth: int = 0,
+        likely_reused: bool = False,
+    ) -> bool:
+        """`save` on the writer thread (inline without a writer); `value` ranks it in the
+        writer's queue. Until it is written the name is pending: `lookup` may return it
+        and `load` then waits. False when the save was dropped at once (queue full)."""
+
+        def save() -> Entry | None:
+            return self.save(reason, text, tokens, payload, tool_map, payload_estimate,
+                             base=base, depth=depth, likely_reused=likely_reused)  # fmt: skip
+
         if self.writer is None:
-            return self.save(reason, text, tokens, payload, **kwargs) is not None
+            return save() is not None
         name = kvfile.file_name(text)
         done = threading.Event()
         now = self._now_ms()
@@ -610,7 +631,7 @@ class DiskCache:
 
         def run() -> None:
             try:
-                self.save(reason, text, tokens, payload, **kwargs)
+                save()
             finally:
                 finish()
 
@@ -644,11 +665,13 @@ class DiskCache:
                        incoming: int = 0) -> list[str]:  # fmt: skip
         """Delete lowest-score files until everything (plus `incoming` bytes about to be
         written) fits the budget; a file goes with the deltas built on it. Returns the
-        names removed."""
+        names removed. The index changes under the lock; the files are deleted after it,
+        so a large eviction never holds up the threads that save and load."""
         if not self.budget:
             return []
         protected = {protect} if isinstance(protect, str) else set(protect or ())
         removed: list[str] = []
+        doomed: list[Path] = []
         with self._lock:
             mono = time.monotonic()
             self._pins = {n: t for n, t in self._pins.items() if t > mono}
@@ -662,10 +685,11 @@ class DiskCache:
             for _, size, path in quarantined:  # worthless for reuse: they go first
                 if total <= self.budget:
                     break
-                path.unlink(missing_ok=True)
+                doomed.append(path)  # nothing else reads the quarantine
                 total -= size
             now = self._now_ms()
-            while total > self.budget and self._entries:
+            stuck = False
+            while total > self.budget and self._entries and not stuck:
                 children = self._children()
                 keys = {
                     e.name: self._eviction_key(e, now, protected, children)
@@ -680,10 +704,11 @@ class DiskCache:
                 ]
                 for e in [victim, *self._descendants(victim.name, children)]:
                     try:
-                        e.path.unlink(missing_ok=True)
-                    except OSError as err:
+                        doomed += self._doom(e.path)
+                    except OSError as err:  # it stays indexed; stop evicting for now
                         log.warning("kv cache: cannot evict %s: %s", e.name, err)
-                        return removed
+                        stuck = True
+                        break
                     del self._entries[e.name]
                     total -= e.size
                     removed.append(e.name)
@@ -691,10 +716,21 @@ class DiskCache:
                     self.stats.evicted_bytes += e.size
                     log.info("kv cache evicted reason=disk-cache-full tokens=%d size=%d file=%s",
                              e.tokens, e.size, e.name)  # fmt: skip
+        _delete(doomed)
         return removed
 
+    def _doom(self, path: Path) -> list[Path]:
+        """Move `path` aside for deletion after the lock (lock held): its new path, or
+        none when it is gone already. OSError when it cannot be moved."""
+        gone = path.with_name(kvfile.doomed_name(path.name))
+        try:
+            os.rename(path, gone)
+        except FileNotFoundError:
+            return []
+        return [gone]
+
     def _eviction_key(self, e: Entry, now: int, protected: set[str],
-                      children: dict[str, list[Entry]]) -> tuple:  # fmt: skip
+                      children: dict[str, list[Entry]]) -> tuple[float, int, str]:  # fmt: skip
         """Lowest first. A file goes with the deltas built on it, so its score is that of
         the family: the most valuable member's tokens (and hits) over the family's bytes,
         and it was used when the last of them was."""
@@ -707,7 +743,7 @@ class DiskCache:
 
     # ---- admin -------------------------------------------------------------------------
 
-    def ls(self) -> list[dict]:
+    def ls(self) -> list[dict[str, Any]]:
         now = self._now_ms()
         return sorted(
             (e.describe(now) for e in self.entries()), key=lambda d: d["last_used"], reverse=True
@@ -721,11 +757,13 @@ class DiskCache:
         older_than_s: float | None = None,
     ) -> list[str]:
         """Remove entries by name prefix, all of them, or those unused for `older_than_s`.
-        Returns the names removed."""
+        Returns the names removed (the files are deleted after the index lock, as in
+        enforce_budget)."""
         if prefix is None and not everything and older_than_s is None:
             raise ValueError("evict needs a name prefix, everything=True or older_than_s")
         now = self._now_ms()
         removed = []
+        doomed: list[Path] = []
         with self._lock:
             for e in list(self._entries.values()):
                 used = e.header.last_used_ms or e.header.created_ms
@@ -736,16 +774,18 @@ class DiskCache:
                 for d in [e, *self._descendants(e.name)]:
                     if d.name not in self._entries:
                         continue
-                    d.path.unlink(missing_ok=True)
+                    doomed += self._doom(d.path)
                     del self._entries[d.name]
                     removed.append(d.name)
                     self.stats.evictions += 1
                     self.stats.evicted_bytes += d.size
             if everything and self.quarantine_dir.is_dir():
-                shutil.rmtree(self.quarantine_dir, ignore_errors=True)
+                doomed.append(self.quarantine_dir.rename(
+                    self.dir / kvfile.doomed_name(QUARANTINE_DIR)))  # fmt: skip
+        _delete(doomed)
         return removed
 
-    def stats_dict(self) -> dict:
+    def stats_dict(self) -> dict[str, Any]:
         with self._lock:
             n = len(self._entries)
             deltas = sum(1 for e in self._entries.values() if e.base)
@@ -762,6 +802,19 @@ class DiskCache:
             "dropped_queue_full": writer.dropped if writer is not None else 0,
             "dir": str(self.dir),
         }
+
+
+def _delete(paths: list[Path]) -> None:
+    """Delete files (or a moved-aside directory) that left the index; a failure is
+    logged, never raised: the scan at the next start removes what is left."""
+    for path in paths:
+        try:
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as e:
+            log.warning("kv cache: cannot delete %s: %s", path.name, e)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ds4d.engine.engine import ByteSink
+
 MAGIC = b"DS4K"
 VERSION = 1
 HEADER_SIZE = 128
@@ -47,11 +49,11 @@ assert _FIXED.size == 92 and _MUTABLE_OFFSET + _MUTABLE.size <= HEADER_SIZE
 
 _tmp_serial = itertools.count()
 
-PayloadWriter = Callable[[BinaryIO], object]
+PayloadWriter = Callable[[ByteSink], object]  # writes an engine payload (SessionSnapshot.write)
 
 
 class Reason(enum.IntEnum):
-    """Why a checkpoint was written (spec §13.5)."""
+    """Why a checkpoint was written."""
 
     UNKNOWN = 0
     COLD = 1
@@ -122,6 +124,14 @@ def tmp_owner_pid(name: str) -> int | None:
         return None
     pid = name.rsplit(TMP_MARKER, 1)[1].split(".", 1)[0]
     return int(pid) if pid.isdigit() else None
+
+
+def doomed_name(name: str) -> str:
+    """A temporary name a file is renamed to before it is deleted: renaming is quick where
+    deleting a large file is not, so an index lock covers only the rename; the name reads
+    as an unfinished write of this process, which a scan never loads (and a restart
+    removes)."""
+    return f".{name}{TMP_MARKER}{os.getpid()}.{next(_tmp_serial)}.gone"
 
 
 def now_ms() -> int:
@@ -308,7 +318,7 @@ class _CountingWriter:
         self.crc = crc
         self.count = 0
 
-    def write(self, data) -> int:  # noqa: ANN001 - any bytes-like object
+    def write(self, data: bytes | memoryview, /) -> int:
         view = memoryview(data).cast("B")
         self._f.write(view)
         self.crc = zlib.crc32(view, self.crc)

@@ -14,9 +14,9 @@ the slot is free at once. A checkpoint extending the session's previous one (sam
 tokens up to it, checked by digest) is a delta of the new rows only; every
 `max_chain` links a full file starts a new chain.
 
-Sessions follow the engine contract: tokens, eval(tokens, on_chunk), rewind(n),
-save(fp), load(fp), and snapshot(start) / supports_delta when the engine has them. Every
-method that touches a session or the disk blocks: run it on a worker thread.
+Sessions are the engine's (ds4d.engine.engine.Session): tokens, eval, rewind, save, load,
+snapshot(start) and supports_delta. Every method that touches a session or the disk
+blocks: run it on a worker thread.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from ds4d.engine.engine import Session
+from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.state import kvfile
 from ds4d.state.diskcache import DiskCache, DiskMatch
 from ds4d.state.kvfile import Reason
@@ -45,7 +46,7 @@ log = logging.getLogger("ds4d.kvcache")
 
 MAX_CHAIN = 8  # delta links on a full file before the next checkpoint is full again
 
-OnChunk = Callable[[int, int], Any]
+OnChunk = Callable[[int, int], None]
 
 
 @dataclass
@@ -85,7 +86,7 @@ def _digest(tokens: Sequence[int]) -> bytes:
 class KVState:
     def __init__(
         self,
-        tokenizer: Any,
+        tokenizer: ModelTokenizer,
         n_ctx: int,
         *,
         disk: DiskCache | None = None,
@@ -104,9 +105,9 @@ class KVState:
         self.can_rewind = can_rewind
         self.max_chain = max_chain
         self._lock = threading.Lock()
-        self._state: weakref.WeakKeyDictionary[Any, _SessionState] = weakref.WeakKeyDictionary()
+        self._state: weakref.WeakKeyDictionary[Session, _SessionState] = weakref.WeakKeyDictionary()
 
-    def _st(self, session: Any) -> _SessionState:
+    def _st(self, session: Session) -> _SessionState:
         with self._lock:
             return self._state.setdefault(session, _SessionState())
 
@@ -117,10 +118,9 @@ class KVState:
         """The tokens of `text` written after `held`: a text continuing a span (the last
         held token is not special) gets no SentencePiece space prefix."""
         tok = self.tokenizer
-        continues = getattr(tok, "encode_continuation", None)
-        if continues is None or not held or tok.is_special(held[-1]):
+        if not held or tok.is_special(held[-1]):
             return self.encode_suffix(text)
-        return continues(text, special=True)
+        return tok.encode_continuation(text, special=True)
 
     def decode(self, tokens: Sequence[int]) -> str | None:
         """The text a slot holding `tokens` is matched by (see `key_text`)."""
@@ -131,14 +131,7 @@ class KVState:
         `full_text`); None when there is none (their bytes end inside a character, or a
         SentencePiece span lacks the space its tokenizer puts first): such a key could
         never be a prompt's prefix."""
-        source_text = getattr(self.tokenizer, "source_text", None)
-        if source_text is not None:
-            return source_text(tokens)
-        token_bytes = self.tokenizer.token_bytes
-        try:
-            return b"".join([token_bytes(t) for t in tokens]).decode()
-        except (UnicodeDecodeError, ValueError):  # ValueError: an id outside the vocabulary
-            return None
+        return self.tokenizer.source_text(tokens)
 
     def full_text(self, prompt_text: str) -> str:
         """The rendered prompt as its tokens spell it: the BOS the tokenizer puts first
@@ -146,18 +139,16 @@ class KVState:
         and without the whitespace the tokenizer drops after a special token (keys cannot
         hold it: its tokens do not spell it)."""
         tok = self.tokenizer
-        canonical = getattr(tok, "canonical_text", None)
-        if canonical is not None:
-            prompt_text = canonical(prompt_text)
-        bos = getattr(tok, "bos_id", None)
-        if not getattr(tok, "add_bos", False) or bos is None:
+        prompt_text = tok.canonical_text(prompt_text)
+        bos = tok.bos_id
+        if not tok.add_bos or bos is None:
             return prompt_text
         bos_text = tok.token_bytes(bos).decode(errors="replace")
         return prompt_text if prompt_text.startswith(bos_text) else bos_text + prompt_text
 
     # ---- the pieces a slot's sync is made of -------------------------------------------
 
-    def plan(self, session: Any, prompt_text: str, prompt_tokens: Sequence[int]) -> Plan:
+    def plan(self, session: Session, prompt_text: str, prompt_tokens: Sequence[int]) -> Plan:
         live = list(session.tokens)
         return plan_sync(
             live,
@@ -175,7 +166,7 @@ class KVState:
             return None
         return self.disk.lookup(self.full_text(prompt_text))
 
-    def begin(self, session: Any, source: str, tool_ids: Iterable[str] = ()) -> None:
+    def begin(self, session: Session, source: str, tool_ids: Iterable[str] = ()) -> None:
         """A request starts on `session` (after any evict save): a session that did not
         continue from its own memory starts its continued frontiers afresh."""
         st = self._st(session)
@@ -185,7 +176,7 @@ class KVState:
         st.reused = source != "none"
         st.tool_ids = set(tool_ids)
 
-    def load_disk(self, session: Any, match: DiskMatch, prompt_text: str) -> list[int] | None:
+    def load_disk(self, session: Session, match: DiskMatch, prompt_text: str) -> list[int] | None:
         """Load `match` into `session`; the effective prompt tokens, or None (file moved
         aside, session emptied) when it cannot be used. Blocking."""
         assert self.disk is not None
@@ -230,7 +221,7 @@ class KVState:
             held, loaded.text, prompt_text, lambda text: self.encode_after(held, text)
         )
 
-    def _implausible(self, session: Any) -> str | None:
+    def _implausible(self, session: Session) -> str | None:
         """Why a restored session cannot be this model's state for this context, or None:
         every token id must be in the vocabulary, and the session must leave room in the
         context for the next token (positions stay below n_ctx)."""
@@ -260,14 +251,14 @@ class KVState:
             out[cold] = Reason.COLD  # a continued frontier there is not written twice
         return sorted(out.items())
 
-    def checkpoint(self, session: Any, reason: Reason) -> bool:
+    def checkpoint(self, session: Session, reason: Reason) -> bool:
         """Save at a stop returned by `stops` (continued only if still due). Blocking."""
         if reason == Reason.CONTINUED:
             if not self.policy.continued_due(len(session.tokens), self._st(session).last_stored):
                 return False
         return self._save(session, reason)
 
-    def save_evict(self, session: Any) -> bool:
+    def save_evict(self, session: Session) -> bool:
         """Save what a session is about to lose to an unrelated prompt. Blocking."""
         return self.save_session(session, Reason.EVICT)
 
@@ -275,7 +266,7 @@ class KVState:
 
     def sync(
         self,
-        session: Any,
+        session: Session,
         prompt_text: str,
         prompt_tokens: Sequence[int],
         on_chunk: OnChunk | None = None,
@@ -311,12 +302,9 @@ class KVState:
                 continue
             base = pos
 
-            def progress(done: int, _n: int, base: int = base) -> Any:
+            def progress(done: int, _n: int, base: int = base) -> None:
                 if on_chunk is not None:
-                    return on_chunk(
-                        base - result.cached_tokens + done, len(tokens) - result.cached_tokens
-                    )
-                return None
+                    on_chunk(base - result.cached_tokens + done, len(tokens) - result.cached_tokens)
 
             session.eval(tokens[pos:stop], on_chunk=progress)
             pos = stop
@@ -327,7 +315,7 @@ class KVState:
 
     # ---- saves -------------------------------------------------------------------------
 
-    def _save(self, session: Any, reason: Reason, background: bool = True) -> bool:
+    def _save(self, session: Session, reason: Reason, background: bool = True) -> bool:
         """Checkpoint the session as it is now. With the disk cache's writer (and
         `background`), only a copy is taken here and the file is written later. True when
         the save was written or queued."""
@@ -352,21 +340,19 @@ class KVState:
             disk.stats.skipped_daily_budget += 1
             log.info("kv cache: daily write budget reached; not saving %d tokens", len(tokens))
             return False
-        kwargs: dict[str, Any] = {"tool_map": tool_map, "likely_reused": likely}
-        snapshot = getattr(session, "snapshot", None)
-        if snapshot is not None:
-            snap = snapshot(start)
-            payload: Any = snap.write
-            kwargs["payload_estimate"] = snap.nbytes
-        else:  # a session without copies: written now, before it can change
-            payload, background = session.save, False
-        if link is not None:
-            kwargs.update(base=link.name, depth=link.depth + 1)
-        value = (likely, reason.is_anchor, len(tokens))
+        # a copy of the payload (a memcpy): the session may change once this returns
+        snap = session.snapshot(start)
+        base = link.name if link is not None else None
+        depth = link.depth + 1 if link is not None else 0
         if background:
-            ok = disk.submit(value, reason, text, len(tokens), payload, **kwargs)
+            ok = disk.submit(
+                (likely, reason.is_anchor, len(tokens)), reason, text, len(tokens), snap.write,
+                tool_map, snap.nbytes, base=base, depth=depth, likely_reused=likely,
+            )  # fmt: skip
         else:
-            ok = disk.save(reason, text, len(tokens), payload, **kwargs) is not None
+            saved = disk.save(reason, text, len(tokens), snap.write, tool_map, snap.nbytes,
+                              base=base, depth=depth, likely_reused=likely)  # fmt: skip
+            ok = saved is not None
         if not ok:
             return False
         st.chain = _Link(kvfile.file_name(text), len(tokens), link.depth + 1 if link else 0,
@@ -375,11 +361,11 @@ class KVState:
             st.last_stored = max(st.last_stored, len(tokens))
         return True
 
-    def _delta_base(self, session: Any, st: _SessionState, tokens: list[int]) -> _Link | None:
+    def _delta_base(self, session: Session, st: _SessionState, tokens: list[int]) -> _Link | None:
         """The checkpoint this save may extend: the session's last one, if the session
         still holds its tokens, it is on disk (or queued) and the chain is not too long."""
         link = st.chain
-        if link is None or self.disk is None or not getattr(session, "supports_delta", False):
+        if link is None or self.disk is None or not session.supports_delta:
             return None
         if link.depth + 1 > self.max_chain or not link.tokens < len(tokens):
             return None
@@ -387,16 +373,16 @@ class KVState:
             return None
         return link
 
-    def after_token(self, session: Any) -> bool:
+    def after_token(self, session: Session) -> bool:
         """Decode-loop hook: a continued checkpoint when the session reaches a frontier."""
         return self.disk is not None and self.checkpoint(session, Reason.CONTINUED)
 
-    def remember_tool_call(self, session: Any, call_id: str, sampled_text: str) -> None:
+    def remember_tool_call(self, session: Session, call_id: str, sampled_text: str) -> None:
         """A call the model just made: its exact text, for replay in later turns."""
         self.tool_memory.remember(call_id, sampled_text)
         self._st(session).tool_ids.add(call_id)
 
-    def save_session(self, session: Any, reason: Reason = Reason.SHUTDOWN,
+    def save_session(self, session: Session, reason: Reason = Reason.SHUTDOWN,
                      background: bool = True) -> bool:  # fmt: skip
         """Save the whole live session (shutdown, evict): queued for the background writer
         when there is one, else written now."""
@@ -409,7 +395,7 @@ class KVState:
         writer = self.disk.writer if self.disk is not None else None
         return writer is None or writer.drain(timeout)
 
-    def shutdown(self, sessions: Iterable[Any], timeout: float | None = None) -> int:
+    def shutdown(self, sessions: Iterable[Session], timeout: float | None = None) -> int:
         """SIGTERM/SIGINT: the queued writes are finished (within `timeout`), then every
         session worth keeping goes to disk, written now. Returns files saved. Never
         raises: a session that cannot be saved is logged and the others still are."""

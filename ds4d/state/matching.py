@@ -1,4 +1,4 @@
-"""Which state a request starts from: the matching order of spec §12.3, as pure functions.
+"""Which state a request starts from: the matching order, as pure functions.
 
 For a slot holding `live` tokens and a request whose rendered prompt is `prompt_text`
 (tokenized in full as `prompt_tokens`):

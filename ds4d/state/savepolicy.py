@@ -1,4 +1,4 @@
-"""When a session is worth a disk checkpoint, and at which token count (spec §13.5).
+"""When a session is worth a disk checkpoint, and at which token count.
 
 Pure arithmetic over token counts; the daemon asks, then saves only when the live
 session is exactly at the answered length — a session is never rolled back to make an

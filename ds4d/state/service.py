@@ -1,13 +1,17 @@
-"""The state layer as the daemon uses it: built from config values, attached to the
-generator through its hooks (render, sync, on_finished, metrics).
+"""The state layer as the daemon uses it: built from config values, handed to the
+generator at construction (it is the generator's `GenerationState`) and to the metrics as
+one of their sources.
 
     state = StateService.create(tokenizer=..., fingerprint=..., ctx=..., kv_dir=...)
-    state.attach(generator, metrics)        # prompt normalisation, tool replay, trace
+    Generator(..., state=state); Metrics(sources=[state])
+    state.prepare_request(request)          # before rendering: byte-stable history
     sync_slot(..., kv=state.kv, tool_ids=tool_call_ids(request))
     state.kv.after_token(session)           # decode loop
+    state.trace_finished(record, prompt)    # one trace line per finished request
     state.shutdown(sessions)                # SIGTERM, after draining
 
-Duck-typed against the daemon's objects (this layer imports nothing above it).
+This layer imports nothing above it: the daemon's objects reach it as the neutral types
+of ds4d.chat and ds4d.state (ChatRequest, Event, GenerationRecord).
 """
 
 from __future__ import annotations
@@ -18,13 +22,23 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ds4d.chat.types import ReasoningDelta, TextDelta, ToolCallEnd, ToolCallStart
+from ds4d.chat.types import (
+    ChatRequest,
+    Event,
+    ReasoningDelta,
+    TextDelta,
+    ToolCall,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from ds4d.engine.engine import Session
+from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.state.diskcache import DiskCache
 from ds4d.state.kvstate import KVState
 from ds4d.state.normalize import strip_billing_header
 from ds4d.state.savepolicy import SavePolicy
 from ds4d.state.toolmemory import ToolMemory
-from ds4d.state.trace import TraceRecord, TraceWriter
+from ds4d.state.trace import GenerationRecord, TraceRecord, TraceWriter
 from ds4d.state.writer import CheckpointWriter
 
 log = logging.getLogger("ds4d.kvcache")
@@ -35,7 +49,7 @@ MIB = 1024 * 1024
 SHUTDOWN_DRAIN_S = 45.0
 
 
-def tool_call_ids(request: Any) -> list[str]:
+def tool_call_ids(request: ChatRequest) -> list[str]:
     """Every tool-call id a conversation mentions (assistant calls and tool results)."""
     ids: list[str] = []
     for m in request.messages:
@@ -65,7 +79,7 @@ class StateService:
     def create(
         cls,
         *,
-        tokenizer: Any,
+        tokenizer: ModelTokenizer,
         fingerprint: str,
         ctx: int,
         kv_dir: Path | None,
@@ -101,7 +115,7 @@ class StateService:
 
     # ---- before rendering --------------------------------------------------------------
 
-    def prepare_request(self, request: Any) -> Any:
+    def prepare_request(self, request: ChatRequest) -> ChatRequest:
         """A copy of `request` whose history renders byte-stably: Claude Code's billing
         line dropped from system text, earlier tool calls' arguments replaced by the
         exact text the model sampled (looked up in the KV files after a restart)."""
@@ -122,31 +136,20 @@ class StateService:
             messages.append(m)
         return dataclasses.replace(request, messages=messages)
 
-    def _replayed(self, call: Any) -> Any:
+    def _replayed(self, call: ToolCall) -> ToolCall:
         sampled = self.tool_memory.get(call.id) if call.id else None
         if sampled is None or sampled == call.arguments:
             return call
         return dataclasses.replace(call, arguments=sampled)
 
-    def remember_tool_call(self, session: Any, call_id: str, arguments: str) -> None:
+    def remember_tool_call(self, session: Session, call_id: str, arguments: str) -> None:
         """A call the model just produced (id handed to the client, arguments as sampled)."""
         if self.tool_replay:
             self.kv.remember_tool_call(session, call_id, arguments)
 
-    # ---- wiring ------------------------------------------------------------------------
+    # ---- what a generation reports -----------------------------------------------------
 
-    def attach(self, generator: Any, metrics: Any = None) -> None:
-        """Hook into the generator: render through `prepare_request`, sync through
-        `kv`, a trace line per finished request; disk counters into /metrics."""
-        render = generator.render
-        generator.render = lambda request: render(self.prepare_request(request))
-        generator.sync_hooks["kv"] = self.kv
-        generator.on_finished.append(self.trace_finished)
-        generator.state = self
-        if metrics is not None:
-            metrics.extra.append(self.metrics_lines)
-
-    def record_output(self, job: Any, event: Any) -> None:
+    def record_output(self, record: GenerationRecord, event: Event) -> None:
         """Collect a request's output for the trace, only when text tracing is on."""
         if not (self.trace.enabled and self.trace.include_text):
             return
@@ -158,34 +161,33 @@ class StateService:
             piece = event.arguments
         else:
             return
-        job.record["output"] = job.record.get("output", "") + piece
+        record.output = (record.output or "") + piece
 
-    def trace_finished(self, job: Any, sync: Any) -> None:
+    def trace_finished(self, record: GenerationRecord, prompt: str) -> None:
+        """The trace line of a request that had a slot (blocking: a file write)."""
         if not self.trace.enabled:
             return
-        rec = job.record
-        slot = job.slot.index if job.slot is not None else -1
-        extra = {
-            k: rec[k]
-            for k in ("ttft_s", "shortfall", "miss_reason", "prefilled_tokens")
-            if k in rec
-        }
+        extra: dict[str, object] = {"prefilled_tokens": record.prefilled_tokens}
+        if record.ttft_s is not None:
+            extra["ttft_s"] = record.ttft_s
+        if record.miss_reason:
+            extra["miss_reason"] = record.miss_reason
         self.trace.write(
             TraceRecord(
-                api=job.api,
-                slot=slot,
-                prompt_tokens=rec.get("prompt_tokens", len(job.tokens)),
-                cache_source=rec.get("cache_source", "none"),
-                cached_tokens=rec.get("cached_tokens", 0),
-                prefill_s=rec.get("prefill_s", 0.0),
-                decode_s=rec.get("decode_s", 0.0),
-                generated_tokens=rec.get("generated_tokens", 0),
-                finish_reason=rec.get("finish", "error"),
-                disk_file=getattr(sync, "disk_file", None),
+                api=record.api,
+                slot=record.slot,
+                prompt_tokens=record.prompt_tokens,
+                cache_source=record.cache_source,
+                cached_tokens=record.cached_tokens,
+                prefill_s=record.prefill_s,
+                decode_s=record.decode_s,
+                generated_tokens=record.generated_tokens,
+                finish_reason=record.finish,
+                disk_file=record.disk_file,
                 extra=extra,
             ),
-            prompt=job.text,
-            output=rec.get("output"),
+            prompt=prompt,
+            output=record.output,
         )
 
     def metrics_lines(self) -> list[str]:
@@ -232,7 +234,9 @@ class StateService:
             lines += _family(name, kind, text, [f"{name} {s[key] or 0}"])
         return lines
 
-    def shutdown(self, sessions: Iterable[Any], timeout: float | None = SHUTDOWN_DRAIN_S) -> int:
+    def shutdown(
+        self, sessions: Iterable[Session], timeout: float | None = SHUTDOWN_DRAIN_S
+    ) -> int:
         """Finish the queued checkpoint writes (within `timeout`), then save every
         session worth keeping (SIGTERM/SIGINT, after draining); blocking."""
         if self.disk is None:
@@ -255,53 +259,10 @@ def _family(name: str, kind: str, text: str, samples: list[str]) -> list[str]:
     return [f"# HELP {name} {text}", f"# TYPE {name} {kind}", *samples]
 
 
-def from_config(
-    config: Any,
-    *,
-    engine: Any,
-    ctx: int,
-    kv_dir: Path,
-    trace: TraceWriter | None = None,
-    current: Callable[[], Any] | None = None,
-) -> StateService:
-    """A StateService for the daemon's Config (duck-typed: the kv_*/tool_* keys). A
-    kv-cache knob left at its built-in value is fitted to the context instead.
-    `current` returns the live config (reloadable keys: the billing-line switch)."""
-    live = current or (lambda: config)
-    defaults = {f.name: f.default for f in dataclasses.fields(config)}
-
-    def knob(key: str) -> int | None:
-        value = getattr(config, key)
-        return None if value == defaults.get(key) else value
-
-    policy = {
-        "min_tokens": knob("kv_cache_min_tokens"),
-        "cold_max_tokens": knob("kv_cache_cold_max_tokens"),
-        "continued_interval_tokens": knob("kv_cache_continued_interval_tokens"),
-        "boundary_trim_tokens": knob("kv_cache_boundary_trim_tokens"),
-        "boundary_align_tokens": knob("kv_cache_boundary_align_tokens"),
-    }
-    service = StateService.create(
-        tokenizer=engine.tokenizer,
-        # Checkpoints hold KV rows of one type: another --kv-type is another cache.
-        fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}",
-        ctx=ctx,
-        kv_dir=kv_dir if config.kv_disk else None,
-        space_mb=config.kv_disk_space_mb,
-        write_budget_mb=getattr(config, "kv_disk_write_budget", None),
-        policy=policy,
-        tool_memory_max_ids=config.tool_memory_max_ids,
-        tool_replay=config.tool_replay,
-        normalize=lambda: bool(getattr(live(), "normalize_claude_billing_header", True)),
-    )
-    if trace is not None:  # the writer the control plane switches at runtime
-        service.trace = trace
-    return service
-
-
 class CacheView:
     """The disk cache's admin surface before (and after) the model is loaded: the cache
-    needs the model's fingerprint, the admin socket is up earlier."""
+    needs the model's fingerprint, the admin socket is up earlier. Every method reads or
+    changes the directory: blocking, run it on a worker thread."""
 
     def __init__(self, get: Callable[[], DiskCache | None]) -> None:
         self._get = get
@@ -315,7 +276,7 @@ class CacheView:
             )
         return cache
 
-    def ls(self) -> list[dict]:
+    def ls(self) -> list[dict[str, Any]]:
         return self._cache().ls()
 
     def evict(
@@ -327,7 +288,7 @@ class CacheView:
     ) -> list[str]:
         return self._cache().evict(prefix, everything=everything, older_than_s=older_than_s)
 
-    def stats_dict(self) -> dict:
+    def stats_dict(self) -> dict[str, Any]:
         return self._cache().stats_dict()
 
     @property
@@ -335,10 +296,11 @@ class CacheView:
         cache = self._get()
         return cache.budget if cache is not None else (self._budget or 0)
 
-    @budget.setter
-    def budget(self, value: int) -> None:
-        cache = self._get()
-        if cache is not None:
-            cache.budget = value
-            cache.enforce_budget()
+    def set_budget(self, value: int) -> list[str]:
+        """A new size limit in bytes, evicting what no longer fits; the names removed."""
         self._budget = value
+        cache = self._get()
+        if cache is None:
+            return []
+        cache.budget = value
+        return cache.enforce_budget()

@@ -4,7 +4,9 @@ A slot is one live engine Session plus bookkeeping. `sync_slot` decides, through
 matching order of `ds4d.state.matching.plan_sync` (memory-token, memory-text, disk-text,
 none), how much of what the slot holds can be kept, then prefills the rest in chunks.
 Engine work goes through `run_engine`, an awaitable the daemon supplies (worker thread,
-engine lock, power pacing), so this module stays free of any event-loop choice.
+engine lock, power pacing), and the rest of the blocking work (the matching plan: key
+texts, hashing the prompt against the disk cache) through `run_blocking` (a worker thread
+outside the engine gate), so this module stays free of any event-loop choice.
 """
 
 from __future__ import annotations
@@ -12,12 +14,26 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
+from ds4d.engine.engine import Session
 from ds4d.state.kvstate import KVState
 from ds4d.state.matching import Decode, Encode, Plan, plan_sync
+from ds4d.state.trace import CacheSource
 
-RunEngine = Callable[..., Awaitable[Any]]  # run_engine(fn, *args) -> fn(*args) on a worker
+T = TypeVar("T")
+
+
+class RunBlocking(Protocol):
+    """`await run(fn, *args)`: fn(*args) where it may block (a worker thread)."""
+
+    def __call__(self, fn: Callable[..., T], *args: object) -> Awaitable[T]: ...
+
+
+async def run_here(fn: Callable[..., T], *args: object) -> T:
+    """A RunBlocking for callers with nothing else to do meanwhile (tests, one-shot tools)."""
+    return fn(*args)
+
 
 PREFILL_CHUNK = 256  # tokens per engine call: between chunks other slots get a turn
 
@@ -25,7 +41,7 @@ PREFILL_CHUNK = 256  # tokens per engine call: between chunks other slots get a 
 @dataclass
 class Slot:
     index: int
-    session: Any  # ds4d.engine Session
+    session: Session
     ctx: int
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
@@ -33,21 +49,24 @@ class Slot:
 
     @property
     def tokens(self) -> Sequence[int]:
-        tokens: Sequence[int] = self.session.tokens
-        return tokens
+        return self.session.tokens
 
     def describe(self) -> dict[str, Any]:
-        return {"id": self.index, "state": "busy" if self.busy else "idle",
-                "tokens": len(self.session.tokens), "ctx": self.ctx,
-                "requests": self.requests,
-                "idle_s": 0.0 if self.busy else round(time.monotonic() - self.last_used, 1)}
+        return {
+            "id": self.index,
+            "state": "busy" if self.busy else "idle",
+            "tokens": self.session.n_tokens,
+            "ctx": self.ctx,
+            "requests": self.requests,
+            "idle_s": 0.0 if self.busy else round(time.monotonic() - self.last_used, 1),
+        }
 
 
 @dataclass
 class SyncResult:
     tokens: list[int]  # the prompt as the session now holds it (the effective prompt)
     reused: int  # prompt tokens kept from before (cached)
-    source: str  # memory-token | memory-text | disk-text | none
+    source: CacheSource
     plan: Plan
     disk_file: str | None = None  # the KV file a disk-text hit loaded
 
@@ -59,7 +78,8 @@ async def sync_slot(
     *,
     encode: Encode,
     decode: Decode,
-    run_engine: RunEngine,
+    run_engine: RunBlocking,
+    run_blocking: RunBlocking = run_here,
     kv: KVState | None = None,
     tool_ids: Iterable[str] = (),
     on_progress: Callable[[int, int], None] | None = None,
@@ -73,17 +93,21 @@ async def sync_slot(
     frontiers to write those checkpoints. `tool_ids`: the conversation's tool-call ids,
     stored with its checkpoints for exact replay after a restart."""
     session = slot.session
-    live = list(session.tokens)
+    live = session.tokens
     if kv is not None:
-        plan = kv.plan(session, prompt_text, prompt_tokens)
+        # the slot is ours: its session holds still while the plan is made on a worker
+        plan = await run_blocking(kv.plan, session, prompt_text, prompt_tokens)
         if plan.evict_save:
             await run_engine(kv.save_evict, session)
         kv.begin(session, plan.source, tool_ids)
     else:
-        plan = plan_sync(live, prompt_text, prompt_tokens, decode=decode, encode=encode)
+        plan = await run_blocking(
+            lambda: plan_sync(live, prompt_text, prompt_tokens, decode=decode, encode=encode)
+        )
 
     tokens: list[int] | None = plan.tokens
-    reused, source, disk_file = plan.keep, plan.source, None
+    reused, source = plan.keep, plan.source
+    disk_file: str | None = None
     if plan.disk is not None and kv is not None:
         tokens = await run_engine(kv.load_disk, session, plan.disk, prompt_text)
         if tokens is None:  # a bad file: logged by the cache, the request goes on cold

@@ -34,9 +34,32 @@ class TraceRecord:
     extra: dict[str, Any] = field(default_factory=dict)  # e.g. shortfall, tool_replay counts
 
 
+@dataclass
+class GenerationRecord:
+    """One request's generation as it goes, from its slot to its end: the log line,
+    /metrics and the trace line all read this one record, so they cannot disagree."""
+
+    api: str  # "chat" | "completions" | "responses" | "messages"
+    prompt_tokens: int  # as tokenized; once the slot is synced, the effective prompt's
+    slot: int = -1
+    cached_tokens: int = 0  # prompt tokens reused, not prefilled
+    cache_source: CacheSource = "none"
+    prefilled_tokens: int = 0
+    prefill_s: float = 0.0
+    generated_tokens: int = 0
+    decode_s: float = 0.0
+    finish: str = "error"  # a Finish reason, or "cancelled"
+    ttft_s: float | None = None  # arrival to the first generated text or call
+    miss_reason: str = ""  # why no cached state was reused, when none was
+    disk_file: str | None = None  # the checkpoint a disk hit loaded
+    malformed_call: str | None = None  # why a call block was dropped
+    output: str | None = None  # what was generated (collected only for trace_content)
+
+
 class TraceWriter:
-    def __init__(self, path: str | os.PathLike[str] | None = None,
-                 include_text: bool = False) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None = None, include_text: bool = False
+    ) -> None:
         self._lock = threading.Lock()
         self._file: TextIO | None = None
         self.path: Path | None = None
@@ -66,15 +89,17 @@ class TraceWriter:
         if old is not None:
             old.close()
 
-    def write(self, record: TraceRecord, prompt: str | None = None,
-              output: str | None = None) -> None:
+    def write(
+        self, record: TraceRecord, prompt: str | None = None, output: str | None = None
+    ) -> None:
         """Append one line; `prompt`/`output` are written only when text is opted in."""
         if self._file is None:
             return
         data = asdict(record)
         extra = data.pop("extra")
         data["time"] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.time)) + (
-            f".{int(record.time % 1 * 1000):03d}Z")
+            f".{int(record.time % 1 * 1000):03d}Z"
+        )
         data["prefill_s"] = round(record.prefill_s, 4)
         data["decode_s"] = round(record.decode_s, 4)
         data.update(extra)

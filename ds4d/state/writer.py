@@ -16,19 +16,22 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 log = logging.getLogger("ds4d.kvcache")
 
 DEFAULT_QUEUE = 4
 
+# How much a queued job is worth keeping (tuples compare in order; the lowest is dropped
+# first): the state layer ranks a save by (likely reused, anchor, tokens).
+JobValue = tuple[object, ...]
+
 
 @dataclass(order=True)
 class Job:
-    value: tuple  # the lowest is dropped first when the queue is full
+    value: JobValue  # the lowest is dropped first when the queue is full
     serial: int
-    run: Callable[[], Any] = field(compare=False)
-    on_drop: Callable[[], Any] = field(compare=False, default=lambda: None)
+    run: Callable[[], object] = field(compare=False)
+    on_drop: Callable[[], object] = field(compare=False, default=lambda: None)
 
 
 class CheckpointWriter:
@@ -52,8 +55,8 @@ class CheckpointWriter:
         with self._cond:
             return len(self._jobs) + self._running
 
-    def submit(self, run: Callable[[], Any], value: tuple = (),
-               on_drop: Callable[[], Any] = lambda: None) -> bool:  # fmt: skip
+    def submit(self, run: Callable[[], object], value: JobValue = (),
+               on_drop: Callable[[], object] = lambda: None) -> bool:  # fmt: skip
         """Queue `run`; False when it was dropped at once (queue full of more valuable
         jobs, or the writer closed). A queued job dropped later gets `on_drop()`."""
         with self._cond:

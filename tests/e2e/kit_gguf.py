@@ -16,6 +16,7 @@ UINT32, STRING, ARRAY = 4, 8, 9
 # value type -> byte width of the fixed-size GGUF value types
 _WIDTH = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 DEFAULT_ALIGNMENT = 32
+_U64 = struct.Struct("<Q")
 
 
 class _Walker:
@@ -32,13 +33,26 @@ class _Walker:
         self.at += n
         return self.raw[self.at - n : self.at].decode()
 
+    def string_ends(self, count: int) -> list[int]:
+        """Skips `count` strings (a vocabulary: 10^5 of them), undecoded; the offset
+        where each one ends."""
+        raw, at, length = self.raw, self.at, _U64.unpack_from
+        ends = []
+        for _ in range(count):
+            at += 8 + length(raw, at)[0]
+            ends.append(at)
+        self.at = at
+        return ends
+
     def skip_value(self, vtype: int) -> None:
         if vtype == STRING:
-            self.string()
+            self.string_ends(1)
         elif vtype == ARRAY:
             item, count = self.unpack("<I"), self.unpack("<Q")
             if item in _WIDTH:
                 self.at += _WIDTH[item] * count
+            elif item == STRING:
+                self.string_ends(count)
             else:
                 for _ in range(count):
                     self.skip_value(item)
@@ -79,11 +93,14 @@ def with_metadata(
         elif key == "tokenizer.ggml.tokens" and token_names:
             w.unpack("<I")
             count = w.unpack("<Q")
-            tokens = [w.string() for _ in range(count)]
-            for i, name in token_names.items():
-                tokens[i] = name
-            out += _string(key) + struct.pack("<IIQ", ARRAY, STRING, len(tokens))
-            out += b"".join(_string(t) for t in tokens)
+            begin = w.at
+            ends = w.string_ends(count)
+            out += _string(key) + struct.pack("<IIQ", ARRAY, STRING, count)
+            # every token's bytes as they were, the renamed ones written anew
+            for i in sorted(token_names):
+                out += raw[begin : ends[i - 1] if i else begin] + _string(token_names[i])
+                begin = ends[i]
+            out += raw[begin : ends[-1]]
         else:
             if key == "general.alignment" and vtype == UINT32:
                 alignment = struct.unpack_from("<I", raw, w.at)[0]

@@ -15,7 +15,6 @@ chunk (`ds4d_slot_tokens`); a request queued behind the busy slot shows in
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
 
 import anthropic
@@ -23,9 +22,13 @@ import openai
 import pytest
 
 from tests.e2e.daemon_process import running_daemon
+from tests.polling import wait_until
 
-# About 3000 tokens: seconds of prefill on two shared cores, against 50 ms keepalives.
-LONG = "word " * 3000
+# About 1230 tokens: a second or more of prefill on two shared cores, against 50 ms
+# keepalives. A request the model answers: its first token is never the end of the answer
+# (one word repeated 1200 times is answered by the end token about half the time), and
+# greedy sampling (temperature 0) keeps it so whatever the daemon's sampling defaults.
+LONG = "Tell me a story about a dragon. " * 150
 TTFT_COUNT = "ds4d_time_to_first_token_seconds_count"
 
 
@@ -70,7 +73,11 @@ def test_anthropic_message_start_comes_before_the_prefill(daemon, claude):
     ).input_tokens
     first_tokens = daemon.metrics()[TTFT_COUNT]
     stream = claude.messages.create(
-        model="c", max_tokens=2, stream=True, messages=[{"role": "user", "content": LONG}]
+        model="c",
+        max_tokens=2,
+        stream=True,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": LONG}],
     )
     with stream:
         events = iter(stream)
@@ -95,6 +102,7 @@ def test_anthropic_keepalives_while_prefilling_and_reuse_in_the_final_usage(daem
     body = {
         "model": "c",
         "max_tokens": 2,
+        "extra_body": {"temperature": 0},
         "stream": True,
         "messages": [{"role": "user", "content": "other " + LONG}],
     }
@@ -136,29 +144,29 @@ def test_anthropic_keepalives_while_prefilling_and_reuse_in_the_final_usage(daem
 
 def test_queued_streams_open_at_once_in_every_protocol(daemon, claude, oai):
     """With the only slot busy prefilling a long prompt, each protocol's opening events
-    arrive while the new request still waits in the queue."""
-    busy = threading.Event()
-    failure: list[BaseException] = []
+    arrive while the new request still waits in the queue. The streams are held open, not
+    read on, and closed at the end: the daemon then cancels them, the long prefill too. So
+    the long prompt can be three times LONG (the slot stays busy however slowly the streams
+    open) and cost only the chunks prefilled before the cancel."""
+    first_tokens = daemon.metrics()[TTFT_COUNT]
 
-    def hold_the_slot() -> None:
-        try:
-            with claude.messages.stream(
-                model="c", max_tokens=1, messages=[{"role": "user", "content": "third " + LONG}]
-            ) as s:
-                next(iter(s))  # message_start: the request has the slot
-                busy.set()
-                s.get_final_message()
-        except BaseException as e:  # reported by the test body
-            failure.append(e)
-            busy.set()
+    def waiting() -> float:
+        return daemon.metrics()["ds4d_requests_waiting"]
 
-    holder = threading.Thread(target=hold_the_slot)
-    holder.start()
-    try:
-        assert busy.wait(120) and not failure
-
-        def waiting() -> float:
-            return daemon.metrics()["ds4d_requests_waiting"]
+    with claude.messages.create(
+        model="c",
+        max_tokens=1,
+        stream=True,
+        messages=[{"role": "user", "content": "third " + LONG * 3}],
+    ) as holder:
+        assert next(iter(holder)).type == "message_start"
+        # The long request has the slot (it runs, nothing waits) and is being prefilled.
+        wait_until(
+            lambda: daemon.metrics()["ds4d_requests_running"] == 1,
+            60,
+            "the long request never got the slot",
+        )
+        assert waiting() == 0
 
         # Opened one after another and held open: the n-th first event arrives while n
         # requests wait for the slot.
@@ -180,9 +188,9 @@ def test_queued_streams_open_at_once_in_every_protocol(daemon, claude, oai):
                     events = iter(r)
                     assert next(events).type == "response.created"
                     assert next(events).type == "response.in_progress" and waiting() == 3
-    finally:
-        holder.join(120)
-    assert not failure
+                    # All of it while the long prompt was still being prefilled: no
+                    # request has produced a token since it started.
+                    assert daemon.metrics()[TTFT_COUNT] == first_tokens
 
 
 def test_openai_streams_keep_their_final_usage(oai):
