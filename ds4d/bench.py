@@ -130,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     info = engine.info
     print(
         f"# model {info.name} ({info.family}, {info.quant}, {info.file_bytes / 1e6:.1f} MB), "
-        f"threads {engine.threads}, kv {engine.kv_type}, prompt {args.prompt_file}",
+        f"threads {engine.threads}, kv {engine.kv_type}, kernels {_kernels()}, "
+        f"prompt {args.prompt_file}",
         flush=True,
     )
     profiler = None
@@ -186,8 +187,8 @@ def run_batch(args: argparse.Namespace) -> int:
     tokens = _prompt_tokens(engine, _read_prompt(args.prompt_file), args.ctx_start * args.batch)
     info = engine.info
     print(f"# model {info.name} ({info.family}, {info.quant}), threads {engine.threads}, "
-          f"{args.ctx_start}-token prompts, {args.gen_tokens} greedy tokens per session",
-          flush=True)  # fmt: skip
+          f"kernels {_kernels()}, {args.ctx_start}-token prompts, {args.gen_tokens} greedy "
+          "tokens per session", flush=True)  # fmt: skip
     print(f"{'sessions':>8} {'gen t/s':>9} {'per session':>12} {'vs one':>7}", flush=True)
     rows: list[BatchRow] = []
     for n in batch_counts(args.batch):
@@ -380,6 +381,13 @@ def _check_sweep(args: argparse.Namespace) -> None:
         raise CliError("--ctx-start and --step-incr must be ≥ 1, --gen-tokens ≥ 0", 2)
     if args.ctx_max < args.ctx_start:
         raise CliError("--ctx-max must be ≥ --ctx-start", 2)
+
+
+def _kernels() -> str:
+    """The native kernel level in force (DS4N_SIMD or the best the CPU runs)."""
+    from ds4d.engine import native
+
+    return native.SIMD_NAMES.get(native.simd_level(), str(native.simd_level()))
 
 
 def _read_prompt(path: str) -> str:

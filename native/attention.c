@@ -204,6 +204,10 @@ void ds4n_attn_scalar(const ds4n_attn_job *j, float *scratch) {
 
 void ds4n_attn_run(const ds4n_attn_job *job, float *scratch) {
 #if defined(__x86_64__) || defined(_M_X64)
+    if (ds4n_simd_level() >= DS4N_SIMD_AVX512) {
+        ds4n_attn_avx512(job, scratch);
+        return;
+    }
     if (ds4n_simd_level() == DS4N_SIMD_AVX2) {
         ds4n_attn_avx2(job, scratch);
         return;
@@ -224,6 +228,10 @@ void ds4n_swiglu_scalar(float *g, const float *u, int64_t n) {
 
 void ds4n_swiglu(float *g, const float *u, int64_t n) {
 #if defined(__x86_64__) || defined(_M_X64)
+    if (ds4n_simd_level() >= DS4N_SIMD_AVX512) {
+        ds4n_swiglu_avx512(g, u, n);
+        return;
+    }
     if (ds4n_simd_level() == DS4N_SIMD_AVX2) {
         ds4n_swiglu_avx2(g, u, n);
         return;
@@ -251,6 +259,10 @@ void ds4n_geglu_scalar(float *g, const float *u, int64_t n) {
 
 void ds4n_geglu(float *g, const float *u, int64_t n) {
 #if defined(__x86_64__) || defined(_M_X64)
+    if (ds4n_simd_level() >= DS4N_SIMD_AVX512) {
+        ds4n_geglu_avx512(g, u, n);
+        return;
+    }
     if (ds4n_simd_level() == DS4N_SIMD_AVX2) {
         ds4n_geglu_avx2(g, u, n);
         return;

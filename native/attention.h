@@ -99,6 +99,7 @@ void ds4n_attn_run(const ds4n_attn_job *job, float *scratch);
 void ds4n_attn_scalar(const ds4n_attn_job *job, float *scratch);
 #if defined(__x86_64__) || defined(_M_X64)
 void ds4n_attn_avx2(const ds4n_attn_job *job, float *scratch);
+void ds4n_attn_avx512(const ds4n_attn_job *job, float *scratch);
 #endif
 #if defined(__aarch64__)
 void ds4n_attn_neon(const ds4n_attn_job *job, float *scratch);
@@ -109,6 +110,7 @@ void ds4n_swiglu(float *g, const float *u, int64_t n);
 void ds4n_swiglu_scalar(float *g, const float *u, int64_t n);
 #if defined(__x86_64__) || defined(_M_X64)
 void ds4n_swiglu_avx2(float *g, const float *u, int64_t n);
+void ds4n_swiglu_avx512(float *g, const float *u, int64_t n);
 #endif
 #if defined(__aarch64__)
 void ds4n_swiglu_neon(float *g, const float *u, int64_t n);
@@ -121,6 +123,7 @@ void ds4n_geglu(float *g, const float *u, int64_t n);
 void ds4n_geglu_scalar(float *g, const float *u, int64_t n);
 #if defined(__x86_64__) || defined(_M_X64)
 void ds4n_geglu_avx2(float *g, const float *u, int64_t n);
+void ds4n_geglu_avx512(float *g, const float *u, int64_t n);
 #endif
 #if defined(__aarch64__)
 void ds4n_geglu_neon(float *g, const float *u, int64_t n);

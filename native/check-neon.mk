@@ -4,7 +4,8 @@
 #  - NEON: kernel sources cross-compiled for aarch64 (static) and run under qemu-user;
 #    skipped, with a line saying so, when the cross compiler or qemu is missing (in CI,
 #    CI=true, that is an error: `make test-tools` installs them).
-#  - this machine's own SIMD set (AVX2 on x86-64): the same program against libds4n.so.
+#  - this machine's own SIMD sets (AVX2 and, where the CPU has it, AVX-512 on x86-64): the
+#    same programs against libds4n.so and the library's attention objects.
 
 AARCH64_CC   ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
@@ -21,7 +22,7 @@ check-neon: check-neon-native check-neon-cross
 check-neon-native: $(BUILD)/libds4n.so $(CHECK_SRC)
 	$(CC) $(CHECK_CFLAGS) $(CHECK_SRC) -o $(BUILD)/check_kernels -L$(BUILD) -lds4n -Wl,-rpath,'$$ORIGIN' -lm
 	$(BUILD)/check_kernels
-	$(CC) $(CHECK_CFLAGS) $(SIMD_FLAGS) attention.c $(filter attention_%,$(SIMD_SRCS)) $(ATTN_CHECK) \
+	$(CC) $(CHECK_CFLAGS) attention.c $(filter $(BUILD)/attention_%,$(OBJS)) $(ATTN_CHECK) \
 	  -o $(BUILD)/check_attention -lm
 	$(BUILD)/check_attention
 

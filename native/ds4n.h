@@ -24,8 +24,13 @@ enum ds4n_type {
     DS4N_IQ2_XXS = 16, DS4N_IQ4_NL = 20, DS4N_IQ4_XS = 23, DS4N_BF16 = 30, DS4N_MXFP4 = 39,
 };
 
-/* SIMD levels; DS4N_SIMD_AUTO picks the best the CPU supports. */
-enum ds4n_simd { DS4N_SIMD_AUTO = -1, DS4N_SIMD_SCALAR = 0, DS4N_SIMD_AVX2 = 1, DS4N_SIMD_NEON = 2 };
+/* SIMD levels; DS4N_SIMD_AUTO picks the best the CPU supports. AVX512 is F, BW, VL and DQ
+ * (with the AVX2 level's FMA and F16C); AMX is that set with the decode matvecs of some types
+ * on AMX tiles (AMX-TILE, AMX-BF16, AVX512-BF16, and the tile state granted by the OS). */
+enum ds4n_simd {
+    DS4N_SIMD_AUTO = -1, DS4N_SIMD_SCALAR = 0, DS4N_SIMD_AVX2 = 1, DS4N_SIMD_NEON = 2,
+    DS4N_SIMD_AVX512 = 3, DS4N_SIMD_AMX = 4,
+};
 
 /* Selects the kernel set for the whole process and returns the level now in force
  * (a level the CPU lacks falls back to scalar). Tests use it to check SIMD against scalar. */

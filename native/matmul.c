@@ -6,12 +6,14 @@
  * matvec for the types whose blocks carry a min (min·Σx).
  *
  * 2 <= T <= DS4N_SMALL_T (batched decode of several sessions): each row read once and each
- * of its blocks decoded once for all T tokens, token t's result bitwise the T == 1 one.
+ * of its blocks decoded once for all T tokens, token t's result bitwise the T == 1 one. A
+ * kernel set may instead have one kernel for every T <= DS4N_SMALL_T (the AMX level's tile
+ * matvec), which then serves decode and small batches alike.
  *
  * T > DS4N_SMALL_T (prefill): blocked matrix-matrix product. Each worker walks its rows in panels of
  * PANEL_ROWS rows x PANEL_K columns, dequantizes a panel once into a float buffer (64 KB,
- * L2-resident) and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x
- * DS4N_TILE_COLS tokens of SIMD accumulators) over every token against it; each micro-kernel
+ * L2-resident) and runs the register-blocked micro-kernel (DS4N_TILE_ROWS rows x the set's
+ * tile_cols tokens of SIMD accumulators) over every token against it; each micro-kernel
  * call streams its 3 token rows from L1. Long panels measured best (fewer horizontal sums and
  * partial-sum passes over Y); the typical model row (K <= 1024) is a single panel. */
 #include "profile.h"
@@ -102,15 +104,35 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     float xsum[XSUM_MAX];
     if (rows_kernel)
         for (int64_t t = 0; t < m->T; t++) block_sums(m->X + t * m->K, nb, xsum + t * nb);
-    const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
-    for (int64_t r = r0; r < r1; r++, w += row_bytes)
-        k->cols(w, m->X, m->K, xsum, m->K, m->Y + r, m->rows, (int)m->T);
+    /* Rows taken from DS4N_MV_ROWS runs in turn, as matvec_rows reads them: memory sees that
+     * many sequential streams, not one (a single stream leaves most of the bandwidth idle). */
+    const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS, len = n / streams;
+    for (int64_t j = 0; j < len; j++)
+        for (int64_t s = 0; s < streams; s++) {
+            const int64_t r = r0 + s * len + j;
+            k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r,
+                    m->rows, (int)m->T);
+        }
+    for (int64_t r = r0 + streams * len; r < r1; r++)
+        k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r, m->rows,
+                (int)m->T);
+}
+
+/* The set's one kernel for decode and small batches (the AMX level's), when it has one for
+ * the type and K: 1 if it ran. */
+static int one_kernel(const struct matmul_job *m, int64_t r0, int64_t r1) {
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const struct ds4n_row_kernels *k = ds4n_active_kernels(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    return k->mv && k->mv((const uint8_t *)m->W + r0 * row_bytes, row_bytes, r1 - r0, m->X,
+                          m->K, (int)m->T, m->Y + r0, m->rows);
 }
 
 static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     ds4n_dequant_fn dequantize = ds4n_active_kernels(m->type)->dequantize;
     ds4n_tile_fn tile = ds4n_active_tile();
+    const int cols = ds4n_active_tile_cols();
     int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     _Alignas(64) float panel[PANEL_ROWS * PANEL_K];
 
@@ -121,8 +143,8 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
             int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
             for (int64_t i = 0; i < nr; i++)
                 dequantize(wk + (rp + i) * row_bytes, panel + i * kc, kc);
-            for (int64_t t = 0; t < m->T; t += DS4N_TILE_COLS) {
-                int nt = m->T - t < DS4N_TILE_COLS ? (int)(m->T - t) : DS4N_TILE_COLS;
+            for (int64_t t = 0; t < m->T; t += cols) {
+                int nt = m->T - t < cols ? (int)(m->T - t) : cols;
                 const float *x = m->X + t * m->K + k0;
                 float *y = m->Y + t * m->rows + rp;
                 for (int64_t i = 0; i < nr; i += DS4N_TILE_ROWS) {
@@ -141,9 +163,11 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const fl
     int64_t r0, r1;
     share(rows, ith, nth, &r0, &r1);
     const int64_t t0 = ds4n_profile_on() ? ds4n_now_ns() : 0;
-    if (r0 < r1 && T == 1) matvec_rows(&m, r0, r1);
-    else if (r0 < r1 && T <= DS4N_SMALL_T) small_rows(&m, r0, r1);
-    else if (r0 < r1) gemm_rows(&m, r0, r1);
+    if (r0 < r1 && !(T <= DS4N_SMALL_T && one_kernel(&m, r0, r1))) {
+        if (T == 1) matvec_rows(&m, r0, r1);
+        else if (T <= DS4N_SMALL_T) small_rows(&m, r0, r1);
+        else gemm_rows(&m, r0, r1);
+    }
     if (t0) ds4n_profile_matmul(type, rows, K, T, ds4n_now_ns() - t0);
 }
 

@@ -339,7 +339,7 @@ static void tile_scalar(const float *W, int64_t ldw, const float *X, int64_t ldx
 }
 
 /* No multi-row kernels; small batches dequantize each chunk once for all tokens. */
-#define ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, cols_##name}
+#define ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, cols_##name, NULL}
 const struct ds4n_kernel_set ds4n_scalar_set = {
     .row = {
         ROW(F32, f32), ROW(F16, f16), ROW(BF16, bf16),

@@ -126,25 +126,35 @@ typedef void (*ds4n_rows_fn)(const void *w, int64_t row_stride, const float *x,
 typedef void (*ds4n_cols_fn)(const void *w, const float *x, int64_t ldx, const float *xsum,
                              int64_t n, float *y, int64_t ldy, int T);
 #define DS4N_SMALL_T 8
+/* Decode and small-batch matvec in one kernel: y[t*ldy + r] = row r · x[t*K] for r < n_rows
+ * (row_bytes apart), t < T (1..DS4N_SMALL_T), each token's result bitwise the same whatever T.
+ * Returns 0, having done nothing, when it cannot take rows of K values (the decision depends
+ * on K alone, so the other kernels then serve every T of that shape). */
+typedef int (*ds4n_mv_fn)(const void *w, int64_t row_bytes, int64_t n_rows, const float *x,
+                          int64_t K, int T, float *y, int64_t ldy);
 struct ds4n_row_kernels {
     ds4n_dequant_fn dequantize;
     ds4n_dot_fn dot;
     ds4n_rows_fn rows; /* NULL: the matvec runs dot row by row */
     ds4n_cols_fn cols; /* NULL: a small batch runs token by token */
+    ds4n_mv_fn mv;     /* non-NULL: T <= DS4N_SMALL_T goes here first */
 };
 
-/* GEMM micro-kernel: for r < R (1..4) and t < C (1..3), acc[r][t] = dot(W + r*ldw, X + t*ldx)
- * over k floats; results go to Y[t*ldy + r], added to what is there when accumulate != 0. */
+/* GEMM micro-kernel: for r < R (1..4) and t < C (1..the set's tile_cols), acc[r][t] =
+ * dot(W + r*ldw, X + t*ldx) over k floats; results go to Y[t*ldy + r], added to what is
+ * there when accumulate != 0. */
 typedef void (*ds4n_tile_fn)(const float *W, int64_t ldw, const float *X, int64_t ldx,
                              int64_t k, float *Y, int64_t ldy, int R, int C, int accumulate);
 #define DS4N_TILE_ROWS 4
-#define DS4N_TILE_COLS 3
+#define DS4N_TILE_COLS 3      /* tokens per micro-kernel call, unless the set says more */
+#define DS4N_TILE_COLS_MAX 6
 
 /* Everything one SIMD level provides. Row-kernel slots left NULL fall back to scalar. */
 #define DS4N_TYPE_SLOTS 40 /* type ids are < 40 */
 struct ds4n_kernel_set {
     struct ds4n_row_kernels row[DS4N_TYPE_SLOTS];
     ds4n_tile_fn tile;
+    int tile_cols; /* C of the micro-kernel (0: DS4N_TILE_COLS) */
 };
 
 struct ds4n_type_traits {
@@ -157,10 +167,17 @@ const struct ds4n_type_traits *ds4n_traits(int type);
 /* The kernels in force for the current SIMD level (resolved; never NULL for a supported type). */
 const struct ds4n_row_kernels *ds4n_active_kernels(int type);
 ds4n_tile_fn ds4n_active_tile(void);
+int ds4n_active_tile_cols(void);
 
 extern const struct ds4n_kernel_set ds4n_scalar_set;
 #if defined(__x86_64__) || defined(_M_X64)
 extern const struct ds4n_kernel_set ds4n_avx2_set;
+extern const struct ds4n_kernel_set ds4n_avx512_set;
+/* The AMX level: the AVX-512 set with these decode matvecs (NULL: none for that type). */
+extern const ds4n_mv_fn ds4n_amx_mv[DS4N_TYPE_SLOTS];
+/* 1 when the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16, the OS enables the tile state and
+ * grants it to this process (asked for here). */
+int ds4n_amx_usable(void);
 #define DS4N_HAVE_AVX2 1
 #endif
 #if defined(__aarch64__)

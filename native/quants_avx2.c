@@ -21,6 +21,8 @@ static inline vacc vfma_s(vacc acc, float s, vacc v) {
     return _mm256_fmadd_ps(_mm256_set1_ps(s), v, acc);
 }
 
+static inline vacc vfma_m(vacc acc, const float *s, vacc v) { return vfma_s(acc, *s, v); }
+
 static inline vacc v16_dot(v16 q, const float *x) {
     __m256 lo = _mm256_mul_ps(q.v[0], _mm256_loadu_ps(x));
     return _mm256_fmadd_ps(q.v[1], _mm256_loadu_ps(x + 8), lo);
@@ -207,4 +209,4 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
 
 #include "quants_generic.h"
 
-DS4N_DEFINE_KERNEL_SET(ds4n_avx2_set, ds4n_tile_avx2)
+DS4N_DEFINE_KERNEL_SET(ds4n_avx2_set, ds4n_tile_avx2, 0)

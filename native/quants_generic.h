@@ -2,7 +2,8 @@
  * kernel file (quants_avx2.c, quants_neon.c) after it defines, for its vector type:
  *
  *   vacc                  an accumulator vector;  vzero(), vadd(), vsub(), vhsum()
- *   vfma_s(acc, s, v)     acc + s·v (s a float)
+ *   vfma_s(acc, s, v)     acc + s·v (s a float);  vfma_m(acc, p, v)  the same with s = *p in
+ *                         memory (a broadcast operand where the ISA has one)
  *   v16                   16 floats in registers
  *   v16_dot(q, x)         Σ q·x over x[0..16), as a vector;   v16_sum(x)  Σ x, as a vector
  *   v16_fma(acc, q, x)    acc + that Σ q·x
@@ -127,8 +128,8 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
         if (pairs) f16_pairs(p, row_stride, R, dm);
         for (int r = 0; r < R; r++) {
             load_legacy(type, p + r * row_stride, &b);
-            const float d = pairs ? dm[2 * r] : b.d;
-            acc[r] = vfma_s(acc[r], d, block32_dot(b.q, x));
+            const vacc s = block32_dot(b.q, x);
+            acc[r] = pairs ? vfma_m(acc[r], &dm[2 * r], s) : vfma_s(acc[r], b.d, s);
             if (is_affine(type)) accm[r] += dm[2 * r + 1] * xsum[i];
         }
     }
@@ -523,10 +524,11 @@ DS4N_FLOAT_KERNELS(f32, DS4N_F32)
 DS4N_FLOAT_KERNELS(f16, DS4N_F16)
 DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
 
-/* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn`. */
-#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, NULL}
-#define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name, cols_##name}
-#define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn)                                        \
+/* Defines the kernel set `set_name` with the GEMM micro-kernel `tile_fn` of tile_cols tokens
+ * (0: DS4N_TILE_COLS). */
+#define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, NULL, NULL}
+#define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name, cols_##name, NULL}
+#define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn, cols)                                  \
     const struct ds4n_kernel_set set_name = {                                            \
         .row = {                                                                         \
             DS4N_ROW(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),                \
@@ -534,11 +536,11 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
             DS4N_ROW_MV(Q5_1, q5_1), DS4N_ROW_MV(Q8_0, q8_0),                            \
             DS4N_ROW(Q2_K, q2_K), DS4N_ROW(Q3_K, q3_K), DS4N_ROW_MV(Q4_K, q4_K),         \
             DS4N_ROW_MV(Q5_K, q5_K),                                                     \
-            [DS4N_Q6_K] = {dequant_q6_K, dot_q6_K, rows_q6_K_R, cols_q6_K_T},            \
+            [DS4N_Q6_K] = {dequant_q6_K, dot_q6_K, rows_q6_K_R, cols_q6_K_T, NULL},      \
             DS4N_ROW(IQ2_XXS, iq2_xxs), DS4N_ROW_MV(IQ4_NL, iq4_nl),                     \
             DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW_MV(MXFP4, mxfp4),                         \
         },                                                                               \
-        .tile = tile_fn,                                                                 \
+        .tile = tile_fn, .tile_cols = cols,                                              \
     };
 
 #endif

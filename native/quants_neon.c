@@ -19,6 +19,8 @@ static inline vacc vsub(vacc a, vacc b) { return vsubq_f32(a, b); }
 static inline float vhsum(vacc a) { return vaddvq_f32(a); }
 static inline vacc vfma_s(vacc acc, float s, vacc v) { return vfmaq_n_f32(acc, v, s); }
 
+static inline vacc vfma_m(vacc acc, const float *s, vacc v) { return vfma_s(acc, *s, v); }
+
 static inline vacc v16_dot(v16 q, const float *x) {
     float32x4_t a = vmulq_f32(q.v[0], vld1q_f32(x)), b = vmulq_f32(q.v[1], vld1q_f32(x + 4));
     a = vfmaq_f32(a, q.v[2], vld1q_f32(x + 8));
@@ -190,4 +192,4 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
 
 #include "quants_generic.h"
 
-DS4N_DEFINE_KERNEL_SET(ds4n_neon_set, ds4n_tile_neon)
+DS4N_DEFINE_KERNEL_SET(ds4n_neon_set, ds4n_tile_neon, 0)

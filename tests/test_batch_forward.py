@@ -20,8 +20,10 @@ from ds4d.engine.decoder import MAX_BATCH
 from ds4d.engine.engine import FAMILIES
 from ds4d.engine.errors import ContextFullError
 from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.moe_decoder import MoEDecoderModel
 from ds4d.engine.native import lib
 from tests.kit import kit_families, kit_model
+from tests.test_kernels import LEVELS, SIMD_LEVELS
 
 N_CTX = 512
 
@@ -100,14 +102,27 @@ def kit_engine(request) -> Iterator[Engine]:
         yield e
 
 
-def test_kit_families_batch_bitwise_equal_alone(kit_engine: Engine) -> None:
+@pytest.fixture(params=LEVELS, ids=[native.SIMD_NAMES[x] for x in LEVELS])
+def level(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Each kernel set this CPU runs: the batch guarantee holds within every one of them."""
+    native.set_simd(request.param)
+    yield request.param
+    native.set_simd(native.SIMD_AUTO)
+
+
+def test_kit_families_batch_bitwise_equal_alone(kit_engine: Engine, level: int) -> None:
     chunks, seen = run_batched(kit_engine, SCHEDULE, seed=1)
     assert_alone_equal(kit_engine, chunks, seen)
 
 
-def test_embedded_model_batch_bitwise_equal_alone(engine: Engine) -> None:
-    chunks, seen = run_batched(engine, SMALL_SCHEDULE, seed=2)
-    assert_alone_equal(engine, chunks, seen)
+@pytest.mark.parametrize("simd", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
+def test_embedded_model_batch_bitwise_equal_alone(engine: Engine, simd: int) -> None:
+    native.set_simd(simd)
+    try:
+        chunks, seen = run_batched(engine, SMALL_SCHEDULE, seed=2)
+        assert_alone_equal(engine, chunks, seen)
+    finally:
+        native.set_simd(native.SIMD_AUTO)
 
 
 def test_batch_is_one_forward_pass(kit_engine: Engine) -> None:
@@ -132,19 +147,18 @@ def test_batch_is_one_forward_pass(kit_engine: Engine) -> None:
         four = dispatches([(s, [int(t)]) for s, t in zip(sessions, rng.integers(0, n_vocab, 4),
                                                          strict=True)])  # fmt: skip
         assert 0 < one <= four < 2 * one
-        expert_bytes = getattr(lib, f"ds4n_{kit_engine.model.prefix}_expert_bytes", None)
-        if expert_bytes is None:
+        model = kit_engine.model
+        if not isinstance(model, MoEDecoderModel):
+            assert lib.ds4n_moe_decoder_expert_bytes(model.handle) == -1  # not a MoE decoder
             return
-        expert_bytes.restype, expert_bytes.argtypes = ctypes.c_int64, [ctypes.c_void_p]
-        handle = kit_engine.model.handle
         alone = 0
         for s in sessions:
-            before = expert_bytes(handle)
+            before = model.expert_bytes
             kit_engine.eval_batch([(s, [3])])
-            alone += expert_bytes(handle) - before
-        before = expert_bytes(handle)
+            alone += model.expert_bytes - before
+        before = model.expert_bytes
         kit_engine.eval_batch([(s, [3]) for s in sessions])
-        together = expert_bytes(handle) - before
+        together = model.expert_bytes - before
         # the same token at (mostly) the same depth: the sessions share experts
         assert 0 < together < alone
     finally:
@@ -185,7 +199,7 @@ def test_refused_batches_change_nothing(engine: Engine) -> None:
         handles = (ctypes.c_void_p * (MAX_BATCH + 1))(*[_state(a).handle] * (MAX_BATCH + 1))
         counts = (ctypes.c_int64 * (MAX_BATCH + 1))(*[1] * (MAX_BATCH + 1))
         toks = np.ones(MAX_BATCH + 1, np.int32)
-        fn = getattr(lib, f"ds4n_{model.prefix}_eval_batch")
+        fn = lib.ds4n_dec_model_eval_batch
         for n in (0, -1, MAX_BATCH + 1):
             rc = fn(model.handle, model.pool.handle, handles,
                     toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, None)  # fmt: skip

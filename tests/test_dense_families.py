@@ -19,6 +19,7 @@ from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
 from tests.reference.dense_ref import DenseReference
 from tests.reference.tiny_dense import N_VOCAB, write_tiny
+from tests.test_kernels import SIMD_LEVELS
 
 TOL = 1e-3
 N_CTX = 160
@@ -153,20 +154,21 @@ def test_malformed_files_are_refused_in_one_line(arch, opts, word, tmp_path: Pat
     assert word in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("level", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
 @pytest.mark.parametrize("case", ["gemma3", "phi3"])
-def test_scalar_kernels_match_simd(case: str, tmp_path: Path, pool) -> None:
-    """The whole forward (GeGLU, windows, fused tensors) with the scalar kernels against the
-    best SIMD set of this machine."""
+def test_scalar_kernels_match_simd(case: str, level: int, tmp_path: Path, pool) -> None:
+    """The whole forward (GeGLU, windows, fused tensors) with the scalar kernels against each
+    SIMD set this CPU runs."""
     gf = GGUFFile(write_tiny(tmp_path / "m.gguf", **CASES[case]))
     model = load(gf, pool)
     toks = tokens(70)
-    simd = eval_all(model.new_state(N_CTX), toks)
-    previous = native.simd_level()
     try:
+        native.set_simd(level)
+        simd = eval_all(model.new_state(N_CTX), toks)
         native.set_simd("scalar")
         scalar = eval_all(model.new_state(N_CTX), toks)
     finally:
-        native.set_simd(previous)
+        native.set_simd(native.SIMD_AUTO)
     assert np.abs(simd - scalar).max() < 1e-4
     model.close()
 

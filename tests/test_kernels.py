@@ -36,7 +36,8 @@ N = 1280  # 5 super-blocks, 40 legacy blocks
 def simd_levels() -> list[int]:
     """Every level this CPU runs (set_simd falls back to scalar for the others)."""
     levels = []
-    for level in (native.SIMD_SCALAR, native.SIMD_AVX2, native.SIMD_NEON):
+    for level in (native.SIMD_SCALAR, native.SIMD_AVX2, native.SIMD_NEON, native.SIMD_AVX512,
+                  native.SIMD_AMX):  # fmt: skip
         if native.set_simd(level) == level:
             levels.append(level)
     native.set_simd(native.SIMD_AUTO)
@@ -44,6 +45,8 @@ def simd_levels() -> list[int]:
 
 
 LEVELS = simd_levels()
+# The vector levels among them (what the whole-forward tests compare with scalar).
+SIMD_LEVELS = [lvl for lvl in LEVELS if lvl != native.SIMD_SCALAR]
 
 
 @pytest.fixture(params=LEVELS, ids=[native.SIMD_NAMES[x] for x in LEVELS])

@@ -15,8 +15,9 @@ from gguf import GGMLQuantizationType as Q
 from ds4d.engine import llama as llama_family
 from ds4d.engine import native
 from ds4d.engine.gguf_file import GGUFFile
-from tests.reference.llama_ref import LlamaReference
+from tests.reference.dense_ref import DenseReference
 from tests.reference.tiny_llama import write_tiny_llama
+from tests.test_kernels import SIMD_LEVELS
 
 # float32 activations in a different summation order than the reference: logits (of
 # magnitude ~10-30) agree to a few 1e-4; the bound leaves room without hiding a bug
@@ -35,7 +36,7 @@ def prompt(data_dir: Path) -> list[int]:
 
 
 def test_prefill_then_decode_match_reference(exact_engine, model_path: Path, prompt) -> None:
-    ref = LlamaReference(GGUFFile(model_path), np.float32)
+    ref = DenseReference(GGUFFile(model_path), dtype=np.float32)
     n_prefill = 40
     session = exact_engine.new_session(64)
     got = session.eval_all_logits(prompt[:n_prefill])
@@ -67,16 +68,18 @@ def test_chunked_prefill_equals_token_by_token(exact_engine, prompt) -> None:
     assert np.abs(kv_rows(chunked) - kv_rows(stepped)).max() < 1e-3
 
 
-def test_scalar_kernels_match_simd(exact_engine, prompt) -> None:
-    simd = exact_engine.new_session(128)
-    simd_logits = simd.eval_all_logits(prompt[:70])
-    previous = native.simd_level()
+@pytest.mark.parametrize("level", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
+def test_scalar_kernels_match_simd(exact_engine, prompt, level: int) -> None:
+    """The whole forward with the scalar kernels against each SIMD set this CPU runs."""
     try:
+        native.set_simd(level)
+        simd = exact_engine.new_session(128)
+        simd_logits = simd.eval_all_logits(prompt[:70])
         native.set_simd("scalar")
         scalar = exact_engine.new_session(128)
         scalar_logits = scalar.eval_all_logits(prompt[:70])
     finally:
-        native.set_simd(previous)
+        native.set_simd(native.SIMD_AUTO)
     assert np.abs(simd_logits - scalar_logits).max() < LOGIT_TOL
 
 
@@ -92,7 +95,7 @@ def test_scalar_kernels_match_simd(exact_engine, prompt) -> None:
 )
 def test_tiny_model_variants_match_reference(tmp_path: Path, options: dict) -> None:
     gf = GGUFFile(write_tiny_llama(tmp_path / "tiny.gguf", **options))
-    ref = LlamaReference(gf, np.float64)
+    ref = DenseReference(gf)
     tokens = np.random.default_rng(3).integers(0, gf.get("llama.vocab_size"), 90)
     with native.Pool(2) as pool:
         model = llama_family.load(gf, pool)

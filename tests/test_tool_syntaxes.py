@@ -75,6 +75,8 @@ MARKUP = (
     "<|call|>",
     "<|return|>",
     "<|constrain|>",
+    "<tool_response>",
+    "</tool_response>",
 )
 
 
@@ -341,6 +343,19 @@ def test_harmony_return_ends_the_reply_without_a_call():
     assert summary(events) == ("Done.", "", [])
 
 
+@pytest.mark.parametrize("template", ["Qwen-Qwen3-0.6B.jinja", "Qwen3-Coder.jinja"])
+def test_a_tool_result_the_model_writes_ends_its_reply(template):
+    """Seen with Codex: after a call's result the model wrote a `<tool_response>` block
+    of its own. The reply ends before it (a plain stop, no stop sequence), and nothing of
+    it is text."""
+    d = chat_format(template).decode(ChatRequest([Message("user", "x")], tools=TOOLS))
+    events = d.feed("It ran.\n<tool_resp")
+    assert not d.stopped
+    events += d.feed("onse>\nError: made up\n</tool_response>") + d.feed("more") + d.flush()
+    assert d.stopped and d.stop_sequence is None and d.tool_calls == 0
+    assert summary(events) == ("It ran.", "", [])
+
+
 # ---- the serving loop: a call the model opens on its own is finished by the constraint --
 
 
@@ -439,13 +454,15 @@ SHARDS = [
 
 # Each family hides its own markup; another family's is text to it.
 OWN_MARKUP = {
-    "hermes": ("<tool_call>", "</tool_call>"),
+    "hermes": ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"),
     "qwen3-coder-xml": (
         "<tool_call>",
         "</tool_call>",
         "<function=",
         "</function>",
         "</parameter>",
+        "<tool_response>",
+        "</tool_response>",
     ),
     "llama-json": ("<|python_tag|>",),
     "mistral-json": ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),

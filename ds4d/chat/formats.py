@@ -111,9 +111,10 @@ class TemplateDecode:
 
     @property
     def stopped(self) -> bool:
-        """A stop sequence, or the end of the reply written out (harmony's `<|return|>`)."""
-        tools = self.parser.tools
-        return self.parser.stopped or (isinstance(tools, HarmonyParser) and tools.returned)
+        """A stop sequence, or the end of the reply written out (harmony's `<|return|>`, or
+        a tool-result marker the model began writing itself)."""
+        tools = self._calls()
+        return self.parser.stopped or (tools is not None and tools.returned)
 
     @property
     def stop_sequence(self) -> str | None:

@@ -22,14 +22,16 @@ before its body is complete (end of sequence, max_tokens) yields no event at all
 `CallParser.malformed` says why in one line (the serving loop logs it and records it
 in the trace; the finish reason stays what ended the generation: `length` for
 max_tokens, else `stop`). A block cut off after a complete body (a missing closing
-tag) is accepted. Stray closing tags in text are removed. This rule is what remains
-when the constraint cannot take over: when the piece that completed the opening marker
-already holds text past the markup the constraint would force (the model chose a name
-in the same token), what the model wrote cannot be replayed into a constraint. Once a
+tag) is accepted. Stray closing tags in text are removed. The dropping rule is what
+remains when the constraint cannot take over: when the piece that completed the opening
+marker already holds text past the markup the constraint would force (the model chose a
+name in the same token), what the model wrote cannot be replayed into a constraint. Once a
 constraint has taken over, the call is completed even past max_tokens (it is bounded by
 its schema), as a forced call is. A call written inside reasoning is not a call:
 reasoning is passed on verbatim (a later turn renders it back, and the prompt must
-match the KV), and it never goes to the text channel.
+match the KV), and it never goes to the text channel. A marker of the tool's own turn
+(`Syntax.enders`: the template's tool-result wrapper) ends the reply before it: the
+model has begun playing the tool, and neither the marker nor what follows is text.
 
 **Replay.** The tool memory keeps, per call id, a record of the call's compact
 arguments and the exact text the model sampled for it (`replay_record`). When a later
@@ -177,6 +179,10 @@ class Syntax:
     name = ""
     openers: tuple[str, ...] = ()  # markers that open a call block
     stray: tuple[str, ...] = ()  # closing markers removed when they appear in text
+    # Markers of another party's turn (the template's tool-result wrapper): a model that
+    # writes one in its reply has begun the tool's answer itself, which is not its reply.
+    # The reply ends before the marker; the marker and what follows are dropped.
+    enders: tuple[str, ...] = ()
     # What may never appear inside a constrained JSON string (a closing marker could
     # otherwise be spelled inside a value).
     json_markup = ""
@@ -247,6 +253,7 @@ class CallParser:
         self.replay: dict[str, str] = {}  # call id -> replay record
         self.malformed: str | None = None  # why the last dropped block was dropped
         self.opened = 0  # blocks opened so far (the decode constrains each new one)
+        self.returned = False  # the reply ended at one of the syntax's `enders`
         self._buf = ""
         self._opener: str | None = None  # inside a block: the marker that opened it
         self._end: Callable[[str], int | None] = lambda block: None  # ...and its end
@@ -260,6 +267,8 @@ class CallParser:
     # -- streaming ------------------------------------------------------------------------
 
     def feed(self, piece: str) -> list[Event]:
+        if self.returned:
+            return []
         self._buf += piece
         out: list[Event] = []
         while self._buf:
@@ -283,6 +292,12 @@ class CallParser:
                     continue
             i, opener = self._first(self.syntax.openers)
             j, stray = self._first(self.syntax.stray)
+            k, ender = self._first(self.syntax.enders)
+            if ender and all(m is None or k < at for at, m in ((i, opener), (j, stray))):
+                self._emit_text(out, self._buf[:k].rstrip())
+                self._buf = ""
+                self.returned = True
+                break
             if stray and (opener is None or j < i):
                 # A closing tag without a block: removed, and what it separated is read
                 # again as one text (markup it split is still markup).
@@ -292,7 +307,7 @@ class CallParser:
                 self._emit_text(out, self._buf[:i].rstrip())
                 self._open(opener, i)
                 continue
-            markers = (*self.syntax.openers, *self.syntax.stray)
+            markers = (*self.syntax.openers, *self.syntax.stray, *self.syntax.enders)
             keep = held_suffix_len(self._buf, markers, self.syntax.stray)
             head = self._buf[: len(self._buf) - keep]
             body = head.rstrip()  # whitespace before a block is syntax: held

@@ -12,6 +12,10 @@ from ds4d.chat.types import Tool, ToolChoice
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
+# How a tool's result is wrapped in the next user turn (ds4d's Hermes block and the Qwen
+# templates): written by the model, it is the model playing the tool.
+RESULT_OPEN = "<tool_response>"
+RESULT_CLOSE = "</tool_response>"
 
 
 class _TagOutsideStrings:
@@ -50,6 +54,7 @@ class HermesSyntax(Syntax):
     name = "hermes"
     openers = (OPEN,)
     stray = (CLOSE,)
+    enders = (RESULT_OPEN, RESULT_CLOSE)
 
     def block_end(self, block: str, opener: str) -> int | None:
         return self.end_finder(opener)(block)

@@ -57,6 +57,7 @@ class QwenXMLSyntax(Syntax):
     name = "qwen3-coder-xml"
     openers = (OPEN, FUNCTION)
     stray = (CLOSE, FUNCTION_END, PARAM_END)
+    enders = ("<tool_response>", "</tool_response>")  # its template's result wrapper
     json_markup = "<"
 
     def __init__(self) -> None:

@@ -77,6 +77,11 @@ class Config:
     ctx: int = _key(
         0, "context size of each slot in tokens; 0 = the model's trained context",
         flags=("-c", "--ctx"), lo=0, metavar="N")
+    rope_scaling: str = _key(
+        "", "run past the model's trained context: stretch its RoPE positions to --ctx "
+        "with `yarn` or `linear` (llama.cpp's --rope-scaling), for a file that declares "
+        "no scaling of its own; empty = as the file says", choices=("", "yarn", "linear"),
+        metavar="yarn|linear")
     slots: int = _key(2, "resident KV slots (concurrent sessions)", lo=1, hi=64, metavar="N")
     threads: int = _key(
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N")

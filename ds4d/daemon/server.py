@@ -121,14 +121,26 @@ class Daemon:
         log.info("loading model %s", path)
         t0 = time.perf_counter()
         threads = cfg.threads or None
-        engine = await trio.to_thread.run_sync(Engine.open, path, threads, cfg.kv_type)
+        engine = await trio.to_thread.run_sync(
+            lambda: Engine.open(
+                path, threads, cfg.kv_type, rope_scaling=cfg.rope_scaling, n_ctx=cfg.ctx
+            )
+        )
         info = engine.info
         ctx = cfg.ctx or info.n_ctx_train
-        if ctx > info.n_ctx_train:
+        if info.rope_stretch:
+            log.info("RoPE positions stretched with %s", info.rope_stretch)
+        elif ctx > info.n_ctx_train:
+            hint = (
+                "the file's own RoPE scaling is kept"
+                if cfg.rope_scaling
+                else "--rope-scaling yarn stretches the positions to --ctx"
+            )
             log.warning(
-                "--ctx %d is above the model's trained context %d: quality may drop past it",
+                "--ctx %d is above the model's trained context %d: quality may drop past it (%s)",
                 ctx,
                 info.n_ctx_train,
+                hint,
             )
         log.info(
             "model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, BinaryIO, Protocol, cast
 import numpy as np
 
 from ds4d.engine import native
+from ds4d.engine.context_extension import stretch_rope
 from ds4d.engine.decoder import KV_TYPES
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
@@ -93,6 +94,7 @@ class EngineInfo:
     path: str
     fingerprint: str
     kv_type: str = "f32"
+    rope_stretch: str = ""  # the RoPE scaling applied over the file's, in words
 
 
 if TYPE_CHECKING:  # mypy checks every family module against the Family Protocol
@@ -111,7 +113,8 @@ class Engine:
     """One GGUF loaded once (mmap), its tokenizer and chat template, and a thread pool."""
 
     def __init__(self, gf: GGUFFile, family: Family, model: FamilyModel, pool: native.Pool,
-                 tokenizer: ModelTokenizer, kv_type: str = "f32") -> None:  # fmt: skip
+                 tokenizer: ModelTokenizer, kv_type: str = "f32",
+                 rope_stretch: str = "") -> None:  # fmt: skip
         self.gguf = gf
         self.family = family
         self.model = model
@@ -125,18 +128,23 @@ class Engine:
             n_vocab=model.n_vocab, n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
             n_layer=model.n_layer, quant=gf.file_type_name, file_bytes=gf.file_bytes,
             path=str(gf.path), fingerprint=gf.fingerprint, kv_type=self.kv_type,
+            rope_stretch=rope_stretch,
         )  # fmt: skip
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], threads: int | None = None,
-             kv_type: str = DEFAULT_KV_TYPE) -> Engine:  # fmt: skip
+             kv_type: str = DEFAULT_KV_TYPE, *, rope_scaling: str = "",
+             n_ctx: int = 0) -> Engine:  # fmt: skip
         """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
-        EngineError for a bad thread count or a KV type the model cannot use."""
+        EngineError for a bad thread count or a KV type the model cannot use.
+        `rope_scaling` ("linear" or "yarn") stretches a model whose file declares no RoPE
+        scaling from its trained context to `n_ctx` (see context_extension.py)."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
         if kv_type not in KV_TYPES:
             raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
         gf = GGUFFile(path)
+        rope_stretch = stretch_rope(gf, rope_scaling, n_ctx)
         module = FAMILIES.get(gf.architecture)
         if module is None:
             raise ModelLoadError(
@@ -157,7 +165,7 @@ class Engine:
         except BaseException:
             pool.close()
             raise
-        return cls(gf, family, model, pool, tokenizer, kv_type)
+        return cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch)
 
     @property
     def threads(self) -> int:

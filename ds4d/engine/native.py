@@ -28,8 +28,9 @@ TYPES = {
 }  # fmt: skip
 TYPES_BY_ID = {v: k for k, v in TYPES.items()}
 
-SIMD_AUTO, SIMD_SCALAR, SIMD_AVX2, SIMD_NEON = -1, 0, 1, 2
-SIMD_NAMES = {SIMD_SCALAR: "scalar", SIMD_AVX2: "avx2", SIMD_NEON: "neon"}
+SIMD_AUTO, SIMD_SCALAR, SIMD_AVX2, SIMD_NEON, SIMD_AVX512, SIMD_AMX = -1, 0, 1, 2, 3, 4
+SIMD_NAMES = {SIMD_SCALAR: "scalar", SIMD_AVX2: "avx2", SIMD_NEON: "neon", SIMD_AVX512: "avx512",
+              SIMD_AMX: "amx"}  # fmt: skip
 
 LIB_NAME = "libds4n.so"
 
@@ -195,7 +196,8 @@ class Pool:
 
 
 def set_simd(level: int | str) -> int:
-    """Selects the kernel set (SIMD_* or 'scalar'/'avx2'/'neon'/'auto'); returns the level in force."""
+    """Selects the kernel set (SIMD_* or 'scalar'/'avx2'/'avx512'/'amx'/'neon'/'auto'); returns the
+    level in force."""
     if isinstance(level, str):
         names = {v: k for k, v in SIMD_NAMES.items()} | {"auto": SIMD_AUTO}
         if level not in names:

@@ -1,6 +1,7 @@
-/* Checks the best SIMD kernel set of this CPU against the scalar one, for every type:
+/* Checks every SIMD kernel set this CPU runs against the scalar one, for every type:
  * dequantize must be bit-identical, dot and matmul (decode and prefill shapes, 1 and 2
- * threads) equal within float32 rounding. Built natively (AVX2) and cross-compiled for
+ * threads) equal within float32 rounding, and 2..8 tokens bitwise the single-token result.
+ * Built natively (every x86 level the CPU runs: AVX2, AVX-512, AMX) and cross-compiled for
  * aarch64 and run under qemu (NEON) by `make -C native check-neon`. Exit status 1 on any
  * mismatch. Uses only the public ds4n.h API. */
 #include <math.h>
@@ -110,8 +111,8 @@ static void check_rows(int i, int simd) {
     free(w);
 }
 
-static void check_matmul(int i, int simd, ds4n_pool *pool) {
-    enum { K = 512, ROWS = 13, TMAX = 17 };
+static void check_matmul(int i, int simd, ds4n_pool *pool, int64_t K) {
+    enum { ROWS = 13, TMAX = 17 };
     static const int64_t token_counts[] = {1, 2, 5, TMAX};
     int64_t row_bytes;
     uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
@@ -144,8 +145,8 @@ static void check_matmul(int i, int simd, ds4n_pool *pool) {
 
 /* 2..8 tokens in one matmul (the small-batch path) must give each token the bits of a
  * single-token matmul, at the scalar level and this CPU's SIMD level. */
-static void check_small_batch(int i, int simd, ds4n_pool *pool) {
-    enum { K = 768, ROWS = 13, TMAX = 8 };
+static void check_small_batch(int i, int simd, ds4n_pool *pool, int64_t K) {
+    enum { ROWS = 13, TMAX = 8 };
     int64_t row_bytes;
     uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
     float *X = malloc(sizeof(float) * TMAX * K);
@@ -195,24 +196,33 @@ static void check_mxfp4_exponents(int simd) {
 }
 
 int main(void) {
-    int simd = ds4n_set_simd(DS4N_SIMD_AUTO);
-    const char *names[] = {"scalar", "avx2", "neon"};
-    if (simd == DS4N_SIMD_SCALAR) {
-        printf("check_kernels: this CPU has no SIMD kernel set; nothing to compare\n");
-        return 0;
-    }
+    const char *names[] = {"scalar", "avx2", "neon", "avx512", "amx"};
     ds4n_pool *pool = ds4n_pool_new(2);
-    int n_types = (int)(sizeof TYPES / sizeof *TYPES);
-    for (int i = 0; i < n_types; i++) {
-        check_rows(i, simd);
-        check_matmul(i, simd, NULL);
-        check_matmul(i, simd, pool);
-        check_small_batch(i, simd, NULL);
-        check_small_batch(i, simd, pool);
+    const int n_types = (int)(sizeof TYPES / sizeof *TYPES);
+    int checked = 0;
+    /* Every SIMD level this CPU runs (ds4n_set_simd falls back to scalar for the others). */
+    for (int simd = DS4N_SIMD_AVX2; simd <= DS4N_SIMD_AMX; simd++) {
+        if (ds4n_set_simd(simd) != simd) continue;
+        const int before = failures;
+        for (int i = 0; i < n_types; i++) {
+            check_rows(i, simd);
+            check_matmul(i, simd, NULL, 512);
+            check_matmul(i, simd, pool, 512);
+            check_small_batch(i, simd, NULL, 768);
+            check_small_batch(i, simd, pool, 768);
+            /* An odd number of blocks (and rows fewer than a tile), for the 32-value types. */
+            if (ds4n_type_block_size(TYPES[i].type) <= 32) {
+                check_matmul(i, simd, pool, 96);
+                check_small_batch(i, simd, pool, 96);
+            }
+        }
+        check_mxfp4_exponents(simd);
+        printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
+               failures > before ? "FAILED" : "ok");
+        checked++;
     }
-    check_mxfp4_exponents(simd);
     ds4n_pool_free(pool);
-    printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
-           failures ? "FAILED" : "ok");
+    ds4n_set_simd(DS4N_SIMD_AUTO);
+    if (!checked) printf("check_kernels: this CPU has no SIMD kernel set; nothing to compare\n");
     return failures ? 1 : 0;
 }

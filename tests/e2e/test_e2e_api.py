@@ -694,15 +694,23 @@ def _accounted(daemon, before: dict[str, float], n_lines: int, act) -> dict[str,
     return story
 
 
-def _stream_then_drop(daemon, body: dict, after_chunks: int) -> None:
+def _stream_then_drop(daemon, body: dict, after_chunks: int, until=None) -> None:
+    """Read `after_chunks` SSE chunks, wait for `until()` if given, then hang up.
+    (Leaving a loop over iter_lines closes the response at once: the lines are taken one
+    by one so that the connection stays open while `until` is awaited.)"""
     with httpx.Client(timeout=120) as client:
         with client.stream("POST", f"{daemon.url}/v1/chat/completions", json=body) as r:
             assert r.status_code == 200
+            lines = r.iter_lines()
             got = 0
-            for line in r.iter_lines():
-                got += line.startswith("data: ")
-                if got >= after_chunks:
-                    break
+            while got < after_chunks:
+                got += next(lines).startswith("data: ")
+            if until is not None:
+                wait_until(until, 120, "the condition to hang up on was never met")
+
+
+def _slot_tokens(daemon) -> float:
+    return daemon.metrics()['ds4d_slot_tokens{slot="0"}']
 
 
 def test_log_trace_and_metrics_agree_on_every_ending(traced):
@@ -746,7 +754,14 @@ def test_log_trace_and_metrics_agree_on_every_ending(traced):
     assert (s["finish"], s["generated"]) == ("length", 3)
 
     # Cancelled during the prefill of a long prompt: the first SSE chunk (the role) comes
-    # before the prefill, and the client leaves right after it.
+    # before the prefill; the client leaves once the slot holds more than two prefill
+    # chunks of it (/metrics' slot gauge), and what was prefilled by then is accounted.
+    seen = [0.0]
+
+    def prefill_under_way() -> bool:
+        seen[0] = _slot_tokens(d)
+        return seen[0] > 512
+
     def cancelled_in_prefill() -> None:
         _stream_then_drop(
             d,
@@ -757,11 +772,13 @@ def test_log_trace_and_metrics_agree_on_every_ending(traced):
                 "messages": [{"role": "user", "content": words}],
             },
             after_chunks=1,
+            until=prefill_under_way,
         )
 
     s = _accounted(d, d.metrics(), len(_finished_lines(d)), cancelled_in_prefill)
     assert s["finish"] == "cancelled" and s["generated"] == 0
     assert s["prompt"] > 2500 and s["prefilled"] < s["prompt"] - s["cached"]
+    assert s["cached"] + s["prefilled"] >= seen[0], (s, seen)
 
     # Cancelled while decoding, after a few streamed tokens.
     def cancelled_in_decode() -> None:

@@ -1,7 +1,12 @@
 """Claude Code (`claude -p`) against ds4d through ANTHROPIC_BASE_URL, as the README's
 wrapper sets it up: lean (`--bare`, one tool, ~700-token prompt) and in full (its ~20k
 token first request, prefilled cold with no timeout variables set: the stream's
-message_start and pings keep it alive).
+message_start and its keepalive thinking deltas keep it alive; past SmolLM2's trained 8k
+positions only the daemon's `--rope-scaling yarn` lets the model answer it in words).
+
+Claude Code takes an answer ending at its output limit as cut off: it asks the model to
+resume three times, then fails the run ("response exceeded the N output token maximum"),
+so every reply here must end by itself within CLAUDE_CODE_MAX_OUTPUT_TOKENS.
 
 Each mode: one plain run (clean exit, text out), then a run with the live
 `force_tool_choice` set to Bash, which must reuse the first run's prompt from the KV and
@@ -18,6 +23,7 @@ from tests.e2e_clients.conftest import (
     MAX_OUTPUT,
     Run,
     Served,
+    assert_no_markup,
     assert_reused,
     base_env,
     client_bin,
@@ -93,6 +99,8 @@ def test_claude_code(served: Served, tmp_path: Path, mode: list[str]) -> None:
     second = claude(served, tmp_path, mode, "Use the Bash tool to run: echo ds4d-e2e")
     assert second.returncode == 0, second.explain()
     result_text(second)
+    for run in (first, second):
+        assert_no_markup([b["text"] for b in blocks(run, "assistant", "text")], run)
     call, after = tool_round_trip(second.records, "messages", "Bash")
     assert_reused(head, call)
     # The client ran the call the model made and sent its result back.

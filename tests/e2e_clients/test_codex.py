@@ -16,6 +16,7 @@ from pathlib import Path
 from tests.e2e_clients.conftest import (
     Run,
     Served,
+    assert_no_markup,
     assert_reused,
     base_env,
     client_bin,
@@ -35,6 +36,9 @@ name = "ds4d"
 base_url = "{url}/v1"
 wire_api = "responses"
 """
+
+
+SHOWN = ("agent_message", "reasoning")  # the item types that carry the model's words
 
 
 def codex(served: Served, tmp: Path, prompt: str) -> Run:
@@ -63,13 +67,16 @@ def items(run: Run) -> list[dict]:
 
 def assert_clean(run: Run) -> None:
     """Exit 0 and no failed turn or stream error (an `error` item is a warning, such as
-    the harmless "Model metadata for `local` not found")."""
+    the harmless "Model metadata for `local` not found"), and no tool markup in the
+    messages and reasoning Codex shows."""
     assert run.returncode == 0, run.explain()
     kinds = [
         json.loads(line).get("type") for line in run.stdout.splitlines() if line.startswith("{")
     ]
     assert "turn.completed" in kinds, run.explain()
     assert "turn.failed" not in kinds and "error" not in kinds, run.explain()
+    shown = [i.get("text") or "" for i in items(run) if i.get("type") in SHOWN]
+    assert_no_markup(shown, run)
 
 
 def test_codex_exec(served: Served, tmp_path: Path) -> None:

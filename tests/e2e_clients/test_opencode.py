@@ -16,6 +16,7 @@ from tests.e2e_clients.conftest import (
     MAX_OUTPUT,
     Run,
     Served,
+    assert_no_markup,
     assert_reused,
     base_env,
     client_bin,
@@ -87,6 +88,9 @@ def test_opencode_run(served: Served, tmp_path: Path) -> None:
     served.force_tool_choice("bash")
     second = opencode(served, tmp_path, "Run the shell command: echo ds4d-e2e")
     assert second.returncode == 0, second.explain()
+    for run in (first, second):
+        shown = [p.get("text", "") for p in parts(run) if p.get("type") in ("text", "reasoning")]
+        assert_no_markup(shown, run)
     call, after = tool_round_trip(second.records, "chat", "bash")
     assert_reused(head, call)
     ran = [p for p in parts(second) if p.get("type") == "tool" and p.get("tool") == "bash"]

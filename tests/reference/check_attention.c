@@ -2,26 +2,46 @@
  * prefill blocks, decode rows, split key ranges, grouped heads of several sizes, sliding
  * windows and attention sinks, over a float32, an f16 and a q8_0 KV cache (the scalar kernel
  * also against the definition on the values the cache holds). Built and run by
- * tests/test_llama_forward.py (natively for AVX2, under qemu for NEON).
+ * tests/test_llama_forward.py and `make -C native check-neon` (natively for AVX2 and, on a CPU
+ * that has it, AVX-512; under qemu for NEON).
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "attention.h"
 #include "ds4n.h"
 
 int ds4n_simd_level(void) { return 0; } /* the kernels are called directly */
 
+/* The SIMD kernel sets this build has; each is checked when the CPU runs it. */
+static const struct simd_set {
+    const char *name;
+    void (*attn)(const ds4n_attn_job *, float *);
+    void (*swiglu)(float *, const float *, int64_t);
+    void (*geglu)(float *, const float *, int64_t);
+} SETS[] = {
 #if defined(__aarch64__)
-#define SIMD ds4n_attn_neon
-#define SWIGLU ds4n_swiglu_neon
-#define GEGLU ds4n_geglu_neon
+    {"neon", ds4n_attn_neon, ds4n_swiglu_neon, ds4n_geglu_neon},
 #else
-#define SIMD ds4n_attn_avx2
-#define SWIGLU ds4n_swiglu_avx2
-#define GEGLU ds4n_geglu_avx2
+    {"avx2", ds4n_attn_avx2, ds4n_swiglu_avx2, ds4n_geglu_avx2},
+    {"avx512", ds4n_attn_avx512, ds4n_swiglu_avx512, ds4n_geglu_avx512},
 #endif
+};
+
+static int cpu_runs(const char *name) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (strcmp(name, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+    (void)name;
+    return 1;
+#endif
+}
 
 static float frand(void) { return (float)rand() / RAND_MAX * 2.0f - 1.0f; }
 
@@ -61,29 +81,9 @@ static void naive(const ds4n_attn_job *j, int r, double *out) {
     for (int d = 0; d < hd; d++) out[d] /= sum;
 }
 
-int main(void) {
-    srand(7);
-    const int hd = 64, n_ctx = 512;
-    float *k = malloc(sizeof(float) * n_ctx * hd), *v = malloc(sizeof(float) * n_ctx * hd);
-    for (int i = 0; i < n_ctx * hd; i++) {
-        k[i] = frand() * 2.0f; /* spread scores so the softmax is far from uniform */
-        v[i] = frand();
-    }
-    /* The same keys and values stored as f16 and q8_0 (K in tiles, V in rows). */
-    void *kt[3] = {k}, *vt[3] = {v};
-    for (int t = DS4N_KV_F16; t <= DS4N_KV_Q8_0; t++) {
-        const long row = (long)ds4n_kv_row_bytes(t, hd);
-        kt[t] = calloc((size_t)n_ctx, (size_t)row);
-        vt[t] = calloc((size_t)n_ctx, (size_t)row);
-        for (long p = 0; p < n_ctx; p++) {
-            float krow[64];
-            for (int d = 0; d < hd; d++)
-                krow[d] = k[(p / DS4N_KT) * hd * DS4N_KT + d * DS4N_KT + p % DS4N_KT];
-            ds4n_kv_tile_store(t, krow, hd, (char *)kt[t] + p / DS4N_KT * DS4N_KT * row,
-                               (int)(p % DS4N_KT));
-            ds4n_kv_pack_row(t, v + p * hd, hd, (char *)vt[t] + p * row);
-        }
-    }
+/* One SIMD set against the scalar kernels (and the scalar kernel against the definition);
+ * returns the largest difference. */
+static float check_set(const struct simd_set *set, int hd, void *const *kt, void *const *vt) {
     float *scratch = malloc(sizeof(float) * ds4n_attn_scratch_floats(64, hd));
     float worst = 0.0f, worst_type[3] = {0};
     /* window > 0: a sliding window; sinks: per-head sink logits (normalized jobs only). */
@@ -130,7 +130,7 @@ int main(void) {
                 }
             j.o = o2;
             if (cases[c].split) { j.m = m2; j.l = l2; }
-            SIMD(&j, scratch);
+            set->attn(&j, scratch);
             for (int i = 0; i < R * hd; i++) w = fmaxf(w, fabsf(o1[i] - o2[i]));
             if (cases[c].split)
                 for (int r = 0; r < R; r++) {
@@ -142,12 +142,8 @@ int main(void) {
             worst_type[kvt] = fmaxf(worst_type[kvt], w);
         }
     }
-    printf("attention over f32 / f16 / q8_0 KV: max |diff| %.3g / %.3g / %.3g\n",
+    printf("%s attention over f32 / f16 / q8_0 KV: max |diff| %.3g / %.3g / %.3g\n", set->name,
            worst_type[0], worst_type[1], worst_type[2]);
-    for (int t = 0; t < 3; t++) {
-        free(kt[t]);
-        free(vt[t]);
-    }
     free(scratch);
     /* SwiGLU over a range that reaches both saturated ends of the sigmoid. */
     enum { NG = 1003 };
@@ -157,13 +153,13 @@ int main(void) {
         u[i] = frand();
     }
     ds4n_swiglu_scalar(g1, u, NG);
-    SWIGLU(g2, u, NG);
+    set->swiglu(g2, u, NG);
     for (int i = 0; i < NG; i++)
         worst = fmaxf(worst, fabsf(g1[i] - g2[i]) / fmaxf(1.0f, fabsf(g1[i])));
     /* GeGLU the same way, and its scalar kernel against the definition in double. */
     for (int i = 0; i < NG; i++) g1[i] = g2[i] = (i - NG / 2) * 0.02f;
     ds4n_geglu_scalar(g1, u, NG);
-    GEGLU(g2, u, NG);
+    set->geglu(g2, u, NG);
     for (int i = 0; i < NG; i++) {
         const double x = (i - NG / 2) * 0.02f;
         const double inner = sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x);
@@ -171,7 +167,45 @@ int main(void) {
         worst = fmaxf(worst, fabsf(g1[i] - g2[i]) / fmaxf(1.0f, fabsf(g1[i])));
         worst = fmaxf(worst, (float)fabs(g1[i] - ref) / fmaxf(1.0f, (float)fabs(ref)));
     }
-    printf("attention (scalar also vs the definition) SwiGLU and GeGLU SIMD vs scalar:"
-           " max |diff| %.3g\n", worst);
-    return worst < 1e-4f ? 0 : 1;
+    printf("%s attention (scalar also vs the definition) SwiGLU and GeGLU SIMD vs scalar:"
+           " max |diff| %.3g\n", set->name, worst);
+    return worst;
+}
+
+int main(void) {
+    srand(7);
+    const int hd = 64, n_ctx = 512;
+    float *k = malloc(sizeof(float) * n_ctx * hd), *v = malloc(sizeof(float) * n_ctx * hd);
+    for (int i = 0; i < n_ctx * hd; i++) {
+        k[i] = frand() * 2.0f; /* spread scores so the softmax is far from uniform */
+        v[i] = frand();
+    }
+    /* The same keys and values stored as f16 and q8_0 (K in tiles, V in rows). */
+    void *kt[3] = {k}, *vt[3] = {v};
+    for (int t = DS4N_KV_F16; t <= DS4N_KV_Q8_0; t++) {
+        const long row = (long)ds4n_kv_row_bytes(t, hd);
+        kt[t] = calloc((size_t)n_ctx, (size_t)row);
+        vt[t] = calloc((size_t)n_ctx, (size_t)row);
+        for (long p = 0; p < n_ctx; p++) {
+            float krow[64];
+            for (int d = 0; d < hd; d++)
+                krow[d] = k[(p / DS4N_KT) * hd * DS4N_KT + d * DS4N_KT + p % DS4N_KT];
+            ds4n_kv_tile_store(t, krow, hd, (char *)kt[t] + p / DS4N_KT * DS4N_KT * row,
+                               (int)(p % DS4N_KT));
+            ds4n_kv_pack_row(t, v + p * hd, hd, (char *)vt[t] + p * row);
+        }
+    }
+    int failed = 0;
+    for (size_t i = 0; i < sizeof SETS / sizeof *SETS; i++) {
+        if (!cpu_runs(SETS[i].name)) {
+            printf("%s: not run by this CPU\n", SETS[i].name);
+            continue;
+        }
+        failed |= !(check_set(&SETS[i], hd, kt, vt) < 1e-4f);
+    }
+    for (int t = 0; t < 3; t++) {
+        free(kt[t]);
+        free(vt[t]);
+    }
+    return failed;
 }
