@@ -23,12 +23,8 @@ import http.client
 import importlib.util
 import json
 import math
-import os
 import random
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ds4d.daemon.exitcodes import CliError
+from ds4d.serve_process import XDG_DIRS, ServeProcessError, private_env, serve_process
 
 CSV_FIELDS = (
     "label",
@@ -542,70 +539,22 @@ def server_delta(target: Target, before: int | None, expected: int) -> int | Non
 # --- starting a daemon ----------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _healthy(url: str) -> bool:
-    u = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=5)
-    try:
-        conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
-    finally:
-        conn.close()
-
-
 @contextmanager
 def started_daemon(serve_args: list[str]) -> Iterator[str]:
-    """A `ds4d serve` of this interpreter on a free port with private XDG directories
-    (its disk KV starts cold, the user's own daemon and its admin socket are left alone),
-    stopped with SIGTERM at the end. Yields its base URL."""
+    """A `ds4d serve` of this interpreter (ds4d.serve_process) with private XDG directories
+    (its disk KV starts cold, the user's own daemon and its admin socket are left alone).
+    Yields its base URL."""
     # A short root: the admin socket's path must fit a Unix socket address.
     root = Path(tempfile.mkdtemp(prefix="ds4bs-"))
-    env = dict(os.environ)
-    for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
-        d = root / var.lower()
-        d.mkdir(mode=0o700)
-        env[var] = str(d)
-    env.pop("NOTIFY_SOCKET", None)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = root / "ds4d.log"
-    cmd = [sys.executable, "-m", "ds4d", "serve", "--host", "127.0.0.1", "--port", str(port),
-           *serve_args]  # fmt: skip
-    print(f"# starting: {' '.join(cmd)}", flush=True)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not _healthy(url):
-            if proc.poll() is not None:
-                raise CliError(f"ds4d serve exited with {proc.returncode}:\n{_tail(log_path)}")
-            if time.monotonic() > deadline:
-                raise CliError(f"ds4d serve not healthy within {START_TIMEOUT_S:.0f} s")
-            time.sleep(0.2)  # poll: the model loads in another process
-        yield url
+        env = private_env({var: root / var.lower() for var in XDG_DIRS})
+        with serve_process(serve_args, env=env, log_path=root / "ds4d.log",
+                           start_timeout=START_TIMEOUT_S, echo=True) as daemon:  # fmt: skip
+            yield daemon.url
+    except ServeProcessError as e:
+        raise CliError(str(e)) from None
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 # --- output ---------------------------------------------------------------------------

@@ -376,32 +376,35 @@ def make_payload(engine: E.Engine) -> tuple[bytes, list[int]]:
     return buf.getvalue(), toks
 
 
-def run_checkpoint(engine: E.Engine, blob: bytes) -> str:
-    n_vocab = engine.info.n_vocab
-    with engine.new_session(CKPT_CTX) as s:
-        held = [5 % n_vocab]
-        s.eval(held)  # a session holding something, as a slot would
-        try:
-            s.load(io.BytesIO(blob))
-        except EngineError as e:
-            one_line(str(e))
-            # A refusal found in the payload header leaves the session as it was; one
-            # found later leaves it empty.
-            if s.tokens not in ([], held):
-                raise Inconsistent(f"refused payload left {len(s.tokens)} tokens") from None
-            s.eval([7 % n_vocab])  # and it still works
-            return "refused"
-        toks = s.tokens
-        if len(toks) > CKPT_CTX:
-            raise Inconsistent(f"loaded {len(toks)} tokens into a {CKPT_CTX}-token session")
-        if toks and not 0 <= min(toks) <= max(toks) < n_vocab:
-            raise Inconsistent(f"loaded token ids {min(toks)}..{max(toks)}, vocab {n_vocab}")
-        if len(toks) < CKPT_CTX:
-            s.eval([9 % n_vocab])
-        if len(toks) > 1:  # rewinding into the restored rows and replaying works too
-            s.rewind(len(toks) // 2)
-            s.eval([11 % n_vocab])
-        return "loaded"
+def run_checkpoint(s: E.Session, blob: bytes, n_vocab: int) -> str:
+    """Loads `blob` into `s`, a session of the seed engine that holds what the previous
+    mutant left (as a slot holds its last conversation), and uses what loaded. The
+    session is reused across mutants: a forward pass of a large seed under the
+    sanitizers costs seconds, and only the ones after the load test what it restored."""
+    before = list(s.tokens)
+    try:
+        s.load(io.BytesIO(blob))
+    except EngineError as e:
+        one_line(str(e))
+        # A refusal found in the payload header leaves the session as it was; one
+        # found later leaves it empty.
+        if s.tokens not in ([], before):
+            raise Inconsistent(f"refused payload left {len(s.tokens)} tokens") from None
+        if len(s.tokens) >= CKPT_CTX:
+            s.rewind(CKPT_CTX // 2)
+        s.eval([7 % n_vocab])  # and it still works
+        return "refused"
+    toks = s.tokens
+    if len(toks) > CKPT_CTX:
+        raise Inconsistent(f"loaded {len(toks)} tokens into a {CKPT_CTX}-token session")
+    if toks and not 0 <= min(toks) <= max(toks) < n_vocab:
+        raise Inconsistent(f"loaded token ids {min(toks)}..{max(toks)}, vocab {n_vocab}")
+    if len(toks) < CKPT_CTX:
+        s.eval([9 % n_vocab])
+    if len(toks) > 1:  # rewinding into the restored rows and replaying works too
+        s.rewind(len(toks) // 2)
+        s.eval([11 % n_vocab])
+    return "loaded"
 
 
 # ---- driver ---------------------------------------------------------------------------------
@@ -416,6 +419,29 @@ class Report:
     @property
     def total(self) -> int:
         return sum(self.outcomes.values())
+
+
+class SeedTally:
+    """One seed's outcomes, a progress line every 250 mutants, and its slowest mutants."""
+
+    def __init__(self, name: str, started: float, log: Callable[[str], None]) -> None:
+        self.name, self.started, self.log = name, started, log
+        self.outcomes: Counter = Counter()
+        self.slow: list[tuple[float, str]] = []
+
+    def count(self, outcome: str, what: str, t: float) -> None:
+        self.outcomes[outcome] += 1
+        self.slow = sorted([*self.slow, (time.monotonic() - t, f"{outcome}: {what}")])[-3:]
+        n = sum(self.outcomes.values())
+        if n % 250 == 0:
+            self.log(f"  {self.name}: {n} mutants, {time.monotonic() - self.started:.0f} s")
+
+    def summary(self) -> None:
+        counts = ", ".join(f"{k}: {v}" for k, v in sorted(self.outcomes.items()))
+        self.log(f"{self.name}: {sum(self.outcomes.values())} mutants in "
+                 f"{time.monotonic() - self.started:.0f} s ({counts})")  # fmt: skip
+        for dt, what in reversed(self.slow):
+            self.log(f"  slowest: {dt:.2f} s {what[:120]}")
 
 
 def plan(budget: int, names: list[str], weight: dict[str, int]) -> dict[str, int]:
@@ -472,13 +498,14 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
             # With a time limit each seed gets an equal share of what is left once it is
             # set up (at least 30 s), so every family is reached however slow the others.
             deadline = started + max(30.0, (end - started) / (len(names) - k)) if end else None
-            done = Counter()
+            done = SeedTally(name, started, log)
             # GGUF mutants (with a time limit, 70% of the seed's share: checkpoints are cheap).
             gguf_deadline = started + 0.7 * (deadline - started) if deadline else None
             for _ in range(gguf_counts[name]):
                 if gguf_deadline and time.monotonic() > gguf_deadline:
                     break
                 m = mutator.one(rng)
+                t = time.monotonic()
                 copy.apply(m)
                 if crash_dir is not None:  # names the mutant a sanitizer abort hit
                     crash_dir.mkdir(parents=True, exist_ok=True)
@@ -493,25 +520,30 @@ def fuzz(budget: int, seeds: list[str] | None = None, seconds: float | None = No
                 outcomes[f"gguf {outcome}"] += 1
                 if verbose and outcome.startswith("opened"):
                     log(f"  {name}: {outcome}: {m.what}")
-                done[f"gguf {outcome}"] += 1
+                done.count(f"gguf {outcome}", m.what, t)
             # Checkpoint mutants, loaded into the seed engine.
             pm = PayloadMutator(payload, CKPT_TOKENS, n_vocab, True)
+            session = engine.new_session(CKPT_CTX)
+            session.eval([5 % n_vocab])  # a session holding something, as a slot would
             for _ in range(ckpt_counts[name]):
                 if deadline and time.monotonic() > deadline:
                     break
                 what, blob = pm.one(rng)
+                t = time.monotonic()
                 try:
-                    outcome = run_checkpoint(engine, blob)
+                    outcome = run_checkpoint(session, blob, n_vocab)
                 except Exception as e:  # noqa: BLE001
                     outcome = "FINDING"
                     finding("checkpoint", name, what, blob, e)
+                    session.close()  # in an unknown state: the next mutant gets a fresh one
+                    session = engine.new_session(CKPT_CTX)
+                    session.eval([5 % n_vocab])
                 outcomes[f"checkpoint {outcome}"] += 1
-                done[f"checkpoint {outcome}"] += 1
+                done.count(f"checkpoint {outcome}", what, t)
+            session.close()
             engine.close()
             copy.path.unlink()
-            summary = ", ".join(f"{k}: {v}" for k, v in sorted(done.items()))
-            log(f"{name}: {sum(done.values())} mutants in {time.monotonic() - started:.0f} s"
-                f" ({summary})")  # fmt: skip
+            done.summary()
     return Report(outcomes, findings, time.monotonic() - t0)
 
 

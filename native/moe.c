@@ -192,18 +192,24 @@ static const uint8_t *expert_matrix(const void *base, int type, int64_t rows, in
     return (const uint8_t *)base + (int64_t)e * rows * row_bytes(type, cols);
 }
 
+/* Worker ith of nth's share of Y = X Wᵀ over expert e's grouped rows (X rows of cols, Y
+ * rows of rows, both at the expert's first row), W its rows x cols slice of base. */
+static void expert_rows(const moe_ctx *c, int e, int type, const void *base, int64_t rows,
+                        int64_t cols, const float *X, float *Y, int ith, int nth) {
+    const ds4n_moe_scratch *s = c->s;
+    const int64_t r0 = s->first[e], n = s->count[e];
+    expert_product(s, type, expert_matrix(base, type, rows, cols, e), rows, cols, X + r0 * cols,
+                   r0, n, Y + r0 * rows, ith, nth);
+}
+
 static void gate_up_task(void *p, int ith, int nth) {
     const moe_ctx *c = p;
     const ds4n_moe *m = c->m;
     const ds4n_moe_scratch *s = c->s;
-    const int64_t E = m->n_embd, F = m->n_ff;
     for (int a = 0; a < c->n_active; a++) {
         const int e = s->active[a];
-        const int64_t r0 = s->first[e], n = s->count[e];
-        expert_product(s, m->gate_type, expert_matrix(m->gate, m->gate_type, F, E, e), F, E,
-                       s->xg + r0 * E, r0, n, s->g + r0 * F, ith, nth);
-        expert_product(s, m->up_type, expert_matrix(m->up, m->up_type, F, E, e), F, E,
-                       s->xg + r0 * E, r0, n, s->u + r0 * F, ith, nth);
+        expert_rows(c, e, m->gate_type, m->gate, m->n_ff, m->n_embd, s->xg, s->g, ith, nth);
+        expert_rows(c, e, m->up_type, m->up, m->n_ff, m->n_embd, s->xg, s->u, ith, nth);
     }
 }
 
@@ -239,13 +245,9 @@ static void down_task(void *p, int ith, int nth) {
     const moe_ctx *c = p;
     const ds4n_moe *m = c->m;
     const ds4n_moe_scratch *s = c->s;
-    const int64_t E = m->n_embd, F = m->n_ff;
-    for (int a = 0; a < c->n_active; a++) {
-        const int e = s->active[a];
-        const int64_t r0 = s->first[e], n = s->count[e];
-        expert_product(s, m->down_type, expert_matrix(m->down, m->down_type, E, F, e), E, F,
-                       s->g + r0 * F, r0, n, s->y + r0 * E, ith, nth);
-    }
+    for (int a = 0; a < c->n_active; a++)
+        expert_rows(c, s->active[a], m->down_type, m->down, m->n_embd, m->n_ff, s->g, s->y, ith,
+                    nth);
 }
 
 static void combine_tokens(const moe_ctx *c, int64_t t0, int64_t t1) {

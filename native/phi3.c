@@ -2,103 +2,63 @@
 #include "phi3.h"
 
 #include <math.h>
-#include <stdlib.h>
 
-struct ds4n_phi3 {
-    ds4n_phi3_hparams hp;
-    ds4n_dec_dims dims;
-    ds4n_dec_weights wt;
+typedef struct phi3 {
+    ds4n_dec_model base; /* first: the model is freed through it */
+    int32_t window;
+    int64_t long_ctx;
     ds4n_rope rope_short, rope_long; /* the same when the file has no factors */
-};
+} phi3;
 
-ds4n_phi3 *ds4n_phi3_new(const ds4n_phi3_hparams *hp, const void *const *tensors,
-                         const int32_t *types) {
-    if (hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0 ||
-        hp->n_head % hp->n_head_kv != 0 || hp->head_dim <= 0 || hp->n_rot > hp->head_dim ||
-        hp->n_vocab <= 0 || hp->n_embd <= 0 || hp->n_ff <= 0 || hp->window < 0 ||
-        (tensors[DS4N_PHI3_ROPE_LONG] == NULL) != (tensors[DS4N_PHI3_ROPE_SHORT] == NULL))
-        return NULL;
-    ds4n_phi3 *m = calloc(1, sizeof *m);
-    if (!m) return NULL;
-    m->hp = *hp;
-    m->dims = (ds4n_dec_dims){.n_embd = hp->n_embd, .n_head = hp->n_head,
-                              .n_head_kv = hp->n_head_kv, .head_dim = hp->head_dim,
-                              .n_ff = hp->n_ff, .norm_eps = hp->rms_eps};
-    const int tables = ds4n_dec_weights_init(&m->wt, DS4N_PHI3_N_GLOBAL, DS4N_PHI3_N_PER_LAYER,
-                                             hp->n_layer, tensors, types);
-    ds4n_rope_params rp = {.n_rot = hp->n_rot, .mode = DS4N_ROPE_NEOX, .base = hp->rope_base,
-                           .freq_scale = hp->rope_scale, .attn_factor = hp->rope_attn_factor,
-                           .freq_factors = tensors[DS4N_PHI3_ROPE_SHORT]};
-    int bad = tables != 0 || ds4n_rope_init(&m->rope_short, &rp) != 0;
-    rp.freq_factors = tensors[DS4N_PHI3_ROPE_LONG];
-    bad = bad || ds4n_rope_init(&m->rope_long, &rp) != 0;
-    if (bad) {
-        ds4n_phi3_free(m);
-        return NULL;
-    }
-    return m;
-}
-
-void ds4n_phi3_free(ds4n_phi3 *m) {
-    if (!m) return;
-    ds4n_dec_weights_free(&m->wt);
-    free(m);
-}
-
-ds4n_dec_session *ds4n_phi3_session_new(const ds4n_phi3 *m, int64_t n_ctx,
-                                        int kv_type) {
-    return ds4n_dec_session_new(&m->dims, m->hp.n_layer, n_ctx, kv_type);
-}
-
-static int eval(const ds4n_phi3 *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
-                const int32_t *tokens, const int64_t *counts, int n_seq, float *logits,
-                int all_logits) {
-    const ds4n_phi3_hparams *hp = &m->hp;
-    ds4n_dec_batch b;
-    const int rc = ds4n_dec_batch_begin(&b, &m->dims, hp->n_layer, sessions, n_seq, counts, pool,
-                                        m->wt.w[DS4N_PHI3_TOKEN_EMBD],
-                                        m->wt.type[DS4N_PHI3_TOKEN_EMBD], hp->n_vocab, tokens,
-                                        1.0f);
-    if (rc != DS4N_OK) return rc;
-    const int64_t T = b.n_rows;
+static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool) {
+    const phi3 *m = (const phi3 *)base;
+    const ds4n_dec_shape *hp = &base->shape;
+    const int64_t T = b->n_rows;
     const int E = hp->n_embd;
     for (int il = 0; il < hp->n_layer; il++) {
-        const void *const *lw = ds4n_dec_layer_w(&m->wt, il);
-        const int32_t *lt = ds4n_dec_layer_wt(&m->wt, il);
+        const void *const *lw = ds4n_dec_layer_w(&base->wt, il);
+        const int32_t *lt = ds4n_dec_layer_wt(&base->wt, il);
         const ds4n_attn_layer al = {
             .wqkv = lw[DS4N_PHI3_WQKV], .tqkv = lt[DS4N_PHI3_WQKV],
             .wo = lw[DS4N_PHI3_WO], .to = lt[DS4N_PHI3_WO],
             /* A session's rope is fixed by its context size, so its cached keys stay valid. */
-            .rope = &m->rope_short, .rope_long = &m->rope_long, .long_ctx = hp->n_ctx_orig,
-            .q_scale = 1.0f / sqrtf((float)hp->head_dim), .window = hp->window,
+            .rope = &m->rope_short, .rope_long = &m->rope_long, .long_ctx = m->long_ctx,
+            .q_scale = 1.0f / sqrtf((float)hp->head_dim), .window = m->window,
         };
-        ds4n_rms_norm(b.x, lw[DS4N_PHI3_ATTN_NORM], b.xn, T, E, hp->rms_eps);
-        ds4n_attention(&m->dims, &al, il, &b, pool, b.xn, b.tmp);
-        ds4n_dec_add_rows(b.x, b.tmp, T * E);
+        ds4n_rms_norm(b->x, lw[DS4N_PHI3_ATTN_NORM], b->xn, T, E, hp->rms_eps);
+        ds4n_attention(&base->dims, &al, il, b, pool, b->xn, b->tmp);
+        ds4n_dec_add_rows(b->x, b->tmp, T * E);
 
         const ds4n_ffn_layer fl = {
             .up = lw[DS4N_PHI3_W_UP], .tup = lt[DS4N_PHI3_W_UP],
             .down = lw[DS4N_PHI3_W_DOWN], .tdown = lt[DS4N_PHI3_W_DOWN],
             .act = DS4N_ACT_SILU,
         };
-        ds4n_rms_norm(b.x, lw[DS4N_PHI3_FFN_NORM], b.xn, T, E, hp->rms_eps);
-        ds4n_ffn(&m->dims, &fl, &b, pool, b.xn, b.tmp);
-        ds4n_dec_add_rows(b.x, b.tmp, T * E);
+        ds4n_rms_norm(b->x, lw[DS4N_PHI3_FFN_NORM], b->xn, T, E, hp->rms_eps);
+        ds4n_ffn(&base->dims, &fl, b, pool, b->xn, b->tmp);
+        ds4n_dec_add_rows(b->x, b->tmp, T * E);
     }
-    const int head = m->wt.w[DS4N_PHI3_OUTPUT] ? DS4N_PHI3_OUTPUT : DS4N_PHI3_TOKEN_EMBD;
-    ds4n_dec_batch_finish(&b, pool, m->wt.w[DS4N_PHI3_OUTPUT_NORM], hp->rms_eps, m->wt.w[head],
-                          m->wt.type[head], hp->n_vocab, logits, all_logits, 0.0f);
     return DS4N_OK;
 }
 
-int ds4n_phi3_eval(const ds4n_phi3 *m, ds4n_dec_session *s, ds4n_pool *pool,
-                   const int32_t *tokens, int64_t T, float *logits, int all_logits) {
-    if (T <= 0) return DS4N_OK;
-    return eval(m, pool, &s, tokens, &T, 1, logits, all_logits);
+ds4n_dec_model *ds4n_phi3_new(const ds4n_phi3_hparams *hp, const void *const *tensors,
+                              const int32_t *types) {
+    if (hp->shape.n_ff <= 0 || hp->window < 0 ||
+        (tensors[DS4N_PHI3_ROPE_LONG] == NULL) != (tensors[DS4N_PHI3_ROPE_SHORT] == NULL))
+        return NULL;
+    phi3 *m = ds4n_dec_model_new(sizeof *m, &hp->shape, DS4N_PHI3_N_GLOBAL,
+                                 DS4N_PHI3_N_PER_LAYER, tensors, types, layers);
+    if (!m) return NULL;
+    m->window = hp->window;
+    m->long_ctx = hp->scaling.n_ctx_orig;
+    ds4n_rope_params rp = ds4n_dec_rope_params(&hp->shape, DS4N_ROPE_NEOX, &hp->scaling,
+                                               tensors[DS4N_PHI3_ROPE_SHORT]);
+    int bad = ds4n_rope_init(&m->rope_short, &rp) != 0;
+    rp.freq_factors = tensors[DS4N_PHI3_ROPE_LONG];
+    bad = bad || ds4n_rope_init(&m->rope_long, &rp) != 0;
+    if (bad) {
+        ds4n_dec_model_free(&m->base);
+        return NULL;
+    }
+    return &m->base;
 }
-
-int ds4n_phi3_eval_batch(const ds4n_phi3 *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
-                         const int32_t *tokens, const int64_t *counts, int n_seq, float *logits) {
-    return eval(m, pool, sessions, tokens, counts, n_seq, logits, 0);
-}
-

@@ -12,30 +12,22 @@
 
 #include <stdint.h>
 
-#include "decoder.h"
-#include "ds4n.h"
+#include "moe_decoder.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct ds4n_qwen3moe_hparams {
-    int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_rot;
-    int32_t n_expert, n_used, n_ff_exp, norm_weights;
-    float weights_scale;   /* 0 or 1: none */
-    float rope_base, rms_eps;
-    /* decoder.h's ds4n_rope_params: freq_scale, YaRN (ext_factor > 0), cos/sin factor */
-    float rope_scale, yarn_ext_factor, rope_attn_factor, yarn_beta_fast, yarn_beta_slow;
-    int32_t n_ctx_orig;
+    ds4n_dec_shape shape; /* n_ff 0 */
+    ds4n_dec_rope_scaling scaling;
+    ds4n_moe_experts experts;
+    int32_t norm_weights; /* nonzero: the selected experts' weights divided by their sum */
 } ds4n_qwen3moe_hparams;
 
-/* Weight slots: DS4N_QWEN3MOE_N_GLOBAL entries, then DS4N_QWEN3MOE_N_PER_LAYER per layer.
- * Norm weights are F32; matrices and expert tensors any supported type. */
-enum {
-    DS4N_QWEN3MOE_TOKEN_EMBD, DS4N_QWEN3MOE_OUTPUT_NORM,
-    DS4N_QWEN3MOE_OUTPUT, /* optional: tied to TOKEN_EMBD when NULL */
-    DS4N_QWEN3MOE_N_GLOBAL
-};
+/* Weight slots: decoder_model.h's DS4N_DEC_N_GLOBAL entries, then
+ * DS4N_QWEN3MOE_N_PER_LAYER per layer. Norm weights are F32; matrices and expert tensors
+ * any supported type. */
 enum {
     DS4N_QWEN3MOE_ATTN_NORM, DS4N_QWEN3MOE_WQ, DS4N_QWEN3MOE_WK, DS4N_QWEN3MOE_WV,
     DS4N_QWEN3MOE_WO, DS4N_QWEN3MOE_Q_NORM, DS4N_QWEN3MOE_K_NORM, DS4N_QWEN3MOE_FFN_NORM,
@@ -44,33 +36,10 @@ enum {
     DS4N_QWEN3MOE_N_PER_LAYER
 };
 
-typedef struct ds4n_qwen3moe ds4n_qwen3moe;
-
-/* NULL on a shape the engine cannot run, or no memory. */
-ds4n_qwen3moe *ds4n_qwen3moe_new(const ds4n_qwen3moe_hparams *hp, const void *const *tensors,
-                                 const int32_t *types);
-void ds4n_qwen3moe_free(ds4n_qwen3moe *model);
-/* A session of this model (the ds4n_dec_session_* functions of decoder.h serve it). */
-ds4n_dec_session *ds4n_qwen3moe_session_new(const ds4n_qwen3moe *model, int64_t n_ctx,
-                                            int kv_type);
-
-/* Appends n tokens at position n_past (as ds4n_llama_eval); the MoE scratch is the model's
- * (its calls never overlap). DS4N_OK, a DS4N_ERR_* of decoder.h, or DS4N_ERR_BAD_EXPERT of
- * moe.h; on an error nothing changes. */
-int ds4n_qwen3moe_eval(const ds4n_qwen3moe *model, ds4n_dec_session *sess, ds4n_pool *pool,
-                       const int32_t *tokens, int64_t n, float *logits, int all_logits);
-
-/* Appends counts[i] >= 1 tokens to each of n_seq distinct sessions in one forward pass
- * (the weights read once for all of them; tokens holds each session's tokens in turn).
- * logits (n_seq x n_vocab, may be NULL) receives each session's logits after its last
- * token, bitwise what ds4n_qwen3moe_eval of that session alone gives. DS4N_OK, or a
- * DS4N_ERR_* of decoder.h with no session changed. */
-int ds4n_qwen3moe_eval_batch(const ds4n_qwen3moe *model, ds4n_pool *pool,
-                             ds4n_dec_session *const *sessions, const int32_t *tokens,
-                             const int64_t *counts, int n_seq, float *logits);
-
-/* Bytes of expert weights this model's evals have read so far (moe.h's counter). */
-int64_t ds4n_qwen3moe_expert_bytes(const ds4n_qwen3moe *model);
+/* As ds4n_gptoss_new. An eval returns, beside decoder.h's DS4N_ERR_*, moe.h's
+ * DS4N_ERR_BAD_EXPERT. */
+ds4n_dec_model *ds4n_qwen3moe_new(const ds4n_qwen3moe_hparams *hp, const void *const *tensors,
+                                  const int32_t *types);
 
 #ifdef __cplusplus
 }

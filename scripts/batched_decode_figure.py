@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,36 +28,22 @@ from pathlib import Path
 
 import httpx
 
+from ds4d.serve_process import ServeProcessError, private_env, serve_process
+
 BIN = Path(sys.executable).parent
 
 
 @contextmanager
 def started_daemon(slots: int, threads: int) -> Iterator[str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ, XDG_RUNTIME_DIR=tmp, XDG_CACHE_HOME=tmp, XDG_STATE_HOME=tmp)
-        args = ["--port", str(port), "--slots", str(slots), "--threads", str(threads),
-                "--ctx", "2048", "--no-kv-disk"]  # fmt: skip
-        with open(Path(tmp) / "ds4d.log", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "ds4d", "serve", *args], env=env,
-                                    stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
+        dirs = {var: Path(tmp) for var in ("XDG_RUNTIME_DIR", "XDG_CACHE_HOME", "XDG_STATE_HOME")}
+        args = ["--slots", str(slots), "--threads", str(threads), "--ctx", "2048", "--no-kv-disk"]
         try:
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit((Path(tmp) / "ds4d.log").read_text())
-                try:
-                    if httpx.get(f"{url}/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)  # a tool polling a process it started, not a test
-            yield url
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            with serve_process(args, env=private_env(dirs), log_path=Path(tmp) / "ds4d.log",
+                               start_timeout=600) as daemon:  # fmt: skip
+                yield daemon.url
+        except ServeProcessError as e:
+            raise SystemExit(str(e)) from None
 
 
 def stream(url: str, prompt: str, tokens: int) -> list[float]:

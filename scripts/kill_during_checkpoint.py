@@ -25,8 +25,6 @@ import argparse
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,16 +33,11 @@ from pathlib import Path
 
 import httpx
 
+from ds4d.serve_process import ServeProcess, ServeProcessError, private_env, start_serve
 from ds4d.state import kvfile
 
 WORDS = ("river stone lantern harbor meadow copper violin orchard glacier pepper canyon "
          "saddle beacon tundra marble falcon").split()  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prompt(tag: str, words: int) -> str:
@@ -59,35 +52,23 @@ class Daemon:
         self.kv = state / "kv"
         self.trace = state / "trace.jsonl"
         self.log_path = state / "ds4d.log"
-        self.proc: subprocess.Popen | None = None
+        self.daemon: ServeProcess | None = None
         self.url = ""
 
     def start(self) -> None:
-        port = free_port()
         runtime = Path(tempfile.mkdtemp(prefix="ds4d-kill-rt-"))
-        env = dict(os.environ, XDG_RUNTIME_DIR=str(runtime),
-                   XDG_CONFIG_HOME=str(self.state / "config"),
-                   XDG_STATE_HOME=str(self.state / "xstate"))  # fmt: skip
-        env.pop("NOTIFY_SOCKET", None)
-        cmd = [sys.executable, "-m", "ds4d", "serve", "--host", "127.0.0.1", "--port", str(port),
-               "--slots", "1", "--ctx", str(self.args.ctx), "--kv-disk", "--kv-disk-dir",
-               str(self.kv), "--trace", str(self.trace), "--max-tokens", "4",
-               "--temperature", "0"]  # fmt: skip
+        env = private_env({"XDG_RUNTIME_DIR": runtime, "XDG_CONFIG_HOME": self.state / "config",
+                           "XDG_STATE_HOME": self.state / "xstate"})  # fmt: skip
+        args = ["--slots", "1", "--ctx", str(self.args.ctx), "--kv-disk", "--kv-disk-dir",
+                str(self.kv), "--trace", str(self.trace), "--max-tokens", "4",
+                "--temperature", "0"]  # fmt: skip
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        self.url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"ds4d exited with {self.proc.returncode}; see {self.log_path}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)  # waiting on another process, bounded by the deadline
-        raise SystemExit("ds4d did not become healthy in 300 s")
+        try:
+            self.daemon = start_serve(args, env=env, log_path=self.log_path, start_timeout=300,
+                                      append=True)  # fmt: skip
+        except ServeProcessError as e:
+            raise SystemExit(f"{e}\nsee {self.log_path}") from None
+        self.url = self.daemon.url
 
     def log_since_start(self) -> str:
         with open(self.log_path, "rb") as f:
@@ -102,18 +83,13 @@ class Daemon:
         return r.json()
 
     def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
+        assert self.daemon is not None
+        self.daemon.proc.send_signal(signal.SIGKILL)
+        self.daemon.proc.wait()
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.daemon is not None:
+            self.daemon.stop(timeout=60)
 
 
 def tmp_files(kv: Path) -> list[str]:

@@ -60,7 +60,18 @@ class Spec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-COMMON = dict(hidden_size=64, rms_norm_eps=1e-6, max_position_embeddings=32768)
+# Every family's tiny shape, unless its entry says otherwise.
+COMMON = dict(hidden_size=64, rms_norm_eps=1e-6, max_position_embeddings=32768,
+              num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+
+
+def qwen() -> dict[str, Any]:
+    """The Qwen tokenizer's vocabulary and special ids, and Qwen's RoPE (qwen2, qwen3,
+    qwen3moe): a new dict each time, so no two specs share the nested rope dict (which the
+    config classes may rewrite)."""
+    return dict(vocab_size=151936, bos_token_id=151643, eos_token_id=151645,
+                rope_parameters=dict(rope_type="default", rope_theta=1000000.0))  # fmt: skip
+
 
 SPECS: dict[str, Spec] = {
     "llama": Spec(
@@ -71,9 +82,6 @@ SPECS: dict[str, Spec] = {
             COMMON,
             vocab_size=128256,
             intermediate_size=160,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             head_dim=16,
             max_position_embeddings=131072,
             tie_word_embeddings=False,
@@ -93,36 +101,13 @@ SPECS: dict[str, Spec] = {
         "Qwen3ForCausalLM",
         "qwen3",
         seed=1002,
-        config=dict(
-            COMMON,
-            vocab_size=151936,
-            intermediate_size=128,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            tie_word_embeddings=True,
-            bos_token_id=151643,
-            eos_token_id=151645,
-            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-        ),
+        config=dict(COMMON, **qwen(), intermediate_size=128, head_dim=32, tie_word_embeddings=True),
     ),
     "qwen2": Spec(
         "Qwen2ForCausalLM",
         "qwen2_5",
         seed=1003,
-        config=dict(
-            COMMON,
-            vocab_size=151936,
-            intermediate_size=160,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=False,
-            bos_token_id=151643,
-            eos_token_id=151645,
-            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-        ),
+        config=dict(COMMON, **qwen(), intermediate_size=160, tie_word_embeddings=False),
     ),
     "gemma3": Spec(
         "Gemma3ForCausalLM",
@@ -135,7 +120,6 @@ SPECS: dict[str, Spec] = {
             vocab_size=262144,
             intermediate_size=128,
             num_hidden_layers=6,
-            num_attention_heads=4,
             num_key_value_heads=1,
             head_dim=32,
             query_pre_attn_scalar=32,
@@ -161,9 +145,6 @@ SPECS: dict[str, Spec] = {
             COMMON,
             vocab_size=32064,
             intermediate_size=128,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             rms_norm_eps=1e-5,
             max_position_embeddings=131072,
             original_max_position_embeddings=4096,
@@ -181,20 +162,14 @@ SPECS: dict[str, Spec] = {
         seed=1006,
         config=dict(
             COMMON,
-            vocab_size=151936,
+            **qwen(),
             intermediate_size=128,
             moe_intermediate_size=32,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             head_dim=16,
             num_experts=8,
             num_experts_per_tok=2,
             norm_topk_prob=True,
             tie_word_embeddings=False,
-            bos_token_id=151643,
-            eos_token_id=151645,
-            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
         ),
     ),
     "gpt-oss": Spec(
@@ -207,8 +182,6 @@ SPECS: dict[str, Spec] = {
             vocab_size=201088,
             intermediate_size=64,
             num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
             head_dim=16,
             num_local_experts=4,
             num_experts_per_tok=2,

@@ -94,3 +94,41 @@ def test_accepted_sampling_values_are_accepted_by_the_sampler(api):
         SamplingParams(
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed
         )
+
+
+USER = [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize(
+    "api,body,message,param",
+    [
+        (openai_chat, {"messages": USER, "tools": {}}, "'tools' must be an array", "tools"),
+        (openai_chat, {"messages": USER, "tools": [1]}, "'tools[0]' must be an object", "tools"),
+        (openai_chat, {"messages": [*USER, "x"]}, "'messages[1]' must be an object", "messages"),
+        (openai_chat, {"messages": []}, "'messages' must not be empty", "messages"),
+        (openai_chat, {"messages": "hi"}, "'messages' must be an array", "messages"),
+        (openai_chat, None, "the request body must be a JSON object", None),
+        (openai_completions, [], "the request body must be a JSON object", None),
+        (openai_responses, {"input": "x", "tools": "ls"}, "'tools' must be an array", "tools"),
+        (openai_responses, {"input": "x", "tools": [None]}, "'tools[0]' must be an object",
+         "tools"),
+        (openai_responses, [], "the request body must be a JSON object", None),
+        (anthropic_messages, {"max_tokens": 5, "messages": {}}, "'messages' must be an array",
+         None),
+        (anthropic_messages, {"max_tokens": 5, "messages": []}, "'messages' must not be empty",
+         None),
+        (anthropic_messages, {"max_tokens": 5, "messages": [3]},
+         "'messages[0]' must be an object", None),
+        (anthropic_messages, {"max_tokens": 5, "messages": USER, "tools": 1},
+         "'tools' must be an array", None),
+        (anthropic_messages, {"max_tokens": 5, "messages": USER, "tools": ["x"]},
+         "'tools[0]' must be an object", None),
+        (anthropic_messages, "x", "the request body must be a JSON object", None),
+    ],
+)  # fmt: skip
+def test_arrays_of_objects_are_checked_item_by_item(api, body, message, param) -> None:
+    """The body, and the arrays of messages and tools, in each API's own error shape: the
+    message names the field and the item, OpenAI's param names the field."""
+    with pytest.raises(ApiError) as info:
+        api.parse(body, Sampling())
+    assert (info.value.status, info.value.message, info.value.param) == (400, message, param)

@@ -20,6 +20,7 @@ from ds4d.engine.decoder import MAX_BATCH
 from ds4d.engine.engine import FAMILIES
 from ds4d.engine.errors import ContextFullError
 from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.moe_decoder import MoEDecoderModel
 from ds4d.engine.native import lib
 from tests.kit import kit_families, kit_model
 from tests.test_kernels import LEVELS, SIMD_LEVELS
@@ -146,19 +147,18 @@ def test_batch_is_one_forward_pass(kit_engine: Engine) -> None:
         four = dispatches([(s, [int(t)]) for s, t in zip(sessions, rng.integers(0, n_vocab, 4),
                                                          strict=True)])  # fmt: skip
         assert 0 < one <= four < 2 * one
-        expert_bytes = getattr(lib, f"ds4n_{kit_engine.model.prefix}_expert_bytes", None)
-        if expert_bytes is None:
+        model = kit_engine.model
+        if not isinstance(model, MoEDecoderModel):
+            assert lib.ds4n_moe_decoder_expert_bytes(model.handle) == -1  # not a MoE decoder
             return
-        expert_bytes.restype, expert_bytes.argtypes = ctypes.c_int64, [ctypes.c_void_p]
-        handle = kit_engine.model.handle
         alone = 0
         for s in sessions:
-            before = expert_bytes(handle)
+            before = model.expert_bytes
             kit_engine.eval_batch([(s, [3])])
-            alone += expert_bytes(handle) - before
-        before = expert_bytes(handle)
+            alone += model.expert_bytes - before
+        before = model.expert_bytes
         kit_engine.eval_batch([(s, [3]) for s in sessions])
-        together = expert_bytes(handle) - before
+        together = model.expert_bytes - before
         # the same token at (mostly) the same depth: the sessions share experts
         assert 0 < together < alone
     finally:
@@ -199,7 +199,7 @@ def test_refused_batches_change_nothing(engine: Engine) -> None:
         handles = (ctypes.c_void_p * (MAX_BATCH + 1))(*[_state(a).handle] * (MAX_BATCH + 1))
         counts = (ctypes.c_int64 * (MAX_BATCH + 1))(*[1] * (MAX_BATCH + 1))
         toks = np.ones(MAX_BATCH + 1, np.int32)
-        fn = getattr(lib, f"ds4n_{model.prefix}_eval_batch")
+        fn = lib.ds4n_dec_model_eval_batch
         for n in (0, -1, MAX_BATCH + 1):
             rc = fn(model.handle, model.pool.handle, handles,
                     toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, None)  # fmt: skip

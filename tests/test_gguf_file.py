@@ -103,3 +103,17 @@ def test_copy_has_a_different_fingerprint_only_if_the_shape_differs(
     a = GGUFFile(write_tiny_llama(tmp_path / "a.gguf")).fingerprint
     b = GGUFFile(write_tiny_llama(tmp_path / "b.gguf", matrix_type=Q.Q4_0)).fingerprint
     assert a != b
+
+
+def test_tensors_of_blocks_past_block_count_are_refused(tmp_path: Path) -> None:
+    # Found by the native fuzzer: block_count lowered to 1 left blk.1.* in the file
+    # unused, and the model opened as a one-layer model of a two-layer file.
+    from tests.gguf_structure import structure
+
+    path = write_tiny_llama(tmp_path / "m.gguf")
+    field = next(f for f in structure(path) if f.what == "llama.block_count value")
+    data = bytearray(path.read_bytes())
+    data[field.offset : field.offset + field.size] = (1).to_bytes(field.size, "little")
+    path.write_bytes(bytes(data))
+    message = refused(path)
+    assert "blk.1." in message and "llama.block_count is 1" in message, message

@@ -538,7 +538,10 @@ def test_fuzz_methods_and_paths(client):
     def one(method, path, body):
         client.send(method, path, body if method not in ("GET", "HEAD") else b"", [])
 
+    t0 = time.perf_counter()
+    before = client.count
     one()
+    print(f"\nmethods and paths: {client.count - before} cases in {time.perf_counter() - t0:.1f}s")
 
 
 # -- wire-level cases -------------------------------------------------------------------
@@ -721,3 +724,16 @@ def test_requests_without_a_limit_get_the_default_cap(client):
     # on `incomplete`), and the cut message item says it was cut.
     assert body["status"] == "completed" and body["usage"]["output_tokens"] == 2
     assert body["output"][-1]["status"] == "incomplete"
+
+
+@pytest.mark.parametrize(
+    "sampling", [{"top_p": 8.055195020626325e-252}, {"temperature": 1e-300, "top_p": 0.5}]
+)
+def test_sampling_values_beyond_float32_generate(client, sampling):
+    # Found by the fuzzer: valid as JSON numbers, 0 or inf once the sampler is in float32.
+    for route, body in (("/v1/completions", {"prompt": "0"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "0"}]})):  # fmt: skip
+        reply = client.send(
+            "POST", route, json.dumps({"model": "m", **body, **sampling}).encode(), []
+        )
+        assert reply.status == 200, reply.text()

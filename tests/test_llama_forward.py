@@ -15,7 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from ds4d.engine import llama as llama_family
 from ds4d.engine import native
 from ds4d.engine.gguf_file import GGUFFile
-from tests.reference.llama_ref import LlamaReference
+from tests.reference.dense_ref import DenseReference
 from tests.reference.tiny_llama import write_tiny_llama
 from tests.test_kernels import SIMD_LEVELS
 
@@ -36,7 +36,7 @@ def prompt(data_dir: Path) -> list[int]:
 
 
 def test_prefill_then_decode_match_reference(exact_engine, model_path: Path, prompt) -> None:
-    ref = LlamaReference(GGUFFile(model_path), np.float32)
+    ref = DenseReference(GGUFFile(model_path), dtype=np.float32)
     n_prefill = 40
     session = exact_engine.new_session(64)
     got = session.eval_all_logits(prompt[:n_prefill])
@@ -95,7 +95,7 @@ def test_scalar_kernels_match_simd(exact_engine, prompt, level: int) -> None:
 )
 def test_tiny_model_variants_match_reference(tmp_path: Path, options: dict) -> None:
     gf = GGUFFile(write_tiny_llama(tmp_path / "tiny.gguf", **options))
-    ref = LlamaReference(gf, np.float64)
+    ref = DenseReference(gf)
     tokens = np.random.default_rng(3).integers(0, gf.get("llama.vocab_size"), 90)
     with native.Pool(2) as pool:
         model = llama_family.load(gf, pool)

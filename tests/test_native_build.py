@@ -3,6 +3,7 @@ the build is loadable and exports the whole ds4n.h ABI, and a missing library is
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shutil
@@ -98,3 +99,50 @@ def test_installed_package_finds_its_library_as_package_data(tmp_path: Path) -> 
     )
     assert smoke.stdout.startswith("ok"), smoke.stderr
     assert smoke.stdout.splitlines()[-1] == str(packaged)
+
+
+def _ctypes_fields(struct: type[ctypes.Structure], path: str = "") -> list[tuple[str, int, int]]:
+    """(C member path, offset, size) of every leaf field, nested structures flattened."""
+    out = []
+    for name, ctype, *_ in struct._fields_:
+        field = getattr(struct, name)
+        if isinstance(ctype, type) and issubclass(ctype, ctypes.Structure):
+            out += [(f"{path}{name}.{sub}", field.offset + off, size)
+                    for sub, off, size in _ctypes_fields(ctype)]  # fmt: skip
+        else:
+            out.append((f"{path}{name}", field.offset, field.size))
+    return out
+
+
+def test_hparams_mirrors_match_the_c_structs(tmp_path: Path) -> None:
+    """Every family's ctypes HParamsC has the layout of its C ds4n_<prefix>_hparams: each
+    member at the C offset with the C size, and the same total size (compiled with the
+    headers, so a field added on one side only fails here rather than as wrong numbers)."""
+    from ds4d.engine import gemma3, gptoss, llama, phi3, qwen3moe
+
+    models = [llama.LlamaModel, phi3.Phi3Model, gemma3.Gemma3Model, qwen3moe.Qwen3MoEModel,
+              gptoss.GptOssModel]  # fmt: skip
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    lines = ["#include <stddef.h>", "#include <stdio.h>"]
+    lines += [f'#include "{m.prefix}.h"' for m in models]
+    lines.append("int main(void) {")
+    expected = []
+    for m in models:
+        struct = sys.modules[m.__module__].HParamsC
+        c_type = f"ds4n_{m.prefix}_hparams"
+        lines.append(f'printf("%zu\\n", sizeof({c_type}));')
+        expected.append(ctypes.sizeof(struct))
+        for member, offset, size in _ctypes_fields(struct):
+            lines.append(f'printf("%zu %zu\\n", offsetof({c_type}, {member}), '
+                         f"sizeof((({c_type} *)0)->{member}));")  # fmt: skip
+            expected.append(f"{offset} {size}")
+    lines += ["return 0;", "}"]
+    src, exe = tmp_path / "layout.c", tmp_path / "layout"
+    src.write_text("\n".join(lines) + "\n")
+    built = subprocess.run([cc, "-std=c11", f"-I{NATIVE}", str(src), "-o", str(exe)],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert built.returncode == 0, f"a ctypes field the C struct lacks?\n{built.stderr}"
+    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert got[:-1] == [str(e) for e in expected]

@@ -178,3 +178,26 @@ def test_masked_logits_are_never_drawn() -> None:
 def test_invalid_params_are_rejected(kwargs: dict, field: str) -> None:
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"top_p": 8.055195020626325e-252},  # found by the HTTP fuzzer: 0.0f natively
+        {"top_p": 1e-46, "top_k": 40},
+        {"temperature": 1e-300},
+        {"temperature": 7.006492321624085e-46, "top_p": 0.9},  # half the tiniest float32
+        {"temperature": 1e-300, "top_p": 0.9},
+        {"temperature": 1e-300, "min_p": 0.05},
+        {"temperature": 1e300},
+        {"temperature": 1e300, "top_p": 0.5},
+    ],
+)
+def test_values_beyond_float32_still_sample(logits: np.ndarray, kwargs: dict) -> None:
+    # The draw runs in float32: a top_p or temperature that is positive as a Python float
+    # but rounds to 0 (or inf) there must still give a token, the one the limit implies.
+    params = SamplingParams(**kwargs)
+    got = draws(logits, params, 20)
+    assert ((got >= 0) & (got < N_VOCAB)).all()
+    if kwargs.get("temperature") == 1e-300 or kwargs.get("top_p", 1) < 1e-40:
+        assert (got == int(np.argmax(logits))).all()  # nothing but the best survives

@@ -16,7 +16,9 @@ from ds4d.api.common import (
     effort_thinking,
     field_of,
     json_text,
+    objects_of,
     random_id,
+    request_object,
     sampling_of,
     sse,
     stop_list,
@@ -72,15 +74,9 @@ def _tool_result_text(value: Any, where: str) -> str:
 
 
 def _messages(value: Any) -> list[Message]:
-    if not isinstance(value, list):
-        raise bad("'messages' must be an array")
-    if not value:
-        raise bad("'messages' must not be empty")
     out: list[Message] = []
-    for n, m in enumerate(value):
+    for n, m in objects_of(value, "messages", required=True):
         where = f"messages[{n}]"
-        if not isinstance(m, dict):
-            raise bad(f"'{where}' must be an object")
         role = field_of(m, "role", str, where=where, required=True)
         if role not in ("user", "assistant", "system"):
             raise bad(f"'{where}.role' must be 'user' or 'assistant'")
@@ -126,14 +122,8 @@ def _messages(value: Any) -> list[Message]:
 
 
 def parse_tools(value: Any) -> list[Tool]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise bad("'tools' must be an array")
     tools = []
-    for n, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise bad(f"'tools[{n}]' must be an object")
+    for n, t in objects_of(value, "tools"):
         if "input_schema" not in t:
             continue  # server tools (web_search, code_execution...): nothing to call here
         name = field_of(t, "name", str, where=f"tools[{n}]", required=True)
@@ -214,8 +204,7 @@ def _with_system(messages: list[Message], system: str) -> list[Message]:
 
 
 def parse(body: Any, defaults: Sampling, *, count_only: bool = False) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = request_object(body)
     system = _system_text(body.get("system"))
     messages = _with_system(_messages(body.get("messages")), system)
     tools = parse_tools(body.get("tools"))

@@ -131,6 +131,31 @@ _TYPE_NAMES = {
 }
 
 
+def request_object(body: Any) -> dict[str, Any]:
+    """The parsed request body, which must be a JSON object."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    return body
+
+
+def objects_of(
+    value: Any, key: str, *, param: str | None = None, required: bool = False
+) -> list[tuple[int, dict[str, Any]]]:
+    """(index, item) of the request's array `key` of objects: none when it is absent and
+    not required; a 400 (naming `param`) when it is not an array, is empty and required,
+    or holds an item that is not an object."""
+    if value is None and not required:
+        return []
+    if not isinstance(value, list):
+        raise bad(f"'{key}' must be an array", param)
+    if required and not value:
+        raise bad(f"'{key}' must not be empty", param)
+    for n, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise bad(f"'{key}[{n}]' must be an object", param)
+    return list(enumerate(value))
+
+
 def field_of(
     obj: dict[str, Any],
     key: str,

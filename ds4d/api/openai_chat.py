@@ -15,7 +15,9 @@ from ds4d.api.common import (
     field_of,
     json_text,
     max_tokens_of,
+    objects_of,
     random_id,
+    request_object,
     sampling_of,
     sse,
     stop_list,
@@ -49,14 +51,8 @@ def error_body(err: ApiError) -> dict[str, Any]:
 
 def parse_tools(value: Any) -> list[Tool]:
     """OpenAI function tools; other tool kinds are skipped (nothing the model can call)."""
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise bad("'tools' must be an array", "tools")
     tools = []
-    for n, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise bad(f"'tools[{n}]' must be an object", "tools")
+    for n, t in objects_of(value, "tools", param="tools"):
         fn = t.get("function") if t.get("type", "function") == "function" else None
         if fn is None and t.get("type") == "function" and "name" in t:
             fn = t  # the flat Responses form, accepted here too
@@ -96,15 +92,9 @@ def parse_tool_choice(value: Any, tools: list[Tool]) -> ToolChoice:
 
 
 def parse_messages(value: Any) -> list[Message]:
-    if not isinstance(value, list):
-        raise bad("'messages' must be an array", "messages")
-    if not value:
-        raise bad("'messages' must not be empty", "messages")
     out = []
-    for n, m in enumerate(value):
+    for n, m in objects_of(value, "messages", param="messages", required=True):
         where = f"messages[{n}]"
-        if not isinstance(m, dict):
-            raise bad(f"'{where}' must be an object", "messages")
         role = field_of(m, "role", str, where=where, required=True)
         if role not in ROLES:
             raise bad(f"'{where}.role' must be one of {', '.join(ROLES)}", "messages")
@@ -129,8 +119,7 @@ def parse_messages(value: Any) -> list[Message]:
 
 
 def parse(body: Any, defaults: Sampling) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = request_object(body)
     messages = parse_messages(body.get("messages"))
     tools = parse_tools(body.get("tools"))
     thinking = effort_thinking(body.get("reasoning_effort"), "reasoning_effort")

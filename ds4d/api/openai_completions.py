@@ -13,6 +13,7 @@ from ds4d.api.common import (
     field_of,
     max_tokens_of,
     random_id,
+    request_object,
     sampling_of,
     sse,
     stop_list,
@@ -26,8 +27,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for this endpoint
 
 
 def parse(body: Any, defaults: Sampling) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = request_object(body)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]

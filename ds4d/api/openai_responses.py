@@ -15,7 +15,9 @@ from ds4d.api.common import (
     field_of,
     json_text,
     max_tokens_of,
+    objects_of,
     random_id,
+    request_object,
     sampling_of,
     sse,
 )
@@ -61,15 +63,9 @@ def parse_tools(value: Any) -> tuple[list[Tool], dict[str, str]]:
     """Function tools, with the functions of `namespace` tools (Codex groups some tools
     so) flattened: the model calls them by their own name, and the reply's call item
     names the namespace again. Also returns {tool name: namespace}."""
-    if value is None:
-        return [], {}
-    if not isinstance(value, list):
-        raise bad("'tools' must be an array", "tools")
     tools: list[Tool] = []
     namespaces: dict[str, str] = {}
-    for n, t in enumerate(value):
-        if not isinstance(t, dict):
-            raise bad(f"'tools[{n}]' must be an object", "tools")
+    for n, t in objects_of(value, "tools", param="tools"):
         kind = t.get("type")
         namespace = None
         if kind == "namespace":
@@ -150,8 +146,7 @@ def _input(value: Any, instructions: str) -> list[Message]:
 
 
 def parse(body: Any, defaults: Sampling) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object")
+    body = request_object(body)
     if body.get("previous_response_id") is not None or body.get("conversation") is not None:
         raise bad("previous_response_id is not supported; replay the full input instead",
                   "previous_response_id")

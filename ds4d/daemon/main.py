@@ -30,8 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ds4d.daemon.allocator import return_large_blocks
     from ds4d.daemon.control import ControlPlane
     from ds4d.daemon.exitcodes import CliError
+
+    return_large_blocks()  # before anything large is allocated (see allocator.py)
 
     try:
         control = ControlPlane.from_args(args)  # config from every source, logging

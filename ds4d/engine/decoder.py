@@ -2,15 +2,18 @@
 native/decoder.{h,c}): reading hyper-parameters, binding GGUF tensors to weight slots with
 their shapes and types checked, and the session state (KV cache in C memory).
 
-A family module validates its GGUF with `Binder`, builds its native model, and returns a
-model object whose `new_state(n_ctx, kv_type)` is a `DecoderState` over the family's
-`ds4n_<family>_session_new` and `ds4n_<family>_eval`. The KV cache holds K and V in the
+A family module reads its GGUF's shape (`DenseShape`) and its own hyper-parameters into its
+`HParamsC` (which starts with the shared `ShapeC`, as every hparams struct of the C families
+starts with native/decoder_model.h's ds4n_dec_shape), and `DecoderModel.open_native` binds
+its tensors and builds the native model with `ds4n_<family>_new`. Everything after that is
+the same for every family: `new_state(n_ctx, kv_type)` is a `DecoderState` over
+`ds4n_dec_model_session_new` and `ds4n_dec_model_eval`. The KV cache holds K and V in the
 session's KV type (`KV_TYPES`: float32, IEEE half, or GGUF's Q8_0 blocks of 32 along the
 head dimension, which a head dimension not a multiple of 32 cannot use); resident memory
 and the session payload both hold the stored type. `DecoderModel` is a
 `ds4d.engine.family.BatchedModel` and `DecoderState` a `FamilyState`: engine.py drives them
 through those Protocols, several states of one model at once through
-`model.eval_batch(states, tokens, logits)` (`ds4n_<family>_eval_batch`: one forward pass,
+`model.eval_batch(states, tokens, logits)` (`ds4n_dec_model_eval_batch`: one forward pass,
 the weights read once for all of them).
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import io
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -39,8 +42,14 @@ MAX_BATCH = 64
 
 
 def _declare() -> None:
-    vp, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    vp, i64, i32, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int
     for name, restype, argtypes in (
+        ("ds4n_dec_model_free", None, [vp]),
+        ("ds4n_dec_model_session_new", vp, [vp, i64, c_int]),
+        ("ds4n_dec_model_eval", c_int, [vp, vp, vp, ctypes.POINTER(i32), i64, native.c_float_p,
+                                        c_int]),
+        ("ds4n_dec_model_eval_batch", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
+                                              ctypes.POINTER(i64), c_int, native.c_float_p]),
         ("ds4n_dec_session_free", None, [vp]),
         ("ds4n_dec_session_n_past", i64, [vp]),
         ("ds4n_dec_session_n_ctx", i64, [vp]),
@@ -50,7 +59,7 @@ def _declare() -> None:
         ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, i64, vp]),
         ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, i64, vp]),
         ("ds4n_kv_type_row_bytes", i64, [c_int, c_int]),
-    ):
+    ):  # fmt: skip
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
 
@@ -58,21 +67,31 @@ def _declare() -> None:
 _declare()
 
 
-def declare_family(prefix: str, hparams: type[ctypes.Structure]) -> None:
-    """ctypes signatures of ds4n_<prefix>_{new,free,session_new,eval,eval_batch}."""
-    vp, i64, i32, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int32, ctypes.c_int
-    for name, restype, argtypes in (
-        (f"ds4n_{prefix}_new", vp, [ctypes.POINTER(hparams), ctypes.POINTER(vp),
-                                    ctypes.POINTER(i32)]),
-        (f"ds4n_{prefix}_free", None, [vp]),
-        (f"ds4n_{prefix}_session_new", vp, [vp, i64, c_int]),
-        (f"ds4n_{prefix}_eval", c_int, [vp, vp, vp, ctypes.POINTER(i32), i64, native.c_float_p,
-                                        c_int]),
-        (f"ds4n_{prefix}_eval_batch", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
-                                              ctypes.POINTER(i64), c_int, native.c_float_p]),
-    ):  # fmt: skip
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
+class ShapeC(ctypes.Structure):
+    """struct ds4n_dec_shape (native/decoder_model.h): the first field of every family's
+    hyper-parameters."""
+
+    _fields_ = [
+        *[(n, ctypes.c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv",
+                                        "head_dim", "n_ff", "n_rot")],
+        ("rms_eps", ctypes.c_float),
+        ("rope_base", ctypes.c_float),
+    ]  # fmt: skip
+
+
+class RopeScalingC(ctypes.Structure):
+    """struct ds4n_dec_rope_scaling (native/decoder_model.h)."""
+
+    _fields_ = [
+        *[(n, ctypes.c_float) for n in ("freq_scale", "ext_factor", "attn_factor", "beta_fast",
+                                        "beta_slow")],
+        ("n_ctx_orig", ctypes.c_int32),
+    ]  # fmt: skip
+
+
+# The global weight slots every family's table starts with (DS4N_DEC_TOKEN_EMBD, _OUTPUT_NORM,
+# _OUTPUT of native/decoder_model.h); a family's own globals follow.
+SHARED_GLOBAL_SLOTS = ("token_embd.weight", "output_norm.weight", "output.weight")
 
 
 def fptr(a: np.ndarray | None) -> ctypes._Pointer[ctypes.c_float] | None:
@@ -112,10 +131,11 @@ class Binder:
         self.types = (ctypes.c_int32 * len(names))()
         self.keep: list[np.ndarray] = []
 
-    def bind_all(self, expected: Callable[[str], tuple[int, ...]], optional: Iterable[str],
-                 matrices: Iterable[str]) -> None:  # fmt: skip
-        """expected(short name) -> shape; short names drop the `blk.N.` prefix."""
-        optional, matrices = set(optional), set(matrices)
+    def bind_all(self, expected: Callable[[str], tuple[int, ...]], optional: Iterable[str]) -> None:
+        """expected(short name) -> shape; short names drop the `blk.N.` prefix. A weight of
+        two or more dimensions is a matrix (any type the kernels run); every other tensor
+        (norms, biases, rope factors, sinks) a float vector."""
+        optional = set(optional)
         for i, name in enumerate(self.names):
             short = name.split(".", 2)[2] if name.startswith("blk.") else name
             if short in optional and not self.gf.has_tensor(name):
@@ -126,7 +146,8 @@ class Binder:
                 raise ModelLoadError(
                     f"tensor {name} has shape {list(t.shape)}, expected {list(shape)}"
                 )
-            self.ptrs[i], self.types[i] = self.bind(t, matrix=short in matrices)
+            matrix = short.endswith(".weight") and len(shape) >= 2
+            self.ptrs[i], self.types[i] = self.bind(t, matrix=matrix)
 
     def bind(self, t: Tensor, matrix: bool) -> tuple[int, int]:
         if matrix:
@@ -160,14 +181,37 @@ class Binder:
 
 
 class DecoderModel:
-    """The parts of a family's model object that do not depend on the family."""
+    """The parts of a family's model object that do not depend on the family: the shape,
+    the native model's handle and everything done through it."""
 
     family = ""
-    prefix = ""
+    prefix = ""  # the family's native constructor is ds4n_<prefix>_new
     n_vocab = n_ctx_train = n_embd = n_layer = n_head_kv = head_dim = 0
     max_batch = MAX_BATCH
     pool: native.Pool
     _handle: int | None = None
+
+    def __init__(self, gf: GGUFFile, pool: native.Pool, shape: DenseShape) -> None:
+        self.gf, self.pool, self.shape = gf, pool, shape
+        self.n_vocab, self.n_ctx_train, self.n_embd = shape.n_vocab, shape.n_ctx_train, shape.n_embd
+        self.n_layer, self.n_head_kv, self.head_dim = shape.n_layer, shape.n_head_kv, shape.head_dim
+
+    def open_native(self, layer_slots: Sequence[str], expected: Mapping[str, tuple[int, ...]],
+                    optional: Iterable[str], params: ctypes.Structure,
+                    global_slots: Sequence[str] = ()) -> None:  # fmt: skip
+        """Binds the tensors of the family's slots (SHARED_GLOBAL_SLOTS, then global_slots,
+        then each layer's layer_slots: the order of its C header) with their expected
+        shapes, and builds the native model from them and params."""
+        names = layer_names((*SHARED_GLOBAL_SLOTS, *global_slots), layer_slots, self.n_layer)
+        self._binder = Binder(self.gf, names)
+        self._binder.bind_all(expected.__getitem__, optional)
+        new = getattr(lib, f"ds4n_{self.prefix}_new")
+        new.restype = ctypes.c_void_p
+        new.argtypes = [ctypes.POINTER(type(params)), ctypes.POINTER(ctypes.c_void_p),
+                        ctypes.POINTER(ctypes.c_int32)]  # fmt: skip
+        self._handle = new(ctypes.byref(params), self._binder.ptrs, self._binder.types)
+        if not self._handle:
+            raise ModelLoadError(f"the native engine refused this {self.family} model's shape")
 
     @property
     def handle(self) -> int:
@@ -213,7 +257,7 @@ class DecoderModel:
         handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])
         counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
         flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
-        rc = getattr(lib, f"ds4n_{self.prefix}_eval_batch")(
+        rc = lib.ds4n_dec_model_eval_batch(
             self.handle, self.pool.handle, handles,
             flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, fptr(logits),
         )  # fmt: skip
@@ -222,7 +266,7 @@ class DecoderModel:
 
     def close(self) -> None:
         if self._handle:
-            getattr(lib, f"ds4n_{self.prefix}_free")(self._handle)
+            lib.ds4n_dec_model_free(self._handle)
             self._handle = None
 
 
@@ -234,8 +278,7 @@ class DecoderState:
         self.n_ctx = int(n_ctx)
         self.kv_type = kv_type
         self._row_bytes = model.kv_row_bytes(kv_type)
-        self._eval = getattr(lib, f"ds4n_{model.prefix}_eval")
-        self._handle: int | None = getattr(lib, f"ds4n_{model.prefix}_session_new")(
+        self._handle: int | None = lib.ds4n_dec_model_session_new(
             model.handle, self.n_ctx, KV_TYPES[kv_type]
         )
         if not self._handle:
@@ -267,7 +310,7 @@ class DecoderState:
 
     def eval(self, tokens: np.ndarray, logits: np.ndarray | None, all_logits: bool = False) -> None:
         """Appends tokens (int32, C-contiguous); fills logits (n_vocab, or n x n_vocab)."""
-        rc = self._eval(
+        rc = lib.ds4n_dec_model_eval(
             self.model.handle, self.handle, self.model.pool.handle,
             tokens.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), len(tokens),
             fptr(logits), int(all_logits),
@@ -389,13 +432,12 @@ class RopeScaling:
         if self.ext_factor and (self.n_ctx_orig <= 0 or self.beta_fast <= 0 or self.beta_slow <= 0):
             raise ModelLoadError("YaRN rope scaling needs a positive original context and betas")
 
-    def fields(self) -> dict[str, float | int]:
-        """The ds4n_rope_params-style fields of a family's HParams structure."""
-        return {
-            "rope_scale": self.freq_scale, "yarn_ext_factor": self.ext_factor,
-            "rope_attn_factor": self.attn_factor, "yarn_beta_fast": self.beta_fast,
-            "yarn_beta_slow": self.beta_slow, "n_ctx_orig": self.n_ctx_orig,
-        }  # fmt: skip
+    def c_scaling(self) -> RopeScalingC:
+        """The ds4n_dec_rope_scaling of a family's hyper-parameters."""
+        return RopeScalingC(
+            freq_scale=self.freq_scale, ext_factor=self.ext_factor, attn_factor=self.attn_factor,
+            beta_fast=self.beta_fast, beta_slow=self.beta_slow, n_ctx_orig=self.n_ctx_orig,
+        )  # fmt: skip
 
 
 class DenseShape:
@@ -410,7 +452,7 @@ class DenseShape:
         hp = self.hp = HParams(gf)
         self.n_layer = int(hp("block_count"))
         self.n_embd = int(hp("embedding_length"))
-        self.n_ff = int(hp("feed_forward_length", 0)) if experts else int(hp("feed_forward_length"))
+        self.n_ff = 0 if experts else int(hp("feed_forward_length"))  # experts: no dense FFN
         self.n_head = int(hp("attention.head_count"))
         self.n_head_kv = int(hp("attention.head_count_kv", self.n_head))
         self.head_dim = int(hp("attention.key_length", self.n_embd // max(self.n_head, 1)))
@@ -448,11 +490,29 @@ class DenseShape:
     def n_kv(self) -> int:
         return self.n_head_kv * self.head_dim
 
-    def fields(self) -> dict[str, int | float]:
-        """The shape fields of a family's HParams structure."""
+    def c_shape(self) -> ShapeC:
+        """The ds4n_dec_shape of a family's hyper-parameters."""
+        return ShapeC(
+            n_vocab=self.n_vocab, n_embd=self.n_embd, n_layer=self.n_layer, n_head=self.n_head,
+            n_head_kv=self.n_head_kv, head_dim=self.head_dim, n_ff=self.n_ff, n_rot=self.n_rot,
+            rms_eps=self.rms_eps, rope_base=self.rope_base,
+        )  # fmt: skip
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """GGUF shapes (ne0 first) of the standard tensors of an attention decoder, by short
+        name; a family reads those of its slots, and adds or replaces its own."""
+        E, F, V, n_q, n_kv, hd = (self.n_embd, self.n_ff, self.n_vocab, self.n_q, self.n_kv,
+                                  self.head_dim)  # fmt: skip
+        half = self.n_rot // 2
         return {
-            "n_vocab": self.n_vocab, "n_embd": self.n_embd, "n_layer": self.n_layer,
-            "n_head": self.n_head, "n_head_kv": self.n_head_kv, "head_dim": self.head_dim,
-            "n_ff": self.n_ff, "n_rot": self.n_rot, "rms_eps": self.rms_eps,
-            "rope_base": self.rope_base,
+            "token_embd.weight": (E, V), "output_norm.weight": (E,), "output.weight": (E, V),
+            "attn_norm.weight": (E,), "attn_q.weight": (E, n_q), "attn_k.weight": (E, n_kv),
+            "attn_v.weight": (E, n_kv), "attn_qkv.weight": (E, n_q + 2 * n_kv),
+            "attn_output.weight": (n_q, E), "attn_q.bias": (n_q,), "attn_k.bias": (n_kv,),
+            "attn_v.bias": (n_kv,), "attn_output.bias": (E,), "attn_q_norm.weight": (hd,),
+            "attn_k_norm.weight": (hd,), "attn_sinks.weight": (self.n_head,),
+            "post_attention_norm.weight": (E,), "ffn_norm.weight": (E,),
+            "ffn_gate.weight": (E, F), "ffn_up.weight": (E, F), "ffn_down.weight": (F, E),
+            "post_ffw_norm.weight": (E,), "rope_freqs.weight": (half,),
+            "rope_factors_long.weight": (half,), "rope_factors_short.weight": (half,),
         }  # fmt: skip

@@ -51,6 +51,7 @@ _FILE_TYPES = {
 # fmt: on
 _MAX_TOKEN_TYPE = 6  # llama.cpp's token types: undefined, normal, ... user-defined, byte
 _TOKEN_ID_KEY = re.compile(r"tokenizer\.ggml\.\w+_token_id")
+_BLOCK_TENSOR = re.compile(r"blk\.(\d+)\.")
 
 # The kind of value the well-known keys must hold (a list: an array of that kind), as
 # llama.cpp's typed getters insist; a value of another type is refused, not reinterpreted.
@@ -225,6 +226,15 @@ class GGUFFile:
                     f"GGUF {self.architecture}.block_count is {blocks!r}, expected 1 to the"
                     f" {len(self._tensors)} tensors the file holds: {self.path}"
                 )
+            # A block's tensors past the count would be left unread: the count or the
+            # tensors are wrong, and a model of fewer layers would open without a word.
+            for name in self._tensors:
+                m = _BLOCK_TENSOR.match(name)
+                if m and int(m.group(1)) >= blocks:
+                    raise ModelLoadError(
+                        f"GGUF tensor {name} belongs to block {m.group(1)}, but"
+                        f" {self.architecture}.block_count is {blocks}: {self.path}"
+                    )
         tokens = self.get_array("tokenizer.ggml.tokens")
         if tokens is None:
             return

@@ -20,17 +20,15 @@ import math
 import numpy as np
 
 from ds4d.engine import native
-from ds4d.engine.decoder import Binder, declare_family, layer_names
+from ds4d.engine.decoder import ShapeC
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
-from ds4d.engine.moe_decoder import MoEDecoderModel, declare_expert_bytes
-from ds4d.engine.native import lib
+from ds4d.engine.moe_decoder import ExpertsC, MoEDecoderModel
 
 FAMILY = "gpt-oss"
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # fixed by the architecture (no GGUF key)
 
-# Slot order of native/gptoss.h.
-GLOBAL_SLOTS = ("token_embd.weight", "output_norm.weight", "output.weight")
+# Slot order of native/gptoss.h (after decoder.SHARED_GLOBAL_SLOTS, its only globals).
 LAYER_SLOTS = (
     "attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight",
     "attn_output.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
@@ -38,26 +36,19 @@ LAYER_SLOTS = (
     "ffn_gate_inp.bias", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
     "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
 )  # fmt: skip
-MATRICES = {"token_embd.weight", "output.weight", "attn_q.weight", "attn_k.weight",
-            "attn_v.weight", "attn_output.weight", "ffn_gate_inp.weight",
-            "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"}  # fmt: skip
 
 
 class HParamsC(ctypes.Structure):
+    """struct ds4n_gptoss_hparams."""
+
     _fields_ = [
-        *[(n, ctypes.c_int32) for n in ("n_vocab", "n_embd", "n_layer", "n_head", "n_head_kv",
-                                        "head_dim", "n_rot", "n_expert", "n_used", "n_ff_exp",
-                                        "window")],
+        ("shape", ShapeC),
+        ("experts", ExpertsC),
+        ("window", ctypes.c_int32),
         ("sliding", ctypes.POINTER(ctypes.c_uint8)),
-        ("rope_base", ctypes.c_float),
         ("rope_factors", ctypes.POINTER(ctypes.c_float)),
-        *[(n, ctypes.c_float) for n in ("rope_attn_factor", "rms_eps", "swiglu_alpha",
-                                        "swiglu_limit", "weights_scale")],
+        *[(n, ctypes.c_float) for n in ("rope_attn_factor", "swiglu_alpha", "swiglu_limit")],
     ]  # fmt: skip
-
-
-declare_family("gptoss", HParamsC)
-declare_expert_bytes("gptoss")
 
 
 def sliding_layers(gf: GGUFFile, n_layer: int) -> list[bool]:
@@ -111,32 +102,14 @@ class GptOssModel(MoEDecoderModel):
         self.sliding = sliding_layers(gf, self.n_layer)
         sliding = (ctypes.c_uint8 * self.n_layer)(*self.sliding)
         factors, attn_factor = self._rope()
-        n_q, n_kv, E = self.n_head * self.head_dim, self.n_head_kv * self.head_dim, self.n_embd
-        expected = {
-            "token_embd.weight": (E, self.n_vocab), "output_norm.weight": (E,),
-            "output.weight": (E, self.n_vocab), "attn_norm.weight": (E,),
-            "attn_q.weight": (E, n_q), "attn_k.weight": (E, n_kv), "attn_v.weight": (E, n_kv),
-            "attn_output.weight": (n_q, E), "attn_q.bias": (n_q,), "attn_k.bias": (n_kv,),
-            "attn_v.bias": (n_kv,), "attn_output.bias": (E,),
-            "attn_sinks.weight": (self.n_head,), "post_attention_norm.weight": (E,),
-            **self.expert_shapes(),
-        }  # fmt: skip
-        self._binder = Binder(gf, layer_names(GLOBAL_SLOTS, LAYER_SLOTS, self.n_layer))
-        self._binder.bind_all(expected.__getitem__, (), MATRICES)
         params = HParamsC(
-            n_vocab=self.n_vocab, n_embd=E, n_layer=self.n_layer, n_head=self.n_head,
-            n_head_kv=self.n_head_kv, head_dim=self.head_dim, n_rot=self.n_rot,
-            n_expert=self.n_expert, n_used=self.n_used, n_ff_exp=self.n_ff_exp, window=window,
-            sliding=sliding, rope_base=self.rope_base, rope_attn_factor=attn_factor,
+            self.shape.c_shape(), self.c_experts(), window=window, sliding=sliding,
             rope_factors=None if factors is None else factors.ctypes.data_as(
                 ctypes.POINTER(ctypes.c_float)),
-            rms_eps=self.rms_eps, swiglu_alpha=SWIGLU_ALPHA, swiglu_limit=SWIGLU_LIMIT,
-            weights_scale=float(hp("expert_weights_scale", 0.0)),
+            rope_attn_factor=attn_factor, swiglu_alpha=SWIGLU_ALPHA, swiglu_limit=SWIGLU_LIMIT,
         )  # fmt: skip
-        self._handle = lib.ds4n_gptoss_new(ctypes.byref(params), self._binder.ptrs,
-                                           self._binder.types)  # fmt: skip
-        if not self._handle:
-            raise ModelLoadError("the native engine refused this gpt-oss model's shape")
+        # Every tensor is required: the output head is never tied.
+        self.open_native(LAYER_SLOTS, self.tensor_shapes(), (), params)
 
     def _rope(self) -> tuple[np.ndarray | None, float]:
         """The per-pair divisors of the plain rates for the file's YaRN (None without
@@ -150,13 +123,14 @@ class GptOssModel(MoEDecoderModel):
         factor = float(hp("rope.scaling.factor"))
         if not factor >= 1.0:
             raise ModelLoadError(f"gpt-oss: YaRN factor {factor} must be at least 1")
+        base, n_rot = self.shape.rope_base, self.shape.n_rot
         rates = yarn_rates(
-            self.rope_base, self.n_rot, factor,
+            base, n_rot, factor,
             float(hp("rope.scaling.original_context_length")),
             float(hp("rope.scaling.yarn_beta_fast", 32.0)),
             float(hp("rope.scaling.yarn_beta_slow", 1.0)),
         )  # fmt: skip
-        plain = self.rope_base ** (-np.arange(0, self.n_rot, 2, dtype=np.float64) / self.n_rot)
+        plain = base ** (-np.arange(0, n_rot, 2, dtype=np.float64) / n_rot)
         factors = (plain / rates).astype(np.float32)
         return factors, float(hp("rope.scaling.yarn_attn_factor", 0.1 * math.log(factor) + 1.0))
 

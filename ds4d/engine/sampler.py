@@ -20,6 +20,12 @@ import numpy as np
 from ds4d.engine import native
 
 _DRAW_BLOCK = 1024
+# The draw runs in float32. A top_p or temperature that is positive as a Python float may
+# round to 0 (or overflow) there; such values act as their limit: below float32's range
+# a temperature is greedy and a top_p keeps the best token alone, and above it a
+# temperature is as flat as float32's largest.
+_F32_TINIEST = float(np.finfo(np.float32).smallest_subnormal)
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -53,7 +59,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0 or self.top_k == 1
+        return self.temperature <= _F32_TINIEST / 2 or self.top_k == 1  # 0.0f in float32
 
 
 def make_rng(seed: int | None = None) -> np.random.Generator:
@@ -85,9 +91,11 @@ def sample(
     if params.greedy or not math.isfinite(values[best]):
         return _token(ids, best)
 
+    temperature = min(params.temperature, _F32_MAX)
     if 0 < params.top_k < values.size or params.top_p < 1:
-        pick = native.sample(np.ascontiguousarray(values), params.top_k, params.top_p,
-                             params.min_p, params.temperature, rng.random())  # fmt: skip
+        top_p = max(params.top_p, _F32_TINIEST)
+        pick = native.sample(np.ascontiguousarray(values), params.top_k, top_p,
+                             params.min_p, temperature, rng.random())  # fmt: skip
         return _token(ids, pick)
 
     # Candidates as positions into `values`; None means all of them.
@@ -96,7 +104,7 @@ def sample(
         keep = np.flatnonzero(values >= values[best] + np.float32(math.log(params.min_p)))
 
     chosen = values if keep is None else values[keep]
-    weights = np.exp((chosen - values[best]) / np.float32(params.temperature))
+    weights = np.exp((chosen - values[best]) / np.float32(temperature))
     pick = _draw(weights, rng.random())
     return _token(ids, pick if keep is None else int(keep[pick]))
 

@@ -1,24 +1,31 @@
-"""Start a real `ds4d serve` process for end-to-end tests: ephemeral port, private tmp
-dirs, waits for /health 200, SIGTERM on teardown."""
+"""Start a real `ds4d serve` process for end-to-end tests (ds4d.serve_process): ephemeral
+port, private tmp dirs, waits for /health 200, SIGTERM on teardown."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
+from ds4d.serve_process import ServeProcess, free_port, private_env, serve_process
 from tests.polling import wait_until
+
+__all__ = [
+    "Daemon",
+    "check_usage",
+    "free_port",
+    "running_daemon",
+    "runtime_dir",
+    "trace_of",
+    "traces",
+]
 
 LOAD_TIMEOUT_S = 120
 
@@ -30,22 +37,9 @@ def runtime_dir(tmp: Path) -> Path:
     return Path("/tmp") / f"ds4d-rt-{hashlib.sha1(str(tmp).encode()).hexdigest()[:12]}"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
-class Daemon:
-    url: str
-    proc: subprocess.Popen
-    log_path: Path
+class Daemon(ServeProcess):
     api_key: str | None = None
-    health_seen: list[int] = field(default_factory=list)  # /health statuses while starting
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def metrics(self) -> dict[str, float]:
         """The /metrics samples as {'name{labels}': value}."""
@@ -61,54 +55,17 @@ class Daemon:
 
 @contextmanager
 def running_daemon(tmp: Path, *args: str) -> Iterator[Daemon]:
-    port = free_port()
-    env = dict(os.environ)
-    for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME"):
-        d = tmp / var.lower()
-        d.mkdir(mode=0o700, exist_ok=True)
-        env[var] = str(d)
-    runtime = runtime_dir(tmp)
-    runtime.mkdir(mode=0o700, exist_ok=True)
-    env["XDG_RUNTIME_DIR"] = str(runtime)
-    env.pop("NOTIFY_SOCKET", None)
-    log_path = tmp / "ds4d.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "ds4d",
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--no-kv-disk",
-        *args,
-    ]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    key = args[args.index("--api-key") + 1] if "--api-key" in args else None
-    daemon = Daemon(f"http://127.0.0.1:{port}", proc, log_path, key)
+    dirs = {var: tmp / var.lower() for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME",
+                                                "XDG_STATE_HOME")}  # fmt: skip
+    runtime = dirs["XDG_RUNTIME_DIR"] = runtime_dir(tmp)
+    wait = functools.partial(wait_until, interval=0.1)
     try:
-
-        def ready() -> bool:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
-            try:
-                daemon.health_seen.append(httpx.get(f"{daemon.url}/health", timeout=2).status_code)
-            except httpx.TransportError:
-                return False
-            return daemon.health_seen[-1] == 200
-
-        wait_until(ready, LOAD_TIMEOUT_S, "ds4d did not become healthy", interval=0.1)
-        yield daemon
+        with serve_process(["--no-kv-disk", *args], env=private_env(dirs),
+                           log_path=tmp / "ds4d.log", start_timeout=LOAD_TIMEOUT_S,
+                           stop_timeout=20, wait=wait) as p:  # fmt: skip
+            key = args[args.index("--api-key") + 1] if "--api-key" in args else None
+            yield Daemon(p.url, p.proc, p.log_path, p.health_seen, key)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
         shutil.rmtree(runtime, ignore_errors=True)
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter
-from gguf.quants import quantize
+
+from tests.reference.tiny_gguf import TinyGGUF
 
 N_VOCAB, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 96, 64, 4, 2, 96, 2
 
@@ -33,12 +33,11 @@ def write_tiny(
     seed: int = 0,
 ) -> Path:
     """Shapes are numpy order (rows, row length)."""
-    rng = np.random.default_rng(seed)
-    override_shape = override_shape or {}
+    t = TinyGGUF(path, arch, seed=seed, drop=drop, override_shape=override_shape)
+    w, add, rng = t.writer, t.add, t.rng
     hd = head_dim
     E, F, V = N_EMBD, N_FF, N_VOCAB
     n_q, n_kv = N_HEAD * hd, N_HEAD_KV * hd
-    w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(4096 if arch == "phi3" else 256)
     w.add_embedding_length(E)
@@ -65,19 +64,6 @@ def write_tiny(
         w.add_rope_scaling_orig_ctx_len(1024)
         if rope_factors:
             w.add_rope_scaling_attn_factors(1.19)
-
-    def add(name: str, shape: tuple[int, ...], qtype: Q, scale: float = 0.2,
-            offset: float = 0.0) -> None:  # fmt: skip
-        if name in drop:
-            return
-        shape = override_shape.get(name, shape)
-        data = (rng.standard_normal(shape) * scale + offset).astype(np.float32)
-        if qtype == Q.F32:
-            w.add_tensor(name, data)
-        elif qtype == Q.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
 
     norm = dict(qtype=Q.F32, scale=0.1, offset=1.0)
     add("token_embd.weight", (V, E), matrix_type, 1.0 if arch != "gemma3" else 0.15)
@@ -116,8 +102,4 @@ def write_tiny(
             add(p + "ffn_gate.weight", (F, E), matrix_type)
             add(p + "ffn_up.weight", (F, E), matrix_type)
         add(p + "ffn_down.weight", (E, F), matrix_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return t.close()

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter
-from gguf.quants import quantize
+
+from tests.reference.tiny_gguf import TinyGGUF
 
 N_VOCAB, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_LAYER = 96, 64, 4, 2, 96, 2
 
@@ -34,11 +35,10 @@ def write_tiny_llama(
     """A 2-layer llama (GQA 2, head_dim 16) with random weights. Shapes are numpy order
     (rows, row length); override_type names a tensor to store in another type (raw
     random bytes when gguf cannot quantize it). `extra` may add metadata (a tokenizer)."""
-    rng = np.random.default_rng(seed)
-    override_type = override_type or {}
-    override_shape = override_shape or {}
+    t = TinyGGUF(path, arch, seed=seed, drop=drop, override_shape=override_shape,
+                 override_type=override_type)  # fmt: skip
+    w, add, rng = t.writer, t.add, t.rng
     hd = N_EMBD // N_HEAD
-    w = GGUFWriter(str(path), arch)
     w.add_block_count(N_LAYER)
     w.add_context_length(256)
     w.add_embedding_length(N_EMBD)
@@ -51,26 +51,6 @@ def write_tiny_llama(
     w.add_rope_dimension_count(hd)
     if extra is not None:
         extra(w)
-
-    def add(name: str, shape: tuple[int, ...], qtype: Q, scale: float = 0.2) -> None:
-        if name in drop:
-            return
-        shape = override_shape.get(name, shape)
-        qtype = override_type.get(name, qtype)
-        data = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if qtype == Q.F32:
-            w.add_tensor(name, data)
-        elif qtype == Q.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            try:
-                raw = quantize(data, qtype)
-            except NotImplementedError:
-                from gguf.constants import GGML_QUANT_SIZES
-
-                bs, nb = GGML_QUANT_SIZES[qtype]
-                raw = rng.integers(0, 255, (*shape[:-1], shape[-1] // bs * nb), dtype=np.uint8)
-            w.add_tensor(name, raw, raw_dtype=qtype)
 
     add("token_embd.weight", (N_VOCAB, N_EMBD), embd_type, 1.0)
     add("output_norm.weight", (N_EMBD,), Q.F32)
@@ -93,8 +73,4 @@ def write_tiny_llama(
         add(p + "ffn_gate.weight", (N_FF, N_EMBD), matrix_type)
         add(p + "ffn_up.weight", (N_FF, N_EMBD), matrix_type)
         add(p + "ffn_down.weight", (N_EMBD, N_FF), matrix_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return t.close()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 from gguf import GGMLQuantizationType as Q
-from gguf import GGUFWriter, RopeScalingType
-from gguf.quants import quantize
+from gguf import RopeScalingType
+
+from tests.reference.tiny_gguf import TinyGGUF
 
 N_VOCAB, N_EMBD, N_HEAD, N_HEAD_KV, N_LAYER = 128, 64, 4, 2, 3
 N_EXPERT, N_FF_EXP = 8, 64
@@ -39,10 +39,9 @@ def write_tiny_moe(
     """A 3-layer MoE model (8 experts) with random weights unless sized otherwise. Shapes
     are numpy order."""
     oss = arch == "gpt-oss"
-    rng = np.random.default_rng(seed)
-    override_shape = override_shape or {}
+    t = TinyGGUF(path, arch, seed=seed, drop=drop, override_shape=override_shape)
+    w, add = t.writer, t.add
     hd = head_dim
-    w = GGUFWriter(str(path), arch)
     w.add_block_count(n_layer)
     w.add_context_length(512)
     w.add_embedding_length(n_embd)
@@ -74,18 +73,6 @@ def write_tiny_moe(
         else:
             w.add_float32(f"{arch}.{key}", float(value))
 
-    def add(name: str, shape: tuple[int, ...], qtype: Q, scale: float = 0.2) -> None:
-        if name in drop:
-            return
-        shape = override_shape.get(name, shape)
-        data = (rng.standard_normal(shape) * scale).astype(np.float32)
-        if qtype == Q.F32:
-            w.add_tensor(name, data)
-        elif qtype == Q.F16:
-            w.add_tensor(name, data.astype(np.float16))
-        else:
-            w.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
-
     E, F, n = n_embd, n_ff_exp, n_expert
     add("token_embd.weight", (n_vocab, E), matrix_type, 1.0)
     add("output_norm.weight", (E,), Q.F32)
@@ -116,8 +103,4 @@ def write_tiny_moe(
             add(p + "attn_q_norm.weight", (hd,), Q.F32)
             add(p + "attn_k_norm.weight", (hd,), Q.F32)
             add(p + "ffn_norm.weight", (E,), Q.F32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return t.close()

@@ -1,0 +1,172 @@
+"""A `ds4d serve` of this interpreter as a child process, for what drives one from outside:
+`ds4d bench serve --start`, the soak script, the end-to-end tests. It listens on a free
+port of 127.0.0.1, runs with the environment the caller gives (`private_env`: its own XDG
+directories, so its disk KV, config and admin socket are not the user's daemon's), writes
+its output to a log file, is ready once /health answers 200, and is stopped with SIGTERM
+(SIGKILL if it does not exit in time) when the `serve_process` block ends (or by `stop`,
+for a caller that starts and kills daemons itself: `start_serve`).
+
+Waiting for it to load is a bounded poll of /health (another process offers no event to
+wait on). The caller may pass its own poll (`wait`): the tests pass tests/polling.py's
+`wait_until`; tools take `poll_until` here. Plain http.client: no client library needed.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# What a `wait` is called with: (ready, timeout in seconds, what to say when it times out).
+Wait = Callable[[Callable[[], bool], float, str], object]
+XDG_DIRS = ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR")
+LOG_TAIL_LINES = 40
+
+
+class ServeProcessError(RuntimeError):
+    """The daemon exited before it was ready, or was not ready in time."""
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def private_env(dirs: Mapping[str, Path], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """`base` (default os.environ) with each XDG variable of `dirs` pointing at its
+    directory (made, mode 0700) and no NOTIFY_SOCKET (the child must not notify the
+    caller's service manager). The runtime directory holds the admin socket, whose path
+    must fit a Unix socket address (about 100 bytes)."""
+    env = dict(os.environ if base is None else base)
+    for var, d in dirs.items():
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env[var] = str(d)
+    env.pop("NOTIFY_SOCKET", None)
+    return env
+
+
+def health_status(url: str, timeout: float = 5.0) -> int | None:
+    """The status of GET {url}/health, or None when nothing answers."""
+    host, _, port = url.removeprefix("http://").partition(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        return conn.getresponse().status
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        conn.close()
+
+
+def poll_until(ready: Callable[[], bool], timeout: float, what: str) -> None:
+    """Calls `ready` until it is true; ServeProcessError(what) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise ServeProcessError(f"{what} (not within {timeout:.0f} s)")
+        time.sleep(0.2)  # poll: another process loads the model, bounded by the deadline
+
+
+@dataclass
+class ServeProcess:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    health_seen: list[int] = field(default_factory=list)  # /health statuses while starting
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def ready(self) -> bool:
+        """/health answers 200; ServeProcessError (with the log's tail) once the process
+        has exited."""
+        if self.proc.poll() is not None:
+            tail = "\n".join(self.log().splitlines()[-LOG_TAIL_LINES:])
+            raise ServeProcessError(f"ds4d serve exited with {self.proc.returncode}:\n{tail}")
+        status = health_status(self.url, timeout=2.0)
+        if status is not None:
+            self.health_seen.append(status)
+        return status == 200
+
+    def stop(self, timeout: float) -> None:
+        """SIGTERM, then SIGKILL after `timeout` seconds; nothing if it has exited."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+DEFAULT_LAUNCHER = ("-m", "ds4d")
+
+
+def serve_command(port: int, serve_args: Sequence[str],
+                  launcher: Sequence[str] = DEFAULT_LAUNCHER) -> list[str]:  # fmt: skip
+    """`launcher` follows the interpreter: `-m ds4d`, or a script that runs ds4d's CLI
+    (the soak's memory probe)."""
+    return [sys.executable, *launcher, "serve", "--host", "127.0.0.1", "--port", str(port),
+            *serve_args]  # fmt: skip
+
+
+def start_serve(
+    serve_args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    start_timeout: float,
+    wait: Wait = poll_until,
+    echo: bool = False,
+    append: bool = False,
+    launcher: Sequence[str] = DEFAULT_LAUNCHER,
+) -> ServeProcess:
+    """`ds4d serve --host 127.0.0.1 --port <free port> *serve_args`, once ready; stopped
+    (and ServeProcessError raised) if it is not. The caller stops it (`stop`). echo: print
+    the command first; append: add to the log file rather than replace it."""
+    port = free_port()
+    cmd = serve_command(port, serve_args, launcher)
+    if echo:
+        print(f"# starting: {' '.join(cmd)}", flush=True)
+    with open(log_path, "ab" if append else "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+    daemon = ServeProcess(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        wait(daemon.ready, start_timeout, "ds4d serve did not become healthy")
+    except BaseException:
+        daemon.stop(timeout=10)
+        raise
+    return daemon
+
+
+@contextmanager
+def serve_process(
+    serve_args: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    log_path: Path,
+    start_timeout: float,
+    stop_timeout: float = 30.0,
+    wait: Wait = poll_until,
+    echo: bool = False,
+    launcher: Sequence[str] = DEFAULT_LAUNCHER,
+) -> Iterator[ServeProcess]:
+    """start_serve's daemon for the block, stopped at its end (SIGTERM, SIGKILL after
+    stop_timeout seconds)."""
+    daemon = start_serve(serve_args, env=env, log_path=log_path, start_timeout=start_timeout,
+                         wait=wait, echo=echo, launcher=launcher)  # fmt: skip
+    try:
+        yield daemon
+    finally:
+        daemon.stop(stop_timeout)
