@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ds4d.daemon.config import KV_TYPES
+from ds4d.daemon.config import KV_TYPES, WEIGHT_MODES
 from ds4d.daemon.exitcodes import CliError
 
 if TYPE_CHECKING:  # imported where used: `ds4d bench --help` loads no native library
@@ -80,6 +80,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="f16",
         help="KV cache precision (default: f16; f32 is exact)",
     )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_MODES,
+        default="auto",
+        help="where the weights live: mmap (the file's pages), huge (a resident copy on huge "
+        "pages) or auto (huge for a model small next to the RAM; the default)",
+    )
     p.add_argument("--csv", type=Path, help="write rows as CSV to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of t/s against context")
     p.add_argument(
@@ -90,8 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--bandwidth-mib",
         type=int,
-        default=512,
-        help="buffer streamed by the bandwidth measure (far above the caches)",
+        default=None,
+        help="buffer streamed by the bandwidth measure (default: 512 for --bandwidth, far "
+        "above the caches; for --profile, the bytes one decode step reads at each frontier)",
     )
     p.add_argument(
         "--profile",
@@ -121,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         engine = Engine.open(
-            resolve_model_path(args.model), threads=args.threads, kv_type=args.kv_type
+            resolve_model_path(args.model),
+            threads=args.threads,
+            kv_type=args.kv_type,
+            weights=args.weights,
         )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
@@ -131,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"# model {info.name} ({info.family}, {info.quant}, {info.file_bytes / 1e6:.1f} MB), "
         f"threads {engine.threads}, kv {engine.kv_type}, kernels {_kernels()}, "
-        f"prompt {args.prompt_file}",
+        f"weights {info.weight_memory}, prompt {args.prompt_file}",
         flush=True,
     )
     profiler = None
@@ -180,14 +191,17 @@ def run_batch(args: argparse.Namespace) -> int:
     from ds4d.engine.default_model import resolve_model_path
 
     try:
-        engine = Engine.open(resolve_model_path(args.model), threads=args.threads)
+        engine = Engine.open(
+            resolve_model_path(args.model), threads=args.threads, weights=args.weights
+        )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
     # Each session its own prompt: consecutive spans of the text.
     tokens = _prompt_tokens(engine, _read_prompt(args.prompt_file), args.ctx_start * args.batch)
     info = engine.info
     print(f"# model {info.name} ({info.family}, {info.quant}), threads {engine.threads}, "
-          f"kernels {_kernels()}, {args.ctx_start}-token prompts, {args.gen_tokens} greedy "
+          f"kernels {_kernels()}, weights {info.weight_memory}, {args.ctx_start}-token "
+          f"prompts, {args.gen_tokens} greedy "
           "tokens per session", flush=True)  # fmt: skip
     print(f"{'sessions':>8} {'gen t/s':>9} {'per session':>12} {'vs one':>7}", flush=True)
     rows: list[BatchRow] = []
@@ -236,39 +250,53 @@ def batch_decode(engine: Engine, prompts: list[list[int]], gen_tokens: int) -> f
 def run_bandwidth(args: argparse.Namespace) -> int:
     from ds4d.engine import EngineError, native
 
-    if args.bandwidth_mib < 1:
+    mib = 512 if args.bandwidth_mib is None else args.bandwidth_mib
+    if mib < 1:
         raise CliError("--bandwidth-mib must be ≥ 1", 2)
     try:
         with native.Pool(args.threads) as pool:
-            bw = native.read_bandwidth(pool, args.bandwidth_mib << 20)
+            huge = native.read_bandwidth(pool, mib << 20, huge_pages=True)
+            small = native.read_bandwidth(pool, mib << 20, huge_pages=False)
             threads = pool.threads
     except EngineError as e:
         raise CliError(str(e)) from None
-    print(f"read bandwidth: {bw / 1e9:.1f} GB/s ({threads} threads, "
-          f"{args.bandwidth_mib} MiB buffer, best of 5)")  # fmt: skip
+    print(f"read bandwidth: {huge / 1e9:.1f} GB/s on huge pages, {small / 1e9:.1f} GB/s on "
+          f"4 KB pages ({threads} threads, {mib} MiB buffer, 8 streams per thread, "
+          "best of 5)")  # fmt: skip
     return 0
 
 
 class _Profiler:
     """The --profile hook of the sweep: a profiled generation at every frontier."""
 
-    def __init__(self, engine: Engine, bandwidth_mib: int) -> None:
+    def __init__(self, engine: Engine, bandwidth_mib: int | None) -> None:
+        self.engine = engine
+        self.bandwidth_mib = bandwidth_mib
+        self.parts: list[Part] = []
+
+    def _bound(self, ctx: int) -> float:
+        """The read bandwidth over a buffer of the bytes a decode step reads at ctx (or
+        --bandwidth-mib), on huge pages: the bound the profile's parts are held against."""
+        from ds4d.bench_profile import token_stream_bytes
         from ds4d.engine import native
 
-        self.engine = engine
-        self.bandwidth = native.read_bandwidth(engine.pool, bandwidth_mib << 20)
-        self.parts: list[Part] = []
-        print(f"# read bandwidth {self.bandwidth / 1e9:.1f} GB/s ({engine.threads} threads): "
-              f"the bound of the profile", flush=True)  # fmt: skip
+        n = (self.bandwidth_mib << 20) if self.bandwidth_mib else token_stream_bytes(
+            self.engine, ctx)  # fmt: skip
+        bw = native.read_bandwidth(self.engine.pool, n)
+        print(f"# read bandwidth {bw / 1e9:.1f} GB/s ({self.engine.threads} threads, "
+              f"{n / 1e6:.0f} MB on huge pages): the bound of the profile", flush=True)  # fmt: skip
+        return bw
 
     def __call__(self, session: Session, ctx: int, gen_tokens: int, stop_ids: np.ndarray) -> None:
-        from ds4d.bench_profile import print_parts, profile_decode
+        from ds4d.bench_profile import print_parts, print_pool, profile_decode
 
         if gen_tokens == 0:
             return
-        parts = profile_decode(self.engine, session, gen_tokens, stop_ids, self.bandwidth)
+        bound = self._bound(ctx)
+        parts, pool = profile_decode(self.engine, session, gen_tokens, stop_ids, bound)
         session.rewind(ctx)
         print_parts(parts)
+        print_pool(pool)
         self.parts += parts
 
     def report(self, args: argparse.Namespace, title: str) -> None:

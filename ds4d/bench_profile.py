@@ -7,6 +7,8 @@ each token's wall time into:
   matvec <type>   the layers' weight matvecs, by quant type
   output head     the vocabulary projection
   attention       the pool's other work (attention over the KV cache)
+  pool sync       each dispatch's wall time beyond its busiest thread's work: publishing
+                  the job, waking the workers, the barrier at its end
   native serial   the forward pass's single-threaded steps between dispatches (norms, RoPE,
                   KV writes, split-softmax merges)
   sampling        picking the next token from the logits (ds4d.engine.sampler)
@@ -56,10 +58,37 @@ def kv_bytes_read(model: FamilyModel, n_keys: int, kv_type: str = "f32") -> int:
     return model.kv_token_bytes(kv_type) * n_keys
 
 
+@dataclass
+class PoolStats:
+    """How the pool's workers joined the profiled dispatches."""
+
+    dispatches_per_token: float
+    join_us: float  # mean delay from a dispatch's start to a worker's first share
+    absent: float  # fraction of (dispatch, worker) pairs where the worker ran no share
+
+
+def pool_stats(totals: dict[str, int], n_tokens: int) -> PoolStats:
+    pairs = totals["joins"] + totals["absent"]
+    return PoolStats(
+        dispatches_per_token=totals["dispatches"] / max(n_tokens, 1),
+        join_us=totals["join_ns"] / 1e3 / totals["joins"] if totals["joins"] else 0.0,
+        absent=totals["absent"] / pairs if pairs else 0.0,
+    )
+
+
+def token_stream_bytes(engine: Engine, ctx: int) -> int:
+    """The bytes one decode step at ctx reads: every tensor of the model (the output head
+    included) and the KV of ctx positions in the session's type."""
+    gf = engine.gguf
+    weights = sum(gf.tensor(name).n_bytes for name in gf.tensor_names())
+    return weights + kv_bytes_read(engine.model, ctx, engine.kv_type)
+
+
 def profile_decode(engine: Engine, session: Session, n_tokens: int, stop_ids: np.ndarray,
-                   bandwidth: float) -> list[Part]:  # fmt: skip
+                   bandwidth: float) -> tuple[list[Part], PoolStats]:  # fmt: skip
     """Generates n_tokens on session with the native profile on (the session keeps them)
-    and returns the per-token split (the parts' ms add up to the measured token time)."""
+    and returns the per-token split (the parts' ms add up to the measured token time) and
+    how the pool's workers joined the dispatches."""
     ctx = session.n_tokens
     rng = make_rng(PROFILE_SAMPLING.seed)
     stop = set(stop_ids.tolist())
@@ -83,7 +112,8 @@ def profile_decode(engine: Engine, session: Session, n_tokens: int, stop_ids: np
         entries, totals = native.Profile.read()
     finally:
         native.Profile.disable()
-    return _split(engine, entries, totals, total_s, sample_s, n_tokens, ctx, bandwidth)
+    parts = _split(engine, entries, totals, total_s, sample_s, n_tokens, ctx, bandwidth)
+    return parts, pool_stats(totals, n_tokens)
 
 
 def _split(engine: Engine, entries: list[native.ProfileEntry], totals: dict[str, int],
@@ -105,10 +135,13 @@ def _split(engine: Engine, entries: list[native.ProfileEntry], totals: dict[str,
     serial_s = (totals["span_ns"] - totals["wall_ns"]) / 1e9  # dispatches never overlap
     python_s = total_s - totals["span_ns"] / 1e9 - sample_s
     rows = [(name, s, b) for name, (s, b) in sorted(by_part.items())]
-    # The dispatches' wall time not given to a matmul: the other pool work (attention).
-    attention_s = totals["wall_ns"] / 1e9 - sum(s for s, _ in by_part.values())
-    rows += [("attention", attention_s, kv), ("native serial", serial_s, 0),
-             ("sampling", sample_s, 0), ("python", python_s, 0)]  # fmt: skip
+    sync_s = totals["sync_ns"] / 1e9
+    # The dispatches' wall time given neither to a matmul nor to synchronisation: the other
+    # pool work (attention).
+    attention_s = totals["wall_ns"] / 1e9 - sync_s - sum(s for s, _ in by_part.values())
+    rows += [("attention", attention_s, kv), ("pool sync", sync_s, 0),
+             ("native serial", serial_s, 0), ("sampling", sample_s, 0),
+             ("python", python_s, 0)]  # fmt: skip
     stream_bytes = sum(b for _, _, b in rows)
     rows.append(("token", total_s, stream_bytes))
     parts = []
@@ -121,6 +154,12 @@ def _split(engine: Engine, entries: list[native.ProfileEntry], totals: dict[str,
                           bytes_per_token=per_token_bytes, gb_per_s=gbps,
                           fraction_of_bound=frac))  # fmt: skip
     return parts
+
+
+def print_pool(stats: PoolStats) -> None:
+    print(f"# pool: {stats.dispatches_per_token:.0f} dispatches per token, workers join "
+          f"{stats.join_us:.1f} us after a dispatch starts, absent from "
+          f"{100 * stats.absent:.1f}% of dispatches", flush=True)  # fmt: skip
 
 
 def print_parts(parts: list[Part]) -> None:

@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from ds4d.daemon.config import KV_TYPES
+from ds4d.daemon.config import KV_TYPES, WEIGHT_MODES
 from ds4d.daemon.exitcodes import CliError
 
 
@@ -32,6 +32,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=KV_TYPES,
         default="f16",
         help="KV cache precision (default: f16; f32 is exact)",
+    )
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_MODES,
+        default="auto",
+        help="where the weights live: mmap (the file's pages), huge (a resident copy on huge "
+        "pages) or auto (huge for a model small next to the RAM; the default)",
     )
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no template")
 
@@ -56,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--max-tokens must be ≥ 1", 2)
     try:
         engine = Engine.open(
-            resolve_model_path(args.model), threads=args.threads, kv_type=args.kv_type
+            resolve_model_path(args.model),
+            threads=args.threads,
+            kv_type=args.kv_type,
+            weights=args.weights,
         )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None

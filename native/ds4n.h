@@ -71,9 +71,11 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K,
                       const float *X, int64_t T, float *Y, int ith, int nth);
 
 /* Multi-threaded read bandwidth, bytes per second, the bound decode is measured against: the
- * pool's threads each stream their share of a buffer of `bytes` (allocated and written here;
- * make it far larger than the caches); the best of reps passes. -1 if it cannot allocate. */
-double ds4n_read_bandwidth(ds4n_pool *pool, int64_t bytes, int reps);
+ * pool's threads each stream their share of a buffer of `bytes` (allocated and written here:
+ * the bytes a decode step reads, or far more than the caches), eight sequential streams per
+ * thread, on 2 MB huge pages when huge_pages is set and the OS grants them; the best of reps
+ * passes. -1 if it cannot allocate. */
+double ds4n_read_bandwidth(ds4n_pool *pool, int64_t bytes, int reps, int huge_pages);
 
 /* Next-token draw from the candidates' logits values[0..n): top_k (0 = off), then top_p
  * (1 = off), then min_p (0 = off), judged at temperature 1, then temperature (> 0) reshapes
@@ -90,14 +92,17 @@ int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, 
  * matmul shape: type, decode or prefill, rows, K), returns how many exist, and fills
  * totals[DS4N_PROFILE_TOTALS]: dispatches, dispatch wall ns, busy ns (summed over
  * threads), wall and busy ns of non-matmul pool work (attention), wall ns of the marked
- * forward passes from first dispatch start to last dispatch end, passes marked.
- * A dispatch's wall time is shared among its matmuls and other work by busy time. */
+ * forward passes from first dispatch start to last dispatch end, passes marked, sync ns
+ * (dispatch wall beyond its busiest thread's time: publishing, wake-up, barrier), join ns
+ * (summed delay from a dispatch's start to each worker's first share), joins (workers that
+ * ran a share), absent (workers that ran none: asleep or descheduled, their shares taken by
+ * others). The busiest thread's time is shared among the matmuls and other work by busy time. */
 typedef struct {
     int32_t type, prefill;
     int64_t rows, K, calls, wall_ns, busy_ns;
     int64_t parts; /* shares run: calls x threads */
 } ds4n_profile_entry;
-#define DS4N_PROFILE_TOTALS 7
+#define DS4N_PROFILE_TOTALS 11
 void ds4n_profile_enable(int on);
 void ds4n_profile_mark(void);
 int ds4n_profile_read(ds4n_profile_entry *out, int max, int64_t *totals);

@@ -1,10 +1,13 @@
 /* Decode profile: where the time of a forward pass goes, measured inside the library.
  *
  * Every pool dispatch is timed on the dispatching thread (wall), and each thread times the
- * work it ran in it (busy) and, within that, each matmul part by (type, rows, K). A dispatch's
- * wall time is divided among its matmuls and its other work (attention) in proportion to
- * their busy time, so the parts add up to the dispatch wall exactly, whatever the thread
- * count or the machine's load. Time between dispatches of one forward pass (norms, RoPE,
+ * work it ran in it (busy) and, within that, each matmul part by (type, rows, K). The busiest
+ * thread's time (the dispatch's critical path) is divided among its matmuls and its other work
+ * (attention) in proportion to their busy time; the rest of the wall time is the dispatch's
+ * synchronisation (publishing the job, workers waking up, the final barrier), so the parts
+ * add up to the dispatch wall exactly, whatever the thread count or the machine's load. Each
+ * worker's start is also timed against the dispatch's: how late it joined, or that it ran no
+ * share at all (asleep or descheduled, its share taken by another thread). Time between dispatches of one forward pass (norms, RoPE,
  * KV writes, ...) is the span from the first dispatch's start to the last one's end, less
  * the dispatches; ds4n_profile_mark() closes one forward pass. */
 #include <stdlib.h>
@@ -21,6 +24,7 @@ atomic_int ds4n_profiling;
 static ds4n_profile_entry entries[MAX_ENTRIES];
 static int n_entries;
 static int64_t dispatches, wall_ns, busy_ns, other_wall_ns, other_busy_ns, span_ns, passes;
+static int64_t sync_ns, join_ns, joins, absent;
 static int64_t first_start, last_end; /* of the open forward pass; first_start 0: none */
 static _Thread_local struct ds4n_prof_log *tls_log;
 
@@ -68,15 +72,25 @@ static ds4n_profile_entry *entry(int type, int prefill, int64_t rows, int64_t K)
 
 void ds4n_profile_dispatch(struct ds4n_prof_log *logs, int n_logs, int64_t t0, int64_t t1) {
     const int64_t wall = t1 - t0;
-    int64_t busy = 0, mm_busy = 0;
+    int64_t busy = 0, mm_busy = 0, crit = 0;
     for (int t = 0; t < n_logs; t++) {
         busy += logs[t].share_ns;
+        if (logs[t].share_ns > crit) crit = logs[t].share_ns;
         for (int i = 0; i < logs[t].n; i++) mm_busy += logs[t].part[i].ns;
+        if (t == 0) continue; /* the caller: not woken */
+        if (logs[t].shares == 0) {
+            absent++;
+        } else {
+            joins++;
+            join_ns += logs[t].first_ns > t0 ? logs[t].first_ns - t0 : 0;
+        }
     }
+    if (crit > wall) crit = wall; /* clock granularity */
     dispatches++;
     wall_ns += wall;
     busy_ns += busy;
-    const double per_busy = busy > 0 ? (double)wall / (double)busy : 0.0;
+    if (busy > 0) sync_ns += wall - crit;
+    const double per_busy = busy > 0 ? (double)crit / (double)busy : 0.0;
     /* A matmul is n_logs parts (one per share), wherever the shares ran. */
     for (int t = 0; t < n_logs; t++)
         for (int i = 0; i < logs[t].n; i++) {
@@ -91,7 +105,7 @@ void ds4n_profile_dispatch(struct ds4n_prof_log *logs, int n_logs, int64_t t0, i
     other_busy_ns += busy - mm_busy;
     other_wall_ns += (int64_t)((double)(busy - mm_busy) * per_busy);
     if (busy == 0) other_wall_ns += wall; /* too short to time: not a matmul's */
-    for (int t = 0; t < n_logs; t++) logs[t].n = 0, logs[t].share_ns = 0;
+    for (int t = 0; t < n_logs; t++) logs[t].n = 0, logs[t].shares = 0, logs[t].share_ns = 0;
     if (first_start == 0) first_start = t0;
     last_end = t1;
 }
@@ -107,6 +121,7 @@ void ds4n_profile_mark(void) {
 void ds4n_profile_enable(int on) {
     n_entries = 0;
     dispatches = wall_ns = busy_ns = other_wall_ns = other_busy_ns = span_ns = passes = 0;
+    sync_ns = join_ns = joins = absent = 0;
     first_start = last_end = 0;
     atomic_store(&ds4n_profiling, on ? 1 : 0);
 }
@@ -114,8 +129,9 @@ void ds4n_profile_enable(int on) {
 int ds4n_profile_read(ds4n_profile_entry *out, int max, int64_t *totals) {
     int n = n_entries < max ? n_entries : max;
     if (n > 0) memcpy(out, entries, sizeof *out * (size_t)n);
-    const int64_t t[DS4N_PROFILE_TOTALS] = {dispatches, wall_ns, busy_ns, other_wall_ns,
-                                            other_busy_ns, span_ns, passes};
+    const int64_t t[DS4N_PROFILE_TOTALS] = {dispatches, wall_ns,  busy_ns, other_wall_ns,
+                                            other_busy_ns, span_ns,  passes, sync_ns,
+                                            join_ns,    joins,    absent};
     memcpy(totals, t, sizeof t);
     return n_entries;
 }

@@ -16,7 +16,9 @@ struct ds4n_prof_part {
 };
 struct ds4n_prof_log {
     int n;
+    int shares;       /* shares this thread ran in the dispatch */
     int64_t share_ns; /* time in the dispatched function */
+    int64_t first_ns; /* when its first share started (ds4n_now_ns) */
     struct ds4n_prof_part part[DS4N_PROF_LOG];
 };
 

@@ -66,7 +66,10 @@ static void run_shares(ds4n_pool *pool, uint64_t gen) {
             struct ds4n_prof_log *log = ds4n_profile_log();
             const int64_t t0 = ds4n_now_ns();
             pool->fn(pool->ctx, (int)(job & ((1u << CLAIM_BITS) - 1)), nth);
-            if (log) log->share_ns += ds4n_now_ns() - t0;
+            if (log) {
+                if (log->shares++ == 0) log->first_ns = t0;
+                log->share_ns += ds4n_now_ns() - t0;
+            }
         } else {
             pool->fn(pool->ctx, (int)(job & ((1u << CLAIM_BITS) - 1)), nth);
         }
@@ -191,6 +194,7 @@ static void run_jobs(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), v
         if (pool && ds4n_profile_on()) {
             const int64_t t0 = ds4n_now_ns();
             fn(ctx, 0, 1);
+            pool->logs[0].shares = 1, pool->logs[0].first_ns = t0;
             pool->logs[0].share_ns += ds4n_now_ns() - t0;
         } else {
             fn(ctx, 0, 1);

@@ -24,8 +24,10 @@ def profile():
 
 def test_read_bandwidth_is_measured() -> None:
     with native.Pool(2) as pool:
-        bw = native.read_bandwidth(pool, 8 << 20, reps=2)
-    assert 1e8 < bw < 1e13  # bytes/s: a real memory system, not a zero page or a clock glitch
+        for huge_pages in (True, False):
+            bw = native.read_bandwidth(pool, 8 << 20, reps=2, huge_pages=huge_pages)
+            # bytes/s: a real memory system, not a zero page or a clock glitch
+            assert 1e8 < bw < 1e13
     with native.Pool(1) as pool, pytest.raises(EngineError):
         native.read_bandwidth(pool, 100)
 
@@ -53,11 +55,16 @@ def test_profile_times_each_matmul_shape(profile, threads: int) -> None:
     assert got["Q8_0", 1, 96, 256].calls == 1
     assert all(e.wall_ns > 0 and e.busy_ns > 0 for e in entries)
     assert totals["dispatches"] == 6 and totals["passes"] == 1
-    # The dispatches' wall time is divided, whole, among the matmuls and the other work.
-    shared = sum(e.wall_ns for e in entries) + totals["other_wall_ns"]
+    # The dispatches' wall time is divided, whole, among the matmuls, the other work and the
+    # synchronisation beyond the busiest thread's work.
+    shared = sum(e.wall_ns for e in entries) + totals["other_wall_ns"] + totals["sync_ns"]
     assert abs(shared - totals["wall_ns"]) <= 2 * totals["dispatches"]
+    assert 0 <= totals["sync_ns"] < totals["wall_ns"]
     assert totals["other_busy_ns"] > 0
     assert totals["span_ns"] >= totals["wall_ns"] > 0
+    # Every worker either joined a dispatch (and its delay was timed) or ran no share of it.
+    assert totals["joins"] + totals["absent"] == (threads - 1) * totals["dispatches"]
+    assert totals["join_ns"] >= 0 and (totals["joins"] > 0 or totals["join_ns"] == 0)
 
 
 def test_profile_off_records_nothing() -> None:
@@ -78,7 +85,7 @@ def test_profile_decode_splits_the_whole_token(engine) -> None:
     session.eval(engine.tokenizer.encode("Quel ramo del lago di Como, " * 8, special=False))
     ctx = session.n_tokens
     stop = np.fromiter(engine.tokenizer.eog_ids, dtype=np.int64)
-    parts = profile_decode(engine, session, 6, stop, bandwidth=20e9)
+    parts, pool = profile_decode(engine, session, 6, stop, bandwidth=20e9)
     assert session.n_tokens == ctx + 6
     by = {p.part: p for p in parts}
     token = by.pop("token")
@@ -93,13 +100,18 @@ def test_profile_decode_splits_the_whole_token(engine) -> None:
     kv = kv_bytes_read(engine.model, ctx + 3, engine.kv_type)  # in the stored KV type
     assert by["attention"].bytes_per_token == kv > 0
     assert 0 < token.fraction_of_bound < 1
+    assert "pool sync" in by
+    # A llama layer is 5 dispatches (q/k/v, attention, o, gate/up, down), plus the head.
+    assert pool.dispatches_per_token == 5 * engine.info.n_layer + 1
+    assert 0.0 <= pool.absent <= 1.0 and pool.join_us >= 0.0
     session.close()
 
 
 def test_bench_bandwidth_cli() -> None:
     r = ds4d("bench", "--bandwidth", "--bandwidth-mib", "16", "--threads", "2", timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("read bandwidth: ") and "GB/s (2 threads" in r.stdout
+    assert r.stdout.startswith("read bandwidth: ") and "on huge pages" in r.stdout
+    assert "GB/s on 4 KB pages (2 threads, 16 MiB buffer" in r.stdout
 
 
 def test_bench_profile_cli_writes_csv_and_plot(tmp_path: Path) -> None:
@@ -114,8 +126,8 @@ def test_bench_profile_cli_writes_csv_and_plot(tmp_path: Path) -> None:
     assert {int(x["ctx"]) for x in rows} == {64, 128}
     for ctx in (64, 128):
         mine = {x["part"]: x for x in rows if int(x["ctx"]) == ctx}
-        assert {"matvec Q4_1", "output head Q8_0", "attention", "native serial", "sampling",
-                "python", "token"} == set(mine)  # fmt: skip
+        assert {"matvec Q4_1", "output head Q8_0", "attention", "pool sync", "native serial",
+                "sampling", "python", "token"} == set(mine)  # fmt: skip
         total = sum(float(x["ms_per_token"]) for p, x in mine.items() if p != "token")
         assert total == pytest.approx(float(mine["token"]["ms_per_token"]), rel=1e-3)
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

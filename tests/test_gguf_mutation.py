@@ -63,8 +63,7 @@ def mutants(path: Path, rng: np.random.Generator, n: int) -> Iterator[tuple[str,
 
 
 def assert_consistent(gf: GGUFFile) -> None:
-    base = gf._map.ctypes.data
-    spans = sorted((t.address - base, t.n_bytes) for t in map(gf.tensor, gf.tensor_names()))
+    spans = sorted((gf.file_offset(t), t.n_bytes) for t in map(gf.tensor, gf.tensor_names()))
     for (start, size), (after, _) in zip(spans, spans[1:] + [(gf.file_bytes, 0)], strict=True):
         assert 0 <= start and start + size <= after
 

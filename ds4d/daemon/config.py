@@ -32,6 +32,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # The engine's KV element types (ds4d.engine.decoder.KV_TYPES; a test keeps them in step),
 # named here so parsing a command line does not load the native library.
 KV_TYPES = ("f32", "f16", "q8_0")
+# Where the weights live (ds4d.engine.weight_memory.WEIGHT_MODES; a test keeps them in step).
+WEIGHT_MODES = ("auto", "mmap", "huge")
 
 
 class ConfigError(Exception):
@@ -89,6 +91,11 @@ class Config:
         "f16", "KV cache precision, resident and on disk: f32 (exact), f16 (half of f32) or "
         "q8_0 (34/128 of f32; head dimension a multiple of 32); DeepSeek V4 keeps its own KV "
         "format and ignores it", choices=KV_TYPES)
+    weights: str = _key(
+        "auto", "where the weights live while the model runs: mmap (the file's page-cache "
+        "mapping, 4 KB pages, no extra memory), huge (read at load into this process's memory "
+        "on 2 MB huge pages: decode streams them faster, at the file's size in RSS) or auto "
+        "(huge for a model of at most a quarter of the RAM, else mmap)", choices=WEIGHT_MODES)
 
     # --- HTTP --------------------------------------------------------------------------
     host: str = _key("127.0.0.1", "address the HTTP server binds", metavar="HOST")

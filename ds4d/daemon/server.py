@@ -123,7 +123,12 @@ class Daemon:
         threads = cfg.threads or None
         engine = await trio.to_thread.run_sync(
             lambda: Engine.open(
-                path, threads, cfg.kv_type, rope_scaling=cfg.rope_scaling, n_ctx=cfg.ctx
+                path,
+                threads,
+                cfg.kv_type,
+                rope_scaling=cfg.rope_scaling,
+                n_ctx=cfg.ctx,
+                weights=cfg.weights,
             )
         )
         info = engine.info

@@ -38,6 +38,7 @@ from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.tokenizer_api import ModelTokenizer
+from ds4d.engine.weight_memory import WEIGHT_MODES
 
 # general.architecture -> family module. A new family is one module and one line here.
 FAMILIES = {
@@ -95,6 +96,7 @@ class EngineInfo:
     fingerprint: str
     kv_type: str = "f32"
     rope_stretch: str = ""  # the RoPE scaling applied over the file's, in words
+    weight_memory: str = "mmap"  # where the weights live: "mmap" or "huge" (weight_memory)
 
 
 if TYPE_CHECKING:  # mypy checks every family module against the Family Protocol
@@ -128,22 +130,28 @@ class Engine:
             n_vocab=model.n_vocab, n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
             n_layer=model.n_layer, quant=gf.file_type_name, file_bytes=gf.file_bytes,
             path=str(gf.path), fingerprint=gf.fingerprint, kv_type=self.kv_type,
-            rope_stretch=rope_stretch,
+            rope_stretch=rope_stretch, weight_memory=gf.weight_memory,
         )  # fmt: skip
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], threads: int | None = None,
              kv_type: str = DEFAULT_KV_TYPE, *, rope_scaling: str = "",
-             n_ctx: int = 0) -> Engine:  # fmt: skip
+             n_ctx: int = 0, weights: str = "auto") -> Engine:  # fmt: skip
         """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
         EngineError for a bad thread count or a KV type the model cannot use.
         `rope_scaling` ("linear" or "yarn") stretches a model whose file declares no RoPE
-        scaling from its trained context to `n_ctx` (see context_extension.py)."""
+        scaling from its trained context to `n_ctx` (see context_extension.py). `weights`
+        says where the weights live (weight_memory.WEIGHT_MODES: by default a resident
+        copy on huge pages for a model small next to the RAM, else the file's mapping)."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
         if kv_type not in KV_TYPES:
             raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
-        gf = GGUFFile(path)
+        if weights not in WEIGHT_MODES:
+            raise EngineError(
+                f"unknown weight memory {weights!r} (known: {', '.join(WEIGHT_MODES)})"
+            )
+        gf = GGUFFile(path, weights=weights)
         rope_stretch = stretch_rope(gf, rope_scaling, n_ctx)
         module = FAMILIES.get(gf.architecture)
         if module is None:

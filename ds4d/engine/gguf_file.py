@@ -1,9 +1,10 @@
 """A GGUF file opened over mmap: metadata, tensor views, and a model fingerprint.
 
 The header, metadata and tensor index are parsed and validated by gguf_reader before
-anything else looks at the file. Weights stay in the page cache: every tensor is a numpy
-view of the read-only mmap, and the C forward pass reads the same pages through the view's
-address. Every expected failure (missing, truncated, not GGUF, an inconsistent index, an
+anything else looks at the file. By default the weights stay in the page cache: every tensor
+is a numpy view of the read-only mmap, and the C forward pass reads the same pages through
+the view's address. With `weights="huge"` the tensor data is read once into a resident copy
+on huge pages instead, and the tensors are views of that (see weight_memory). Every expected failure (missing, truncated, not GGUF, an inconsistent index, an
 out-of-range token id) is a ModelLoadError with one line that names what was expected.
 """
 
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ds4d.engine import weight_memory
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_reader import (
     BOOL,
@@ -113,7 +115,9 @@ def _describe(kind: str | list[str]) -> str:
 class GGUFFile:
     """Metadata and tensors of one GGUF; see module docstring."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], weights: str = "mmap") -> None:
+        """`weights`: where the tensors' bytes live, one of weight_memory.WEIGHT_MODES
+        ("auto" chooses by the tensor data's size); `weight_memory` tells which was used."""
         self.path = Path(path)
         try:
             self.file_bytes = self.path.stat().st_size
@@ -139,6 +143,21 @@ class GGUFFile:
         except GGUFFormatError as e:
             raise ModelLoadError(f"truncated or corrupt GGUF {self.path}: {e}") from None
         self._metadata = self.index.metadata
+        self._data: np.ndarray = self._map
+        self._data_start = 0
+        data_bytes = self.file_bytes - self.index.data_offset if self.index.tensors else 0
+        try:
+            self.weight_memory = weight_memory.resolve(weights, data_bytes)
+        except ValueError as e:
+            raise ModelLoadError(str(e)) from None
+        if self.weight_memory == "huge" and data_bytes > 0:
+            try:
+                self._data = weight_memory.read_resident(
+                    self.path, self.index.data_offset, data_bytes
+                )
+            except OSError as e:
+                raise ModelLoadError(f"cannot read the weights of {self.path}: {e}") from None
+            self._data_start = self.index.data_offset
         self._tensors = {t.name: self._view(t) for t in self.index.tensors}
         self._reader: Any = None
         self.architecture = self.require("general.architecture")
@@ -162,7 +181,8 @@ class GGUFFile:
         """The tensor's bytes as numpy sees them: elements for float and integer types,
         bytes for the block-quantized ones (the last axis then counts bytes)."""
         dims = tuple(reversed(t.shape))
-        raw = self._map[t.offset : t.offset + t.n_bytes]
+        start = t.offset - self._data_start
+        raw = self._data[start : start + t.n_bytes]
         dtype = TENSOR_DTYPES.get(t.type.id)
         if dtype is not None:
             data = raw.view(dtype).reshape(dims)
@@ -316,6 +336,11 @@ class GGUFFile:
 
     def tensor_names(self) -> list[str]:
         return list(self._tensors)
+
+    def file_offset(self, tensor: Tensor) -> int:
+        """Where the tensor's bytes start in the file, found from its view's address
+        (wherever the weights live: the mapping or the resident copy)."""
+        return tensor.address - int(self._data.ctypes.data) + self._data_start
 
     # -- the gguf package's reader, for code that still walks its fields -------------------
 

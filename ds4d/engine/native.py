@@ -49,7 +49,7 @@ class ProfileEntry(ctypes.Structure):
 
 
 PROFILE_TOTALS = ("dispatches", "wall_ns", "busy_ns", "other_wall_ns", "other_busy_ns",
-                  "span_ns", "passes")  # fmt: skip
+                  "span_ns", "passes", "sync_ns", "join_ns", "joins", "absent")  # fmt: skip
 _MAX_PROFILE_ENTRIES = 256
 
 
@@ -110,7 +110,7 @@ def _load() -> ctypes.CDLL:
             None,
             [ctypes.c_int, vp, i64, i64, c_float_p, i64, c_float_p, ctypes.c_int, ctypes.c_int],
         ),
-        "ds4n_read_bandwidth": (ctypes.c_double, [vp, i64, ctypes.c_int]),
+        "ds4n_read_bandwidth": (ctypes.c_double, [vp, i64, ctypes.c_int, ctypes.c_int]),
         "ds4n_sample": (
             i64,
             [
@@ -299,10 +299,11 @@ def sample(values: np.ndarray, top_k: int, top_p: float, min_p: float, temperatu
     return int(got)
 
 
-def read_bandwidth(pool: Pool, n_bytes: int = 256 << 20, reps: int = 5) -> float:
+def read_bandwidth(pool: Pool, n_bytes: int = 256 << 20, reps: int = 5,
+                   huge_pages: bool = True) -> float:  # fmt: skip
     """The read bandwidth of the pool's threads streaming a fresh n_bytes buffer, bytes/s
-    (best of reps passes)."""
-    bw = lib.ds4n_read_bandwidth(pool.handle, int(n_bytes), int(reps))
+    (best of reps passes), on huge pages unless told otherwise."""
+    bw = lib.ds4n_read_bandwidth(pool.handle, int(n_bytes), int(reps), int(huge_pages))
     if bw <= 0:
         raise EngineError(f"cannot measure bandwidth over {n_bytes} bytes (out of memory?)")
     return float(bw)
