@@ -80,7 +80,7 @@ def test_wrong_shape_and_type_refused(tmp_path):
             if s.name == "output.weight":
                 s = dataclasses.replace(s, types=(T.F16,))
             out.append(s)
-        return out + [L.TensorSpec("blk.9.extra.weight", (4,), (T.F32,))]
+        return out + [L.TensorSpec("blk.4.extra.weight", (4,), (T.F32,))]
 
     lines = _broken(tmp_path, mutate)
     assert lines[0].endswith(
@@ -89,7 +89,7 @@ def test_wrong_shape_and_type_refused(tmp_path):
     )
     assert lines[1:] == [
         "tensor blk.2.attn_sinks.weight: dims [8], expected [4]",
-        "tensor blk.9.extra.weight: not part of the deepseek4 layout",
+        "tensor blk.4.extra.weight: not part of the deepseek4 layout",
     ]
 
 
