@@ -50,11 +50,16 @@ def _global_flags(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     def default(value: Any) -> Any:
         return value if defaults else argparse.SUPPRESS
 
-    parser.add_argument("--socket", metavar="PATH", type=Path, default=default(None),
-                        help="admin socket (default: $DS4D_ADMIN_SOCKET, else "
-                             "$XDG_RUNTIME_DIR/ds4d/ds4d.sock)")
-    parser.add_argument("--json", action="store_true", default=default(False),
-                        help="print the raw JSON result")
+    parser.add_argument(
+        "--socket",
+        metavar="PATH",
+        type=Path,
+        default=default(None),
+        help="admin socket (default: $DS4D_ADMIN_SOCKET, else $XDG_RUNTIME_DIR/ds4d/ds4d.sock)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False), help="print the raw JSON result"
+    )
     parser.add_argument("--timeout", type=float, default=default(30.0), metavar="SECONDS")
 
 
@@ -65,38 +70,47 @@ def build_parser() -> argparse.ArgumentParser:
     _global_flags(common, defaults=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    sub.add_parser("status", parents=[common],
-                   help="model, uptime, slots, queue, power, trace, cache")
+    sub.add_parser(
+        "status", parents=[common], help="model, uptime, slots, queue, power, trace, cache"
+    )
     sub.add_parser("slots", parents=[common], help="the resident KV slots")
 
     cache = sub.add_parser("cache", parents=[common], help="the disk KV cache").add_subparsers(
-        dest="action", metavar="ACTION", required=True)
+        dest="action", metavar="ACTION", required=True
+    )
     cache.add_parser("ls", parents=[common], help="list checkpoints")
     evict = cache.add_parser("evict", parents=[common], help="remove checkpoints")
     evict.add_argument("prefix", nargs="?", help="checkpoint name prefix")
     evict.add_argument("--all", action="store_true", help="remove every checkpoint")
-    evict.add_argument("--older-than", type=parse_duration, metavar="DURATION",
-                       help="unused for longer than this (90s, 15m, 6h, 2d)")
+    evict.add_argument(
+        "--older-than",
+        type=parse_duration,
+        metavar="DURATION",
+        help="unused for longer than this (90s, 15m, 6h, 2d)",
+    )
     cache.add_parser("stats", parents=[common], help="hits, misses, bytes, evictions")
 
-    trace = sub.add_parser("trace", parents=[common], help="per-request trace file"
-                           ).add_subparsers(dest="action", metavar="ACTION", required=True)
-    on = trace.add_parser("on", parents=[common],
-                          help="start tracing (to PATH, else the configured file)")
+    trace = sub.add_parser("trace", parents=[common], help="per-request trace file").add_subparsers(
+        dest="action", metavar="ACTION", required=True
+    )
+    on = trace.add_parser(
+        "on", parents=[common], help="start tracing (to PATH, else the configured file)"
+    )
     on.add_argument("path", nargs="?")
     trace.add_parser("off", parents=[common], help="stop tracing")
     trace.add_parser("status", parents=[common], help="is tracing on, and where")
 
-    power = sub.add_parser("power", parents=[common],
-                           help="show or set the compute share (1-100)")
+    power = sub.add_parser("power", parents=[common], help="show or set the compute share (1-100)")
     power.add_argument("level", nargs="?", type=_power_level)
 
-    config = sub.add_parser("config", parents=[common], help="the running configuration"
-                            ).add_subparsers(dest="action", metavar="ACTION", required=True)
+    config = sub.add_parser(
+        "config", parents=[common], help="the running configuration"
+    ).add_subparsers(dest="action", metavar="ACTION", required=True)
     get = config.add_parser("get", parents=[common], help="show all keys, or one")
     get.add_argument("key", nargs="?")
-    set_ = config.add_parser("set", parents=[common],
-                             help="validate and persist KEY=VALUE, then reload")
+    set_ = config.add_parser(
+        "set", parents=[common], help="validate and persist KEY=VALUE, then reload"
+    )
     set_.add_argument("key")
     set_.add_argument("value")
     config.add_parser("reload", parents=[common], help="re-read the config files now")
@@ -108,8 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     cmd, action = args.command, getattr(args, "action", None)
     if cmd == "cache" and action == "evict":
-        return "cache.evict", {k: v for k, v in (("prefix", args.prefix), ("all", args.all),
-                                                  ("older_than", args.older_than)) if v}
+        return "cache.evict", {
+            k: v
+            for k, v in (
+                ("prefix", args.prefix),
+                ("all", args.all),
+                ("older_than", args.older_than),
+            )
+            if v
+        }
     if cmd == "trace" and action == "on":
         path = str(Path(args.path).expanduser().absolute()) if args.path else None
         return "trace.on", {"path": path} if path else {}
@@ -137,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if (args.command, getattr(args, "action", None)) == ("cache", "evict") and not (
-            args.prefix or args.all or args.older_than is not None):
+        args.prefix or args.all or args.older_than is not None
+    ):
         parser.error("cache evict needs a PREFIX, --all or --older-than")
     path = args.socket or _default_path()
     cmd, params = _request(args)
@@ -147,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ds4ctl: ds4d is not running (no daemon answers on {path})", file=sys.stderr)
         return EXIT_UNREACHABLE
     except PermissionError:
-        print(f"ds4ctl: permission denied on {path} (the daemon runs as another user?)",
-              file=sys.stderr)
+        print(
+            f"ds4ctl: permission denied on {path} (the daemon runs as another user?)",
+            file=sys.stderr,
+        )
         return EXIT_UNREACHABLE
     except TimeoutError:
         print(f"ds4ctl: no reply from {path} within {args.timeout:g}s", file=sys.stderr)
@@ -183,20 +207,23 @@ def render(cmd: str, result: Any) -> str:
     if cmd in ("trace.on", "trace.off", "trace.status"):
         if not result["enabled"]:
             return "trace: off"
-        return f"trace: on -> {result['path']}" + (" (with prompts and output)"
-                                                   if result.get("content") else "")
+        return f"trace: on -> {result['path']}" + (
+            " (with prompts and output)" if result.get("content") else ""
+        )
     if cmd == "power":
         return f"power: {result['power']}%"
     if cmd == "config.get":
         values, sources = result["values"], result["sources"]
         width = max(len(k) for k in values)
-        return "\n".join(f"{k:<{width}}  {json.dumps(v)}  ({sources[k]})"
-                         for k, v in values.items())
+        return "\n".join(
+            f"{k:<{width}}  {json.dumps(v)}  ({sources[k]})" for k, v in values.items()
+        )
     if cmd in ("config.set", "config.reload"):
         lines = []
         if cmd == "config.set":
-            lines.append(f"{result['key']} = {json.dumps(result['value'])} "
-                         f"(written to {result['written']})")
+            lines.append(
+                f"{result['key']} = {json.dumps(result['value'])} (written to {result['written']})"
+            )
             if result.get("masked_by"):
                 lines.append(f"note: {result['masked_by']} takes precedence over the file")
         lines.append("applied: " + (", ".join(result["applied"]) or "nothing changed"))
@@ -249,8 +276,16 @@ def _cell(key: str, value: Any) -> str:
     if isinstance(value, (int, float)):
         if leaf in ("created", "last_used") and value > 1e9:
             return _ago(time.time() - value)
-        if leaf in ("bytes", "size", "budget_bytes", "bytes_used", "bytes_written",
-                    "evicted_bytes", "daily_write_bytes", "bytes_written_today"):
+        if leaf in (
+            "bytes",
+            "size",
+            "budget_bytes",
+            "bytes_used",
+            "bytes_written",
+            "evicted_bytes",
+            "daily_write_bytes",
+            "bytes_written_today",
+        ):
             return _size(value)
         if leaf in ("uptime", "uptime_s"):
             return _span(value)

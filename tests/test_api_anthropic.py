@@ -21,31 +21,60 @@ from ds4d.chat.types import (
 )
 
 D = Sampling()
-TOOL = {"name": "Bash", "description": "run", "input_schema": {
-    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+TOOL = {
+    "name": "Bash",
+    "description": "run",
+    "input_schema": {
+        "type": "object",
+        "properties": {"command": {"type": "string"}},
+        "required": ["command"],
+    },
+}
 
 
 def test_parse_blocks_and_tools():
-    req = am.parse({
-        "model": "claude", "max_tokens": 100, "stop_sequences": ["###"],
-        "system": [{"type": "text", "text": "You are a"}, {"type": "text", "text": "bot."}],
-        "tools": [TOOL, {"type": "web_search_20250305", "name": "web_search"}],
-        "tool_choice": {"type": "tool", "name": "Bash"},
-        "thinking": {"type": "adaptive"}, "context_management": {"edits": []},
-        "metadata": {"user_id": "u"},
-        "messages": [
-            {"role": "user", "content": "list files"},
-            {"role": "assistant", "content": [
-                {"type": "thinking", "thinking": "use ls", "signature": "s"},
-                {"type": "text", "text": "Running."},
-                {"type": "tool_use", "id": "toolu_1", "name": "Bash",
-                 "input": {"command": "ls"}}]},
-            {"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_1",
-                 "content": [{"type": "text", "text": "a.txt"}]},
-                {"type": "text", "text": "thanks"}]},
-            {"role": "system", "content": "late system text"},
-        ]}, D)
+    req = am.parse(
+        {
+            "model": "claude",
+            "max_tokens": 100,
+            "stop_sequences": ["###"],
+            "system": [{"type": "text", "text": "You are a"}, {"type": "text", "text": "bot."}],
+            "tools": [TOOL, {"type": "web_search_20250305", "name": "web_search"}],
+            "tool_choice": {"type": "tool", "name": "Bash"},
+            "thinking": {"type": "adaptive"},
+            "context_management": {"edits": []},
+            "metadata": {"user_id": "u"},
+            "messages": [
+                {"role": "user", "content": "list files"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "use ls", "signature": "s"},
+                        {"type": "text", "text": "Running."},
+                        {
+                            "type": "tool_use",
+                            "id": "toolu_1",
+                            "name": "Bash",
+                            "input": {"command": "ls"},
+                        },
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_1",
+                            "content": [{"type": "text", "text": "a.txt"}],
+                        },
+                        {"type": "text", "text": "thanks"},
+                    ],
+                },
+                {"role": "system", "content": "late system text"},
+            ],
+        },
+        D,
+    )
     roles = [m.role for m in req.messages]
     assert roles == ["system", "user", "assistant", "tool", "user", "system"]
     assert req.messages[0].content == "You are a\nbot."
@@ -59,18 +88,35 @@ def test_parse_blocks_and_tools():
     assert req.thinking is True and req.stop == ["###"] and req.tool_id_prefix == "toolu_"
 
 
-@pytest.mark.parametrize("body,needle", [
-    ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
-    ({"max_tokens": 5, "messages": []}, "empty"),
-    ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "role"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": 3}]}, "content"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5},
-     "temperature"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-      "thinking": {"type": "sometimes"}}, "thinking"),
-    ({"max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
-      "tool_choice": {"type": "any"}}, "tool"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+        ({"max_tokens": 5, "messages": []}, "empty"),
+        ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, "role"),
+        ({"max_tokens": 5, "messages": [{"role": "user", "content": 3}]}, "content"),
+        (
+            {"max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5},
+            "temperature",
+        ),
+        (
+            {
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x"}],
+                "thinking": {"type": "sometimes"},
+            },
+            "thinking",
+        ),
+        (
+            {
+                "max_tokens": 5,
+                "messages": [{"role": "user", "content": "x"}],
+                "tool_choice": {"type": "any"},
+            },
+            "tool",
+        ),
+    ],
+)
 def test_bad_requests_in_anthropic_shape(body, needle):
     with pytest.raises(ApiError) as e:
         am.parse(body, D)
@@ -120,17 +166,31 @@ def test_stream_sequence():
         frames += s.feed(ev)
     evs = _events(frames)
     types = [e["type"] for e in evs]
-    assert types == ["message_start", "ping",
-                     "content_block_start", "content_block_delta", "content_block_delta",
-                     "content_block_stop",
-                     "content_block_start", "content_block_delta", "content_block_stop",
-                     "content_block_start", "content_block_delta", "content_block_stop",
-                     "message_delta", "message_stop"]
+    assert types == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert evs[0]["message"]["usage"]["cache_read_input_tokens"] == 90
     assert evs[2]["content_block"]["type"] == "thinking"
     assert evs[4]["delta"]["type"] == "signature_delta"
-    assert evs[9]["content_block"] == {"type": "tool_use", "id": "toolu_x", "name": "Bash",
-                                       "input": {}}
+    assert evs[9]["content_block"] == {
+        "type": "tool_use",
+        "id": "toolu_x",
+        "name": "Bash",
+        "input": {},
+    }
     assert evs[10]["delta"] == {"type": "input_json_delta", "partial_json": '{"command":"ls"}'}
     assert [e["index"] for e in evs if "index" in e] == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert evs[-2]["delta"]["stop_reason"] == "tool_use"
@@ -146,14 +206,21 @@ def test_stream_starts_on_the_prompt_count_and_the_final_delta_carries_the_split
     assert s.open() == [] and s.keepalive().startswith(":")  # no event before message_start
     evs = _events(s.feed(Usage(100, 0)))
     assert [e["type"] for e in evs] == ["message_start", "ping"]
-    assert evs[0]["message"]["usage"] == {"input_tokens": 100, "output_tokens": 0,
-                                          "cache_read_input_tokens": 0,
-                                          "cache_creation_input_tokens": 0}
+    assert evs[0]["message"]["usage"] == {
+        "input_tokens": 100,
+        "output_tokens": 0,
+        "cache_read_input_tokens": 0,
+        "cache_creation_input_tokens": 0,
+    }
     assert s.feed(Usage(100, 0, 90, "slot")) == []  # after the prefill: no second start
     frames = s.feed(TextDelta("hi")) + s.feed(Usage(100, 1, 90, "slot")) + s.feed(Finish("stop"))
     delta = [e for e in _events(frames) if e["type"] == "message_delta"][0]
-    assert delta["usage"] == {"input_tokens": 10, "output_tokens": 1,
-                              "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0}
+    assert delta["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 1,
+        "cache_read_input_tokens": 90,
+        "cache_creation_input_tokens": 0,
+    }
 
 
 def test_stream_of_thinking_only_still_has_a_text_block():
@@ -176,8 +243,12 @@ def test_response_json_and_stop_sequence():
     assert r["content"][2]["input"] == {"command": "ls"}
     assert r["stop_reason"] == "tool_use"
     # No cache_control in the request: what was not reused is plain input.
-    assert r["usage"] == {"input_tokens": 10, "output_tokens": 5,
-                          "cache_read_input_tokens": 90, "cache_creation_input_tokens": 0}
+    assert r["usage"] == {
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "cache_read_input_tokens": 90,
+        "cache_creation_input_tokens": 0,
+    }
     c2 = Completion()
     c2.add(Finish("stop", stop_sequence="###"))
     r2 = am.response(req, c2, "c")
@@ -186,14 +257,20 @@ def test_response_json_and_stop_sequence():
 
 
 def test_cache_control_marks_the_prefix_counted_as_cache_creation():
-    body = {"max_tokens": 9,
-            "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
-            "messages": [{"role": "user", "content": "a"},
-                         {"role": "assistant", "content": "b"},
-                         {"role": "user", "content": [
-                             {"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}]},
-                         {"role": "assistant", "content": "d"},
-                         {"role": "user", "content": "e"}]}
+    body = {
+        "max_tokens": 9,
+        "system": [{"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}],
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "c", "cache_control": {"type": "ephemeral"}}],
+            },
+            {"role": "assistant", "content": "d"},
+            {"role": "user", "content": "e"},
+        ],
+    }
     req = am.parse(body, D)
     assert [m.content for m in req.cache_prefix.messages] == ["sys", "a", "b", "c"]
     assert req.cache_prefix.cache_prefix is None
@@ -204,13 +281,19 @@ def test_cache_control_marks_the_prefix_counted_as_cache_creation():
     req = am.parse(body, D)
     # Unmarked: every token not read from the cache is input.
     assert am.usage_json(Usage(100, 5, 30), req) == {
-        "input_tokens": 70, "output_tokens": 5, "cache_read_input_tokens": 30,
-        "cache_creation_input_tokens": 0}
+        "input_tokens": 70,
+        "output_tokens": 5,
+        "cache_read_input_tokens": 30,
+        "cache_creation_input_tokens": 0,
+    }
     # Marked 60 tokens: of those, 30 were read and 30 written; the 40 after are input.
     req.cache_prefix_tokens = 60
     assert am.usage_json(Usage(100, 5, 30), req) == {
-        "input_tokens": 40, "output_tokens": 5, "cache_read_input_tokens": 30,
-        "cache_creation_input_tokens": 30}
+        "input_tokens": 40,
+        "output_tokens": 5,
+        "cache_read_input_tokens": 30,
+        "cache_creation_input_tokens": 30,
+    }
     # All of the marked prefix reused: nothing written.
     assert am.usage_json(Usage(100, 5, 80), req)["cache_creation_input_tokens"] == 0
 
@@ -228,29 +311,53 @@ def test_keepalives_are_content_events_claude_code_counts():
 
     first, second = keepalive(s), keepalive(s)
     assert first == [
-        {"type": "content_block_start", "index": 0,
-         "content_block": {"type": "thinking", "thinking": "", "signature": ""}},
-        {"type": "content_block_delta", "index": 0,
-         "delta": {"type": "thinking_delta", "thinking": ""}},
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "thinking_delta", "thinking": ""},
+        },
     ]
     assert second == first[1:]
     evs = _events(s.feed(ReasoningDelta("hm")) + s.feed(TextDelta("hi")) + s.feed(Finish("stop")))
     assert [(e["type"], e.get("index")) for e in evs] == [
-        ("content_block_delta", 0), ("content_block_delta", 0), ("content_block_stop", 0),
-        ("content_block_start", 1), ("content_block_delta", 1), ("content_block_stop", 1),
-        ("message_delta", None), ("message_stop", None)]
+        ("content_block_delta", 0),
+        ("content_block_delta", 0),
+        ("content_block_stop", 0),
+        ("content_block_start", 1),
+        ("content_block_delta", 1),
+        ("content_block_stop", 1),
+        ("message_delta", None),
+        ("message_stop", None),
+    ]
     assert evs[0]["delta"] == {"type": "thinking_delta", "thinking": "hm"}
     # A slow token in an open text block: an empty text delta keeps the stream alive.
     t = am.Stream(req, "c")
     t.feed(Usage(100, 0))
     t.feed(TextDelta("a"))
     assert keepalive(t) == [
-        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ""}}]
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ""}}
+    ]
     # The empty thinking block comes back in the next request's history: nothing renders.
-    back = am.parse({"max_tokens": 9, "messages": [
-        {"role": "user", "content": "x"},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "", "signature": "s"},
-            {"type": "text", "text": "hi"}]},
-        {"role": "user", "content": "y"}]}, D)
+    back = am.parse(
+        {
+            "max_tokens": 9,
+            "messages": [
+                {"role": "user", "content": "x"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "", "signature": "s"},
+                        {"type": "text", "text": "hi"},
+                    ],
+                },
+                {"role": "user", "content": "y"},
+            ],
+        },
+        D,
+    )
     assert back.messages[1].reasoning is None and back.messages[1].content == "hi"

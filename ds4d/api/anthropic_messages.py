@@ -40,10 +40,16 @@ from ds4d.chat.types import (
     Usage,
 )
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "not_found_error",
-               413: "request_too_large", 429: "rate_limit_error",
-               503: "overloaded_error", 529: "overloaded_error"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
 
 
 def error_body(err: ApiError) -> dict[str, Any]:
@@ -106,7 +112,8 @@ def _messages(value: Any) -> list[Message]:
                 name = field_of(block, "name", str, where=bwhere, required=True)
                 call_id = field_of(block, "id", str, where=bwhere, required=True)
                 msg.tool_calls.append(
-                    ToolCall(call_id, name, json_text(block.get("input", {}), f"{bwhere}.input")))
+                    ToolCall(call_id, name, json_text(block.get("input", {}), f"{bwhere}.input"))
+                )
             elif kind == "tool_result":
                 # A result belongs to the call before it: it is rendered as its own tool
                 # turn, ahead of whatever text the user adds in the same message.
@@ -229,8 +236,9 @@ def parse(body: Any, defaults: Sampling, *, count_only: bool = False) -> ChatReq
     mark = _last_cache_mark(body)
     if mark is not None:
         head = _messages(body["messages"][: mark + 1]) if mark >= 0 else []
-        req.cache_prefix = dataclasses.replace(req, messages=_with_system(head, system),
-                                               cache_prefix=None)
+        req.cache_prefix = dataclasses.replace(
+            req, messages=_with_system(head, system), cache_prefix=None
+        )
     return req
 
 
@@ -241,10 +249,12 @@ def usage_json(u: Usage, req: ChatRequest) -> dict[str, Any]:
     marked = req.cache_prefix_tokens if isinstance(req, MessagesRequest) else 0
     read = min(u.cached_tokens, u.prompt_tokens)
     created = max(0, min(marked, u.prompt_tokens) - read)
-    return {"input_tokens": u.prompt_tokens - read - created,
-            "output_tokens": u.completion_tokens,
-            "cache_read_input_tokens": read,
-            "cache_creation_input_tokens": created}
+    return {
+        "input_tokens": u.prompt_tokens - read - created,
+        "output_tokens": u.completion_tokens,
+        "cache_read_input_tokens": read,
+        "cache_creation_input_tokens": created,
+    }
 
 
 def stop_reason(f: Finish) -> tuple[str, str | None]:
@@ -265,14 +275,22 @@ def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
     if c.text:
         content.append({"type": "text", "text": c.text})
     for t in c.tool_calls:
-        content.append({"type": "tool_use", "id": t.id, "name": t.name,
-                        "input": json.loads(t.arguments)})
+        content.append(
+            {"type": "tool_use", "id": t.id, "name": t.name, "input": json.loads(t.arguments)}
+        )
     if not any(b["type"] != "thinking" for b in content):
         content.append({"type": "text", "text": ""})
     reason, seq = stop_reason(c.finish)
-    return {"id": msg_id, "type": "message", "role": "assistant", "model": model,
-            "content": content, "stop_reason": reason, "stop_sequence": seq,
-            "usage": usage_json(c.usage, req)}
+    return {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": seq,
+        "usage": usage_json(c.usage, req),
+    }
 
 
 class Stream:
@@ -313,29 +331,50 @@ class Stream:
             return KEEPALIVE
         out = []
         if self.block is None:
-            out += self._open("thinking", {"type": "thinking", "thinking": "",
-                                           "signature": ""})
-        delta = {"thinking": {"type": "thinking_delta", "thinking": ""},
-                 "text": {"type": "text_delta", "text": ""},
-                 "tool_use": {"type": "input_json_delta", "partial_json": ""}}[self.block or ""]
+            out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        delta = {
+            "thinking": {"type": "thinking_delta", "thinking": ""},
+            "text": {"type": "text_delta", "text": ""},
+            "tool_use": {"type": "input_json_delta", "partial_json": ""},
+        }[self.block or ""]
         out.append(self._ev("content_block_delta", {"index": self.index, "delta": delta}))
         return "".join(out)
 
     def _start(self, usage: Usage) -> list[str]:
         self.started = True
-        return [self._ev("message_start", {"message": {
-            "id": self.id, "type": "message", "role": "assistant", "model": self.model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": usage_json(usage, self.req)}}),
-            self._ev("ping", {})]
+        return [
+            self._ev(
+                "message_start",
+                {
+                    "message": {
+                        "id": self.id,
+                        "type": "message",
+                        "role": "assistant",
+                        "model": self.model,
+                        "content": [],
+                        "stop_reason": None,
+                        "stop_sequence": None,
+                        "usage": usage_json(usage, self.req),
+                    }
+                },
+            ),
+            self._ev("ping", {}),
+        ]
 
     def _close(self) -> list[str]:
         if self.block is None:
             return []
         out = []
         if self.block == "thinking":
-            out.append(self._ev("content_block_delta", {"index": self.index, "delta": {
-                "type": "signature_delta", "signature": self.id}}))
+            out.append(
+                self._ev(
+                    "content_block_delta",
+                    {
+                        "index": self.index,
+                        "delta": {"type": "signature_delta", "signature": self.id},
+                    },
+                )
+            )
         out.append(self._ev("content_block_stop", {"index": self.index}))
         self.block = None
         return out
@@ -357,21 +396,36 @@ class Stream:
             out += self._start(Usage(0, 0))
         if isinstance(ev, ReasoningDelta):
             if self.block != "thinking":
-                out += self._open("thinking", {"type": "thinking", "thinking": "",
-                                               "signature": ""})
-            out.append(self._ev("content_block_delta", {"index": self.index, "delta": {
-                "type": "thinking_delta", "thinking": ev.text}}))
+                out += self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+            out.append(
+                self._ev(
+                    "content_block_delta",
+                    {"index": self.index, "delta": {"type": "thinking_delta", "thinking": ev.text}},
+                )
+            )
         elif isinstance(ev, TextDelta):
             if self.block != "text":
                 out += self._open("text", {"type": "text", "text": ""})
-            out.append(self._ev("content_block_delta", {"index": self.index, "delta": {
-                "type": "text_delta", "text": ev.text}}))
+            out.append(
+                self._ev(
+                    "content_block_delta",
+                    {"index": self.index, "delta": {"type": "text_delta", "text": ev.text}},
+                )
+            )
         elif isinstance(ev, ToolCallStart):
-            out += self._open("tool_use", {"type": "tool_use", "id": ev.id, "name": ev.name,
-                                           "input": {}})
+            out += self._open(
+                "tool_use", {"type": "tool_use", "id": ev.id, "name": ev.name, "input": {}}
+            )
         elif isinstance(ev, ToolCallArgsDelta):
-            out.append(self._ev("content_block_delta", {"index": self.index, "delta": {
-                "type": "input_json_delta", "partial_json": ev.text}}))
+            out.append(
+                self._ev(
+                    "content_block_delta",
+                    {
+                        "index": self.index,
+                        "delta": {"type": "input_json_delta", "partial_json": ev.text},
+                    },
+                )
+            )
         elif isinstance(ev, ToolCallEnd):
             out += self._close()
         elif isinstance(ev, Finish):
@@ -381,9 +435,15 @@ class Stream:
                 out += self._close()
             reason, seq = stop_reason(ev)
             u = self.usage or Usage(0, 0)
-            out.append(self._ev("message_delta", {
-                "delta": {"stop_reason": reason, "stop_sequence": seq},
-                "usage": usage_json(u, self.req)}))
+            out.append(
+                self._ev(
+                    "message_delta",
+                    {
+                        "delta": {"stop_reason": reason, "stop_sequence": seq},
+                        "usage": usage_json(u, self.req),
+                    },
+                )
+            )
             out.append(self._ev("message_stop", {}))
         return out
 

@@ -40,13 +40,26 @@ from ds4d.chat.types import (
 )
 
 TEXT_PARTS = ("text", "input_text", "output_text")
-ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-         "tool": "tool", "function": "tool"}
+ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "function": "tool",
+}
 
 
 def error_body(err: ApiError) -> dict[str, Any]:
-    return {"error": {"message": err.message, "type": err.kind, "param": err.param,
-                      "code": err.code, **err.extra}}
+    return {
+        "error": {
+            "message": err.message,
+            "type": err.kind,
+            "param": err.param,
+            "code": err.code,
+            **err.extra,
+        }
+    }
 
 
 def parse_tools(value: Any) -> list[Tool]:
@@ -61,8 +74,13 @@ def parse_tools(value: Any) -> list[Tool]:
         if not isinstance(fn, dict):
             raise bad(f"'tools[{n}].function' must be an object", "tools")
         name = field_of(fn, "name", str, where=f"tools[{n}].function", required=True)
-        params = field_of(fn, "parameters", dict, {"type": "object", "properties": {}},
-                          where=f"tools[{n}].function")
+        params = field_of(
+            fn,
+            "parameters",
+            dict,
+            {"type": "object", "properties": {}},
+            where=f"tools[{n}].function",
+        )
         tools.append(Tool(name, field_of(fn, "description", str, "", where=f"tools[{n}]"), params))
     return tools
 
@@ -81,14 +99,14 @@ def parse_tool_choice(value: Any, tools: list[Tool]) -> ToolChoice:
         name = (fn if isinstance(fn, dict) else value).get("name")
         if isinstance(name, str):
             if name not in {t.name for t in tools}:
-                raise bad(f"tool_choice names '{name}', which is not among the tools",
-                          "tool_choice")
+                raise bad(
+                    f"tool_choice names '{name}', which is not among the tools", "tool_choice"
+                )
             return ToolChoice("named", name)
         kind = value.get("type")
         if kind in ("auto", "none", "required", "any"):
             return parse_tool_choice(kind, tools)
-    raise bad("'tool_choice' must be 'auto', 'none', 'required' or a named function",
-              "tool_choice")
+    raise bad("'tool_choice' must be 'auto', 'none', 'required' or a named function", "tool_choice")
 
 
 def parse_messages(value: Any) -> list[Message]:
@@ -106,11 +124,16 @@ def parse_messages(value: Any) -> list[Message]:
             fn = call.get("function") if isinstance(call, dict) else None
             if not isinstance(fn, dict):
                 raise bad(f"'{where}.tool_calls[{k}].function' must be an object", "messages")
-            name = field_of(fn, "name", str, where=f"{where}.tool_calls[{k}].function",
-                            required=True)
-            msg.tool_calls.append(ToolCall(
-                str(call.get("id") or random_id("call_", 16)), name,
-                json_text(fn.get("arguments"), f"{where}.tool_calls[{k}].function.arguments")))
+            name = field_of(
+                fn, "name", str, where=f"{where}.tool_calls[{k}].function", required=True
+            )
+            msg.tool_calls.append(
+                ToolCall(
+                    str(call.get("id") or random_id("call_", 16)),
+                    name,
+                    json_text(fn.get("arguments"), f"{where}.tool_calls[{k}].function.arguments"),
+                )
+            )
         if msg.role == "tool":
             msg.tool_call_id = field_of(m, "tool_call_id", str, None, where=where)
             msg.name = field_of(m, "name", str, None, where=where)
@@ -136,8 +159,9 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
     )
-    req.include_usage = field_of(stream_options, "include_usage", bool, False,
-                                 where="stream_options")
+    req.include_usage = field_of(
+        stream_options, "include_usage", bool, False, where="stream_options"
+    )
     n = field_of(body, "n", int, 1)
     if n != 1:
         raise bad("only n=1 is supported", "n")
@@ -163,8 +187,7 @@ def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
         message["reasoning_content"] = c.reasoning
     if c.tool_calls:
         message["tool_calls"] = [
-            {"id": t.id, "type": "function",
-             "function": {"name": t.name, "arguments": t.arguments}}
+            {"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
             for t in c.tool_calls
         ]
     return {
@@ -172,8 +195,14 @@ def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None,
-                     "finish_reason": finish_reason(c.finish)}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": None,
+                "finish_reason": finish_reason(c.finish),
+            }
+        ],
         "usage": usage_json(c.usage),
     }
 
@@ -190,10 +219,17 @@ class Stream:
         self.usage: Usage | None = None
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
-        return sse({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                    "model": self.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                 "finish_reason": finish}]})
+        return sse(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+        )
 
     def open(self) -> list[str]:
         return [self._chunk({"role": "assistant", "content": ""})]
@@ -207,21 +243,44 @@ class Stream:
         if isinstance(ev, ReasoningDelta):
             return [self._chunk({"reasoning_content": ev.text})]
         if isinstance(ev, ToolCallStart):
-            return [self._chunk({"tool_calls": [{
-                "index": ev.index, "id": ev.id, "type": "function",
-                "function": {"name": ev.name, "arguments": ""}}]})]
+            return [
+                self._chunk(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": ev.index,
+                                "id": ev.id,
+                                "type": "function",
+                                "function": {"name": ev.name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
+            ]
         if isinstance(ev, ToolCallArgsDelta):
-            return [self._chunk({"tool_calls": [{
-                "index": ev.index, "function": {"arguments": ev.text}}]})]
+            return [
+                self._chunk(
+                    {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}
+                )
+            ]
         if isinstance(ev, Usage):
             self.usage = ev
             return []
         if isinstance(ev, Finish):
             out = [self._chunk({}, finish_reason(ev))]
             if self.req.include_usage and self.usage is not None:
-                out.append(sse({"id": self.id, "object": "chat.completion.chunk",
-                                "created": self.created, "model": self.model, "choices": [],
-                                "usage": usage_json(self.usage)}))
+                out.append(
+                    sse(
+                        {
+                            "id": self.id,
+                            "object": "chat.completion.chunk",
+                            "created": self.created,
+                            "model": self.model,
+                            "choices": [],
+                            "usage": usage_json(self.usage),
+                        }
+                    )
+                )
             out.append(sse("[DONE]"))
             return out
         return []

@@ -48,8 +48,9 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         stop=stop_list(body.get("stop")),
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
-        include_usage=field_of(stream_options, "include_usage", bool, False,
-                               where="stream_options"),
+        include_usage=field_of(
+            stream_options, "include_usage", bool, False, where="stream_options"
+        ),
         raw_prompt=prompt,
     )
 
@@ -60,8 +61,14 @@ def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"text": c.reasoning + c.text, "index": 0, "logprobs": None,
-                     "finish_reason": c.finish.reason}],
+        "choices": [
+            {
+                "text": c.reasoning + c.text,
+                "index": 0,
+                "logprobs": None,
+                "finish_reason": c.finish.reason,
+            }
+        ],
         "usage": usage_json(c.usage),
     }
 
@@ -75,10 +82,15 @@ class Stream:
         self.usage: Usage | None = None
 
     def _chunk(self, text: str, finish: str | None = None) -> str:
-        return sse({"id": self.id, "object": "text_completion", "created": self.created,
-                    "model": self.model,
-                    "choices": [{"text": text, "index": 0, "logprobs": None,
-                                 "finish_reason": finish}]})
+        return sse(
+            {
+                "id": self.id,
+                "object": "text_completion",
+                "created": self.created,
+                "model": self.model,
+                "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            }
+        )
 
     def open(self) -> list[str]:
         return []
@@ -94,9 +106,18 @@ class Stream:
         if isinstance(ev, Finish):
             out = [self._chunk("", ev.reason)]
             if self.req.include_usage and self.usage is not None:
-                out.append(sse({"id": self.id, "object": "text_completion",
-                                "created": self.created, "model": self.model, "choices": [],
-                                "usage": usage_json(self.usage)}))
+                out.append(
+                    sse(
+                        {
+                            "id": self.id,
+                            "object": "text_completion",
+                            "created": self.created,
+                            "model": self.model,
+                            "choices": [],
+                            "usage": usage_json(self.usage),
+                        }
+                    )
+                )
             return [*out, sse("[DONE]")]
         return []
 

@@ -42,9 +42,13 @@ from ds4d.chat.types import (
 
 __all__ = ["error_body", "parse", "response", "Stream"]
 
-TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text",
-              "refusal")
-ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text", "refusal")
+ROLES: dict[str, Role] = {
+    "user": "user",
+    "assistant": "assistant",
+    "system": "system",
+    "developer": "system",
+}
 CALL_ITEMS = {"function_call", "custom_tool_call", "local_shell_call"}
 OUTPUT_ITEMS = {"function_call_output", "custom_tool_call_output", "local_shell_call_output"}
 
@@ -78,8 +82,9 @@ def parse_tools(value: Any) -> tuple[list[Tool], dict[str, str]]:
             if not isinstance(fn, dict) or fn.get("type", "function") != "function":
                 continue  # hosted tools (web_search, file_search...) have no local body
             name = field_of(fn, "name", str, where=where, required=True)
-            params = field_of(fn, "parameters", dict, {"type": "object", "properties": {}},
-                              where=where)
+            params = field_of(
+                fn, "parameters", dict, {"type": "object", "properties": {}}, where=where
+            )
             if namespace is not None:
                 namespaces.setdefault(name, namespace)
             tools.append(Tool(name, field_of(fn, "description", str, "", where=where), params))
@@ -105,8 +110,9 @@ def _input(value: Any, instructions: str) -> list[Message]:
             role = field_of(item, "role", str, where=where, required=True)
             if role not in ROLES:
                 raise bad(f"'{where}.role' must be one of {', '.join(ROLES)}", "input")
-            msg = Message(ROLES[role], content_text(item.get("content"), f"{where}.content",
-                                                    TEXT_PARTS))
+            msg = Message(
+                ROLES[role], content_text(item.get("content"), f"{where}.content", TEXT_PARTS)
+            )
             if msg.role == "assistant" and pending_reasoning:
                 msg.reasoning, pending_reasoning = pending_reasoning, ""
             messages.append(msg)
@@ -114,7 +120,8 @@ def _input(value: Any, instructions: str) -> list[Message]:
             summary = item.get("summary") or []
             if isinstance(summary, list):
                 pending_reasoning += "".join(
-                    s.get("text", "") for s in summary if isinstance(s, dict))
+                    s.get("text", "") for s in summary if isinstance(s, dict)
+                )
         elif kind in CALL_ITEMS:
             name = item.get("name") or ("local_shell" if kind == "local_shell_call" else None)
             if not isinstance(name, str):
@@ -136,8 +143,13 @@ def _input(value: Any, instructions: str) -> list[Message]:
             if not isinstance(call_id, str):
                 raise bad(f"'{where}.call_id' must be the string id of the call", "input")
             output = item.get("output")
-            text = output if isinstance(output, str) else content_text(
-                output if isinstance(output, list) else None, f"{where}.output", TEXT_PARTS)
+            text = (
+                output
+                if isinstance(output, str)
+                else content_text(
+                    output if isinstance(output, list) else None, f"{where}.output", TEXT_PARTS
+                )
+            )
             messages.append(Message("tool", text, tool_call_id=call_id))
         # item_reference, compaction, web_search_call...: nothing to render
     if not any(m.role != "system" for m in messages):
@@ -148,8 +160,10 @@ def _input(value: Any, instructions: str) -> list[Message]:
 def parse(body: Any, defaults: Sampling) -> ChatRequest:
     body = request_object(body)
     if body.get("previous_response_id") is not None or body.get("conversation") is not None:
-        raise bad("previous_response_id is not supported; replay the full input instead",
-                  "previous_response_id")
+        raise bad(
+            "previous_response_id is not supported; replay the full input instead",
+            "previous_response_id",
+        )
     if "input" not in body or body["input"] is None:
         raise bad("'input' is required", "input")
     instructions = field_of(body, "instructions", str, "")
@@ -175,11 +189,13 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
 
 
 def usage_json(u: Usage) -> dict[str, Any]:
-    return {"input_tokens": u.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": u.cached_tokens},
-            "output_tokens": u.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": u.prompt_tokens + u.completion_tokens}
+    return {
+        "input_tokens": u.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": u.cached_tokens},
+        "output_tokens": u.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    }
 
 
 def _status(f: Finish, req: ChatRequest) -> str:
@@ -211,41 +227,64 @@ class _Builder:
         self.tools = req.tools_json if isinstance(req, ResponsesRequest) else []
         self.tool_choice = req.tool_choice_json if isinstance(req, ResponsesRequest) else "auto"
 
-    def call_item(self, item_id: str, call_id: str, name: str, arguments: str,
-                  status: str) -> dict[str, Any]:
-        item = {"id": item_id, "type": "function_call", "status": status, "call_id": call_id,
-                "name": name, "arguments": arguments}
+    def call_item(
+        self, item_id: str, call_id: str, name: str, arguments: str, status: str
+    ) -> dict[str, Any]:
+        item = {
+            "id": item_id,
+            "type": "function_call",
+            "status": status,
+            "call_id": call_id,
+            "name": name,
+            "arguments": arguments,
+        }
         if name in self.namespaces:
             item["namespace"] = self.namespaces[name]
         return item
 
-    def envelope(self, status: str, finish: Finish | None = None,
-                 usage: Usage | None = None) -> dict[str, Any]:
+    def envelope(
+        self, status: str, finish: Finish | None = None, usage: Usage | None = None
+    ) -> dict[str, Any]:
         obj: dict[str, Any] = {
-            "id": self.id, "object": "response", "created_at": self.created,
-            "status": status, "model": self.model, "output": self.output,
-            "error": None, "incomplete_details": None, "instructions": None,
-            "parallel_tool_calls": True, "tool_choice": self.tool_choice,
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "model": self.model,
+            "output": self.output,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": None,
+            "parallel_tool_calls": True,
+            "tool_choice": self.tool_choice,
             "tools": self.tools,
         }
         if finish is not None and finish.reason == "length" and status == "incomplete":
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
         if finish is not None and finish.reason == "error":
-            obj["error"] = {"code": "server_error",
-                            "message": finish.error or "generation failed"}
+            obj["error"] = {"code": "server_error", "message": finish.error or "generation failed"}
         if usage is not None:
             obj["usage"] = usage_json(usage)
         return obj
 
 
 def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
-            "content": [{"type": "output_text", "text": text, "annotations": []}]}
+    return {
+        "id": item_id,
+        "type": "message",
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
 
 
 def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
-    return {"id": item_id, "type": "reasoning", "status": "completed",
-            "summary": [{"type": "summary_text", "text": text}]}
+    return {
+        "id": item_id,
+        "type": "reasoning",
+        "status": "completed",
+        "summary": [{"type": "summary_text", "text": text}],
+    }
 
 
 def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
@@ -256,8 +295,9 @@ def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
     if c.text:
         b.output.append(_message_item(random_id("msg_"), c.text, _item_status(c.finish)))
     for call in c.tool_calls:
-        b.output.append(b.call_item(random_id("fc_"), call.id, call.name, call.arguments,
-                                    "completed"))
+        b.output.append(
+            b.call_item(random_id("fc_"), call.id, call.name, call.arguments, "completed")
+        )
     return b.envelope(status, c.finish, c.usage)
 
 
@@ -281,8 +321,10 @@ class Stream:
 
     def open(self) -> list[str]:
         env = self.b.envelope("in_progress")
-        return [self._ev("response.created", response=env),
-                self._ev("response.in_progress", response=env)]
+        return [
+            self._ev("response.created", response=env),
+            self._ev("response.in_progress", response=env),
+        ]
 
     def keepalive(self) -> str:
         """`response.in_progress` again, as the response stands: Codex (and other
@@ -304,71 +346,141 @@ class Stream:
             part = {"type": "output_text", "text": text, "annotations": []}
             item["content"] = [part]
             item["status"] = status
-            return [self._ev("response.output_text.done", item_id=item["id"], output_index=i,
-                             content_index=0, text=text, logprobs=[]),
-                    self._ev("response.content_part.done", item_id=item["id"],
-                             output_index=i, content_index=0, part=part),
-                    self._ev("response.output_item.done", output_index=i, item=item)]
+            return [
+                self._ev(
+                    "response.output_text.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    content_index=0,
+                    text=text,
+                    logprobs=[],
+                ),
+                self._ev(
+                    "response.content_part.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    content_index=0,
+                    part=part,
+                ),
+                self._ev("response.output_item.done", output_index=i, item=item),
+            ]
         if item["type"] == "reasoning":
             part = {"type": "summary_text", "text": text}
             item["summary"] = [part]
             item["status"] = status
-            return [self._ev("response.reasoning_summary_text.done", item_id=item["id"],
-                             output_index=i, summary_index=0, text=text),
-                    self._ev("response.reasoning_summary_part.done", item_id=item["id"],
-                             output_index=i, summary_index=0, part=part),
-                    self._ev("response.output_item.done", output_index=i, item=item)]
+            return [
+                self._ev(
+                    "response.reasoning_summary_text.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    summary_index=0,
+                    text=text,
+                ),
+                self._ev(
+                    "response.reasoning_summary_part.done",
+                    item_id=item["id"],
+                    output_index=i,
+                    summary_index=0,
+                    part=part,
+                ),
+                self._ev("response.output_item.done", output_index=i, item=item),
+            ]
         item["status"] = status
-        return [self._ev("response.function_call_arguments.done", item_id=item["id"],
-                         output_index=i, name=item["name"], arguments=item["arguments"]),
-                self._ev("response.output_item.done", output_index=i, item=item)]
+        return [
+            self._ev(
+                "response.function_call_arguments.done",
+                item_id=item["id"],
+                output_index=i,
+                name=item["name"],
+                arguments=item["arguments"],
+            ),
+            self._ev("response.output_item.done", output_index=i, item=item),
+        ]
 
     def _open(self, item: dict[str, Any]) -> list[str]:
         out = self._close()
         self.item = item
         self.text = ""
         self.b.output.append(item)
-        out.append(self._ev("response.output_item.added", output_index=self._index,
-                            item=dict(item)))
+        out.append(
+            self._ev("response.output_item.added", output_index=self._index, item=dict(item))
+        )
         return out
 
     def feed(self, ev: Event) -> list[str]:
         out: list[str] = []
         if isinstance(ev, ReasoningDelta):
             if self.item is None or self.item["type"] != "reasoning":
-                item = {"id": random_id("rs_"), "type": "reasoning", "status": "in_progress",
-                        "summary": []}
+                item = {
+                    "id": random_id("rs_"),
+                    "type": "reasoning",
+                    "status": "in_progress",
+                    "summary": [],
+                }
                 out += self._open(item)
-                out.append(self._ev("response.reasoning_summary_part.added",
-                                    item_id=item["id"], output_index=self._index,
-                                    summary_index=0, part={"type": "summary_text", "text": ""}))
+                out.append(
+                    self._ev(
+                        "response.reasoning_summary_part.added",
+                        item_id=item["id"],
+                        output_index=self._index,
+                        summary_index=0,
+                        part={"type": "summary_text", "text": ""},
+                    )
+                )
             self.text += ev.text
             assert self.item is not None  # opened just above if it was not
-            out.append(self._ev("response.reasoning_summary_text.delta",
-                                item_id=self.item["id"], output_index=self._index,
-                                summary_index=0, delta=ev.text))
+            out.append(
+                self._ev(
+                    "response.reasoning_summary_text.delta",
+                    item_id=self.item["id"],
+                    output_index=self._index,
+                    summary_index=0,
+                    delta=ev.text,
+                )
+            )
         elif isinstance(ev, TextDelta):
             if self.item is None or self.item["type"] != "message":
-                item = {"id": random_id("msg_"), "type": "message", "status": "in_progress",
-                        "role": "assistant", "content": []}
+                item = {
+                    "id": random_id("msg_"),
+                    "type": "message",
+                    "status": "in_progress",
+                    "role": "assistant",
+                    "content": [],
+                }
                 out += self._open(item)
-                out.append(self._ev("response.content_part.added", item_id=item["id"],
-                                    output_index=self._index, content_index=0,
-                                    part={"type": "output_text", "text": "",
-                                          "annotations": []}))
+                out.append(
+                    self._ev(
+                        "response.content_part.added",
+                        item_id=item["id"],
+                        output_index=self._index,
+                        content_index=0,
+                        part={"type": "output_text", "text": "", "annotations": []},
+                    )
+                )
             self.text += ev.text
             assert self.item is not None  # opened just above if it was not
-            out.append(self._ev("response.output_text.delta", item_id=self.item["id"],
-                                output_index=self._index, content_index=0, delta=ev.text,
-                                logprobs=[]))
+            out.append(
+                self._ev(
+                    "response.output_text.delta",
+                    item_id=self.item["id"],
+                    output_index=self._index,
+                    content_index=0,
+                    delta=ev.text,
+                    logprobs=[],
+                )
+            )
         elif isinstance(ev, ToolCallStart):
-            out += self._open(self.b.call_item(random_id("fc_"), ev.id, ev.name, "",
-                                               "in_progress"))
+            out += self._open(self.b.call_item(random_id("fc_"), ev.id, ev.name, "", "in_progress"))
         elif isinstance(ev, ToolCallArgsDelta) and self.item is not None:
             self.item["arguments"] += ev.text
-            out.append(self._ev("response.function_call_arguments.delta",
-                                item_id=self.item["id"], output_index=self._index,
-                                delta=ev.text))
+            out.append(
+                self._ev(
+                    "response.function_call_arguments.delta",
+                    item_id=self.item["id"],
+                    output_index=self._index,
+                    delta=ev.text,
+                )
+            )
         elif isinstance(ev, ToolCallEnd) and self.item is not None:
             self.item["arguments"] = ev.arguments
             out += self._close()
@@ -377,8 +489,11 @@ class Stream:
         elif isinstance(ev, Finish):
             out += self._close(_item_status(ev))
             status = _status(ev, self.req)
-            kind = {"completed": "response.completed", "incomplete": "response.incomplete",
-                    "failed": "response.failed"}[status]
+            kind = {
+                "completed": "response.completed",
+                "incomplete": "response.incomplete",
+                "failed": "response.failed",
+            }[status]
             out.append(self._ev(kind, response=self.b.envelope(status, ev, self.usage)))
         return out
 

@@ -90,15 +90,18 @@ def forced_dsml_call(
 def _raw_options(schema: Any) -> list[str] | None:
     """A string enum's values, when each reads the same as a raw DSML body."""
     values = schema.get("enum") if isinstance(schema, dict) else None
-    if not values or not all(isinstance(v, str) and v and not set(v) & set("<&")
-                             for v in values):
+    if not values or not all(isinstance(v, str) and v and not set(v) & set("<&") for v in values):
         return None
     return [str(v) for v in values]
 
 
 def _is_plain_string(schema: Any) -> bool:
-    return (isinstance(schema, dict) and schema.get("type") == "string"
-            and "enum" not in schema and "const" not in schema)
+    return (
+        isinstance(schema, dict)
+        and schema.get("type") == "string"
+        and "enum" not in schema
+        and "const" not in schema
+    )
 
 
 def _raw_text(vocab: DSMLVocab) -> Step:

@@ -202,5 +202,9 @@ class DS4ChatFormat:
         """The constraint that writes a forced (required / named) call as a DSML block."""
         if self._dsml_vocab is None or self._dsml_vocab[0] is not vocab:
             self._dsml_vocab = (vocab, DSMLVocab(vocab))
-        return forced_dsml_call(self._dsml_vocab[1], request.tools, request.tool_choice,
-                                close_thinking=self.mode(request).thinking)
+        return forced_dsml_call(
+            self._dsml_vocab[1],
+            request.tools,
+            request.tool_choice,
+            close_thinking=self.mode(request).thinking,
+        )

@@ -77,8 +77,9 @@ def error_reply(code: str, message: str) -> dict[str, Any]:
     return {"v": PROTOCOL_VERSION, "ok": False, "error": {"code": code, "message": message}}
 
 
-def call(path: Path, cmd: str, args: Mapping[str, Any] | None = None, *,
-         timeout: float = 30.0) -> Any:
+def call(
+    path: Path, cmd: str, args: Mapping[str, Any] | None = None, *, timeout: float = 30.0
+) -> Any:
     """Blocking client: send one request, return the result or raise AdminError.
 
     OSError (e.g. FileNotFoundError, ConnectionRefusedError) means no daemon there."""

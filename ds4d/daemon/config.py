@@ -74,126 +74,220 @@ def _key(
 class Config:
     # --- model and engine -------------------------------------------------------------
     model: str = _key(
-        "", "GGUF model file; empty = the embedded SmolLM2-135M-Instruct Q4_1",
-        flags=("-m", "--model"), metavar="FILE")
+        "",
+        "GGUF model file; empty = the embedded SmolLM2-135M-Instruct Q4_1",
+        flags=("-m", "--model"),
+        metavar="FILE",
+    )
     ctx: int = _key(
-        0, "context size of each slot in tokens; 0 = the model's trained context",
-        flags=("-c", "--ctx"), lo=0, metavar="N")
+        0,
+        "context size of each slot in tokens; 0 = the model's trained context",
+        flags=("-c", "--ctx"),
+        lo=0,
+        metavar="N",
+    )
     rope_scaling: str = _key(
-        "", "run past the model's trained context: stretch its RoPE positions to --ctx "
+        "",
+        "run past the model's trained context: stretch its RoPE positions to --ctx "
         "with `yarn` or `linear` (llama.cpp's --rope-scaling), for a file that declares "
-        "no scaling of its own; empty = as the file says", choices=("", "yarn", "linear"),
-        metavar="yarn|linear")
+        "no scaling of its own; empty = as the file says",
+        choices=("", "yarn", "linear"),
+        metavar="yarn|linear",
+    )
     slots: int = _key(2, "resident KV slots (concurrent sessions)", lo=1, hi=64, metavar="N")
     threads: int = _key(
-        0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N")
+        0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N"
+    )
     kv_type: str = _key(
-        "f16", "KV cache precision, resident and on disk: f32 (exact), f16 (half of f32) or "
+        "f16",
+        "KV cache precision, resident and on disk: f32 (exact), f16 (half of f32) or "
         "q8_0 (34/128 of f32; head dimension a multiple of 32); DeepSeek V4 keeps its own KV "
-        "format and ignores it", choices=KV_TYPES)
+        "format and ignores it",
+        choices=KV_TYPES,
+    )
     weights: str = _key(
-        "auto", "where the weights live while the model runs: mmap (the file's page-cache "
+        "auto",
+        "where the weights live while the model runs: mmap (the file's page-cache "
         "mapping, 4 KB pages, no extra memory), huge (read at load into this process's memory "
         "on 2 MB huge pages: decode streams them faster, at the file's size in RSS) or auto "
-        "(huge for a model of at most a quarter of the RAM, else mmap)", choices=WEIGHT_MODES)
+        "(huge for a model of at most a quarter of the RAM, else mmap)",
+        choices=WEIGHT_MODES,
+    )
 
     # --- HTTP --------------------------------------------------------------------------
     host: str = _key("127.0.0.1", "address the HTTP server binds", metavar="HOST")
     port: int = _key(8000, "HTTP port (0 = any free port)", lo=0, hi=65535, metavar="N")
     api_keys: list[str] = _key(
-        [], "accepted API keys (Bearer or x-api-key); empty = no authentication",
-        flags=("--api-key",), reloadable=True, metavar="KEY")
+        [],
+        "accepted API keys (Bearer or x-api-key); empty = no authentication",
+        flags=("--api-key",),
+        reloadable=True,
+        metavar="KEY",
+    )
     queue_size: int = _key(
-        16, "requests that may wait for a slot; beyond it 503 + Retry-After", lo=0, metavar="N")
+        16, "requests that may wait for a slot; beyond it 503 + Retry-After", lo=0, metavar="N"
+    )
     max_body_bytes: int = _key(
-        64 * 1024 * 1024, "largest accepted request body in bytes", lo=1024, metavar="N")
+        64 * 1024 * 1024, "largest accepted request body in bytes", lo=1024, metavar="N"
+    )
     prefill_chunk_ms: float = _key(
-        250.0, "engine time of one prefill chunk in milliseconds (32 to 256 tokens): about "
+        250.0,
+        "engine time of one prefill chunk in milliseconds (32 to 256 tokens): about "
         "the longest a new request or a generating slot waits for another slot's prefill; "
         "longer chunks prefill a few per cent faster (MoE models: more)",
-        lo=10.0, hi=60000.0, metavar="MS")
+        lo=10.0,
+        hi=60000.0,
+        metavar="MS",
+    )
     keepalive_s: float = _key(
-        5.0, "longest silence of a stream in seconds: a keepalive (an empty Anthropic "
+        5.0,
+        "longest silence of a stream in seconds: a keepalive (an empty Anthropic "
         "thinking delta, Responses' `response.in_progress` again, an SSE comment on chat "
         "streams) is sent when nothing else is",
-        reloadable=True, lo=0.05, hi=3600.0, metavar="S")
+        reloadable=True,
+        lo=0.05,
+        hi=3600.0,
+        metavar="S",
+    )
 
     # --- sampling defaults (when a request does not say) --------------------------------
-    temperature: float = _key(1.0, "default sampling temperature (0 = greedy)",
-                              reloadable=True, lo=0.0, hi=100.0, metavar="F")
+    temperature: float = _key(
+        1.0,
+        "default sampling temperature (0 = greedy)",
+        reloadable=True,
+        lo=0.0,
+        hi=100.0,
+        metavar="F",
+    )
     top_p: float = _key(1.0, "default nucleus mass", reloadable=True, lo=0.0, hi=1.0, metavar="F")
     top_k: int = _key(0, "default top-k (0 = off)", reloadable=True, lo=0, metavar="N")
-    min_p: float = _key(0.05, "default min-p relative to the best token",
-                        reloadable=True, lo=0.0, hi=1.0, metavar="F")
+    min_p: float = _key(
+        0.05,
+        "default min-p relative to the best token",
+        reloadable=True,
+        lo=0.0,
+        hi=1.0,
+        metavar="F",
+    )
     max_tokens: int = _key(
-        4096, "output token limit of a request that sets none (Codex sends none); "
+        4096,
+        "output token limit of a request that sets none (Codex sends none); "
         "0 = until the context is full",
-        flags=("-n", "--max-tokens"), reloadable=True, lo=0, metavar="N")
+        flags=("-n", "--max-tokens"),
+        reloadable=True,
+        lo=0,
+        metavar="N",
+    )
 
     force_tool_choice: str = _key(
-        "", "testing aid, off when empty: a request that declares tools, leaves "
+        "",
+        "testing aid, off when empty: a request that declares tools, leaves "
         "tool_choice at auto and whose conversation holds no tool call yet gets "
         "tool_choice `required` or the named tool, so even a small model calls a tool "
         "and a client's tool round trip can be exercised",
-        reloadable=True, metavar="required|NAME")
+        reloadable=True,
+        metavar="required|NAME",
+    )
 
     # --- prompt handling ---------------------------------------------------------------
     normalize_claude_billing_header: bool = _key(
-        True, "strip the per-request `x-anthropic-billing-header: ... cch=...;` line Claude "
-        "Code puts in its system prompt, so the prefix stays reusable", reloadable=True)
+        True,
+        "strip the per-request `x-anthropic-billing-header: ... cch=...;` line Claude "
+        "Code puts in its system prompt, so the prefix stays reusable",
+        reloadable=True,
+    )
     tool_replay: bool = _key(
-        True, "render tool calls in history with the exact text the model sampled")
+        True, "render tool calls in history with the exact text the model sampled"
+    )
     tool_memory_max_ids: int = _key(
-        100000, "tool-call ids remembered for exact replay", lo=1, metavar="N")
+        100000, "tool-call ids remembered for exact replay", lo=1, metavar="N"
+    )
 
     # --- disk KV cache -----------------------------------------------------------------
     kv_disk: bool = _key(True, "keep KV checkpoints on disk, across restarts")
     kv_disk_dir: str = _key(
-        "", "KV checkpoint directory; empty = $CACHE_DIRECTORY/kv or $XDG_CACHE_HOME/ds4d/kv",
-        metavar="DIR")
-    kv_disk_space_mb: int = _key(8192, "disk budget of the KV cache in MiB",
-                                 reloadable=True, lo=1, metavar="N")
+        "",
+        "KV checkpoint directory; empty = $CACHE_DIRECTORY/kv or $XDG_CACHE_HOME/ds4d/kv",
+        metavar="DIR",
+    )
+    kv_disk_space_mb: int = _key(
+        8192, "disk budget of the KV cache in MiB", reloadable=True, lo=1, metavar="N"
+    )
     kv_disk_write_budget: int = _key(
-        20480, "KV checkpoint MiB written per 24 h (SSD wear); past it only checkpoints a "
+        20480,
+        "KV checkpoint MiB written per 24 h (SSD wear); past it only checkpoints a "
         "later request is likely to reuse (continued sessions, prefixes already hit) are "
-        "written; 0 = unlimited", lo=0, metavar="MIB")
+        "written; 0 = unlimited",
+        lo=0,
+        metavar="MIB",
+    )
     kv_cache_min_tokens: int = _key(
-        512, "no checkpoint is saved or loaded with fewer tokens", lo=1, metavar="N",
-        fitted="fitted to --ctx: ctx/16, from 16 up to 512")
+        512,
+        "no checkpoint is saved or loaded with fewer tokens",
+        lo=1,
+        metavar="N",
+        fitted="fitted to --ctx: ctx/16, from 16 up to 512",
+    )
     kv_cache_cold_max_tokens: int = _key(
-        30000, "cold saves only for prompts up to this many tokens (0 = no cold saves)",
-        lo=0, metavar="N", fitted="fitted to --ctx: the context size, at most 30000")
+        30000,
+        "cold saves only for prompts up to this many tokens (0 = no cold saves)",
+        lo=0,
+        metavar="N",
+        fitted="fitted to --ctx: the context size, at most 30000",
+    )
     kv_cache_continued_interval_tokens: int = _key(
-        4096, "spacing of `continued` checkpoints as a session grows (0 = none)",
-        lo=0, metavar="N",
-        fitted="fitted to --ctx: ctx/4 but at least the alignment, at most 10000")
+        4096,
+        "spacing of `continued` checkpoints as a session grows (0 = none)",
+        lo=0,
+        metavar="N",
+        fitted="fitted to --ctx: ctx/4 but at least the alignment, at most 10000",
+    )
     kv_cache_boundary_trim_tokens: int = _key(
-        32, "tokens trimmed off a cold prompt's tail before its checkpoint", lo=0, metavar="N")
+        32, "tokens trimmed off a cold prompt's tail before its checkpoint", lo=0, metavar="N"
+    )
     kv_cache_boundary_align_tokens: int = _key(
-        2048, "cold and continued checkpoints are aligned down to this multiple (0 = off)",
-        lo=0, metavar="N",
-        fitted="fitted to --ctx: 2048, halved (not below 64) until 32 multiples fit")
+        2048,
+        "cold and continued checkpoints are aligned down to this multiple (0 = off)",
+        lo=0,
+        metavar="N",
+        fitted="fitted to --ctx: 2048, halved (not below 64) until 32 multiples fit",
+    )
 
     # --- throttling, tracing, logging ----------------------------------------------------
-    power: int = _key(100, "target share of compute time in percent (sleeps between work "
-                      "units; output is identical at every level)", reloadable=True,
-                      lo=1, hi=100, metavar="N")
-    trace: str = _key("", "append one JSON line per request to this file; empty = off",
-                      reloadable=True, metavar="FILE")
+    power: int = _key(
+        100,
+        "target share of compute time in percent (sleeps between work "
+        "units; output is identical at every level)",
+        reloadable=True,
+        lo=1,
+        hi=100,
+        metavar="N",
+    )
+    trace: str = _key(
+        "",
+        "append one JSON line per request to this file; empty = off",
+        reloadable=True,
+        metavar="FILE",
+    )
     trace_content: bool = _key(
-        False, "also record the rendered prompt and the output in the trace",
-        reloadable=True)
-    log_level: str = _key("info", "log level", reloadable=True, choices=LOG_LEVELS,
-                          metavar="LEVEL")
+        False, "also record the rendered prompt and the output in the trace", reloadable=True
+    )
+    log_level: str = _key("info", "log level", reloadable=True, choices=LOG_LEVELS, metavar="LEVEL")
     log_file: str = _key("", "log to this file instead of stderr", metavar="FILE")
 
     # --- service -------------------------------------------------------------------------
     admin_socket: str = _key(
-        "", "admin Unix socket; empty = $RUNTIME_DIRECTORY/ds4d.sock or "
-        "$XDG_RUNTIME_DIR/ds4d/ds4d.sock", metavar="PATH")
+        "",
+        "admin Unix socket; empty = $RUNTIME_DIRECTORY/ds4d.sock or "
+        "$XDG_RUNTIME_DIR/ds4d/ds4d.sock",
+        metavar="PATH",
+    )
     grace_period: float = _key(
-        10.0, "seconds in-flight requests may run after SIGTERM before being cancelled",
-        lo=0.0, metavar="SECONDS")
+        10.0,
+        "seconds in-flight requests may run after SIGTERM before being cancelled",
+        lo=0.0,
+        metavar="SECONDS",
+    )
 
 
 def config_keys() -> tuple[dataclasses.Field[object], ...]:
@@ -223,13 +317,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Add `--config`, `--config-overrides` and one flag per key (ds4-style names).
 
     Every flag defaults to None so `load_config` can tell "not given" from a value."""
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help="TOML config file (default: $XDG_CONFIG_HOME/ds4d/ds4d.toml, "
-                             "else /etc/ds4d/ds4d.toml)")
-    parser.add_argument("--config-overrides", metavar="FILE", default=None,
-                        help="overrides file written by `ds4ctl config set` "
-                             "(default: $STATE_DIRECTORY/overrides.toml or "
-                             "$XDG_STATE_HOME/ds4d/overrides.toml)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="TOML config file (default: $XDG_CONFIG_HOME/ds4d/ds4d.toml, "
+        "else /etc/ds4d/ds4d.toml)",
+    )
+    parser.add_argument(
+        "--config-overrides",
+        metavar="FILE",
+        default=None,
+        help="overrides file written by `ds4ctl config set` "
+        "(default: $STATE_DIRECTORY/overrides.toml or "
+        "$XDG_STATE_HOME/ds4d/overrides.toml)",
+    )
     types = _key_types()
     for f in config_keys():
         meta = f.metadata
@@ -239,14 +341,31 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = f"{doc} (default: {meta['fitted'] or repr(default)})"
         kind = types[f.name]
         if kind is bool:
-            parser.add_argument(*flags, dest=f.name, action=argparse.BooleanOptionalAction,
-                                default=None, help=help_text)
+            parser.add_argument(
+                *flags,
+                dest=f.name,
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
+            )
         elif kind == list[str]:
-            parser.add_argument(*flags, dest=f.name, action="append", default=None,
-                                metavar=meta["metavar"], help=help_text + "; repeatable")
+            parser.add_argument(
+                *flags,
+                dest=f.name,
+                action="append",
+                default=None,
+                metavar=meta["metavar"],
+                help=help_text + "; repeatable",
+            )
         else:
-            parser.add_argument(*flags, dest=f.name, default=None, metavar=meta["metavar"],
-                                choices=meta["choices"] or None, help=help_text)
+            parser.add_argument(
+                *flags,
+                dest=f.name,
+                default=None,
+                metavar=meta["metavar"],
+                choices=meta["choices"] or None,
+                help=help_text,
+            )
 
 
 # --------------------------------------------------------------------------------------
@@ -258,19 +377,21 @@ class Resolved:
     """A loaded config plus where each value came from and which files were read."""
 
     config: Config
-    sources: dict[str, str]          # key -> "built-in" | "<file>" | "DS4D_X" | "--flag"
-    config_file: Path | None         # the file read (or that would be read once created)
+    sources: dict[str, str]  # key -> "built-in" | "<file>" | "DS4D_X" | "--flag"
+    config_file: Path | None  # the file read (or that would be read once created)
     overrides_file: Path
 
 
-def load_config(args: argparse.Namespace | None = None,
-                environ: Mapping[str, str] | None = None) -> Config:
+def load_config(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> Config:
     """The effective Config for `args` (from add_serve_arguments) and the environment."""
     return resolve_config(args, environ).config
 
 
-def resolve_config(args: argparse.Namespace | None = None,
-                   environ: Mapping[str, str] | None = None) -> Resolved:
+def resolve_config(
+    args: argparse.Namespace | None = None, environ: Mapping[str, str] | None = None
+) -> Resolved:
     env = os.environ if environ is None else environ
     ns = vars(args) if args is not None else {}
     values: dict[str, Any] = {}
@@ -448,10 +569,13 @@ def validate(config: Config, sources: Mapping[str, str] | None = None) -> None:
     if cold and cold < low:
         raise ConfigError(
             f"kv_cache_cold_max_tokens={cold} ({src.get('kv_cache_cold_max_tokens', 'built-in')})"
-            f": must be 0 or at least kv_cache_min_tokens ({low})")
+            f": must be 0 or at least kv_cache_min_tokens ({low})"
+        )
     if any(not k or k != k.strip() for k in config.api_keys):
-        raise ConfigError(f"api_keys ({src.get('api_keys', 'built-in')}): "
-                          "keys must be non-empty with no surrounding spaces")
+        raise ConfigError(
+            f"api_keys ({src.get('api_keys', 'built-in')}): "
+            "keys must be non-empty with no surrounding spaces"
+        )
 
 
 # --------------------------------------------------------------------------------------

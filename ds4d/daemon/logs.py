@@ -32,8 +32,9 @@ def setup_logging(config: Config) -> logging.Logger:
     else:
         handler = logging.StreamHandler(sys.stderr)
         # Under systemd stderr goes to the journal, which stamps the time itself.
-        handler.setFormatter(logging.Formatter(
-            _JOURNAL_FORMAT if stderr_is_journal() else _FORMAT, _DATEFMT))
+        handler.setFormatter(
+            logging.Formatter(_JOURNAL_FORMAT if stderr_is_journal() else _FORMAT, _DATEFMT)
+        )
     logger.addHandler(handler)
     logger.propagate = False
     set_level(config.log_level)

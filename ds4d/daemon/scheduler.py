@@ -93,8 +93,7 @@ class SlotPool:
             if slot is not None:
                 return Ticket(self, self._take(slot))
         if len(self._waiters) >= self.queue_size:
-            raise Overloaded("all slots are busy and the queue is full; retry later",
-                             RETRY_AFTER_S)
+            raise Overloaded("all slots are busy and the queue is full; retry later", RETRY_AFTER_S)
         ticket = Ticket(self, None)
         self._waiters.append(ticket)
         return ticket
@@ -165,8 +164,11 @@ class EngineGate:
     still held, so the whole process keeps to the power level; it runs on the trio loop,
     so a cancelled request stops resting at once."""
 
-    def __init__(self, pace: Callable[[float], Awaitable[None]] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self,
+        pace: Callable[[float], Awaitable[None]] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.pace = pace
         self.clock = clock  # measures each call's work
         self._busy = False

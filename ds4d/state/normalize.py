@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 
-_BILLING_LINE = re.compile(r"^[ \t]*x-anthropic-billing-header:[^\n]*(?:\n|\Z)",
-                           re.IGNORECASE | re.MULTILINE)
+_BILLING_LINE = re.compile(
+    r"^[ \t]*x-anthropic-billing-header:[^\n]*(?:\n|\Z)", re.IGNORECASE | re.MULTILINE
+)
 
 
 def strip_billing_header(text: str) -> str:

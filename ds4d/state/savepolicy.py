@@ -30,8 +30,7 @@ class SavePolicy:
             raise ValueError("kv-cache-min-tokens must be > 0")
         if self.cold_max_tokens and self.cold_max_tokens < self.min_tokens:
             raise ValueError("kv-cache-cold-max-tokens must be 0 or >= kv-cache-min-tokens")
-        for name in ("continued_interval_tokens", "boundary_trim_tokens",
-                     "boundary_align_tokens"):
+        for name in ("continued_interval_tokens", "boundary_trim_tokens", "boundary_align_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0")
 
