@@ -48,7 +48,7 @@ def test_matmul_matches_float64(qtype: str, T: int, pool: native.Pool) -> None:
 def test_matmul_every_simd_level(level: int, T: int, pool: native.Pool) -> None:
     native.set_simd(level)
     try:
-        for qtype in ("Q4_1", "Q8_0", "Q4_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
+        for qtype in ("Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "IQ4_NL", "IQ4_XS", "MXFP4"):
             check(qtype, rows=21, K=768, T=T, pool=pool, seed=T)
     finally:
         native.set_simd(native.SIMD_AUTO)
