@@ -114,8 +114,11 @@ DS4N_INLINE void legacy_codes(const uint8_t *qs, const uint8_t *qh, int offset, 
     __m512i hi = _mm512_ternarylogic_epi32(b, _mm512_set1_epi32(0xf0), _mm512_set1_epi32(HI_BASE),
                                            AND_OR);
     if (qh) { /* bit j of qh is the fifth bit of code j */
+        /* kmovw from memory is a load alone; through a general register it is another
+         * shuffle-port operation per 16 codes. */
         __mmask16 k0, k1;
-        memcpy(&k0, qh, 2), memcpy(&k1, qh + 2, 2);
+        __asm__("kmovw %1, %0" : "=k"(k0) : "m"(*(const uint8_t(*)[2])qh));
+        __asm__("kmovw %1, %0" : "=k"(k1) : "m"(*(const uint8_t(*)[2])(qh + 2)));
         lo = _mm512_mask_or_epi32(lo, k0, lo, _mm512_set1_epi32(0x10));
         hi = _mm512_mask_or_epi32(hi, k1, hi, _mm512_set1_epi32(0x100));
     }
