@@ -140,6 +140,30 @@ DS4N_INLINE void f16_pairs(const uint8_t *p, int64_t stride, const int R, float 
     __asm__("vmovups %1, %0" : "=m"(*(float(*)[8])out) : "x"(_mm256_cvtph_ps(v)));
 }
 
+/* f16_pairs for four consecutive blocks (block_bytes apart) of R rows: out[k][2r], out[k][2r+1]
+ * = the two halves at p + k*block_bytes + r*stride, gathered at once (the offsets must fit
+ * 32 bits: f16_quads_fit). */
+#define DS4N_F16_QUADS
+static inline int f16_quads_fit(int64_t block_bytes, int64_t stride) {
+    return 3 * block_bytes + 3 * stride < INT32_MAX;
+}
+
+DS4N_INLINE void f16_quads(const uint8_t *p, int64_t block_bytes, int64_t stride, const int R,
+                           float out[4][8]) {
+    const __m512i k = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i r = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512i off = _mm512_add_epi32(_mm512_mullo_epi32(k, _mm512_set1_epi32((int)block_bytes)),
+                                         _mm512_mullo_epi32(r, _mm512_set1_epi32((int)stride)));
+    const __mmask16 rows = (__mmask16)(0x1111 * ((1u << R) - 1));
+    const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, off, p, 1);
+    __asm__("vmovups %1, %0"
+            : "=m"(*(float(*)[16])out[0])
+            : "v"(_mm512_cvtph_ps(_mm512_castsi512_si256(g))));
+    __asm__("vmovups %1, %0"
+            : "=m"(*(float(*)[16])out[2])
+            : "v"(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(g, 1))));
+}
+
 static inline void q8_codes(const int8_t *qs, v16 q[2]) {
     q[0] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(qs)));
     q[1] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(qs + 16)));

@@ -124,7 +124,23 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     /* The f16 scales (and min) of the R rows' blocks converted together; MXFP4's is a byte. */
     const int pairs = type != DS4N_MXFP4;
     float dm[2 * DS4N_MV_ROWS];
-    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK) {
+    int64_t i = 0;
+#ifdef DS4N_F16_QUADS
+    /* Four blocks' halves of the R rows in one gather and two conversions. */
+    if (pairs && f16_quads_fit(block_bytes, row_stride)) {
+        float dm4[4][2 * DS4N_MV_ROWS];
+        for (; i + 4 <= n / QK; i += 4) {
+            f16_quads(p, block_bytes, row_stride, R, dm4);
+            for (int k = 0; k < 4; k++, p += block_bytes, x += QK)
+                for (int r = 0; r < R; r++) {
+                    load_legacy(type, p + r * row_stride, &b);
+                    acc[r] = vfma_m(acc[r], &dm4[k][2 * r], block32_dot(b.q, x));
+                    if (is_affine(type)) accm[r] += dm4[k][2 * r + 1] * xsum[i + k];
+                }
+        }
+    }
+#endif
+    for (; i < n / QK; i++, p += block_bytes, x += QK) {
         if (pairs) f16_pairs(p, row_stride, R, dm);
         for (int r = 0; r < R; r++) {
             load_legacy(type, p + r * row_stride, &b);
