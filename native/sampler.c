@@ -100,24 +100,35 @@ static int64_t best_k(const float *key, int32_t *pos, int64_t m, int64_t k) {
 /* best_k over every position 0..n-1 (written to pos[0..k)): runs of positions none of which
  * beats the heap's worst are passed over by one vectorised compare. A position comes after
  * every one already in the heap, so it enters only with a strictly larger key: the result is
- * best_k's, ties included. */
-static int64_t best_k_all(const float *key, int64_t n, int64_t k, int32_t *pos) {
+ * best_k's, ties included. *nan: whether any key is a NaN (then the order is meaningless). */
+static int64_t best_k_all(const float *key, int64_t n, int64_t k, int32_t *pos, int *nan) {
     if (k >= n) k = n;
-    for (int64_t i = 0; i < k; i++) heap_push(key, pos, i, (int32_t)i);
+    int bad = 0;
+    for (int64_t i = 0; i < k; i++) {
+        bad |= key[i] != key[i];
+        heap_push(key, pos, i, (int32_t)i);
+    }
     for (int64_t i = k; i < n;) {
         if (i + SKIP_RUN <= n) {
             const float worst = key[pos[0]];
-            int any = 0;
-            for (int j = 0; j < SKIP_RUN; j++) any |= key[i + j] > worst;
+            int any = 0, odd = 0;
+            for (int j = 0; j < SKIP_RUN; j++) {
+                any |= key[i + j] > worst;
+                odd |= key[i + j] != key[i + j];
+            }
+            bad |= odd;
             if (!any) {
                 i += SKIP_RUN;
                 continue;
             }
         }
         const int64_t end = i + SKIP_RUN < n ? i + SKIP_RUN : n;
-        for (; i < end; i++)
+        for (; i < end; i++) {
+            bad |= key[i] != key[i];
             if (key[i] > key[pos[0]]) heap_replace(key, pos, k, (int32_t)i);
+        }
     }
+    *nan = bad;
     heap_sort(key, pos, k);
     return k;
 }
@@ -140,7 +151,8 @@ static int64_t top_p_prefix(const float *values, int32_t *pos, int64_t m, float 
     if (m == n && n > 64) {
         /* Usually a few candidates carry the mass: look at the best 64 first (every position
          * is a candidate here, so the list is rebuilt if they fall short). */
-        const int64_t c = best_k_all(w, n, 64, pos);
+        int unused;
+        const int64_t c = best_k_all(w, n, 64, pos, &unused);
         for (int64_t j = 0; j < c; j++)
             if ((mass += w[pos[j]]) >= target) return j + 1;
         for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
@@ -200,22 +212,31 @@ int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, 
         !(top_p > 0.0f && top_p <= 1.0f) || !(min_p >= 0.0f && min_p <= 1.0f) ||
         !(u >= 0.0 && u < 1.0))
         return -1;
-    /* argmax as numpy's: the first NaN if any, else the first maximum */
-    float vbest;
-    const int nan = max_and_nan(values, n, &vbest);
-    int64_t best = 0;
-    if (nan) {
-        while (!isnan(values[best])) best++;
-        return best;
-    }
-    while (values[best] != vbest) best++;
-    if (!isfinite(vbest)) return best;
     if (grow(n) != 0) return -2;
     float *w = w_buf;
     int32_t *pos = pos_buf;
-    int64_t m = n;
-    if (top_k > 0 && top_k < n) m = best_k_all(values, n, top_k, pos);
-    else for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
+    /* argmax as numpy's: the first NaN if any, else the first maximum; with top_k it is the
+     * first of the k best (ties go to the lower position), found in the same pass. */
+    float vbest;
+    int nan;
+    int64_t m = n, best = 0;
+    if (top_k > 0 && top_k < n) {
+        m = best_k_all(values, n, top_k, pos, &nan);
+        best = pos[0];
+        vbest = values[best];
+    } else {
+        nan = max_and_nan(values, n, &vbest);
+        if (!nan)
+            while (values[best] != vbest) best++;
+    }
+    if (nan) {
+        best = 0;
+        while (!isnan(values[best])) best++;
+        return best;
+    }
+    if (!isfinite(vbest)) return best;
+    if (m == n)
+        for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
     if (top_p < 1.0f) m = top_p_prefix(values, pos, m, top_p, w, n);
     if (min_p > 0.0f) {
         const float cut = vbest + (float)log((double)min_p);

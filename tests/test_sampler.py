@@ -154,6 +154,8 @@ def test_native_top_k_over_a_large_vocabulary_with_many_ties() -> None:
         # A flat temperature weighs every kept token alike: u = (j + 1/2) / k draws the j-th.
         got = {native.sample(values, k, 1.0, 0.0, 1e30, (j + 0.5) / k) for j in range(k)}
         assert got == set(order[:k].tolist())
+    values[7_000] = values[8_000] = np.inf
+    assert native.sample(values, 40, 1.0, 0.0, 1.0, 0.5) == 7_000  # the first of the best
     values[5_000] = np.nan
     assert native.sample(values, 40, 1.0, 0.0, 1.0, 0.5) == 5_000  # numpy's argmax: the NaN
 
