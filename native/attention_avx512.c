@@ -12,6 +12,7 @@
 #include <string.h>
 
 #define RG_MAX 6
+#define ATTN_RG4 1 /* 32 registers: a 4-row group's 16 accumulators fit */
 #define INLINE static inline __attribute__((always_inline))
 
 /* exp(x) to about 1 ulp (Cephes polynomial); exactly 0 for x below -87.3 (and -inf). */

@@ -89,13 +89,22 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
 
 /* The tiles need whole 16-float head chunks and tile-aligned key ranges; anything else
  * (and an unknown KV type) takes the scalar kernel. rg and the type are constants in each
- * call so each inlines specialised. */
-#define DS4N_ATTEND_TYPE(j, scratch, t)                             \
-    do {                                                            \
-        if ((j)->n_tok * (j)->n_group <= 3)                         \
-            attend(j, scratch, 3, t);                               \
-        else                                                        \
-            attend(j, scratch, 6, t);                               \
+ * call so each inlines specialised. A set with the registers for it (ATTN_RG4) takes groups
+ * of 4 rows when they fit the rows exactly and 6 would not (4 query heads per kv head, one
+ * or two tokens: groups of 6 would compute 2 of every 6 rows as padding). Each row's
+ * arithmetic is the same whatever its group. */
+#ifndef ATTN_RG4
+#define ATTN_RG4 0
+#endif
+#define DS4N_ATTEND_TYPE(j, scratch, t)                                          \
+    do {                                                                         \
+        const int rows_ = (j)->n_tok * (j)->n_group;                             \
+        if (rows_ <= 3)                                                          \
+            attend(j, scratch, 3, t);                                            \
+        else if (ATTN_RG4 && rows_ % 4 == 0 && rows_ % 6 != 0 && rows_ <= 16)    \
+            attend(j, scratch, 4, t);                                            \
+        else                                                                     \
+            attend(j, scratch, 6, t);                                            \
     } while (0)
 
 #define DS4N_DEFINE_ATTN(name)                                      \

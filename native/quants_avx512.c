@@ -98,22 +98,32 @@ static inline __m256i shr32(__m256i v, int count) {
     return _mm256_srl_epi16(v, _mm_cvtsi32_si128(count));
 }
 
+/* Codes to floats without a conversion: a nibble n placed in the low mantissa bits of 2^23
+ * (low nibbles) or, kept in bits 4..7, of 2^19 (whose mantissa step is 1/16: high nibbles)
+ * is the float 2^23 + n or 2^19 + n, and one subtraction takes the base and the type's offset
+ * off, exactly (both operands in [2^k, 2^(k+1)): Sterbenz). The fifth bit is 16 at either
+ * place, set under a mask read straight from qh. */
+#define LO_BASE 0x4B000000 /* 2^23 */
+#define HI_BASE 0x49000000 /* 2^19 */
+#define AND_OR 0xEA        /* vpternlog: (a & b) | c */
+
 DS4N_INLINE void legacy_codes(const uint8_t *qs, const uint8_t *qh, int offset, v16 q[2]) {
-    const __m512i b = u8x16(qs), m4 = _mm512_set1_epi32(0x0f);
-    __m512i lo = _mm512_and_si512(b, m4), hi = _mm512_srli_epi32(b, 4);
+    const __m512i b = u8x16(qs);
+    __m512i lo = _mm512_ternarylogic_epi32(b, _mm512_set1_epi32(0x0f), _mm512_set1_epi32(LO_BASE),
+                                           AND_OR);
+    __m512i hi = _mm512_ternarylogic_epi32(b, _mm512_set1_epi32(0xf0), _mm512_set1_epi32(HI_BASE),
+                                           AND_OR);
     if (qh) { /* bit j of qh is the fifth bit of code j */
-        uint32_t h;
-        memcpy(&h, qh, 4);
-        const __m512i b4 = _mm512_set1_epi32(0x10);
-        lo = _mm512_mask_or_epi32(lo, (__mmask16)(h & 0xffff), lo, b4);
-        hi = _mm512_mask_or_epi32(hi, (__mmask16)(h >> 16), hi, b4);
+        /* kmovw from memory is a load alone; through a general register it is another
+         * shuffle-port operation per 16 codes. */
+        __mmask16 k0, k1;
+        __asm__("kmovw %1, %0" : "=k"(k0) : "m"(*(const uint8_t(*)[2])qh));
+        __asm__("kmovw %1, %0" : "=k"(k1) : "m"(*(const uint8_t(*)[2])(qh + 2)));
+        lo = _mm512_mask_or_epi32(lo, k0, lo, _mm512_set1_epi32(0x10));
+        hi = _mm512_mask_or_epi32(hi, k1, hi, _mm512_set1_epi32(0x100));
     }
-    if (offset) {
-        const __m512i off = _mm512_set1_epi32(offset);
-        lo = _mm512_sub_epi32(lo, off), hi = _mm512_sub_epi32(hi, off);
-    }
-    q[0] = _mm512_cvtepi32_ps(lo);
-    q[1] = _mm512_cvtepi32_ps(hi);
+    q[0] = _mm512_sub_ps(_mm512_castsi512_ps(lo), _mm512_set1_ps(8388608.0f + (float)offset));
+    q[1] = _mm512_sub_ps(_mm512_castsi512_ps(hi), _mm512_set1_ps(524288.0f + (float)offset));
 }
 
 /* out[2r], out[2r+1] = the two halves at p + r*stride as floats, r < R (the d and m of R
@@ -128,6 +138,30 @@ DS4N_INLINE void f16_pairs(const uint8_t *p, int64_t stride, const int R, float 
     /* Stored by an asm the compiler cannot see through, so each use of out[] is a broadcast
      * load folded into its FMA, not a register broadcast on the shuffle port. */
     __asm__("vmovups %1, %0" : "=m"(*(float(*)[8])out) : "x"(_mm256_cvtph_ps(v)));
+}
+
+/* f16_pairs for four consecutive blocks (block_bytes apart) of R rows: out[k][2r], out[k][2r+1]
+ * = the two halves at p + k*block_bytes + r*stride, gathered at once (the offsets must fit
+ * 32 bits: f16_quads_fit). */
+#define DS4N_F16_QUADS
+static inline int f16_quads_fit(int64_t block_bytes, int64_t stride) {
+    return 3 * block_bytes + 3 * stride < INT32_MAX;
+}
+
+DS4N_INLINE void f16_quads(const uint8_t *p, int64_t block_bytes, int64_t stride, const int R,
+                           float out[4][8]) {
+    const __m512i k = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i r = _mm512_setr_epi32(0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3);
+    const __m512i off = _mm512_add_epi32(_mm512_mullo_epi32(k, _mm512_set1_epi32((int)block_bytes)),
+                                         _mm512_mullo_epi32(r, _mm512_set1_epi32((int)stride)));
+    const __mmask16 rows = (__mmask16)(0x1111 * ((1u << R) - 1));
+    const __m512i g = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), rows, off, p, 1);
+    __asm__("vmovups %1, %0"
+            : "=m"(*(float(*)[16])out[0])
+            : "v"(_mm512_cvtph_ps(_mm512_castsi512_si256(g))));
+    __asm__("vmovups %1, %0"
+            : "=m"(*(float(*)[16])out[2])
+            : "v"(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(g, 1))));
 }
 
 static inline void q8_codes(const int8_t *qs, v16 q[2]) {
@@ -197,6 +231,227 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
     q[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), values);
 }
 
+/* ---- Q4_K / Q5_K decode matvecs ------------------------------------------------------ */
+
+/* The super-block's eight (d·sc, dmin·m) as lanes 2s, 2s+1: the 6-bit pairs unpacked from the
+ * 12 scale bytes by two byte shuffles (low bits, and the two high bits of sub-blocks 4..7),
+ * then one conversion and one multiply by (d, dmin) for all sixteen (the scalar products). */
+DS4N_INLINE __m512 k45_scale_mins(const uint8_t *blk) {
+    const __m128i S = _mm_loadu_si128((const __m128i *)(blk + 4)); /* scales[12] and 4 more */
+    const __m128i P = _mm_shuffle_epi8(S, _mm_setr_epi8(0, 4, 1, 5, 2, 6, 3, 7, 8, 8, 9, 9, 10,
+                                                        10, 11, 11));
+    const __m128i Q = _mm_shuffle_epi8(S, _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 1,
+                                                        5, 2, 6, 3, 7));
+    /* sc (even bytes) and m (odd) of sub-blocks 0..3: 6 bits; of 4..7: a nibble (the m's the
+     * high one) and the top two bits of the bytes Q picked, as bits 4..5 */
+    const __m128i low = _mm_mask_blend_epi8(0xAA00, P, _mm_srli_epi16(P, 4));
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(Q, 2), _mm_set1_epi8(0x30));
+    const __m128i keep = _mm_setr_epi8(63, 63, 63, 63, 63, 63, 63, 63, 15, 15, 15, 15, 15, 15,
+                                       15, 15);
+    const __m128i v = _mm_ternarylogic_epi32(low, keep, high, AND_OR);
+    uint32_t u;
+    memcpy(&u, blk, 4); /* d, dmin */
+    const __m512 dd = _mm512_cvtph_ps(_mm256_set1_epi32((int)u));
+    return _mm512_mul_ps(dd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)));
+}
+
+/* The codes of sub-blocks 2j (q[0], q[1]) and 2j+1 (q[2], q[3]): the low and high nibbles of
+ * the same 32 bytes, widened once, made floats as legacy_codes does. */
+DS4N_INLINE void k45_pair(const uint8_t *qs, const uint8_t *qh, int j, v16 q[4]) {
+    const __m512i b0 = u8x16(qs + 32 * j), b1 = u8x16(qs + 32 * j + 16);
+    const __m512i m_lo = _mm512_set1_epi32(0x0f), m_hi = _mm512_set1_epi32(0xf0);
+    const __m512i e_lo = _mm512_set1_epi32(LO_BASE), e_hi = _mm512_set1_epi32(HI_BASE);
+    __m512i v[4] = {_mm512_ternarylogic_epi32(b0, m_lo, e_lo, AND_OR),
+                    _mm512_ternarylogic_epi32(b1, m_lo, e_lo, AND_OR),
+                    _mm512_ternarylogic_epi32(b0, m_hi, e_hi, AND_OR),
+                    _mm512_ternarylogic_epi32(b1, m_hi, e_hi, AND_OR)};
+    if (qh) { /* bit s of qh[l] is the fifth bit of code l of sub-block s */
+        const __m256i h = load32(qh);
+        const __mmask32 k0 = _mm256_test_epi8_mask(h, _mm256_set1_epi8((char)(1 << (2 * j))));
+        const __mmask32 k1 = _mm256_test_epi8_mask(h, _mm256_set1_epi8((char)(2 << (2 * j))));
+        const __m512i f_lo = _mm512_set1_epi32(0x10), f_hi = _mm512_set1_epi32(0x100);
+        v[0] = _mm512_mask_or_epi32(v[0], (__mmask16)k0, v[0], f_lo);
+        v[1] = _mm512_mask_or_epi32(v[1], (__mmask16)(k0 >> 16), v[1], f_lo);
+        v[2] = _mm512_mask_or_epi32(v[2], (__mmask16)k1, v[2], f_hi);
+        v[3] = _mm512_mask_or_epi32(v[3], (__mmask16)(k1 >> 16), v[3], f_hi);
+    }
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm512_sub_ps(_mm512_castsi512_ps(v[i]), _mm512_set1_ps(i < 2 ? 8388608.0f : 524288.0f));
+}
+
+/* Lanes 1, 3, .., 15 = the super-block's eight per-32 sums of x, the rest 0: the mins' dot
+ * with k45_scale_mins is one multiply-add (masked, so an infinite d·sc never meets a 0). */
+static inline __m512 k45_xsums(const float *xsum) {
+    return _mm512_maskz_expandloadu_ps(0xAAAA, xsum);
+}
+
+DS4N_INLINE __m512 k45_min_fma(__m512 sm, __m512 xs, __m512 accm) {
+    return _mm512_mask3_fmadd_ps(sm, xs, accm, 0xAAAA);
+}
+
+/* Σq·x of one 32-group, as a vector (as block32_dot). */
+DS4N_INLINE __m512 k45_dot32(const v16 *q, const float *x) {
+    return _mm512_fmadd_ps(q[1], _mm512_loadu_ps(x + 16), _mm512_mul_ps(q[0], _mm512_loadu_ps(x)));
+}
+
+/* Stores v where the compiler cannot see it, so each later read of one lane is a broadcast
+ * folded into its FMA rather than a shuffle (as f16_pairs). */
+static inline void k45_park(float *out, __m512 v) {
+    __asm__("vmovups %1, %0" : "=m"(*(float(*)[16])out) : "v"(v));
+}
+
+DS4N_INLINE void rows_k45(int five, const void *w, int64_t row_stride, const float *x,
+                          const float *xsum, int64_t n, float *y, const int R) {
+    const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    __m512 acc[DS4N_MV_ROWS], accm[DS4N_MV_ROWS];
+    _Alignas(64) float sm[DS4N_MV_ROWS][16];
+    for (int r = 0; r < R; r++) acc[r] = accm[r] = _mm512_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += bb, x += QK_K, xsum += 8) {
+        const __m512 xs = k45_xsums(xsum);
+        for (int r = 0; r < R; r++) {
+            const __m512 v = k45_scale_mins(p + r * row_stride);
+            accm[r] = k45_min_fma(v, xs, accm[r]);
+            k45_park(sm[r], v);
+        }
+        for (int j = 0; j < 4; j++)
+            for (int r = 0; r < R; r++) {
+                const uint8_t *b = p + r * row_stride;
+                v16 q[4];
+                k45_pair(five ? ((const block_q5_K *)b)->qs : ((const block_q4_K *)b)->qs,
+                         five ? ((const block_q5_K *)b)->qh : NULL, j, q);
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sm[r][4 * j]), k45_dot32(q, x + 64 * j),
+                                         acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sm[r][4 * j + 2]),
+                                         k45_dot32(q + 2, x + 64 * j + 32), acc[r]);
+            }
+    }
+    for (int r = 0; r < R; r++) y[r] = ds4n_hsum_avx512(acc[r]) - ds4n_hsum_avx512(accm[r]);
+}
+
+/* rows_k45's arithmetic for one row and T tokens, the super-block decoded once for all. */
+DS4N_INLINE void cols_k45(int five, const void *w, const float *x, int64_t ldx,
+                          const float *xsum, int64_t n, float *y, int64_t ldy, const int T) {
+    const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K), nb = n / QK;
+    __m512 acc[DS4N_SMALL_T], accm[DS4N_SMALL_T];
+    _Alignas(64) float sm[16];
+    for (int t = 0; t < T; t++) acc[t] = accm[t] = _mm512_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += bb) {
+        const __m512 v = k45_scale_mins(p);
+        for (int t = 0; t < T; t++) accm[t] = k45_min_fma(v, k45_xsums(xsum + t * nb + 8 * i), accm[t]);
+        k45_park(sm, v);
+        const uint8_t *qs = five ? ((const block_q5_K *)p)->qs : ((const block_q4_K *)p)->qs;
+        const uint8_t *qh = five ? ((const block_q5_K *)p)->qh : NULL;
+        for (int j = 0; j < 4; j++) {
+            v16 q[4];
+            k45_pair(qs, qh, j, q);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + t * ldx + i * QK_K + 64 * j;
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sm[4 * j]), k45_dot32(q, xt), acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sm[4 * j + 2]), k45_dot32(q + 2, xt + 32),
+                                         acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++)
+        y[t * ldy] = ds4n_hsum_avx512(acc[t]) - ds4n_hsum_avx512(accm[t]);
+}
+
+/* ---- Q6_K decode matvecs ---------------------------------------------------------------- */
+
+#define SELECT 0xE4 /* vpternlog: c ? a : b, bit by bit */
+
+/* The super-block's sixteen d·scale (the scalar products). */
+DS4N_INLINE __m512 q6_scales(const block_q6_K *b) {
+    const __m512 d = _mm512_set1_ps(f16(b->d));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b->scales))));
+}
+
+/* Codes 16u..16u+16 of the four 32-groups r of half h, offset removed, as legacy_codes makes
+ * floats: group r's low four bits are nibble r/2 of ql byte (r%2)*32 + l, its top two bits
+ * bits 2r, 2r+1 of qh byte l, shifted beside them (by 4 or 2: one shift serves two groups). */
+DS4N_INLINE void q6_quad(const block_q6_K *b, int h, int u, v16 q[4]) {
+    const __m512i l0 = u8x16(b->ql + 64 * h + 16 * u), l1 = u8x16(b->ql + 64 * h + 32 + 16 * u);
+    const __m512i c = u8x16(b->qh + 32 * h + 16 * u);
+    const __m512i c4 = _mm512_slli_epi32(c, 4), c2 = _mm512_slli_epi32(c, 2);
+    const __m512i n_lo = _mm512_set1_epi32(0x0f), n_hi = _mm512_set1_epi32(0xf0);
+    const __m512i k_lo = _mm512_set1_epi32(0x3f), k_hi = _mm512_set1_epi32(0x3f0);
+    const __m512i e_lo = _mm512_set1_epi32(LO_BASE), e_hi = _mm512_set1_epi32(HI_BASE);
+    const __m512i v[4] = {
+        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l0, c4, n_lo, SELECT), k_lo, e_lo,
+                                  AND_OR),
+        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l1, c2, n_lo, SELECT), k_lo, e_lo,
+                                  AND_OR),
+        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l0, c4, n_hi, SELECT), k_hi, e_hi,
+                                  AND_OR),
+        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l1, c2, n_hi, SELECT), k_hi, e_hi,
+                                  AND_OR),
+    };
+    for (int r = 0; r < 4; r++)
+        q[r] = _mm512_sub_ps(_mm512_castsi512_ps(v[r]),
+                             _mm512_set1_ps(r < 2 ? 8388608.0f + 32.0f : 524288.0f + 32.0f));
+}
+
+DS4N_INLINE void rows_q6(const void *w, int64_t row_stride, const float *x, const float *xsum,
+                         int64_t n, float *y, const int R) {
+    __m512 acc[DS4N_MV_ROWS];
+    _Alignas(64) float sc[DS4N_MV_ROWS][16];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += sizeof(block_q6_K), x += QK_K) {
+        for (int r = 0; r < R; r++)
+            k45_park(sc[r], q6_scales((const block_q6_K *)(p + r * row_stride)));
+        for (int h = 0; h < 2; h++)
+            for (int u = 0; u < 2; u++)
+                for (int r = 0; r < R; r++) {
+                    v16 q[4];
+                    q6_quad((const block_q6_K *)(p + r * row_stride), h, u, q);
+                    for (int g = 0; g < 4; g++) /* 16-group 2(4h + g) + u */
+                        acc[r] = _mm512_fmadd_ps(
+                            _mm512_set1_ps(sc[r][2 * (4 * h + g) + u]),
+                            _mm512_mul_ps(q[g], _mm512_loadu_ps(x + 128 * h + 32 * g + 16 * u)),
+                            acc[r]);
+                }
+    }
+    for (int r = 0; r < R; r++) y[r] = ds4n_hsum_avx512(acc[r]);
+}
+
+/* rows_q6's arithmetic for one row and T tokens. */
+DS4N_INLINE void cols_q6(const void *w, const float *x, int64_t ldx, const float *xsum,
+                         int64_t n, float *y, int64_t ldy, const int T) {
+    __m512 acc[DS4N_SMALL_T];
+    _Alignas(64) float sc[16];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    const block_q6_K *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        k45_park(sc, q6_scales(&b[i]));
+        for (int h = 0; h < 2; h++)
+            for (int u = 0; u < 2; u++) {
+                v16 q[4];
+                q6_quad(&b[i], h, u, q);
+                for (int t = 0; t < T; t++)
+                    for (int g = 0; g < 4; g++) {
+                        const float *xt = x + t * ldx + i * QK_K + 128 * h + 32 * g + 16 * u;
+                        acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sc[2 * (4 * h + g) + u]),
+                                                 _mm512_mul_ps(q[g], _mm512_loadu_ps(xt)), acc[t]);
+                    }
+            }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = ds4n_hsum_avx512(acc[t]);
+}
+
+#define DS4N_OWN_K45_MATVEC
+#define DS4N_OWN_Q6_K_MATVEC
 #include "quants_generic.h"
+
+DS4N_ROWS_KERNEL(q4_K, rows_k45, 0)
+DS4N_ROWS_KERNEL(q5_K, rows_k45, 1)
+DS4N_COLS_KERNEL(q4_K, cols_k45, 0)
+DS4N_COLS_KERNEL(q5_K, cols_k45, 1)
+#define rows_q6_body(unused, ...) rows_q6(__VA_ARGS__)
+DS4N_ROWS_KERNEL(q6_K_R, rows_q6_body, 0)
+#define cols_q6_body(unused, ...) cols_q6(__VA_ARGS__)
+DS4N_COLS_KERNEL(q6_K_T, cols_q6_body, 0)
 
 DS4N_DEFINE_KERNEL_SET(ds4n_avx512_set, ds4n_tile_avx512, DS4N_TILE_COLS_MAX)

@@ -124,7 +124,23 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     /* The f16 scales (and min) of the R rows' blocks converted together; MXFP4's is a byte. */
     const int pairs = type != DS4N_MXFP4;
     float dm[2 * DS4N_MV_ROWS];
-    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK) {
+    int64_t i = 0;
+#ifdef DS4N_F16_QUADS
+    /* Four blocks' halves of the R rows in one gather and two conversions. */
+    if (pairs && f16_quads_fit(block_bytes, row_stride)) {
+        float dm4[4][2 * DS4N_MV_ROWS];
+        for (; i + 4 <= n / QK; i += 4) {
+            f16_quads(p, block_bytes, row_stride, R, dm4);
+            for (int k = 0; k < 4; k++, p += block_bytes, x += QK)
+                for (int r = 0; r < R; r++) {
+                    load_legacy(type, p + r * row_stride, &b);
+                    acc[r] = vfma_m(acc[r], &dm4[k][2 * r], block32_dot(b.q, x));
+                    if (is_affine(type)) accm[r] += dm4[k][2 * r + 1] * xsum[i + k];
+                }
+        }
+    }
+#endif
+    for (; i < n / QK; i++, p += block_bytes, x += QK) {
         if (pairs) f16_pairs(p, row_stride, R, dm);
         for (int r = 0; r < R; r++) {
             load_legacy(type, p + r * row_stride, &b);
@@ -194,6 +210,7 @@ DS4N_INLINE float dot_q45_K(const void *w, const float *x, int64_t n, int five) 
     return vhsum(vsub(acc, accm));
 }
 
+#ifndef DS4N_OWN_K45_MATVEC
 DS4N_INLINE void rows_q45_K(int five, const void *w, int64_t row_stride, const float *x,
                             const float *xsum, int64_t n, float *y, const int R) {
     const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
@@ -249,6 +266,8 @@ DS4N_INLINE void cols_q45_K(int five, const void *w, const float *x, int64_t ldx
     for (int t = 0; t < T; t++) y[t * ldy] = vhsum(acc[t]) - accm[t];
 }
 
+#endif
+
 static float dot_q4_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 0); }
 static float dot_q5_K(const void *w, const float *x, int64_t n) { return dot_q45_K(w, x, n, 1); }
 
@@ -282,6 +301,7 @@ static float dot_q6_K(const void *w, const float *x, int64_t n) {
     return vhsum(acc);
 }
 
+#ifndef DS4N_OWN_Q6_K_MATVEC
 DS4N_INLINE void rows_q6_K(const void *w, int64_t row_stride, const float *x, const float *xsum,
                            int64_t n, float *y, const int R) {
     vacc acc[DS4N_MV_ROWS];
@@ -324,6 +344,8 @@ DS4N_INLINE void cols_q6_K(const void *w, const float *x, int64_t ldx, const flo
     }
     for (int t = 0; t < T; t++) y[t * ldy] = vhsum(acc[t]);
 }
+
+#endif
 
 /* ---- Q2_K / Q3_K: sixteen groups of 16 ---------------------------------------------------- */
 
@@ -487,14 +509,18 @@ DS4N_LEGACY_ROWS(q5_1, DS4N_Q5_1, block_q5_1)
 DS4N_LEGACY_ROWS(q8_0, DS4N_Q8_0, block_q8_0)
 DS4N_LEGACY_ROWS(iq4_nl, DS4N_IQ4_NL, block_iq4_nl)
 DS4N_LEGACY_ROWS(mxfp4, DS4N_MXFP4, block_mxfp4)
+#ifndef DS4N_OWN_K45_MATVEC /* a set may define its own rows_/cols_q4_K and q5_K */
 DS4N_ROWS_KERNEL(q4_K, rows_q45_K, 0)
 DS4N_ROWS_KERNEL(q5_K, rows_q45_K, 1)
 DS4N_COLS_KERNEL(q4_K, cols_q45_K, 0)
 DS4N_COLS_KERNEL(q5_K, cols_q45_K, 1)
+#endif
+#ifndef DS4N_OWN_Q6_K_MATVEC /* a set may define its own rows_q6_K_R and cols_q6_K_T */
 #define rows_q6_K_body(unused, ...) rows_q6_K(__VA_ARGS__)
 DS4N_ROWS_KERNEL(q6_K_R, rows_q6_K_body, 0)
 #define cols_q6_K_body(unused, ...) cols_q6_K(__VA_ARGS__)
 DS4N_COLS_KERNEL(q6_K_T, cols_q6_K_body, 0)
+#endif
 
 #define DS4N_GENERIC_KERNELS(name, T, block, kind)                             \
     static void dequant_##name(const void *s, float *y, int64_t n) {          \

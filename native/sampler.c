@@ -50,49 +50,86 @@ static inline int before(float ka, int32_t pa, float kb, int32_t pb) {
     return ka > kb || (ka == kb && pa < pb);
 }
 
+/* The heap of best_k: a min-heap (worst at h[0]) of the best k positions so far by key. */
+static inline void heap_push(const float *key, int32_t *h, int64_t j, int32_t p) {
+    while (j > 0 && before(key[h[(j - 1) / 2]], h[(j - 1) / 2], key[p], p)) { /* sift up */
+        h[j] = h[(j - 1) / 2];
+        j = (j - 1) / 2;
+    }
+    h[j] = p;
+}
+
+/* p in place of the worst of h[0..k) (the caller checked it ranks before it). */
+static inline void heap_replace(const float *key, int32_t *h, int64_t k, int32_t p) {
+    int64_t j = 0;
+    for (;;) { /* sift down */
+        int64_t c = 2 * j + 1;
+        if (c >= k) break;
+        if (c + 1 < k && before(key[h[c]], h[c], key[h[c + 1]], h[c + 1])) c++;
+        if (!before(key[p], p, key[h[c]], h[c])) break;
+        h[j] = h[c];
+        j = c;
+    }
+    h[j] = p;
+}
+
+/* The heap h[0..k) sorted best-first (heap sort: worst to the back). */
+static void heap_sort(const float *key, int32_t *h, int64_t k) {
+    for (int64_t end = k - 1; end > 0; end--) {
+        const int32_t p = h[end];
+        h[end] = h[0];
+        heap_replace(key, h, end, p);
+    }
+}
+
 /* Keeps in pos[0..k) the k best of pos[0..m) by key[pos] (a min-heap of the best so far,
  * sorted best-first at the end); returns k (or m if smaller). */
 static int64_t best_k(const float *key, int32_t *pos, int64_t m, int64_t k) {
     if (k >= m) k = m;
-    int32_t *h = pos; /* the heap lives in the first k slots */
     for (int64_t i = 0; i < m; i++) {
         const int32_t p = pos[i];
-        int64_t j;
-        if (i < k) { /* sift up */
-            j = i;
-            while (j > 0 && before(key[h[(j - 1) / 2]], h[(j - 1) / 2], key[p], p)) {
-                h[j] = h[(j - 1) / 2];
-                j = (j - 1) / 2;
+        if (i < k) heap_push(key, pos, i, p); /* the heap lives in the first k slots */
+        else if (before(key[p], p, key[pos[0]], pos[0])) heap_replace(key, pos, k, p);
+    }
+    heap_sort(key, pos, k);
+    return k;
+}
+
+#define SKIP_RUN 64 /* positions tested together against the heap's worst */
+
+/* best_k over every position 0..n-1 (written to pos[0..k)): runs of positions none of which
+ * beats the heap's worst are passed over by one vectorised compare. A position comes after
+ * every one already in the heap, so it enters only with a strictly larger key: the result is
+ * best_k's, ties included. *nan: whether any key is a NaN (then the order is meaningless). */
+static int64_t best_k_all(const float *key, int64_t n, int64_t k, int32_t *pos, int *nan) {
+    if (k >= n) k = n;
+    int bad = 0;
+    for (int64_t i = 0; i < k; i++) {
+        bad |= key[i] != key[i];
+        heap_push(key, pos, i, (int32_t)i);
+    }
+    for (int64_t i = k; i < n;) {
+        if (i + SKIP_RUN <= n) {
+            const float worst = key[pos[0]];
+            int any = 0, odd = 0;
+            for (int j = 0; j < SKIP_RUN; j++) {
+                any |= key[i + j] > worst;
+                odd |= key[i + j] != key[i + j];
             }
-            h[j] = p;
-        } else if (before(key[p], p, key[h[0]], h[0])) { /* replace the worst, sift down */
-            j = 0;
-            for (;;) {
-                int64_t c = 2 * j + 1;
-                if (c >= k) break;
-                if (c + 1 < k && before(key[h[c]], h[c], key[h[c + 1]], h[c + 1])) c++;
-                if (!before(key[p], p, key[h[c]], h[c])) break;
-                h[j] = h[c];
-                j = c;
+            bad |= odd;
+            if (!any) {
+                i += SKIP_RUN;
+                continue;
             }
-            h[j] = p;
+        }
+        const int64_t end = i + SKIP_RUN < n ? i + SKIP_RUN : n;
+        for (; i < end; i++) {
+            bad |= key[i] != key[i];
+            if (key[i] > key[pos[0]]) heap_replace(key, pos, k, (int32_t)i);
         }
     }
-    /* heap sort: worst to the back, leaving best-first order */
-    for (int64_t end = k - 1; end > 0; end--) {
-        const int32_t p = h[end];
-        h[end] = h[0];
-        int64_t j = 0;
-        for (;;) {
-            int64_t c = 2 * j + 1;
-            if (c >= end) break;
-            if (c + 1 < end && before(key[h[c]], h[c], key[h[c + 1]], h[c + 1])) c++;
-            if (!before(key[p], p, key[h[c]], h[c])) break;
-            h[j] = h[c];
-            j = c;
-        }
-        h[j] = p;
-    }
+    *nan = bad;
+    heap_sort(key, pos, k);
     return k;
 }
 
@@ -114,7 +151,8 @@ static int64_t top_p_prefix(const float *values, int32_t *pos, int64_t m, float 
     if (m == n && n > 64) {
         /* Usually a few candidates carry the mass: look at the best 64 first (every position
          * is a candidate here, so the list is rebuilt if they fall short). */
-        const int64_t c = best_k(w, pos, n, 64);
+        int unused;
+        const int64_t c = best_k_all(w, n, 64, pos, &unused);
         for (int64_t j = 0; j < c; j++)
             if ((mass += w[pos[j]]) >= target) return j + 1;
         for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
@@ -132,32 +170,73 @@ static int64_t top_p_prefix(const float *values, int32_t *pos, int64_t m, float 
     return c;
 }
 
+/* 4 floats in the compiler's generic vectors (SSE2 / NEON registers, gcc and clang alike):
+ * the argmax pass below as selects on compares, which the compiler does not find itself. */
+typedef float f4 __attribute__((vector_size(16)));
+typedef int32_t i4 __attribute__((vector_size(16)));
+#define RUNS 4 /* independent running maxima of 4 lanes */
+
+/* The maximum of values[0..n) (n > 0; NaNs aside) in *mx, and whether any is a NaN. */
+static int max_and_nan(const float *values, int64_t n, float *mx) {
+    f4 m[RUNS];
+    i4 nan[RUNS];
+    for (int j = 0; j < RUNS; j++) m[j] = (f4){values[0], values[0], values[0], values[0]};
+    for (int j = 0; j < RUNS; j++) nan[j] = (i4){0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 * RUNS <= n; i += 4 * RUNS)
+        for (int j = 0; j < RUNS; j++) {
+            f4 v;
+            memcpy(&v, values + i + 4 * j, sizeof v);
+            const i4 gt = v > m[j];
+            m[j] = (f4)(((i4)v & gt) | ((i4)m[j] & ~gt));
+            nan[j] |= v != v;
+        }
+    float best = values[0];
+    int any = 0;
+    for (int j = 0; j < RUNS; j++)
+        for (int l = 0; l < 4; l++) {
+            best = m[j][l] > best ? m[j][l] : best;
+            any |= nan[j][l] != 0;
+        }
+    for (; i < n; i++) {
+        any |= values[i] != values[i];
+        best = values[i] > best ? values[i] : best;
+    }
+    *mx = best;
+    return any;
+}
+
 int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, float min_p,
                     float temperature, double u) {
     if (!values || n <= 0 || n > INT32_MAX || !(temperature > 0.0f) || top_k < 0 ||
         !(top_p > 0.0f && top_p <= 1.0f) || !(min_p >= 0.0f && min_p <= 1.0f) ||
         !(u >= 0.0 && u < 1.0))
         return -1;
-    /* argmax as numpy's: the first NaN if any, else the first maximum */
-    float vbest = values[0];
-    int nan = 0;
-    for (int64_t i = 0; i < n; i++) {
-        nan |= values[i] != values[i];
-        vbest = values[i] > vbest ? values[i] : vbest;
-    }
-    int64_t best = 0;
-    if (nan) {
-        while (!isnan(values[best])) best++;
-        return best;
-    }
-    while (values[best] != vbest) best++;
-    if (!isfinite(vbest)) return best;
     if (grow(n) != 0) return -2;
     float *w = w_buf;
     int32_t *pos = pos_buf;
-    for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
-    int64_t m = n;
-    if (top_k > 0 && top_k < n) m = best_k(values, pos, n, top_k);
+    /* argmax as numpy's: the first NaN if any, else the first maximum; with top_k it is the
+     * first of the k best (ties go to the lower position), found in the same pass. */
+    float vbest;
+    int nan;
+    int64_t m = n, best = 0;
+    if (top_k > 0 && top_k < n) {
+        m = best_k_all(values, n, top_k, pos, &nan);
+        best = pos[0];
+        vbest = values[best];
+    } else {
+        nan = max_and_nan(values, n, &vbest);
+        if (!nan)
+            while (values[best] != vbest) best++;
+    }
+    if (nan) {
+        best = 0;
+        while (!isnan(values[best])) best++;
+        return best;
+    }
+    if (!isfinite(vbest)) return best;
+    if (m == n)
+        for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
     if (top_p < 1.0f) m = top_p_prefix(values, pos, m, top_p, w, n);
     if (min_p > 0.0f) {
         const float cut = vbest + (float)log((double)min_p);

@@ -48,8 +48,22 @@ def test_matmul_matches_float64(qtype: str, T: int, pool: native.Pool) -> None:
 def test_matmul_every_simd_level(level: int, T: int, pool: native.Pool) -> None:
     native.set_simd(level)
     try:
-        for qtype in ("Q4_1", "Q8_0", "Q4_K", "IQ4_NL", "IQ4_XS", "MXFP4"):
+        for qtype in ("Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "Q5_0", "IQ4_NL", "IQ4_XS", "MXFP4"):
             check(qtype, rows=21, K=768, T=T, pool=pool, seed=T)
+    finally:
+        native.set_simd(native.SIMD_AUTO)
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=[native.SIMD_NAMES[x] for x in LEVELS])
+@pytest.mark.parametrize("K", [96, 224])
+def test_matvec_rows_of_block_counts_off_four(level: int, K: int, pool: native.Pool) -> None:
+    """Decode matvecs take the blocks' scales four blocks at a time where they can: rows of
+    3 and 7 blocks (no whole four, and a tail of three) still match, in 1..4-row passes."""
+    native.set_simd(level)
+    try:
+        for qtype in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL"):
+            for rows in (1, 3, 13):
+                check(qtype, rows=rows, K=K, T=1, pool=pool, seed=K + rows)
     finally:
         native.set_simd(native.SIMD_AUTO)
 

@@ -143,6 +143,23 @@ def test_native_top_k_keeps_the_k_best_with_ties_by_position() -> None:
     assert native.sample(values, 1, 1.0, 0.0, 1.0, 0.999999) == 1
 
 
+def test_native_top_k_over_a_large_vocabulary_with_many_ties() -> None:
+    """The whole-vocabulary top_k passes over runs of positions at once: the kept set must
+    still be the k best with ties broken by position, wherever they fall."""
+    rng = np.random.default_rng(3)
+    values = rng.integers(0, 12, 10_007).astype(np.float32)  # many ties, odd length
+    values[10_006] = 12.0  # the best in the tail past the last whole run
+    order = np.lexsort((np.arange(values.size), -values))  # best first, ties by position
+    for k in (1, 7, 40, 300):
+        # A flat temperature weighs every kept token alike: u = (j + 1/2) / k draws the j-th.
+        got = {native.sample(values, k, 1.0, 0.0, 1e30, (j + 0.5) / k) for j in range(k)}
+        assert got == set(order[:k].tolist())
+    values[7_000] = values[8_000] = np.inf
+    assert native.sample(values, 40, 1.0, 0.0, 1.0, 0.5) == 7_000  # the first of the best
+    values[5_000] = np.nan
+    assert native.sample(values, 40, 1.0, 0.0, 1.0, 0.5) == 5_000  # numpy's argmax: the NaN
+
+
 def test_native_sample_edge_values_and_bad_arguments() -> None:
     values = np.array([0.0, np.nan, 5.0, np.nan], dtype=np.float32)
     assert native.sample(values, 0, 1.0, 0.0, 1.0, 0.5) == 1  # numpy's argmax: first NaN

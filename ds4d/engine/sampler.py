@@ -87,16 +87,18 @@ def sample(
     # sums are taken in float64.
     values = (logits if ids is None else logits[ids]).astype(np.float32, copy=False)
 
-    best = int(np.argmax(values))
-    if params.greedy or not math.isfinite(values[best]):
-        return _token(ids, best)
-
     temperature = min(params.temperature, _F32_MAX)
-    if 0 < params.top_k < values.size or params.top_p < 1:
+    if not params.greedy and (0 < params.top_k < values.size or params.top_p < 1):
+        # ds4n_sample takes numpy's argmax itself (a non-finite best is the answer), in
+        # the same pass over the logits as its top_k; the draw still consumes u.
         top_p = max(params.top_p, _F32_TINIEST)
         pick = native.sample(np.ascontiguousarray(values), params.top_k, top_p,
                              params.min_p, temperature, rng.random())  # fmt: skip
         return _token(ids, pick)
+
+    best = int(np.argmax(values))
+    if params.greedy or not math.isfinite(values[best]):
+        return _token(ids, best)
 
     # Candidates as positions into `values`; None means all of them.
     keep: np.ndarray | None = None

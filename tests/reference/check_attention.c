@@ -99,6 +99,9 @@ static float check_set(const struct simd_set *set, int hd, void *const *kt, void
         {48, 1, 400, 0, 1L << 40, 0, 100, 0}, {6, 8, 100, 0, 1L << 40, 0, 16, 1},
         {5, 3, 77, 0, 1L << 40, 0, 200, 1},  {2, 3, 250, 192, 1L << 40, 1, 50, 0},
         {1, 2, 450, 384, 1L << 40, 1, 100, 0}, {16, 2, 3, 0, 1L << 40, 0, 4, 1},
+        /* 4 query heads per kv head (groups of 4 rows), alone, split and windowed */
+        {1, 4, 300, 0, 1L << 40, 0, 0, 0},   {2, 4, 250, 192, 1L << 40, 1, 0, 0},
+        {1, 4, 450, 384, 1L << 40, 1, 100, 0}, {4, 4, 200, 0, 1L << 40, 0, 37, 1},
         /* sinks alone, one far above the scores (the output shrinks toward 0) */
         {1, 3, 300, 0, 1L << 40, 0, 0, 1},   {16, 3, 0, 0, 1L << 40, 0, 0, 1},
     };
