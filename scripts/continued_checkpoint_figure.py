@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from figure_daemon import load, passage, started  # noqa: E402
+from figure_daemon import load, passage, split_serve_flags, started  # noqa: E402
 
 
 def row_bytes(kv_type: str) -> int:
@@ -39,11 +39,7 @@ def row_bytes(kv_type: str) -> int:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1 :]
+    argv, extra = split_serve_flags(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=20000)
     ap.add_argument("--turn-tokens", type=int, default=2000)

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from figure_daemon import Daemon, Timed, load, passage, started, stream_chat  # noqa: E402
+from figure_daemon import Daemon, Timed, load, passage, split_serve_flags, started, stream_chat  # noqa: E402
 
 QUESTIONS = [
     "Write a long story about a dragon.",
@@ -114,11 +114,7 @@ def one_round(d: Daemon, n: int, args: argparse.Namespace) -> list[str]:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1 :]
+    argv, extra = split_serve_flags(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--long-tokens", type=int, default=6000)

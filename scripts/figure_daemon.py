@@ -162,3 +162,11 @@ def passage(words: int, offset: int) -> str:
     start = offset % len(all_words)
     picked = (all_words[start:] + all_words)[:words]
     return " ".join(picked)
+
+
+def split_serve_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """A figure script's own arguments, and the ds4d serve flags after `--`."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]

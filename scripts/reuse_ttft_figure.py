@@ -32,7 +32,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fair_prefill_figure import count_tokens  # noqa: E402
-from figure_daemon import load, passage, started, stream_chat  # noqa: E402
+from figure_daemon import load, passage, split_serve_flags, started, stream_chat  # noqa: E402
 
 
 def prompt_of(url: str, tokens: int, offset: int) -> str:
@@ -83,11 +83,7 @@ def run(config: str, args: argparse.Namespace, extra: list[str]) -> tuple[float,
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1 :]
+    argv, extra = split_serve_flags(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--long-tokens", type=int, default=6000)
