@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ds4d.daemon.config import KV_TYPES, WEIGHT_MODES
+from ds4d.daemon.config import add_engine_flags
 from ds4d.daemon.exitcodes import CliError
 
 if TYPE_CHECKING:  # imported where used: `ds4d bench --help` loads no native library
@@ -74,19 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-incr", type=int, default=512, help="tokens added per frontier")
     p.add_argument("--gen-tokens", type=int, default=64, help="greedy tokens per frontier")
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    p.add_argument(
-        "--kv-type",
-        choices=KV_TYPES,
-        default="f16",
-        help="KV cache precision (default: f16; f32 is exact)",
-    )
-    p.add_argument(
-        "--weights",
-        choices=WEIGHT_MODES,
-        default="auto",
-        help="where the weights live: mmap (the file's pages), huge (a resident copy on huge "
-        "pages) or auto (huge for a model small next to the RAM; the default)",
-    )
+    add_engine_flags(p, "kv_type", "weights")
     p.add_argument("--csv", type=Path, help="write rows as CSV to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of t/s against context")
     p.add_argument(

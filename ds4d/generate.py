@@ -11,7 +11,7 @@ import argparse
 import sys
 import time
 
-from ds4d.daemon.config import KV_TYPES, WEIGHT_MODES
+from ds4d.daemon.config import add_engine_flags
 from ds4d.daemon.exitcodes import CliError
 
 
@@ -27,19 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ctx", type=int, default=4096, help="session context size")
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    p.add_argument(
-        "--kv-type",
-        choices=KV_TYPES,
-        default="f16",
-        help="KV cache precision (default: f16; f32 is exact)",
-    )
-    p.add_argument(
-        "--weights",
-        choices=WEIGHT_MODES,
-        default="auto",
-        help="where the weights live: mmap (the file's pages), huge (a resident copy on huge "
-        "pages) or auto (huge for a model small next to the RAM; the default)",
-    )
+    add_engine_flags(p, "kv_type", "weights")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no template")
 
 

@@ -368,6 +368,24 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
             )
 
 
+def add_engine_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    """Flags for the named choice keys (kv_type, weights) on a command that opens the
+    engine without a config file (generate, bench): the key's own doc, choices and
+    built-in value, so they read as `ds4d serve`'s do."""
+    keys = {f.name: f for f in config_keys()}
+    for name in names:
+        f = keys[name]
+        meta = f.metadata
+        default = _default(f)
+        parser.add_argument(
+            *(meta["flags"] or ("--" + name.replace("_", "-"),)),
+            dest=name,
+            choices=meta["choices"],
+            default=default,
+            help=f"{meta['doc']} (default: {default})".replace("%", "%%"),
+        )
+
+
 # --------------------------------------------------------------------------------------
 # Loading
 
