@@ -89,6 +89,20 @@ def test_writer_drops_the_lowest_value_when_full_and_survives_failures() -> None
     assert not w.submit(lambda: ran.append("late")) and w.dropped == 5
 
 
+def test_pending_bytes_counts_the_memory_queued_jobs_hold_until_written() -> None:
+    w = CheckpointWriter(max_pending=2)
+    gate = Gate(w)  # the running job holds nothing
+    assert w.pending_bytes == 0
+    w.submit(lambda: None, ((1,),), nbytes=1000)
+    w.submit(lambda: None, ((2,),), nbytes=300)
+    assert w.pending_bytes == 1300
+    w.submit(lambda: None, ((3,),), nbytes=50)  # the queue is full: the 1000-byte job goes
+    assert w.pending_bytes == 350 and w.dropped == 1
+    gate.open()
+    assert w.drain(30) and w.pending_bytes == 0
+    assert w.close(30)
+
+
 def test_the_writer_runs_below_the_engines_priority() -> None:
     """Its thread's nice value is WRITER_NICE above the threads that submit (Linux: a
     thread's own; elsewhere nothing changes rather than the whole process)."""
@@ -116,6 +130,7 @@ def test_slot_is_free_while_its_checkpoint_is_still_being_written(engine, tmp_pa
         assert kv.save_evict(s)  # returns with the write queued
         name = kvfile.file_name(kv.key_text(held))
         assert disk.stats.files_written == 0 and disk.stats_dict()["pending_writes"] == 2
+        assert disk.stats_dict()["pending_bytes"] >= 400 * (s.kv_bytes // CTX)  # the snapshot
         assert disk.stats.snapshot_seconds > 0  # the copy, counted: the critical path's part
         assert not (disk.dir / name).exists()
         # the slot goes on with another prompt at once; its logits are those of a cold run
@@ -134,6 +149,7 @@ def test_slot_is_free_while_its_checkpoint_is_still_being_written(engine, tmp_pa
         reader.join(60)
     assert loaded and loaded[0] is not None and loaded[0].entry.tokens == len(held)
     assert disk.writer.drain(30) and (disk.dir / name).exists()
+    assert disk.stats_dict()["pending_bytes"] == 0
     with engine.new_session(CTX) as s2:
         for p in loaded[0].payloads:
             s2.load(io.BytesIO(p))

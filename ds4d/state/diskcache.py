@@ -636,7 +636,9 @@ class DiskCache:
             finally:
                 finish()
 
-        return bool(self.writer.submit(run, value, on_drop=finish))
+        held = payload_estimate if payload_estimate is not None else (
+            len(payload) if isinstance(payload, bytes) else 0)  # fmt: skip
+        return bool(self.writer.submit(run, value, on_drop=finish, nbytes=held))
 
     def _refresh_existing(self, entry: Entry, tool_map: dict[str, str]) -> bool:
         """Same text already stored: only refresh it. False when it must be rewritten
@@ -800,6 +802,7 @@ class DiskCache:
             "daily_write_bytes": self.daily_write_bytes,
             "bytes_written_today": self.written_today(),
             "pending_writes": writer.pending if writer is not None else 0,
+            "pending_bytes": writer.pending_bytes if writer is not None else 0,
             "dropped_queue_full": writer.dropped if writer is not None else 0,
             "dir": str(self.dir),
         }

@@ -225,6 +225,7 @@ class StateService:
             ("bytes_written_today", "gauge", "bytes of KV checkpoints written in the last 24 h"),
             ("daily_write_bytes", "gauge", "daily write budget of KV checkpoints (0 = none)"),
             ("pending_writes", "gauge", "KV checkpoint writes queued or in progress"),
+            ("pending_bytes", "gauge", "memory held by KV snapshots waiting to be written"),
             ("dropped_queue_full", "counter", "KV checkpoint saves dropped: write queue full"),
             ("deltas_written", "counter", "delta KV checkpoint files written (new rows only)"),
             ("delta_entries", "gauge", "delta KV checkpoint files on disk"),

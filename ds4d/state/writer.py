@@ -43,6 +43,7 @@ class Job:
     serial: int
     run: Callable[[], object] = field(compare=False)
     on_drop: Callable[[], object] = field(compare=False, default=lambda: None)
+    nbytes: int = field(compare=False, default=0)  # memory the job holds until it is written
 
 
 class CheckpointWriter:
@@ -55,6 +56,7 @@ class CheckpointWriter:
         self._name = name
         self._jobs: list[Job] = []
         self._running = 0
+        self._running_bytes = 0
         self._serial = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -66,17 +68,25 @@ class CheckpointWriter:
         with self._cond:
             return len(self._jobs) + self._running
 
+    @property
+    def pending_bytes(self) -> int:
+        """Memory held by jobs queued or being written (their `nbytes`): a snapshot stays
+        resident until its file is written, so this is part of the process's RSS."""
+        with self._cond:
+            return sum(j.nbytes for j in self._jobs) + self._running_bytes
+
     def submit(self, run: Callable[[], object], value: JobValue = (),
-               on_drop: Callable[[], object] = lambda: None) -> bool:  # fmt: skip
+               on_drop: Callable[[], object] = lambda: None, nbytes: int = 0) -> bool:  # fmt: skip
         """Queue `run`; False when it was dropped at once (queue full of more valuable
-        jobs, or the writer closed). A queued job dropped later gets `on_drop()`."""
+        jobs, or the writer closed). A queued job dropped later gets `on_drop()`. `nbytes`
+        is the memory the job holds until it has run (reported by `pending_bytes`)."""
         with self._cond:
             if self._closed:
                 self.dropped += 1
                 on_drop()
                 return False
             self._serial += 1
-            job = Job(value, self._serial, run, on_drop)
+            job = Job(value, self._serial, run, on_drop, nbytes)
             self._jobs.append(job)
             victim = None
             if len(self._jobs) > self.max_pending:
@@ -104,14 +114,17 @@ class CheckpointWriter:
                     return
                 job = self._jobs.pop(0)
                 self._running = 1
+                self._running_bytes = job.nbytes
             try:
                 job.run()
             except Exception:  # noqa: BLE001 - a failed save must not stop the writer
                 self.failed += 1
                 log.exception("kv cache: background checkpoint write failed")
             finally:
+                del job  # its snapshot is freed before the writer says it is idle
                 with self._cond:
                     self._running = 0
+                    self._running_bytes = 0
                     self._cond.notify_all()
 
     def drain(self, timeout: float | None = None) -> bool:
