@@ -9,15 +9,28 @@
 
 static _Thread_local int32_t *pos_buf; /* candidate positions into values */
 static _Thread_local float *w_buf;     /* their weights */
+/* the radix sort's other half: positions and keys of one pass, keys of the next */
+static _Thread_local int32_t *pos_tmp;
+static _Thread_local uint32_t *key_buf, *key_tmp;
+static _Thread_local float *draw_buf; /* the final candidates' weights, in their order */
 static _Thread_local int64_t cap;
+
+static int grow_one(void **buf, size_t item, int64_t n) {
+    void *p = realloc(*buf, item * (size_t)n);
+    if (!p) return -1;
+    *buf = p;
+    return 0;
+}
 
 static int grow(int64_t n) {
     if (n <= cap) return 0;
-    int32_t *p = realloc(pos_buf, sizeof *p * (size_t)n);
-    if (p) pos_buf = p;
-    float *w = realloc(w_buf, sizeof *w * (size_t)n);
-    if (w) w_buf = w;
-    if (!p || !w) return -1;
+    if (grow_one((void **)&pos_buf, sizeof *pos_buf, n) ||
+        grow_one((void **)&w_buf, sizeof *w_buf, n) ||
+        grow_one((void **)&pos_tmp, sizeof *pos_tmp, n) ||
+        grow_one((void **)&key_buf, sizeof *key_buf, n) ||
+        grow_one((void **)&key_tmp, sizeof *key_tmp, n) ||
+        grow_one((void **)&draw_buf, sizeof *draw_buf, n))
+        return -1;
     cap = n;
     return 0;
 }
@@ -133,16 +146,70 @@ static int64_t best_k_all(const float *key, int64_t n, int64_t k, int32_t *pos, 
     return k;
 }
 
+/* pos[0..c) (ascending positions) sorted best-first by w[pos], ties by lower position: the
+ * order best_k gives, in linear time, for nuclei of many thousand candidates (a heap sort of
+ * a flat 262k-token distribution took tens of ms per draw). A stable LSD radix sort on the
+ * weights' bits (w >= 0: the bits of a non-negative float order as the float does), inverted
+ * for descending order; stability keeps equal weights in position order. A pass whose digit
+ * is the same for every candidate (the high bits of weights within a few octaves) is
+ * skipped. */
+#define RADIX_MIN 2048 /* fewer candidates: the heap sort is as fast */
+#define RADIX_BITS 11
+#define RADIX_PASSES ((32 + RADIX_BITS - 1) / RADIX_BITS)
+static void sort_by_weight(const float *w, int32_t *pos, int64_t c) {
+    enum { BUCKETS = 1 << RADIX_BITS };
+    int32_t count[RADIX_PASSES][BUCKETS]; /* c <= INT32_MAX (ds4n_sample checks n) */
+    memset(count, 0, sizeof count);
+    /* locals, not the thread-local pointers: the loops below would fetch those per item */
+    uint32_t *key = key_buf, *key2 = key_tmp;
+    int32_t *p1 = pos, *p2 = pos_tmp;
+    for (int64_t j = 0; j < c; j++) {
+        uint32_t bits;
+        memcpy(&bits, &w[pos[j]], 4);
+        key[j] = ~bits;
+        for (int d = 0; d < RADIX_PASSES; d++)
+            count[d][(key[j] >> (d * RADIX_BITS)) & (BUCKETS - 1)]++;
+    }
+    for (int d = 0; d < RADIX_PASSES; d++) {
+        const int shift = d * RADIX_BITS;
+        int32_t *at = count[d];
+        if (at[(key[0] >> shift) & (BUCKETS - 1)] == c) continue; /* one digit for all */
+        int32_t sum = 0;
+        for (int b = 0; b < BUCKETS; b++) {
+            const int32_t k = at[b];
+            at[b] = sum;
+            sum += k;
+        }
+        for (int64_t j = 0; j < c; j++) {
+            const int32_t to = at[(key[j] >> shift) & (BUCKETS - 1)]++;
+            key2[to] = key[j];
+            p2[to] = p1[j];
+        }
+        uint32_t *kt = key;
+        key = key2;
+        key2 = kt;
+        int32_t *pt = p1;
+        p1 = p2;
+        p2 = pt;
+    }
+    if (p1 != pos) memcpy(pos, p1, sizeof *pos * (size_t)c);
+}
+
 /* The smallest best-first prefix of pos[0..m) whose probability (at temperature 1) reaches
- * top_p: moved first, best-first; returns its length. w: per position scratch. */
+ * top_p: moved first, best-first; returns its length. w: per position scratch; mx: the
+ * largest of the candidates' values (the best token is always among them). */
 static int64_t top_p_prefix(const float *values, int32_t *pos, int64_t m, float top_p, float *w,
-                            int64_t n) {
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < m; j++) mx = fmaxf(mx, values[pos[j]]);
+                            int64_t n, float mx) {
     double total = 0.0;
     if (m == n) { /* every position: a contiguous, vectorisable pass */
         for (int64_t i = 0; i < n; i++) w[i] = exp_nonpos(values[i] - mx);
-        for (int64_t i = 0; i < n; i++) total += w[i];
+        /* four running sums, so the adds do not wait on each other */
+        double part[4] = {0.0, 0.0, 0.0, 0.0};
+        int64_t i = 0;
+        for (; i + 4 <= n; i += 4)
+            for (int l = 0; l < 4; l++) part[l] += w[i + l];
+        for (; i < n; i++) part[0] += w[i];
+        total = (part[0] + part[1]) + (part[2] + part[3]);
     } else {
         for (int64_t j = 0; j < m; j++) total += w[pos[j]] = exp_nonpos(values[pos[j]] - mx);
     }
@@ -163,7 +230,10 @@ static int64_t top_p_prefix(const float *values, int32_t *pos, int64_t m, float 
     int64_t c = 0;
     for (int64_t j = 0; j < m; j++)
         if (w[pos[j]] >= tau) pos[c++] = pos[j];
-    c = best_k(w, pos, c, c);
+    /* every position was a candidate (m == n): they are in ascending order, as the radix
+     * sort's ties need */
+    if (m == n && c >= RADIX_MIN) sort_by_weight(w, pos, c);
+    else c = best_k(w, pos, c, c);
     mass = 0.0;
     for (int64_t j = 0; j < c; j++)
         if ((mass += w[pos[j]]) >= target) return j + 1;
@@ -237,7 +307,7 @@ int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, 
     if (!isfinite(vbest)) return best;
     if (m == n)
         for (int64_t i = 0; i < n; i++) pos[i] = (int32_t)i;
-    if (top_p < 1.0f) m = top_p_prefix(values, pos, m, top_p, w, n);
+    if (top_p < 1.0f) m = top_p_prefix(values, pos, m, top_p, w, n, vbest);
     if (min_p > 0.0f) {
         const float cut = vbest + (float)log((double)min_p);
         int64_t kept = 0;
@@ -245,14 +315,18 @@ int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, 
             if (values[pos[j]] >= cut) pos[kept++] = pos[j];
         m = kept;
     }
+    /* the candidates' values gathered in order, so that their weights are one vectorised
+     * pass (a nucleus can hold most of a vocabulary) */
+    float *wj = draw_buf;
+    for (int64_t j = 0; j < m; j++) wj[j] = values[pos[j]];
+    for (int64_t j = 0; j < m; j++) wj[j] = exp_nonpos((wj[j] - vbest) / temperature);
     double total = 0.0;
-    for (int64_t j = 0; j < m; j++)
-        total += w[pos[j]] = exp_nonpos((values[pos[j]] - vbest) / temperature);
+    for (int64_t j = 0; j < m; j++) total += wj[j];
     const double target = u * total;
     double run = 0.0;
     for (int64_t j = 0; j < m; j++)
-        if ((run += w[pos[j]]) > target) return pos[j];
+        if ((run += wj[j]) > target) return pos[j];
     for (int64_t j = m - 1; j >= 0; j--) /* rounding at the end */
-        if (w[pos[j]] > 0.0f) return pos[j];
+        if (wj[j] > 0.0f) return pos[j];
     return best;
 }

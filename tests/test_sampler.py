@@ -160,6 +160,27 @@ def test_native_top_k_over_a_large_vocabulary_with_many_ties() -> None:
     assert native.sample(values, 40, 1.0, 0.0, 1.0, 0.5) == 5_000  # numpy's argmax: the NaN
 
 
+def test_native_top_p_nucleus_of_thousands_is_best_first_with_ties_by_position() -> None:
+    """A flat distribution's nucleus holds most of the vocabulary (it is sorted by a radix
+    pass there, by the heap below a few thousand): the kept set and its order must be the
+    best-first prefix reaching top_p, equal weights in position order, as for a small one."""
+    rng = np.random.default_rng(5)
+    values = rng.integers(0, 6, 30_011).astype(np.float32)  # many exact ties, odd length
+    order = np.lexsort((np.arange(values.size), -values))
+    w = np.exp(values[order].astype(np.float64) - values.max())
+    for top_p in (0.55, 0.9):
+        need = top_p * w.sum()
+        c = int(np.searchsorted(np.cumsum(w), need) + 1)
+        # the cut falls well inside one tie group: rounding cannot move it by one
+        before = np.cumsum(w)[c - 2]
+        assert 0.01 < (need - before) / w[c - 1] < 0.99
+        assert c > 4096
+        # a flat temperature weighs the kept tokens alike: u = (j + 1/2) / c draws the j-th
+        for j in list(range(0, c, 211)) + [c - 1]:
+            got = native.sample(values, 0, top_p, 0.0, 1e30, (j + 0.5) / c)
+            assert got == order[j], (top_p, j)
+
+
 def test_native_sample_edge_values_and_bad_arguments() -> None:
     values = np.array([0.0, np.nan, 5.0, np.nan], dtype=np.float32)
     assert native.sample(values, 0, 1.0, 0.0, 1.0, 0.5) == 1  # numpy's argmax: first NaN

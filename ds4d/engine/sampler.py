@@ -5,8 +5,8 @@ draw. top_p and min_p therefore judge probabilities at temperature 1; temperatur
 reshapes the draw among the survivors. Temperature 0 is greedy (argmax).
 
 With top_k or top_p on, the filters and the draw run natively (ds4n_sample: a heap for the
-k best, a first look at the 64 best for the nucleus, no sort of the vocabulary, no per-token
-allocation), 2-4x faster than numpy's argpartition and argsort there; without them numpy's
+k best, a first look at the 64 best for the nucleus, a radix sort of a nucleus of thousands,
+no per-token allocation), 2-4x faster than numpy's argpartition and argsort there; without them numpy's
 vectorised exp is as fast, and the draw stays here.
 """
 
