@@ -207,6 +207,164 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
     q[1] = widen16(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bytes, 4), m4)));
 }
 
+#define DS4N_OWN_LEGACY_MATVEC
 #include "quants_generic.h"
+
+/* ---- decode matvecs of the f16-scaled 32-code types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 -------
+ *
+ * Zen 3 has two FMA pipes and two FADD pipes; a token's 32-code block costs four FMAs for
+ * Σq·x and one for the scale whatever the unpacking, so the unpackers below aim at few
+ * operations off the FMA pipes (a batch of T tokens shares one unpacking between 5T FMAs),
+ * and the min of the affine types is one FMA per block for every row of a pass (lanes =
+ * rows) or every token of a batch (lanes = tokens, from the block-major sums). */
+
+#define LO_BASE 0x4B000000 /* 2^23: a code in its low mantissa bits is the float 2^23 + code */
+#define HI_BASE 0x49000000 /* 2^19: mantissa step 1/16, so a code kept in bits 4..7 reads as
+                            * 2^19 + code; its bits are a subset of LO_BASE's */
+
+/* Stores v where the compiler cannot see through it, so each later use of one lane is a
+ * broadcast load (a load-port operation) rather than a shuffle. */
+static inline void park8(float *out, __m256 v) {
+    __asm__("vmovups %1, %0" : "=m"(*(float(*)[8])out) : "x"(v));
+}
+
+/* 32 bytes of signed codes at p as four vectors of 8 floats (vpmovsxbd takes its 8 bytes
+ * as a load, no shuffle). */
+static inline void i8_codes(const void *p, __m256 c[4]) {
+    for (int k = 0; k < 4; k++) c[k] = i8x8(load8((const uint8_t *)p + 8 * k));
+}
+
+/* Codes 8k..8k+8 of the block at blk as c[k], the type's offset removed. */
+DS4N_INLINE void block_codes(int type, const uint8_t *blk, __m256 c[4]) {
+    switch (type) {
+    case DS4N_Q4_0:
+    case DS4N_Q4_1: {
+        /* Byte l of qs (zero-extended to a lane) holds codes l and l + 16. */
+        const uint8_t *qs = type == DS4N_Q4_0 ? blk + 2 : blk + 4;
+        const __m256i a = _mm256_cvtepu8_epi32(load8(qs)), b = _mm256_cvtepu8_epi32(load8(qs + 8));
+        if (type == DS4N_Q4_1) { /* no offset: AND / shift, convert */
+            const __m256i m4 = _mm256_set1_epi32(0x0f);
+            c[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, m4));
+            c[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, m4));
+            c[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+            c[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+            break;
+        }
+        /* Offset 8: both nibbles placed under their base (one OR, one AND each, no shift)
+         * and base + 8 subtracted, exactly (both operands in [2^k, 2^(k+1)): Sterbenz). */
+        const __m256i e = _mm256_set1_epi32(LO_BASE);
+        const __m256i k_lo = _mm256_set1_epi32(LO_BASE | 0x0f), k_hi = _mm256_set1_epi32(HI_BASE | 0xf0);
+        const __m256 o_lo = _mm256_set1_ps(8388608.0f + 8.0f), o_hi = _mm256_set1_ps(524288.0f + 8.0f);
+        const __m256i ea = _mm256_or_si256(a, e), eb = _mm256_or_si256(b, e);
+        c[0] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(ea, k_lo)), o_lo);
+        c[1] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(eb, k_lo)), o_lo);
+        c[2] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(ea, k_hi)), o_hi);
+        c[3] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(eb, k_hi)), o_hi);
+        break;
+    }
+    case DS4N_Q5_0:
+    case DS4N_Q5_1: {
+        /* The 32 codes as bytes in order (low nibbles, then high), fifth bits from qh (bit j:
+         * code j) spread to bytes by a shuffle and a compare, then parked and widened from
+         * memory: byte-to-lane widening from a register is two operations, from memory one. */
+        const uint8_t *qh = type == DS4N_Q5_0 ? blk + 2 : blk + 4, *qs = qh + 4;
+        const __m128i b = _mm_loadu_si128((const __m128i *)qs);
+        __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0f));
+        uint32_t h;
+        memcpy(&h, qh, 4);
+        const __m256i bit = _mm256_set1_epi64x((int64_t)0x8040201008040201ull);
+        const __m256i spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32((int)h), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                                         2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+        /* Q5_1: code | 16·bit; Q5_0: code - 16 unless the bit is set (byte 0xF0 = -16). */
+        if (type == DS4N_Q5_1) v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+        else v = _mm256_add_epi8(v, _mm256_andnot_si256(set, _mm256_set1_epi8((char)0xf0)));
+        _Alignas(32) int8_t codes[32];
+        _mm256_store_si256((__m256i *)codes, v);
+        i8_codes(codes, c);
+        break;
+    }
+    default: /* DS4N_Q8_0 */
+        i8_codes(blk + 2, c);
+    }
+}
+
+/* Σ c·x over one block, as a vector: one multiply and three FMAs in one chain (T tokens of a
+ * batch, or R rows, give the chains to overlap). */
+static inline __m256 codes_dot(const __m256 c[4], const float *x) {
+    __m256 s = _mm256_mul_ps(c[0], _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(c[2], _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(c[3], _mm256_loadu_ps(x + 24), s);
+}
+
+/* R rows, row_stride bytes apart: y[r] = Σ_blocks d·Σc·x (+ the min's Σ m·xsum: lane 2r+1
+ * of one accumulator, one FMA per block for all R rows). */
+DS4N_INLINE void rows_f16_legacy(int type, int64_t bb, const void *w, int64_t row_stride,
+                                 const float *x, const float *xsum, int64_t n, float *y,
+                                 const int R) {
+    __m256 acc[DS4N_MV_ROWS], accm = _mm256_setzero_ps();
+    _Alignas(32) float dm[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK; i++, p += bb, x += QK) {
+        uint32_t u;
+        memcpy(&u, p, 4);
+        __m128i h = _mm_cvtsi32_si128((int)u);
+        if (R > 1) memcpy(&u, p + row_stride, 4), h = _mm_insert_epi32(h, (int)u, 1);
+        if (R > 2) memcpy(&u, p + 2 * row_stride, 4), h = _mm_insert_epi32(h, (int)u, 2);
+        if (R > 3) memcpy(&u, p + 3 * row_stride, 4), h = _mm_insert_epi32(h, (int)u, 3);
+        const __m256 v = _mm256_cvtph_ps(h); /* d, m (or code bytes) of each row */
+        park8(dm, v);
+        if (is_affine(type)) accm = _mm256_fmadd_ps(v, _mm256_broadcast_ss(xsum + i), accm);
+        for (int r = 0; r < R; r++) {
+            __m256 c[4];
+            block_codes(type, p + r * row_stride, c);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dm + 2 * r), codes_dot(c, x), acc[r]);
+        }
+    }
+    _Alignas(32) float mins[8];
+    _mm256_store_ps(mins, accm);
+    for (int r = 0; r < R; r++)
+        y[r] = is_affine(type) ? ds4n_hsum_avx2(acc[r]) + mins[2 * r + 1] : ds4n_hsum_avx2(acc[r]);
+}
+
+/* rows_f16_legacy's arithmetic for one row and T tokens, each block unpacked once: the min
+ * term's lanes are the tokens (the block-major sums: one load and one FMA per block). */
+DS4N_INLINE void cols_f16_legacy(int type, int64_t bb, const void *w, const float *x,
+                                 int64_t ldx, const float *xsum, int64_t n, float *y,
+                                 int64_t ldy, const int T) {
+    const int64_t nb = n / QK;
+    const float *xs = xsum + T * nb;
+    __m256 acc[DS4N_SMALL_T], accm = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < nb; i++, p += bb, x += QK, xs += T) {
+        uint32_t u;
+        memcpy(&u, p, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+        const __m256 d = _mm256_broadcastss_ps(dm);
+        if (is_affine(type))
+            accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(xs),
+                                   accm);
+        __m256 c[4];
+        block_codes(type, p, c);
+        for (int t = 0; t < T; t++) acc[t] = _mm256_fmadd_ps(d, codes_dot(c, x + t * ldx), acc[t]);
+    }
+    _Alignas(32) float mins[8];
+    _mm256_store_ps(mins, accm);
+    for (int t = 0; t < T; t++)
+        y[t * ldy] = is_affine(type) ? ds4n_hsum_avx2(acc[t]) + mins[t] : ds4n_hsum_avx2(acc[t]);
+}
+
+#define DS4N_F16_LEGACY_ROWS(name, T, block)                        \
+    DS4N_ROWS_KERNEL(name, rows_f16_legacy, T, sizeof(block))       \
+    DS4N_COLS_KERNEL(name, cols_f16_legacy, T, sizeof(block))
+DS4N_F16_LEGACY_ROWS(q4_0, DS4N_Q4_0, block_q4_0)
+DS4N_F16_LEGACY_ROWS(q4_1, DS4N_Q4_1, block_q4_1)
+DS4N_F16_LEGACY_ROWS(q5_0, DS4N_Q5_0, block_q5_0)
+DS4N_F16_LEGACY_ROWS(q5_1, DS4N_Q5_1, block_q5_1)
+DS4N_F16_LEGACY_ROWS(q8_0, DS4N_Q8_0, block_q8_0)
 
 DS4N_DEFINE_KERNEL_SET(ds4n_avx2_set, ds4n_tile_avx2, 0)
