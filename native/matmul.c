@@ -101,9 +101,16 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
         }
         return;
     }
-    float xsum[XSUM_MAX];
-    if (rows_kernel)
+    /* Token-major, then the same sums block-major (see ds4n_cols_fn), then slack for a
+     * vector read of 8 from the last block's. */
+    float xsum[2 * XSUM_MAX + 8];
+    if (rows_kernel) {
         for (int64_t t = 0; t < m->T; t++) block_sums(m->X + t * m->K, nb, xsum + t * nb);
+        float *by_block = xsum + m->T * nb;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t t = 0; t < m->T; t++) by_block[b * m->T + t] = xsum[t * nb + b];
+        memset(by_block + nb * m->T, 0, 8 * sizeof(float));
+    }
     /* Rows taken from DS4N_MV_ROWS runs in turn, as matvec_rows reads them: memory sees that
      * many sequential streams, not one (a single stream leaves most of the bandwidth idle). */
     const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS, len = n / streams;

@@ -122,7 +122,10 @@ typedef void (*ds4n_rows_fn)(const void *w, int64_t row_stride, const float *x,
 /* Small-batch matvec: one row against T (1..DS4N_SMALL_T) activation rows x + t*ldx, each
  * block of the row decoded once for all of them. y[t*ldy] is bitwise what the single-token
  * path gives for token t alone: the rows kernel's arithmetic when the set has one for the
- * type (xsum + t*(n/32) are token t's per-32 sums), else the dot kernel's. */
+ * type, else the dot kernel's. With a rows kernel, xsum + t*(n/32) are token t's per-32
+ * sums, and xsum + T*(n/32) the same sums block-major (token t of 32-block b at b*T + t,
+ * 8 floats readable past the last), so a kernel can take one block's sums of every token
+ * in one vector load. */
 typedef void (*ds4n_cols_fn)(const void *w, const float *x, int64_t ldx, const float *xsum,
                              int64_t n, float *y, int64_t ldy, int T);
 #define DS4N_SMALL_T 8

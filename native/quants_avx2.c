@@ -207,6 +207,371 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
     q[1] = widen16(_mm_shuffle_epi8(values, _mm_and_si128(_mm_srli_epi16(bytes, 4), m4)));
 }
 
+#define DS4N_OWN_LEGACY_MATVEC
+#define DS4N_OWN_K45_MATVEC
+#define DS4N_OWN_Q6_K_MATVEC
 #include "quants_generic.h"
+
+/* ---- decode matvecs of the f16-scaled 32-code types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 -------
+ *
+ * Zen 3 has two FMA pipes and two FADD pipes; a token's 32-code block costs four FMAs for
+ * Σq·x and one for the scale whatever the unpacking, so the unpackers below aim at few
+ * operations off the FMA pipes (a batch of T tokens shares one unpacking between 5T FMAs),
+ * and the min of the affine types is one FMA per block for every row of a pass (lanes =
+ * rows) or every token of a batch (lanes = tokens, from the block-major sums). */
+
+#define LO_BASE 0x4B000000 /* 2^23: a code in its low mantissa bits is the float 2^23 + code */
+#define HI_BASE 0x49000000 /* 2^19: mantissa step 1/16, so a code kept in bits 4..7 reads as
+                            * 2^19 + code; its bits are a subset of LO_BASE's */
+
+/* Stores v where the compiler cannot see through it, so each later use of one lane is a
+ * broadcast load (a load-port operation) rather than a shuffle. */
+static inline void park8(float *out, __m256 v) {
+    __asm__("vmovups %1, %0" : "=m"(*(float(*)[8])out) : "x"(v));
+}
+
+/* 32 bytes of signed codes at p as four vectors of 8 floats (vpmovsxbd takes its 8 bytes
+ * as a load, no shuffle). */
+static inline void i8_codes(const void *p, __m256 c[4]) {
+    for (int k = 0; k < 4; k++) c[k] = i8x8(load8((const uint8_t *)p + 8 * k));
+}
+
+/* q5_fifth[b][i] = 16·(bit i of b) - 16: a Q5_0 code's fifth bit with the offset (Q5_1
+ * adds the 16 back). */
+#define Q5F(b, i) (((b) >> (i) & 1) ? 0 : -16)
+#define Q5ROW(b) {Q5F(b, 0), Q5F(b, 1), Q5F(b, 2), Q5F(b, 3), Q5F(b, 4), Q5F(b, 5), Q5F(b, 6), Q5F(b, 7)}
+#define Q5ROW4(b) Q5ROW(b), Q5ROW((b) + 1), Q5ROW((b) + 2), Q5ROW((b) + 3)
+#define Q5ROW16(b) Q5ROW4(b), Q5ROW4((b) + 4), Q5ROW4((b) + 8), Q5ROW4((b) + 12)
+#define Q5ROW64(b) Q5ROW16(b), Q5ROW16((b) + 16), Q5ROW16((b) + 32), Q5ROW16((b) + 48)
+static _Alignas(32) const int32_t q5_fifth[256][8] = {Q5ROW64(0), Q5ROW64(64), Q5ROW64(128),
+                                                       Q5ROW64(192)};
+
+/* Codes 8k..8k+8 of the block at blk as c[k], the type's offset removed. */
+DS4N_INLINE void block_codes(int type, const uint8_t *blk, __m256 c[4]) {
+    switch (type) {
+    case DS4N_Q4_0:
+    case DS4N_Q4_1: {
+        /* Byte l of qs (zero-extended to a lane) holds codes l and l + 16. */
+        const uint8_t *qs = type == DS4N_Q4_0 ? blk + 2 : blk + 4;
+        const __m256i a = _mm256_cvtepu8_epi32(load8(qs)), b = _mm256_cvtepu8_epi32(load8(qs + 8));
+        if (type == DS4N_Q4_1) { /* no offset: AND / shift, convert */
+            const __m256i m4 = _mm256_set1_epi32(0x0f);
+            c[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, m4));
+            c[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, m4));
+            c[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
+            c[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+            break;
+        }
+        /* Offset 8: both nibbles placed under their base (one OR, one AND each, no shift)
+         * and base + 8 subtracted, exactly (both operands in [2^k, 2^(k+1)): Sterbenz). */
+        const __m256i e = _mm256_set1_epi32(LO_BASE);
+        const __m256i k_lo = _mm256_set1_epi32(LO_BASE | 0x0f), k_hi = _mm256_set1_epi32(HI_BASE | 0xf0);
+        const __m256 o_lo = _mm256_set1_ps(8388608.0f + 8.0f), o_hi = _mm256_set1_ps(524288.0f + 8.0f);
+        const __m256i ea = _mm256_or_si256(a, e), eb = _mm256_or_si256(b, e);
+        c[0] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(ea, k_lo)), o_lo);
+        c[1] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(eb, k_lo)), o_lo);
+        c[2] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(ea, k_hi)), o_hi);
+        c[3] = _mm256_sub_ps(_mm256_castsi256_ps(_mm256_and_si256(eb, k_hi)), o_hi);
+        break;
+    }
+    case DS4N_Q5_0:
+    case DS4N_Q5_1: {
+        /* As Q4_1 (byte l of qs in lane l: codes l and l + 16), each qh byte's eight fifth
+         * bits and Q5_0's offset added from a table row (a load, no shuffle or shift). */
+        const uint8_t *qh = type == DS4N_Q5_0 ? blk + 2 : blk + 4, *qs = qh + 4;
+        const __m256i m4 = _mm256_set1_epi32(0x0f), f = _mm256_set1_epi32(16);
+        for (int half = 0; half < 2; half++) { /* codes 8·half.., and 16 + 8·half.. */
+            const __m256i a = _mm256_cvtepu8_epi32(load8(qs + 8 * half));
+            const __m256i *t_lo = (const __m256i *)q5_fifth[qh[half]];
+            const __m256i *t_hi = (const __m256i *)q5_fifth[qh[2 + half]];
+            __m256i lo = _mm256_add_epi32(_mm256_and_si256(a, m4), _mm256_load_si256(t_lo));
+            __m256i hi = _mm256_add_epi32(_mm256_srli_epi32(a, 4), _mm256_load_si256(t_hi));
+            if (type == DS4N_Q5_1) lo = _mm256_add_epi32(lo, f), hi = _mm256_add_epi32(hi, f);
+            c[half] = _mm256_cvtepi32_ps(lo);
+            c[2 + half] = _mm256_cvtepi32_ps(hi);
+        }
+        break;
+    }
+    default: /* DS4N_Q8_0 */
+        i8_codes(blk + 2, c);
+    }
+}
+
+/* Σ c·x over one block, as a vector: one multiply and three FMAs in one chain (T tokens of a
+ * batch, or R rows, give the chains to overlap). */
+static inline __m256 codes_dot(const __m256 c[4], const float *x) {
+    __m256 s = _mm256_mul_ps(c[0], _mm256_loadu_ps(x));
+    s = _mm256_fmadd_ps(c[1], _mm256_loadu_ps(x + 8), s);
+    s = _mm256_fmadd_ps(c[2], _mm256_loadu_ps(x + 16), s);
+    return _mm256_fmadd_ps(c[3], _mm256_loadu_ps(x + 24), s);
+}
+
+/* R rows, row_stride bytes apart: y[r] = Σ_blocks d·Σc·x (+ the min's Σ m·xsum: lane 2r+1
+ * of one accumulator, one FMA per block for all R rows). */
+DS4N_INLINE void rows_f16_legacy(int type, int64_t bb, const void *w, int64_t row_stride,
+                                 const float *x, const float *xsum, int64_t n, float *y,
+                                 const int R) {
+    __m256 acc[DS4N_MV_ROWS], accm = _mm256_setzero_ps();
+    _Alignas(32) float dm[8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK; i++, p += bb, x += QK) {
+        uint32_t u;
+        memcpy(&u, p, 4);
+        __m128i h = _mm_cvtsi32_si128((int)u);
+        if (R > 1) memcpy(&u, p + row_stride, 4), h = _mm_insert_epi32(h, (int)u, 1);
+        if (R > 2) memcpy(&u, p + 2 * row_stride, 4), h = _mm_insert_epi32(h, (int)u, 2);
+        if (R > 3) memcpy(&u, p + 3 * row_stride, 4), h = _mm_insert_epi32(h, (int)u, 3);
+        const __m256 v = _mm256_cvtph_ps(h); /* d, m (or code bytes) of each row */
+        park8(dm, v);
+        if (is_affine(type)) accm = _mm256_fmadd_ps(v, _mm256_broadcast_ss(xsum + i), accm);
+        for (int r = 0; r < R; r++) {
+            __m256 c[4];
+            block_codes(type, p + r * row_stride, c);
+            acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dm + 2 * r), codes_dot(c, x), acc[r]);
+        }
+    }
+    _Alignas(32) float mins[8];
+    _mm256_store_ps(mins, accm);
+    for (int r = 0; r < R; r++)
+        y[r] = is_affine(type) ? ds4n_hsum_avx2(acc[r]) + mins[2 * r + 1] : ds4n_hsum_avx2(acc[r]);
+}
+
+/* rows_f16_legacy's arithmetic for one row and T tokens, each block unpacked once: the min
+ * term's lanes are the tokens (the block-major sums: one load and one FMA per block). */
+DS4N_INLINE void cols_f16_legacy(int type, int64_t bb, const void *w, const float *x,
+                                 int64_t ldx, const float *xsum, int64_t n, float *y,
+                                 int64_t ldy, const int T) {
+    const int64_t nb = n / QK;
+    const float *xs = xsum + T * nb;
+    __m256 acc[DS4N_SMALL_T], accm = _mm256_setzero_ps();
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < nb; i++, p += bb, x += QK, xs += T) {
+        uint32_t u;
+        memcpy(&u, p, 4);
+        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+        const __m256 d = _mm256_broadcastss_ps(dm);
+        if (is_affine(type))
+            accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(xs),
+                                   accm);
+        __m256 c[4];
+        block_codes(type, p, c);
+        for (int t = 0; t < T; t++) acc[t] = _mm256_fmadd_ps(d, codes_dot(c, x + t * ldx), acc[t]);
+    }
+    _Alignas(32) float mins[8];
+    _mm256_store_ps(mins, accm);
+    for (int t = 0; t < T; t++)
+        y[t * ldy] = is_affine(type) ? ds4n_hsum_avx2(acc[t]) + mins[t] : ds4n_hsum_avx2(acc[t]);
+}
+
+/* ---- Q4_K / Q5_K decode matvecs ------------------------------------------------------ */
+
+/* The super-block's eight d·sc (parked at dsc) and dmin·m (returned): the 6-bit pairs
+ * unpacked from the 12 scale bytes by two byte shuffles once for all sub-blocks, then one
+ * conversion and multiply per eight (the scalar kernels' products). */
+DS4N_INLINE __m256 k45_scales(const uint8_t *blk, float *dsc) {
+    const __m128i S = _mm_loadu_si128((const __m128i *)(blk + 4)); /* scales[12] and 4 more */
+    /* sc 0..3 and m 0..3 are the low 6 bits of bytes 0..3 and 4..7; sc 4..7 and m 4..7 the
+     * low and high nibbles of bytes 8..11, with the top two bits of bytes 0..3 and 4..7 */
+    const __m128i A = _mm_shuffle_epi8(S, _mm_setr_epi8(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 8, 9,
+                                                        10, 11));
+    const __m128i B = _mm_shuffle_epi8(S, _mm_setr_epi8(-1, -1, -1, -1, 0, 1, 2, 3, -1, -1, -1,
+                                                        -1, 4, 5, 6, 7));
+    const __m128i low = _mm_and_si128(_mm_blend_epi32(A, _mm_srli_epi16(A, 4), 0x8),
+                                      _mm_setr_epi8(63, 63, 63, 63, 15, 15, 15, 15, 63, 63, 63,
+                                                    63, 15, 15, 15, 15));
+    const __m128i high = _mm_and_si128(_mm_srli_epi16(B, 2), _mm_set1_epi8(0x30));
+    _Alignas(16) uint8_t scm[16]; /* sc 0..7, m 0..7 */
+    _mm_store_si128((__m128i *)scm, _mm_or_si128(low, high));
+    uint32_t u;
+    memcpy(&u, blk, 4); /* d, dmin */
+    const __m128 dd = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(scm)));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(load8(scm + 8)));
+    park8(dsc, _mm256_mul_ps(_mm256_broadcastss_ps(dd), sc));
+    return _mm256_mul_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dd)), m);
+}
+
+/* Sub-blocks 2j (c[0..4]) and 2j+1 (c[4..8]): the low and high nibbles of the same 32 bytes,
+ * each byte widened once; Q5_K's fifth bits (bit s of qh[l]: code l of sub-block s) moved to
+ * bit 4 of the lanes. */
+DS4N_INLINE void k45_pair(const uint8_t *qs, const uint8_t *qh, int j, __m256 c[8]) {
+    const __m256i m4 = _mm256_set1_epi32(0x0f), b4 = _mm256_set1_epi32(0x10);
+    for (int u = 0; u < 4; u++) {
+        const __m256i a = _mm256_cvtepu8_epi32(load8(qs + 32 * j + 8 * u));
+        __m256i lo = _mm256_and_si256(a, m4), hi = _mm256_srli_epi32(a, 4);
+        if (qh) {
+            const __m256i h = _mm256_cvtepu8_epi32(load8(qh + 8 * u));
+            /* bit 2j to bit 4, and bit 2j+1 to bit 4 */
+            const __m256i h_lo = j < 2 ? _mm256_slli_epi32(h, 4 - 2 * j) : _mm256_srli_epi32(h, 2 * j - 4);
+            const __m256i h_hi = j < 2 ? _mm256_slli_epi32(h, 3 - 2 * j) : _mm256_srli_epi32(h, 2 * j - 3);
+            lo = _mm256_or_si256(lo, _mm256_and_si256(h_lo, b4));
+            hi = _mm256_or_si256(hi, _mm256_and_si256(h_hi, b4));
+        }
+        c[u] = _mm256_cvtepi32_ps(lo);
+        c[4 + u] = _mm256_cvtepi32_ps(hi);
+    }
+}
+
+/* R rows: each super-block's mins enter the accumulator first, as -dmin·m · the eight
+ * per-32 sums (one FMA), then every sub-block's d·sc·Σq·x. */
+DS4N_INLINE void rows_k45(int five, const void *w, int64_t row_stride, const float *x,
+                          const float *xsum, int64_t n, float *y, const int R) {
+    const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K);
+    __m256 acc[DS4N_MV_ROWS];
+    _Alignas(32) float dsc[DS4N_MV_ROWS][8];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += bb, x += QK_K, xsum += 8) {
+        const __m256 xs = _mm256_loadu_ps(xsum);
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm256_fnmadd_ps(k45_scales(p + r * row_stride, dsc[r]), xs, acc[r]);
+        for (int j = 0; j < 4; j++)
+            for (int r = 0; r < R; r++) {
+                const uint8_t *b = p + r * row_stride;
+                __m256 c[8];
+                k45_pair(five ? ((const block_q5_K *)b)->qs : ((const block_q4_K *)b)->qs,
+                         five ? ((const block_q5_K *)b)->qh : NULL, j, c);
+                acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dsc[r][2 * j]),
+                                         codes_dot(c, x + 64 * j), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(&dsc[r][2 * j + 1]),
+                                         codes_dot(c + 4, x + 64 * j + 32), acc[r]);
+            }
+    }
+    for (int r = 0; r < R; r++) y[r] = ds4n_hsum_avx2(acc[r]);
+}
+
+/* rows_k45's arithmetic for one row and T tokens, each super-block unpacked once. */
+DS4N_INLINE void cols_k45(int five, const void *w, const float *x, int64_t ldx,
+                          const float *xsum, int64_t n, float *y, int64_t ldy, const int T) {
+    const int64_t bb = five ? sizeof(block_q5_K) : sizeof(block_q4_K), nb = n / QK;
+    __m256 acc[DS4N_SMALL_T];
+    _Alignas(32) float dsc[8];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += bb) {
+        const __m256 dm = k45_scales(p, dsc);
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fnmadd_ps(dm, _mm256_loadu_ps(xsum + t * nb + 8 * i), acc[t]);
+        const uint8_t *qs = five ? ((const block_q5_K *)p)->qs : ((const block_q4_K *)p)->qs;
+        const uint8_t *qh = five ? ((const block_q5_K *)p)->qh : NULL;
+        for (int j = 0; j < 4; j++) {
+            __m256 c[8];
+            k45_pair(qs, qh, j, c);
+            const __m256 s0 = _mm256_broadcast_ss(&dsc[2 * j]), s1 = _mm256_broadcast_ss(&dsc[2 * j + 1]);
+            for (int t = 0; t < T; t++) {
+                const float *xt = x + t * ldx + i * QK_K + 64 * j;
+                acc[t] = _mm256_fmadd_ps(s0, codes_dot(c, xt), acc[t]);
+                acc[t] = _mm256_fmadd_ps(s1, codes_dot(c + 4, xt + 32), acc[t]);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = ds4n_hsum_avx2(acc[t]);
+}
+
+/* ---- Q6_K decode matvecs ---------------------------------------------------------------- */
+
+/* The super-block's sixteen d·scale, parked (the scalar products). */
+DS4N_INLINE void q6_scales(const block_q6_K *b, float *sc) {
+    const __m256 d = _mm256_set1_ps(f16(b->d));
+    park8(sc, _mm256_mul_ps(d, i8x8(load8((const uint8_t *)b->scales))));
+    park8(sc + 8, _mm256_mul_ps(d, i8x8(load8((const uint8_t *)b->scales + 8))));
+}
+
+/* Codes 8u..8u+8 of the four 32-groups r of half h as c[r], offset removed: group r's low
+ * four bits are nibble r/2 of ql byte (r%2)*32 + l, its top two bits bits 2r, 2r+1 of qh
+ * byte l. The low nibble goes under 2^23, the high one stays in bits 4..7 under 2^19 (so its
+ * qh bits go to 8..9), and base + 32 is subtracted exactly. */
+DS4N_INLINE void q6_codes8(const block_q6_K *b, int h, int u, __m256 c[4]) {
+    const __m256i e = _mm256_set1_epi32(LO_BASE);
+    const __m256i l0 = _mm256_or_si256(_mm256_cvtepu8_epi32(load8(b->ql + 64 * h + 8 * u)), e);
+    const __m256i l1 = _mm256_or_si256(_mm256_cvtepu8_epi32(load8(b->ql + 64 * h + 32 + 8 * u)), e);
+    const __m256i q = _mm256_cvtepu8_epi32(load8(b->qh + 32 * h + 8 * u));
+    const __m256i q4 = _mm256_slli_epi32(q, 4), q2 = _mm256_slli_epi32(q, 2);
+    const __m256i k_lo = _mm256_set1_epi32(LO_BASE | 0x0f), k_hi = _mm256_set1_epi32(HI_BASE | 0xf0);
+    const __m256i h_lo = _mm256_set1_epi32(0x30), h_hi = _mm256_set1_epi32(0x300);
+    const __m256 o_lo = _mm256_set1_ps(8388608.0f + 32.0f), o_hi = _mm256_set1_ps(524288.0f + 32.0f);
+#define Q6_LANE(l, hb, k, hm, o) \
+    _mm256_sub_ps(_mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(l, k), _mm256_and_si256(hb, hm))), o)
+    c[0] = Q6_LANE(l0, q4, k_lo, h_lo, o_lo);
+    c[1] = Q6_LANE(l1, q2, k_lo, h_lo, o_lo);
+    c[2] = Q6_LANE(l0, q4, k_hi, h_hi, o_hi);
+    c[3] = Q6_LANE(l1, q2, k_hi, h_hi, o_hi);
+#undef Q6_LANE
+}
+
+/* Σ over codes 16v..16v+16 of the four groups of half h (c: u = 2v, then 2v+1), each group's
+ * 16-scale applied: acc += sc·(c_a·x_a + c_b·x_b). */
+DS4N_INLINE __m256 q6_group16(__m256 acc, const __m256 ca[4], const __m256 cb[4], const float *sc,
+                              const float *x, int h, int v) {
+    for (int r = 0; r < 4; r++) {
+        const float *xr = x + 128 * h + 32 * r + 16 * v;
+        __m256 s = _mm256_mul_ps(ca[r], _mm256_loadu_ps(xr));
+        s = _mm256_fmadd_ps(cb[r], _mm256_loadu_ps(xr + 8), s);
+        acc = _mm256_fmadd_ps(_mm256_broadcast_ss(sc + 2 * (4 * h + r) + v), s, acc);
+    }
+    return acc;
+}
+
+DS4N_INLINE void rows_q6(const void *w, int64_t row_stride, const float *x, const float *xsum,
+                         int64_t n, float *y, const int R) {
+    __m256 acc[DS4N_MV_ROWS];
+    _Alignas(32) float sc[DS4N_MV_ROWS][16];
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK_K; i++, p += sizeof(block_q6_K), x += QK_K) {
+        for (int r = 0; r < R; r++) q6_scales((const block_q6_K *)(p + r * row_stride), sc[r]);
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < 2; v++)
+                for (int r = 0; r < R; r++) {
+                    const block_q6_K *b = (const block_q6_K *)(p + r * row_stride);
+                    __m256 ca[4], cb[4];
+                    q6_codes8(b, h, 2 * v, ca);
+                    q6_codes8(b, h, 2 * v + 1, cb);
+                    acc[r] = q6_group16(acc[r], ca, cb, sc[r], x, h, v);
+                }
+    }
+    for (int r = 0; r < R; r++) y[r] = ds4n_hsum_avx2(acc[r]);
+}
+
+/* rows_q6's arithmetic for one row and T tokens. */
+DS4N_INLINE void cols_q6(const void *w, const float *x, int64_t ldx, const float *xsum,
+                         int64_t n, float *y, int64_t ldy, const int T) {
+    __m256 acc[DS4N_SMALL_T];
+    _Alignas(32) float sc[16];
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    const block_q6_K *b = w;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        q6_scales(&b[i], sc);
+        for (int h = 0; h < 2; h++)
+            for (int v = 0; v < 2; v++) {
+                __m256 ca[4], cb[4];
+                q6_codes8(&b[i], h, 2 * v, ca);
+                q6_codes8(&b[i], h, 2 * v + 1, cb);
+                for (int t = 0; t < T; t++)
+                    acc[t] = q6_group16(acc[t], ca, cb, sc, x + t * ldx + i * QK_K, h, v);
+            }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = ds4n_hsum_avx2(acc[t]);
+}
+
+DS4N_ROWS_KERNEL(q4_K, rows_k45, 0)
+DS4N_ROWS_KERNEL(q5_K, rows_k45, 1)
+DS4N_COLS_KERNEL(q4_K, cols_k45, 0)
+DS4N_COLS_KERNEL(q5_K, cols_k45, 1)
+#define rows_q6_body(unused, ...) rows_q6(__VA_ARGS__)
+DS4N_ROWS_KERNEL(q6_K_R, rows_q6_body, 0)
+#define cols_q6_body(unused, ...) cols_q6(__VA_ARGS__)
+DS4N_COLS_KERNEL(q6_K_T, cols_q6_body, 0)
+
+#define DS4N_F16_LEGACY_ROWS(name, T, block)                        \
+    DS4N_ROWS_KERNEL(name, rows_f16_legacy, T, sizeof(block))       \
+    DS4N_COLS_KERNEL(name, cols_f16_legacy, T, sizeof(block))
+DS4N_F16_LEGACY_ROWS(q4_0, DS4N_Q4_0, block_q4_0)
+DS4N_F16_LEGACY_ROWS(q4_1, DS4N_Q4_1, block_q4_1)
+DS4N_F16_LEGACY_ROWS(q5_0, DS4N_Q5_0, block_q5_0)
+DS4N_F16_LEGACY_ROWS(q5_1, DS4N_Q5_1, block_q5_1)
+DS4N_F16_LEGACY_ROWS(q8_0, DS4N_Q8_0, block_q8_0)
 
 DS4N_DEFINE_KERNEL_SET(ds4n_avx2_set, ds4n_tile_avx2, 0)

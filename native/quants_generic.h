@@ -502,11 +502,13 @@ _Static_assert(DS4N_SMALL_T == 8, "DS4N_COLS_KERNEL covers 1..8 tokens");
 #define DS4N_LEGACY_ROWS(name, T, block)                    \
     DS4N_ROWS_KERNEL(name, rows_legacy, T, sizeof(block))   \
     DS4N_COLS_KERNEL(name, cols_legacy, T, sizeof(block))
+#ifndef DS4N_OWN_LEGACY_MATVEC /* a set may define its own for the f16-scaled types */
 DS4N_LEGACY_ROWS(q4_0, DS4N_Q4_0, block_q4_0)
 DS4N_LEGACY_ROWS(q4_1, DS4N_Q4_1, block_q4_1)
 DS4N_LEGACY_ROWS(q5_0, DS4N_Q5_0, block_q5_0)
 DS4N_LEGACY_ROWS(q5_1, DS4N_Q5_1, block_q5_1)
 DS4N_LEGACY_ROWS(q8_0, DS4N_Q8_0, block_q8_0)
+#endif
 DS4N_LEGACY_ROWS(iq4_nl, DS4N_IQ4_NL, block_iq4_nl)
 DS4N_LEGACY_ROWS(mxfp4, DS4N_MXFP4, block_mxfp4)
 #ifndef DS4N_OWN_K45_MATVEC /* a set may define its own rows_/cols_q4_K and q5_K */
