@@ -1,6 +1,7 @@
 /* Next-token sampling on the native side (the semantics of ds4d/engine/sampler.py): a pass
- * per filter over the vocabulary, no sort of it, and no allocation per token (scratch is
- * per thread and grows to the largest vocabulary seen). */
+ * per filter over the vocabulary, no sort of it (only of a top_p nucleus, and that in linear
+ * time), and no allocation per token (scratch is per thread and grows to the largest
+ * vocabulary seen). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
