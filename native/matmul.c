@@ -22,6 +22,8 @@
 #define PANEL_ROWS 16
 #define PANEL_K 1024 /* a multiple of every block size */
 #define XSUM_MAX 4096 /* per-32 sums of x kept on the stack: rows up to 131072 values */
+#define PREFETCH_BYTES 1024  /* how far ahead a decode matvec fetches each of its row streams */
+#define PREFETCH_ROW_MAX 1024 /* rows longer than this are left to the hardware prefetchers */
 
 struct matmul_job {
     int type;
@@ -49,6 +51,18 @@ static void block_sums(const float *x, int64_t nb, float *xsum) {
     }
 }
 
+/* The hardware prefetchers follow long sequential streams, but a small model's matrices
+ * give each worker a few hundred short rows in DS4N_MV_ROWS streams: the decode paths also
+ * fetch each stream's row PREFETCH_BYTES ahead by hand. Long rows are left to the hardware:
+ * a burst of prefetches per row measured slower there. Returns how many rows ahead (0: none). */
+static int64_t prefetch_rows(int64_t row_bytes) {
+    return row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
+}
+
+static void prefetch_row(const uint8_t *row, int64_t row_bytes) {
+    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
+}
+
 static int uses_rows_kernel(const struct ds4n_row_kernels *k, int64_t K) {
     return k->rows && K % QK == 0 && K / QK <= XSUM_MAX;
 }
@@ -72,7 +86,10 @@ static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const int R = n < DS4N_MV_ROWS ? (int)n : DS4N_MV_ROWS;
     const int64_t len = n / R;
     float out[DS4N_MV_ROWS];
+    const int64_t ahead = prefetch_rows(row_bytes);
     for (int64_t j = 0; j < len; j++) {
+        if (ahead && j + ahead < len)
+            for (int r = 0; r < R; r++) prefetch_row(w + (r * len + j + ahead) * row_bytes, row_bytes);
         k->rows(w + j * row_bytes, len * row_bytes, m->X, xsum, m->K, out, R);
         for (int r = 0; r < R; r++) m->Y[r0 + r * len + j] = out[r];
     }
@@ -114,9 +131,12 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     /* Rows taken from DS4N_MV_ROWS runs in turn, as matvec_rows reads them: memory sees that
      * many sequential streams, not one (a single stream leaves most of the bandwidth idle). */
     const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS, len = n / streams;
+    const int64_t ahead = prefetch_rows(row_bytes);
     for (int64_t j = 0; j < len; j++)
         for (int64_t s = 0; s < streams; s++) {
             const int64_t r = r0 + s * len + j;
+            if (ahead && j + ahead < len)
+                prefetch_row((const uint8_t *)m->W + (r + ahead) * row_bytes, row_bytes);
             k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r,
                     m->rows, (int)m->T);
         }
