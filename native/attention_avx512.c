@@ -104,28 +104,38 @@ INLINE __m512 v_lanes(const char *row, int c, int t) {
 
 /* O[i] = O[i]*corr[i] + sum_j P[i][j] V[j] over nk keys, for rg rows: PV_SPAN values of the
  * head at a time (PV_SPAN / 16 vectors per row), so each key's V values feed that many
- * independent FMA chains per row. */
+ * independent FMA chains per row. nc (vectors per row) is a constant in every call, so the
+ * accumulators stay in registers: with a run-time count they went through memory, a
+ * store-to-load chain per key. */
 #define PV_SPAN 64
+INLINE void pv_span(const float *P, int nk, const char *V, int64_t vrow, float *O, int hd,
+                    const float *corr, int rg, int t, const int nc) {
+    __m512 acc[RG_MAX][PV_SPAN / 16];
+    for (int i = 0; i < rg; i++)
+        for (int c = 0; c < nc; c++)
+            acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(O + i * hd + 16 * c), _mm512_set1_ps(corr[i]));
+    for (int jj = 0; jj < nk; jj++) {
+        for (int c = 0; c < nc; c++) {
+            const __m512 v = v_lanes(V + jj * vrow, 16 * c, t);
+            for (int i = 0; i < rg; i++)
+                acc[i][c] = _mm512_fmadd_ps(_mm512_set1_ps(P[i * DS4N_KBLOCK + jj]), v, acc[i][c]);
+        }
+    }
+    for (int i = 0; i < rg; i++)
+        for (int c = 0; c < nc; c++) _mm512_storeu_ps(O + i * hd + 16 * c, acc[i][c]);
+}
+
 INLINE void pv_tile(const float *P, int nk, const void *V, int hd, float *O,
                     const float *corr, int rg, int t) {
     const int64_t vrow = ds4n_kv_row_bytes(t, hd);
     for (int c0 = 0; c0 < hd; c0 += PV_SPAN) {
-        const int nc = (hd - c0 < PV_SPAN ? hd - c0 : PV_SPAN) / 16;
-        __m512 acc[RG_MAX][PV_SPAN / 16];
-        for (int i = 0; i < rg; i++)
-            for (int c = 0; c < nc; c++)
-                acc[i][c] = _mm512_mul_ps(_mm512_loadu_ps(O + i * hd + c0 + 16 * c),
-                                          _mm512_set1_ps(corr[i]));
-        for (int jj = 0; jj < nk; jj++) {
-            for (int c = 0; c < nc; c++) {
-                const __m512 v = v_lanes((const char *)V + jj * vrow, c0 + 16 * c, t);
-                for (int i = 0; i < rg; i++)
-                    acc[i][c] =
-                        _mm512_fmadd_ps(_mm512_set1_ps(P[i * DS4N_KBLOCK + jj]), v, acc[i][c]);
-            }
+        const char *v = (const char *)V + ds4n_kv_row_bytes(t, c0);
+        switch ((hd - c0 < PV_SPAN ? hd - c0 : PV_SPAN) / 16) {
+        case 1: pv_span(P, nk, v, vrow, O + c0, hd, corr, rg, t, 1); break;
+        case 2: pv_span(P, nk, v, vrow, O + c0, hd, corr, rg, t, 2); break;
+        case 3: pv_span(P, nk, v, vrow, O + c0, hd, corr, rg, t, 3); break;
+        default: pv_span(P, nk, v, vrow, O + c0, hd, corr, rg, t, 4); break;
         }
-        for (int i = 0; i < rg; i++)
-            for (int c = 0; c < nc; c++) _mm512_storeu_ps(O + i * hd + c0 + 16 * c, acc[i][c]);
     }
 }
 
