@@ -17,6 +17,10 @@
 
 #include "attention.h"
 
+INLINE void prefetch_range(const char *p, int64_t bytes) {
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
     const int hd = j->head_dim, G = j->n_group, R = j->n_tok * G;
     const int64_t vrow = ds4n_kv_row_bytes(kvt, hd), ktile = vrow * DS4N_KT;
@@ -42,6 +46,15 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
     if (j->window > 0 && j->pos0 - j->window + 1 > kstart)
         kstart = (j->pos0 - j->window + 1) / DS4N_KT * DS4N_KT;
     for (int64_t kb = kstart; kb < kend; kb += DS4N_KBLOCK) {
+        /* One step's keys are a few KB of K and of V, too short a run for the hardware
+         * prefetchers to reach ahead of: the next block's are fetched while this one runs. */
+        if (kb + DS4N_KBLOCK < kend) {
+            const int64_t next = kend - kb - DS4N_KBLOCK < DS4N_KBLOCK ? kend - kb - DS4N_KBLOCK
+                                                                        : DS4N_KBLOCK;
+            prefetch_range(K + (kb + DS4N_KBLOCK) / DS4N_KT * ktile,
+                           (next + DS4N_KT - 1) / DS4N_KT * ktile);
+            prefetch_range(V + (kb + DS4N_KBLOCK) * vrow, next * vrow);
+        }
         for (int r0 = 0; r0 < Rp; r0 += rg) {
             /* The group's last real row sees the most keys, its first the lowest ones. */
             const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
