@@ -17,8 +17,9 @@
 
 #include "attention.h"
 
+/* Into L2 (locality 2): measured as fast as into L1 or faster, at 4096 and 16384 keys. */
 INLINE void prefetch_range(const char *p, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
 }
 
 INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
