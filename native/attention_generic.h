@@ -48,14 +48,11 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
         kstart = (j->pos0 - j->window + 1) / DS4N_KT * DS4N_KT;
     for (int64_t kb = kstart; kb < kend; kb += DS4N_KBLOCK) {
         /* One step's keys are a few KB of K and of V, too short a run for the hardware
-         * prefetchers to reach ahead of: the next block's are fetched while this one runs. */
-        if (kb + DS4N_KBLOCK < kend) {
-            const int64_t next = kend - kb - DS4N_KBLOCK < DS4N_KBLOCK ? kend - kb - DS4N_KBLOCK
-                                                                        : DS4N_KBLOCK;
-            prefetch_range(K + (kb + DS4N_KBLOCK) / DS4N_KT * ktile,
-                           (next + DS4N_KT - 1) / DS4N_KT * ktile);
-            prefetch_range(V + (kb + DS4N_KBLOCK) * vrow, next * vrow);
-        }
+         * prefetchers to reach ahead of: the next block's are fetched while this one runs,
+         * a tile's worth beside each K tile's product (all at once, the prefetches stalled
+         * on the memory queue themselves). */
+        const int64_t nkb = kb + DS4N_KBLOCK, next = kend - nkb < DS4N_KBLOCK ? kend - nkb
+                                                                              : DS4N_KBLOCK;
         for (int r0 = 0; r0 < Rp; r0 += rg) {
             /* The group's last real row sees the most keys, its first the lowest ones. */
             const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
@@ -71,9 +68,16 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
                 if (glo > kb) skip = (int)(glo - kb) / DS4N_KT * DS4N_KT;
             }
             const int ntile = (nk + DS4N_KT - 1) / DS4N_KT;
-            for (int tt = skip / DS4N_KT; tt < ntile; tt++)
+            for (int tt = skip / DS4N_KT; tt < ntile; tt++) {
+                if (r0 == 0 && tt * DS4N_KT < next) {
+                    const int64_t keys = next - tt * DS4N_KT < DS4N_KT ? next - tt * DS4N_KT
+                                                                       : DS4N_KT;
+                    prefetch_range(K + (nkb / DS4N_KT + tt) * ktile, ktile);
+                    prefetch_range(V + (nkb + tt * DS4N_KT) * vrow, keys * vrow);
+                }
                 qk_tile(Q + (int64_t)r0 * hd, hd, K + (kb / DS4N_KT + tt) * ktile,
                         S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg, kvt);
+            }
             for (int r = r0; r < r0 + rg; r++) {
                 int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
                 if (rend > gend) rend = gend;
