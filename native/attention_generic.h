@@ -16,11 +16,7 @@
 #include <string.h>
 
 #include "attention.h"
-
-/* Into L2 (locality 2): measured as fast as into L1 or faster, at 4096 and 16384 keys. */
-INLINE void prefetch_range(const char *p, int64_t bytes) {
-    for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 2);
-}
+#include "prefetch.h"
 
 INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
     const int hd = j->head_dim, G = j->n_group, R = j->n_tok * G;
@@ -50,7 +46,7 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
         /* One step's keys are a few KB of K and of V, too short a run for the hardware
          * prefetchers to reach ahead of: the next block's are fetched while this one runs,
          * a tile's worth beside each K tile's product (all at once, the prefetches stalled
-         * on the memory queue themselves). */
+         * on the memory queue themselves), into L2 (measured as fast as L1 or faster). */
         const int64_t nkb = kb + DS4N_KBLOCK, next = kend - nkb < DS4N_KBLOCK ? kend - nkb
                                                                               : DS4N_KBLOCK;
         for (int r0 = 0; r0 < Rp; r0 += rg) {
@@ -72,8 +68,8 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
                 if (r0 == 0 && tt * DS4N_KT < next) {
                     const int64_t keys = next - tt * DS4N_KT < DS4N_KT ? next - tt * DS4N_KT
                                                                        : DS4N_KT;
-                    prefetch_range(K + (nkb / DS4N_KT + tt) * ktile, ktile);
-                    prefetch_range(V + (nkb + tt * DS4N_KT) * vrow, keys * vrow);
+                    ds4n_prefetch_l2(K + (nkb / DS4N_KT + tt) * ktile, ktile);
+                    ds4n_prefetch_l2(V + (nkb + tt * DS4N_KT) * vrow, keys * vrow);
                 }
                 qk_tile(Q + (int64_t)r0 * hd, hd, K + (kb / DS4N_KT + tt) * ktile,
                         S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg, kvt);

@@ -16,6 +16,7 @@
  * tile_cols tokens of SIMD accumulators) over every token against it; each micro-kernel
  * call streams its 3 token rows from L1. Long panels measured best (fewer horizontal sums and
  * partial-sum passes over Y); the typical model row (K <= 1024) is a single panel. */
+#include "prefetch.h"
 #include "profile.h"
 #include "quants.h"
 
@@ -59,10 +60,6 @@ static int64_t prefetch_rows(int64_t row_bytes) {
     return row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
 }
 
-static void prefetch_row(const uint8_t *row, int64_t row_bytes) {
-    for (int64_t o = 0; o < row_bytes; o += 64) __builtin_prefetch(row + o, 0, 3);
-}
-
 static int uses_rows_kernel(const struct ds4n_row_kernels *k, int64_t K) {
     return k->rows && K % QK == 0 && K / QK <= XSUM_MAX;
 }
@@ -89,7 +86,7 @@ static void matvec_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     const int64_t ahead = prefetch_rows(row_bytes);
     for (int64_t j = 0; j < len; j++) {
         if (ahead && j + ahead < len)
-            for (int r = 0; r < R; r++) prefetch_row(w + (r * len + j + ahead) * row_bytes, row_bytes);
+            for (int r = 0; r < R; r++) ds4n_prefetch_l1(w + (r * len + j + ahead) * row_bytes, row_bytes);
         k->rows(w + j * row_bytes, len * row_bytes, m->X, xsum, m->K, out, R);
         for (int r = 0; r < R; r++) m->Y[r0 + r * len + j] = out[r];
     }
@@ -136,7 +133,7 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
         for (int64_t s = 0; s < streams; s++) {
             const int64_t r = r0 + s * len + j;
             if (ahead && j + ahead < len)
-                prefetch_row((const uint8_t *)m->W + (r + ahead) * row_bytes, row_bytes);
+                ds4n_prefetch_l1((const uint8_t *)m->W + (r + ahead) * row_bytes, row_bytes);
             k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r,
                     m->rows, (int)m->T);
         }
