@@ -37,6 +37,8 @@ CASES = {
     "phi3-longrope": dict(arch="phi3", rope_factors=True),
     # a session context beyond the original one (1024) takes the long factors
     "phi3-longrope-long-context": dict(arch="phi3", rope_factors=True, n_ctx=2048),
+    # a head of 64 + 48 values: the vector kernels' P·V spans of 4 and of 3 vectors
+    "qwen3-head-112": dict(arch="qwen3", head_dim=112),
 }
 
 
@@ -155,10 +157,10 @@ def test_malformed_files_are_refused_in_one_line(arch, opts, word, tmp_path: Pat
 
 
 @pytest.mark.parametrize("level", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
-@pytest.mark.parametrize("case", ["gemma3", "phi3"])
+@pytest.mark.parametrize("case", ["gemma3", "phi3", "qwen3", "qwen3-head-112"])
 def test_scalar_kernels_match_simd(case: str, level: int, tmp_path: Path, pool) -> None:
-    """The whole forward (GeGLU, windows, fused tensors) with the scalar kernels against each
-    SIMD set this CPU runs."""
+    """The whole forward (GeGLU, windows, fused tensors; heads of 16, 32 and 112 values) with
+    the scalar kernels against each SIMD set this CPU runs."""
     gf = GGUFFile(write_tiny(tmp_path / "m.gguf", **CASES[case]))
     model = load(gf, pool)
     toks = tokens(70)
