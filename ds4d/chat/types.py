@@ -57,6 +57,12 @@ class Sampling:
     seed: int | None = None
 
 
+# How urgently a request wants the engine. The engine loop serves a waiting "completion"
+# (an editor's inline completion: someone is watching the cursor) before "chat" (agents,
+# chat clients), and both before "background" (warm-ups, restores nobody waits on).
+Priority = Literal["completion", "chat", "background"]
+
+
 @dataclass
 class ChatRequest:
     messages: list[Message]
@@ -71,6 +77,13 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False  # streaming: send usage at the end (OpenAI asks for it)
     raw_prompt: str | None = None  # legacy completions: the text is the prompt, no template
+    # The prompt as token ids, already assembled (fill-in-the-middle: special tokens around
+    # user text that must never be parsed as markup). Takes precedence over raw_prompt.
+    prompt_ids: list[int] | None = None
+    priority: Priority = "chat"
+    # Requests that share a key replace each other: a newer one cancels the older one still
+    # running (an editor's completion for a cursor that has since moved on).
+    supersede_key: str | None = None
     tool_id_prefix: str = "call_"  # "toolu_" for Anthropic clients
     # Anthropic's cache_control: the conversation up to the last mark, and once the prompt
     # is prepared the length of its part of the prompt in tokens (the usage split).

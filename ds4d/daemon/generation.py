@@ -149,6 +149,9 @@ class Generator:
         """Render and tokenize (on a worker: agent prompts are large), check the context."""
 
         def work() -> tuple[str, list[int]]:
+            if req.prompt_ids is not None:  # assembled by the caller (FIM): no template
+                ids = list(req.prompt_ids)
+                return self.tok.decode(ids), ids
             text = self.render(req)
             self._refuse_if_surely_too_long(text, param)
             tokens = self.tokenize_prompt(text, raw=not self._special(req))
