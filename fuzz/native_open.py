@@ -67,7 +67,7 @@ def _tiny(d: Path) -> Path:
 
 
 def _ds4(d: Path) -> Path:
-    from ds4d.synth import write_deepseek4
+    from ds4d.tools.synth import write_deepseek4
 
     path = d / "deepseek4.gguf"
     write_deepseek4(path, seed=3)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from ds4d.serve_process import ServeProcessError, private_env, serve_process
+from ds4d.tools.serve_process import ServeProcessError, private_env, serve_process
 
 BIN = Path(sys.executable).parent
 

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import httpx
 
-from ds4d.serve_process import ServeProcess, ServeProcessError, private_env, start_serve
 from ds4d.state import kvfile
+from ds4d.tools.serve_process import ServeProcess, ServeProcessError, private_env, start_serve
 
 WORDS = ("river stone lantern harbor meadow copper violin orchard glacier pepper canyon "
          "saddle beacon tundra marble falcon").split()  # fmt: skip

@@ -47,7 +47,7 @@ from pathlib import Path
 import httpx
 
 from ds4d.daemon import admin_protocol
-from ds4d.serve_process import ServeProcessError, private_env, serve_process
+from ds4d.tools.serve_process import ServeProcessError, private_env, serve_process
 
 TOPICS = [
     "rivers", "bread", "compilers", "the moon", "chess", "gardens", "trains", "music",

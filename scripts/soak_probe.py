@@ -87,7 +87,7 @@ def main() -> int:
     if frames > 0:
         tracemalloc.start(frames)
     install(out)
-    from ds4d.cli import main as ds4d_main
+    from ds4d.cli.main import main as ds4d_main
 
     return ds4d_main(sys.argv[1:])
 

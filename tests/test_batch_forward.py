@@ -295,7 +295,7 @@ def test_bench_batch_cli(tmp_path) -> None:
 def test_deepseek4_batches_one_session_at_a_time(tmp_path) -> None:
     """DeepSeek V4 has no batched pass: Engine.eval_batch evaluates its sessions one after
     another, with the same contract (bitwise each session alone, checked as a whole)."""
-    from ds4d.synth import write_deepseek4
+    from ds4d.tools.synth import write_deepseek4
 
     path = tmp_path / "synth.gguf"
     write_deepseek4(path, seed=4)

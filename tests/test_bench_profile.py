@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds4d.bench_profile import kv_bytes_read, profile_decode
 from ds4d.engine import EngineError, native
+from ds4d.tools.bench_profile import kv_bytes_read, profile_decode
 from tests.test_cli_tools import ds4d
 from tests.test_kernels import random_weights
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4d.bench_serve import (
+from ds4d.tools.bench_serve import (
     CSV_FIELDS,
     Row,
     Shape,

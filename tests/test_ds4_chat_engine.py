@@ -12,7 +12,7 @@ from ds4d.chat.types import ChatRequest, Message, ReasoningDelta, TextDelta
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     from ds4d.engine.engine import Engine
-    from ds4d.synth import write_deepseek4
+    from ds4d.tools.synth import write_deepseek4
 
     path = tmp_path_factory.mktemp("ds4") / "synth.gguf"
     write_deepseek4(path, seed=5)

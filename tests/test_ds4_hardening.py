@@ -19,7 +19,7 @@ from ds4d.engine.engine import Engine
 from ds4d.engine.errors import EngineError, ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
-from ds4d.synth import SYNTH_PARAMS, write_deepseek4
+from ds4d.tools.synth import SYNTH_PARAMS, write_deepseek4
 
 P = SYNTH_PARAMS
 TID2EID_SLOT = D.LAYER_SLOTS.index("ffn_gate_tid2eid.weight")

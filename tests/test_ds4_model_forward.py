@@ -12,7 +12,7 @@ import pytest
 
 from ds4d.engine import EngineError
 from ds4d.engine.engine import Engine
-from ds4d.synth import SYNTH_PARAMS, write_deepseek4
+from ds4d.tools.synth import SYNTH_PARAMS, write_deepseek4
 from tests.reference.deepseek4_ref import DS4Reference
 
 N_TOKENS = 600

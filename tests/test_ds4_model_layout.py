@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType as T
 
 from ds4d.engine import deepseek4_layout as L
 from ds4d.engine.errors import ModelLoadError
-from ds4d.synth import SYNTH_PARAMS, write_deepseek4
+from ds4d.tools.synth import SYNTH_PARAMS, write_deepseek4
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +144,7 @@ def test_released_shape_is_consistent():
 def test_full_size_file_opens_without_reading_weights(tmp_path):
     """An 86 GB file (sparse: holes, no disk) opens on this 24 GB machine: validation,
     binding and a session allocate well under 1.5 GB, so no weight is read."""
-    from ds4d.synth import write_sparse_full_size
+    from ds4d.tools.synth import write_sparse_full_size
 
     path = tmp_path / "full.gguf"
     size = write_sparse_full_size(path)

@@ -62,7 +62,7 @@ def test_f16_halves_and_q8_0_quarters_the_kv(engines) -> None:
     assert sizes["f16"] * 2 == sizes["f32"]
     assert sizes["q8_0"] * 128 == sizes["f32"] * 34
     # what `ds4d bench --profile` counts as attention's reads per step
-    from ds4d.bench_profile import kv_bytes_read
+    from ds4d.tools.bench_profile import kv_bytes_read
 
     read = {t: kv_bytes_read(engines[t].model, 1000, t) for t in TYPES}
     assert read["f32"] == 2 * read["f16"] == 1000 * 30 * 2 * 3 * 256
@@ -215,7 +215,7 @@ def test_cli_kv_type_flag(tmp_path: Path) -> None:
 def test_deepseek4_keeps_its_own_kv_whatever_the_kv_type(tmp_path: Path) -> None:
     """DeepSeek V4's compressed cache has one layout: kv_type is ignored there (reported as
     "native"), and its payload round-trips as before."""
-    from ds4d.synth import write_deepseek4
+    from ds4d.tools.synth import write_deepseek4
 
     path = tmp_path / "synth.gguf"
     write_deepseek4(path, seed=4)

@@ -114,15 +114,22 @@ def test_outside_ci_skips_are_skips(tmp_path: Path) -> None:
     assert "2 skipped" in out.stdout
 
 
-# Each layer imports only the layers below it (docs/architecture.md).
+# Each layer imports only the layers below it (docs/architecture.md), and every package of
+# ds4d/ is one of these layers.
 LAYER_IMPORTS = {
     "engine": {"engine"},
     "chat": {"chat", "engine"},
     "state": {"state", "chat", "engine"},
     "api": {"api", "chat", "engine", "state"},
-    # not the command-line front end (ds4d.cli, generate, bench, synth) above it
+    # not the developer tools or the command-line front end above it
     "daemon": {"daemon", "api", "state", "chat", "engine"},
+    # bench, synth, the serve-process helper: never imported by what serves
+    "tools": {"tools", "daemon", "api", "state", "chat", "engine"},
+    # and ds4d/__init__.py, for `ds4d --version`
+    "cli": {"cli", "tools", "daemon", "api", "state", "chat", "engine", "__init__"},
 }
+# What ds4d/ holds besides its layers' packages: the package itself and `python -m ds4d`.
+ROOT_MODULES = {"__init__.py", "__main__.py"}
 
 
 def ds4d_imports(path: Path) -> set[str]:
@@ -148,9 +155,27 @@ def test_layers_import_only_the_layers_below() -> None:
         for path in sorted((REPO / "ds4d" / layer).rglob("*.py")):
             for module in ds4d_imports(path):
                 parts = module.split(".")
-                if len(parts) < 2 or parts[1] not in allowed:
+                if (parts[1] if len(parts) > 1 else "__init__") not in allowed:
                     wrong.append(f"{path.relative_to(REPO)} imports {module}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_package_of_ds4d_is_a_layer() -> None:
+    """A new package must take its place in the layer table (here and in
+    docs/architecture.md) before anything checks what it imports."""
+    packages = {p.name for p in (REPO / "ds4d").iterdir() if (p / "__init__.py").is_file()}
+    unplaced = packages - set(LAYER_IMPORTS)
+    assert not unplaced, f"ds4d packages in no layer (add them to LAYER_IMPORTS): {unplaced}"
+    doc = (REPO / "docs" / "architecture.md").read_text("utf-8")
+    undocumented = [p for p in sorted(packages) if f"| `ds4d/{p}/` |" not in doc]
+    assert not undocumented, f"missing from the layer table of docs/architecture.md: {undocumented}"
+
+
+def test_ds4d_has_no_loose_modules() -> None:
+    """Every module of ds4d/ lives in the package of its layer: a newcomer sees from the
+    folder names what is the daemon, the engine, the protocols and the tools."""
+    loose = {p.name for p in (REPO / "ds4d").glob("*.py")} - ROOT_MODULES
+    assert not loose, f"modules at ds4d/'s root (move them into a layer's package): {loose}"
 
 
 def _raised_names(tree: ast.AST) -> set[str]:

@@ -378,7 +378,7 @@ def test_snapshot_bounds_and_native_row_ranges_are_checked(engine, story) -> Non
 
 
 def test_deepseek4_snapshots_are_whole_states(tmp_path: Path) -> None:
-    from ds4d.synth import SYNTH_PARAMS, write_deepseek4
+    from ds4d.tools.synth import SYNTH_PARAMS, write_deepseek4
 
     path = tmp_path / "ds4.gguf"
     write_deepseek4(path, seed=3)

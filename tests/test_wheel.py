@@ -100,7 +100,7 @@ def test_wheel_ships_the_library_units_and_config(installed: dict) -> None:
 
 def test_importing_ds4d_writes_nothing_into_site_packages(installed: dict) -> None:
     before = tree_state(installed["site"])
-    code = "import ds4d, ds4d.cli, ds4d.engine, ds4d.daemon.install"
+    code = "import ds4d, ds4d.cli.main, ds4d.engine, ds4d.daemon.install"
     out = run([str(installed["python"]), "-c", code], cwd=installed["tmp"], env=installed["env"])
     assert out.returncode == 0, out.stderr
     assert tree_state(installed["site"]) == before

@@ -17,19 +17,19 @@ from ds4d.daemon.exitcodes import CliError
 # name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ds4d.daemon.main", "run the daemon (the default)"),
-    "generate": ("ds4d.generate", "one-shot chat reply streamed to stdout"),
+    "generate": ("ds4d.cli.generate", "one-shot chat reply streamed to stdout"),
     "bench": (
-        "ds4d.bench",
+        "ds4d.tools.bench",
         "prefill/decode speed sweep over context sizes (`ds4d bench serve`: the serving benchmark)",
     ),
-    "synth-gguf": ("ds4d.synth", "write a small synthetic GGUF for tests"),
+    "synth-gguf": ("ds4d.tools.synth", "write a small synthetic GGUF for tests"),
     "install-service": ("ds4d.daemon.install", "write systemd / launchd units"),
 }
 
 # Modes of a subcommand that are commands of their own: (subcommand, mode) -> (module, help)
 NESTED: dict[tuple[str, str], tuple[str, str]] = {
     ("bench", "serve"): (
-        "ds4d.bench_serve",
+        "ds4d.tools.bench_serve",
         "concurrent clients replaying conversations "
         "against a running server: tokens/s, time to first token",
     ),

@@ -14,7 +14,7 @@ one session's (`--csv` writes those rows).
 
 `--bandwidth` measures the machine's multi-threaded read bandwidth (the decode bound) and
 exits; `--profile` adds, at each frontier, a profiled generation that splits a token's time
-into its parts (see ds4d/bench_profile.py), written with `--profile-csv` / `--profile-plot`.
+into its parts (see ds4d/tools/bench_profile.py), written with `--profile-csv` / `--profile-plot`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from ds4d.daemon.config import add_engine_flags
 from ds4d.daemon.exitcodes import CliError
 
 if TYPE_CHECKING:  # imported where used: `ds4d bench --help` loads no native library
-    from ds4d.bench_profile import Part
     from ds4d.engine.engine import Engine, Session
+    from ds4d.tools.bench_profile import Part
 
 CSV_FIELDS = (
     "ctx",
@@ -265,8 +265,8 @@ class _Profiler:
     def _bound(self, ctx: int) -> float:
         """The read bandwidth over a buffer of the bytes a decode step reads at ctx (or
         --bandwidth-mib), on huge pages: the bound the profile's parts are held against."""
-        from ds4d.bench_profile import token_stream_bytes
         from ds4d.engine import native
+        from ds4d.tools.bench_profile import token_stream_bytes
 
         n = (self.bandwidth_mib << 20) if self.bandwidth_mib else token_stream_bytes(
             self.engine, ctx)  # fmt: skip
@@ -276,7 +276,7 @@ class _Profiler:
         return bw
 
     def __call__(self, session: Session, ctx: int, gen_tokens: int, stop_ids: np.ndarray) -> None:
-        from ds4d.bench_profile import print_parts, print_pool, profile_decode
+        from ds4d.tools.bench_profile import print_parts, print_pool, profile_decode
 
         if gen_tokens == 0:
             return
@@ -288,7 +288,7 @@ class _Profiler:
         self.parts += parts
 
     def report(self, args: argparse.Namespace, title: str) -> None:
-        from ds4d.bench_profile import write_parts_csv, write_parts_plot
+        from ds4d.tools.bench_profile import write_parts_csv, write_parts_plot
 
         if args.profile_csv and self.parts:
             write_parts_csv(args.profile_csv, self.parts)

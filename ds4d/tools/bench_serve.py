@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ds4d.daemon.exitcodes import CliError
-from ds4d.serve_process import XDG_DIRS, ServeProcessError, private_env, serve_process
+from ds4d.tools.serve_process import XDG_DIRS, ServeProcessError, private_env, serve_process
 
 CSV_FIELDS = (
     "label",
@@ -68,7 +68,8 @@ WORKLOAD_SALT = "ds4d-bench-serve"
 
 
 def _default_text() -> Path:
-    return Path(__file__).resolve().parent.parent / "tests" / "data" / "text" / "promessi_sposi.txt"
+    checkout = Path(__file__).resolve().parents[2]  # ds4d/tools/bench_serve.py
+    return checkout / "tests" / "data" / "text" / "promessi_sposi.txt"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -541,7 +542,7 @@ def server_delta(target: Target, before: int | None, expected: int) -> int | Non
 
 @contextmanager
 def started_daemon(serve_args: list[str]) -> Iterator[str]:
-    """A `ds4d serve` of this interpreter (ds4d.serve_process) with private XDG directories
+    """A `ds4d serve` of this interpreter (ds4d.tools.serve_process) with private XDG directories
     (its disk KV starts cold, the user's own daemon and its admin socket are left alone).
     Yields its base URL."""
     # A short root: the admin socket's path must fit a Unix socket address.

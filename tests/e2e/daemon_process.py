@@ -1,4 +1,4 @@
-"""Start a real `ds4d serve` process for end-to-end tests (ds4d.serve_process): ephemeral
+"""Start a real `ds4d serve` process for end-to-end tests (ds4d.tools.serve_process): ephemeral
 port, private tmp dirs, waits for /health 200, SIGTERM on teardown."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from ds4d.serve_process import ServeProcess, free_port, private_env, serve_process
+from ds4d.tools.serve_process import ServeProcess, free_port, private_env, serve_process
 from tests.polling import wait_until
 
 __all__ = [

@@ -15,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from ds4d.synth import write_deepseek4
+from ds4d.tools.synth import write_deepseek4
 from tests.e2e.daemon_process import check_usage, running_daemon, traces
 from tests.e2e.daemon_process import trace_of as traced
 
