@@ -44,7 +44,7 @@ run: install
 # systemd-analyze for the units), from Debian's packages when missing. Explicit: neither
 # `make test` nor `make test-all` ever calls a package manager; .ci/run calls this.
 test-tools:
-	@bash scripts/ensure-test-tools.sh
+	@bash scripts/setup/ensure-test-tools.sh
 
 lint: install
 	$(BIN)/ruff check ds4d ds4ctl tests scripts
@@ -116,7 +116,7 @@ fuzz-native: install
 # network): each runs non-interactively against a real ds4d. Not part of `make test`:
 # the clients' first prompts take minutes to prefill on two cores.
 e2e-clients: install
-	bash scripts/install-e2e-clients.sh
+	bash scripts/setup/install-e2e-clients.sh
 	DS4D_E2E_CLIENTS=1 $(BIN)/pytest -q -p no:cacheprovider --timeout 0 -rA \
 		tests/e2e_clients $(PYTEST_ARGS)
 

@@ -13,7 +13,7 @@ Each family in tests/data/kit/ has
 The vocabulary-sized tensors (token embedding, untied output) are most of a GGUF's bytes and
 are pure noise, so they are not committed: `draw_f16` regenerates them from their seed and
 `kit_model` rebuilds the exact file (checked against the sha256 recorded at generation) in a
-cache directory. scripts/make_family_kit.py writes the kit; this module needs numpy only.
+cache directory. scripts/fixtures/make_family_kit.py writes the kit; this module needs numpy only.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 gpt-oss, Mistral Nemo, Devstral, Gemma 3) render requests byte for byte as transformers'
 apply_chat_template renders the same conversations.
 
-tests/data/templates/expected.json was written by scripts/make_template_fixtures.py
+tests/data/templates/expected.json was written by scripts/fixtures/make_template_fixtures.py
 with transformers; here each request body goes through ds4d's own API parser and
 `render_request`, as in serving.
 """

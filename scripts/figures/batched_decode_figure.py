@@ -7,7 +7,7 @@ stream's decode rate is (tokens - 1) / (its last token - its first token); the a
 the sum over the K streams, which overlap almost entirely (they start together with the
 same budget; the overlap is printed). The mean batch size comes from /metrics.
 
-Usage: .venv/bin/python scripts/batched_decode_figure.py [--streams 1,2,4] [--tokens 128]
+Usage: .venv/bin/python scripts/figures/batched_decode_figure.py [--streams 1,2,4] [--tokens 128]
        [--rounds 3] [--threads 2] [--url http://127.0.0.1:8000]
 Without --url it starts ds4d (`--slots` = the largest K, the embedded model, no disk KV)
 on an ephemeral port. A measuring tool, not a test: it prints figures, asserts nothing.

@@ -3,7 +3,7 @@ vocabularies of the test fixtures (Llama 3 128k, Qwen 3 152k, gpt-oss 201k, Gemm
 so that the time is what the vocabulary costs. Prints wall and CPU seconds (median of
 --repeat runs; CPU time is steadier on a shared machine) and where the time goes.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/bench_open.py [--repeat 3] [extra.gguf ...]
+    PYTHONPATH=$PWD .venv/bin/python scripts/figures/bench_open.py [--repeat 3] [extra.gguf ...]
 
 Extra GGUFs (any architecture) are timed as GGUFFile + tokenizer, the vocabulary-bound
 part of Engine.open.
@@ -28,7 +28,7 @@ from ds4d.engine.default_model import default_model_path
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.tokenizer import Tokenizer
 
-VOCAB = Path(__file__).resolve().parent.parent / "tests" / "data" / "vocab"
+VOCAB = Path(__file__).resolve().parents[2] / "tests" / "data" / "vocab"
 FIXTURES = {"llama3 128k": "llama3_1", "qwen3 152k": "qwen3", "gpt-oss 201k": "gptoss",
             "gemma3 262k": "gemma3"}  # fmt: skip
 E, F, H, L = 64, 128, 4, 2

@@ -12,7 +12,7 @@ the rest (header, the key text, the new tokens' ids, the last logits, the tool m
 last line sums it up: bytes written over the session against its rows' KV bytes (1.00
 would be every row written exactly once).
 
-Usage: .venv/bin/python scripts/continued_checkpoint_figure.py [--tokens 20000]
+Usage: .venv/bin/python scripts/figures/continued_checkpoint_figure.py [--tokens 20000]
        [--turn-tokens 2000] [--ctx 32768] [--kv-type f16] [-- extra ds4d serve flags]
 A measuring tool, not a test: it prints figures with the load average.
 """

@@ -11,7 +11,7 @@ rows of the context, so the bound at N is bandwidth / (weight bytes + the sessio
 N prompt rows and the generated ones), the bandwidth measured by `ds4d bench --bandwidth` over the same threads; both engines keep
 f16 KV by default, so one bound serves both.
 
-    .venv/bin/python scripts/decode_figure.py --peer-python PEER/bin/python \
+    .venv/bin/python scripts/figures/decode_figure.py --peer-python PEER/bin/python \
         --peer-script llamacpp_speed.py [--ctx 512 4096 16384] [--rounds 3] \
         [--gen-tokens 64] [--threads 2] [--csv decode.csv] [--plot docs/decode-bench.png]
 
@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PROMPT = REPO / "tests" / "data" / "text" / "promessi_sposi.txt"
 
 

@@ -9,7 +9,7 @@ short request its time to first token and to its last token, and the depth of th
 prefill when it was sent and when it ended (the long prefill must still be running: else
 the figure proves nothing, and the line says so).
 
-Usage: .venv/bin/python scripts/fair_prefill_figure.py [--rounds 3] [--long-tokens 6000]
+Usage: .venv/bin/python scripts/figures/fair_prefill_figure.py [--rounds 3] [--long-tokens 6000]
        [--short-tokens 20] [--at 1000,3000,5000] [-- extra ds4d serve flags]
 Run with another checkout's python to measure that checkout's ds4d (A/B). It starts ds4d itself (`--slots 2 --threads 2 --ctx 8192`, the embedded model, disk KV in
 a temporary directory) on an ephemeral port. The target: first token within 1 s, last

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from ds4d.tools.serve_process import XDG_DIRS, ServeProcessError, private_env, serve_process
+
+# A figure's daemon loads the embedded model; at shutdown it may still write a checkpoint.
+START_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -65,42 +70,20 @@ class Daemon:
 
 @contextmanager
 def started(*args: str) -> Iterator[Daemon]:
-    """`ds4d serve ARGS` until the block ends (SIGTERM, then its exit is waited for);
-    `{home}` in an argument is the daemon's private directory."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    """`ds4d serve ARGS` until the block ends (SIGTERM, then its exit is waited for), started
+    by the shared helper (ds4d.tools.serve_process) with private XDG directories and its
+    log in the daemon's private directory; `{home}` in an argument is that directory."""
     with tempfile.TemporaryDirectory(prefix="ds4d-fig-") as tmp:
         home = Path(tmp)
-        env = dict(os.environ)
-        for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_RUNTIME_DIR"):
-            d = home / var.lower()
-            d.mkdir(mode=0o700)
-            env[var] = str(d)
-        env.pop("NOTIFY_SOCKET", None)
+        env = private_env({var: home / var.lower() for var in XDG_DIRS})
         own = [a.replace("{home}", str(home)) for a in args]
-        cmd = [sys.executable, "-m", "ds4d", "serve", "--port", str(port), *own]
-        with open(home / "ds4d.log", "ab") as log:
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-        daemon = Daemon(f"http://127.0.0.1:{port}", proc, home)
         try:
-            while True:
-                if proc.poll() is not None:
-                    raise SystemExit(f"ds4d exited with {proc.returncode}:\n{daemon.log()}")
-                try:
-                    if httpx.get(f"{daemon.url}/health", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.2)  # a tool polling a process it started, not a test
-            yield daemon
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            with serve_process(own, env=env, log_path=home / "ds4d.log",
+                               start_timeout=START_TIMEOUT_S,
+                               stop_timeout=STOP_TIMEOUT_S) as child:  # fmt: skip
+                yield Daemon(child.url, child.proc, home)
+        except ServeProcessError as e:
+            raise SystemExit(str(e)) from None
 
 
 def load() -> str:
@@ -155,9 +138,7 @@ def stream_chat(url: str, content: str, max_tokens: int, timeout: float = 900) -
 def passage(words: int, offset: int) -> str:
     """`words` words of the checkout's test text from word `offset` on (wrapping): distinct
     offsets give prompts that share nothing past the chat template."""
-    text = (
-        Path(__file__).resolve().parent.parent / "tests/data/text/promessi_sposi.txt"
-    ).read_text()
+    text = (Path(__file__).resolve().parents[2] / "tests/data/text/promessi_sposi.txt").read_text()
     all_words = text.split()
     start = offset % len(all_words)
     picked = (all_words[start:] + all_words)[:words]

@@ -12,7 +12,7 @@ first ~`--tokens`-token prompt (paging the weights in), then another on the othe
   delta holds the rows after its base's; header, key text, ids and logits included);
 - the ratio of each to f32.
 
-Usage: .venv/bin/python scripts/kv_bytes_figure.py [--tokens 4000] [--types f32,f16,q8_0]
+Usage: .venv/bin/python scripts/figures/kv_bytes_figure.py [--tokens 4000] [--types f32,f16,q8_0]
 A measuring tool, not a test: bytes do not depend on the load, but it is printed anyway.
 """
 

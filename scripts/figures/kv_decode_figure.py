@@ -9,7 +9,7 @@ values, or Q8_0 blocks) instead of a prefill; the decode steps that follow are r
 The bound is `ds4n_read_bandwidth` over the pool's threads; bytes per token are the
 model's weights plus the KV rows of the held tokens.
 
-    PYTHONPATH=. .venv/bin/python scripts/kv_decode_figure.py [--threads 2] \
+    PYTHONPATH=. .venv/bin/python scripts/figures/kv_decode_figure.py [--threads 2] \
         [--ctx 512 4096 16384] [--steps 16] [--csv kv.csv] [--plot docs/kv-decode.png]
 
 `ds4d bench --kv-type T --ctx-start N --ctx-max N --profile` measures the same thing after
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ds4d.engine import Engine, native  # noqa: E402
 from ds4d.engine.default_model import default_model_path  # noqa: E402

@@ -3,8 +3,8 @@ llama-cpp-python (the yardstick venv, never a ds4d dependency) and prints the me
 the top-20 log-probabilities, as tests/test_gemma3_real.py and tests/test_family_vectors.py
 measure ds4d's. Either a kit family or the Gemma 3 270M reference:
 
-    PEER/bin/python scripts/llamacpp_distance.py --kit llama
-    PEER/bin/python scripts/llamacpp_distance.py --gemma3-270m GGUF
+    PEER/bin/python scripts/figures/llamacpp_distance.py --kit llama
+    PEER/bin/python scripts/figures/llamacpp_distance.py --gemma3-270m GGUF
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from tests.kit import kit_model, kit_reference, load_sequences, log_softmax  # noqa: E402

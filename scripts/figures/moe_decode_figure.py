@@ -7,7 +7,7 @@ reports the expert bytes per decode token from the session's counter and the dec
 per token (median over the run, after a warm-up). If decode reads only the selected experts,
 64/8 costs what 8/8 costs, and 64/64 costs about 8 times more.
 
-    PYTHONPATH=. .venv/bin/python scripts/moe_decode_figure.py [--threads 2] [--tokens 64]
+    PYTHONPATH=. .venv/bin/python scripts/figures/moe_decode_figure.py [--threads 2] [--tokens 64]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from gguf import GGMLQuantizationType as Q
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from ds4d.engine import native, qwen3moe  # noqa: E402
 from ds4d.engine.gguf_file import GGUFFile  # noqa: E402

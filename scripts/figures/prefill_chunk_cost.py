@@ -7,7 +7,7 @@ in chunks of that size. The process's CPU time (all threads) is steadier than wa
 on a shared machine; the best of the repetitions is printed, with its ratio to the
 largest chunk size.
 
-Usage: .venv/bin/python scripts/prefill_chunk_cost.py [--sizes 256,128,64,32]
+Usage: .venv/bin/python scripts/figures/prefill_chunk_cost.py [--sizes 256,128,64,32]
        [--tokens 512] [--depth 0] [--reps 3] [--threads 2]
 A measuring tool, not a test.
 """
@@ -20,7 +20,7 @@ import resource
 import sys
 from pathlib import Path
 
-TEXT = Path(__file__).resolve().parent.parent / "tests/data/text/promessi_sposi.txt"
+TEXT = Path(__file__).resolve().parents[2] / "tests/data/text/promessi_sposi.txt"
 
 
 def cpu() -> float:

@@ -15,7 +15,7 @@ sessions for the writer meanwhile (/metrics), the checkpoint writes pending when
 the next request was sent and the bytes written by its first token, then the medians
 and their ratio (target: within 10 %).
 
-Usage: .venv/bin/python scripts/reuse_ttft_figure.py [--rounds 3] [--long-tokens 6000]
+Usage: .venv/bin/python scripts/figures/reuse_ttft_figure.py [--rounds 3] [--long-tokens 6000]
        [--next-tokens 1500] [--ctx 8192] [-- extra ds4d serve flags for both]
 A measuring tool, not a test: it prints figures with the load average.
 """

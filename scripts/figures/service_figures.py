@@ -6,7 +6,7 @@
 - power:    process CPU time / wall time of a cold prefill at power 100 vs 50, and
             whether the output is identical.
 
-Usage: .venv/bin/python scripts/service_figures.py [PROMPT_TEXT_FILE]
+Usage: .venv/bin/python scripts/figures/service_figures.py [PROMPT_TEXT_FILE]
 (default tests/data/text/promessi_sposi.txt). Ports are ephemeral, state lives in a
 temporary directory. A measuring tool, not a test: it prints figures, it asserts nothing.
 """
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,41 +23,26 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import openai
 
-REPO = Path(__file__).resolve().parent.parent
+from ds4d.tools.serve_process import private_env, serve_process
+
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 600.0  # a long session's checkpoint written at shutdown
 
 
 @contextmanager
-def daemon(state: Path, *args: str) -> Iterator[tuple[openai.OpenAI, subprocess.Popen]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, XDG_CACHE_HOME=str(state / "cache"), XDG_RUNTIME_DIR=str(state / "run"))
-    (state / "run").mkdir(mode=0o700, exist_ok=True)
-    with open(state / "ds4d.log", "ab") as log:
-        proc = subprocess.Popen(
-            [str(BIN / "ds4d"), "--port", str(port), *args],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"ds4d exited; see {state / 'ds4d.log'}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x"), proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
+def daemon(state: Path, *args: str) -> Iterator[tuple[openai.OpenAI, subprocess.Popen[bytes]]]:
+    """`ds4d serve ARGS` with its cache and runtime directories in `state` (kept across
+    restarts: the restart figure reads the checkpoints the previous daemon wrote), started
+    by the shared helper (ds4d.tools.serve_process). SIGTERM at the end, and the shutdown
+    checkpoints are waited for."""
+    env = private_env({"XDG_CACHE_HOME": state / "cache", "XDG_RUNTIME_DIR": state / "run"})
+    with serve_process(args, env=env, log_path=state / "ds4d.log", start_timeout=START_TIMEOUT_S,
+                       stop_timeout=STOP_TIMEOUT_S) as child:  # fmt: skip
+        yield openai.OpenAI(base_url=f"{child.url}/v1", api_key="x"), child.proc
 
 
 def ask(client: openai.OpenAI, messages: list[dict], max_tokens: int = 1):

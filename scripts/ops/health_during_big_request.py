@@ -11,7 +11,7 @@ count, p50, p99 and max; then the p99 and max over all probes, with the load ave
 the start and the end. Exit 1 if a big request is not refused as it should be, a probe
 fails, or the overall p99 is --max-p99-ms or more.
 
-    nice -n 10 .venv/bin/python scripts/health_during_big_request.py [--rounds 10]
+    nice -n 10 .venv/bin/python scripts/ops/health_during_big_request.py [--rounds 10]
 A measuring tool, not a test (tests/test_http_fuzz.py holds the test): loopback only,
 every request bounded by a timeout.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.e2e.daemon_process import running_daemon  # noqa: E402
 
 ROUTES = {

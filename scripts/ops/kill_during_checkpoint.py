@@ -15,7 +15,7 @@ Printed: kills landed during a write, restarts, unfinished writes removed, files
 and corrupt ones accepted (must be 0), replays and those that reused the cache (must be
 all), per round and in total.
 
-Usage: .venv/bin/python scripts/kill_during_checkpoint.py [--rounds 50]
+Usage: .venv/bin/python scripts/ops/kill_during_checkpoint.py [--rounds 50]
 A measuring tool, not a test: loopback only, every wait bounded.
 """
 

@@ -16,14 +16,14 @@ Printed at the end: requests and errors per API; the daemon's RSS once a minute,
 mapping (model file, brk heap, anonymous, other files), with requests, errors, the
 longest slot use so far and the tokens each slot holds; RSS at the baseline, midway and
 the end and the growth between them. With --probe the daemon runs under
-scripts/soak_probe.py and the report adds what grew inside it (malloc counters, Python
+scripts/ops/soak_probe.py and the report adds what grew inside it (malloc counters, Python
 objects by type, with --tracemalloc the allocation sites). Every sample goes to
 samples.csv in the state directory. Exit 1 on any error, or if the median RSS of the
 last --window-minutes is --max-growth % or more above that of the window after the
 baseline.
 
 Usage (the embedded SmolLM2 model unless --model):
-    nice -n 10 .venv/bin/python scripts/soak.py --minutes 30 --clients 3
+    nice -n 10 .venv/bin/python scripts/ops/soak.py --minutes 30 --clients 3
 A measuring tool, not a test: every request loop is bounded by the deadline and by a
 per-request timeout; traffic goes to 127.0.0.1 only.
 """
@@ -389,7 +389,7 @@ def main() -> int:
     ap.add_argument(
         "--probe",
         action="store_true",
-        help="run ds4d under scripts/soak_probe.py: malloc counters and Python "
+        help="run ds4d under scripts/ops/soak_probe.py: malloc counters and Python "
         "objects at the baseline and the end",
     )
     ap.add_argument(

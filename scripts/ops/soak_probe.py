@@ -1,4 +1,4 @@
-"""ds4d with memory probes, started by `scripts/soak.py --probe` in place of `python -m ds4d`.
+"""ds4d with memory probes, started by `scripts/ops/soak.py --probe` in place of `python -m ds4d`.
 
 On SIGUSR1 the daemon writes probe-N.json into $DS4D_SOAK_PROBE_DIR: glibc's malloc
 counters (mallinfo2: what C and large Python buffers hold, in the heap and in mmapped
@@ -7,7 +7,7 @@ chunks), Python's gc-tracked objects counted by type, and with $DS4D_SOAK_TRACEM
 between the warm-up and the end. The handler runs on the daemon's main thread between
 bytecodes (trio wakes for the signal), so a probe pauses serving for its duration.
 
-    python scripts/soak_probe.py serve --port ... (the arguments of `ds4d serve`)
+    python scripts/ops/soak_probe.py serve --port ... (the arguments of `ds4d serve`)
 """
 
 from __future__ import annotations

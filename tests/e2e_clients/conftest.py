@@ -1,6 +1,6 @@
 """The real agent clients (Claude Code, Codex CLI, opencode) run against a real ds4d.
 
-`make e2e-clients` installs the pinned clients from npm (scripts/install-e2e-clients.sh)
+`make e2e-clients` installs the pinned clients from npm (scripts/setup/install-e2e-clients.sh)
 and runs this directory with DS4D_E2E_CLIENTS=1; without it nothing here is collected, so
 `make test` / `make test-all` never need npm, the network or minutes of prefill.
 
@@ -32,7 +32,7 @@ if not os.environ.get("DS4D_E2E_CLIENTS"):
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS_DIR = Path(os.environ.get("DS4D_CLIENTS_DIR") or Path.home() / ".cache" / "ds4d-clients")
-# What scripts/install-e2e-clients.sh installs: {command: its prefix under CLIENTS_DIR}.
+# What scripts/setup/install-e2e-clients.sh installs: {command: its prefix under CLIENTS_DIR}.
 PINNED = {"claude": "claude-2.1.197", "codex": "codex-0.171.0", "opencode": "opencode-1.18.33"}
 # A whole client run: Claude Code's full first prompt (~20k tokens) prefills at a few
 # hundred tokens/s on two cores, far slower when the machine is shared.

@@ -55,7 +55,7 @@ def opencode(served: Served, tmp: Path, prompt: str) -> Run:
     work.mkdir(exist_ok=True)
     (work / "opencode.json").write_text(json.dumps(config(served), indent=2))
     env = base_env(tmp / "home")
-    # The provider package, installed beforehand by scripts/install-e2e-clients.sh:
+    # The provider package, installed beforehand by scripts/setup/install-e2e-clients.sh:
     # opencode would otherwise fetch it from npm on first use.
     env["XDG_CACHE_HOME"] = str(CLIENTS_DIR / "opencode-cache")
     env.update(
