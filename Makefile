@@ -53,7 +53,7 @@ lint: install
 
 # The fast tier (what CI runs): everything not marked slow, in parallel. `make -C native
 # check-neon` (SIMD kernels against scalar, NEON under qemu) is one of the tests
-# (tests/test_check_neon.py), so it runs beside the others instead of alone before them.
+# (tests/native/test_check_neon.py), so it runs beside the others instead of alone before them.
 test: install
 	$(BIN)/pytest -q -n $(JOBS) --dist loadscope --no-loadscope-reorder -m "not slow" $(PYTEST_ARGS)
 
@@ -70,7 +70,7 @@ wheel:
 FUZZ_EXAMPLES ?= 2000
 fuzz: install
 	DS4D_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest -q -s -p no:cacheprovider \
-		--timeout 0 tests/test_http_fuzz.py
+		--timeout 0 tests/api/test_http_fuzz.py
 
 # libds4n under AddressSanitizer + UndefinedBehaviorSanitizer (native/build-san, see
 # native/Makefile), then the tests that drive the C library (kernels, matmul, sampler, the
@@ -86,12 +86,14 @@ ASAN_RUNTIME = $(shell f=$$($(CC) -print-file-name=libasan.so); [ -f "$$f" ] || 
 SAN_ENV = LD_PRELOAD=$(ASAN_RUNTIME) DS4D_NATIVE_LIB=$(abspath native/build-san/libds4n.so) \
 	ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-SAN_TESTS ?= tests/test_kernels.py tests/test_matmul.py tests/test_sampler.py tests/test_moe.py \
-	tests/test_llama_forward.py tests/test_dense_families.py tests/test_family_vectors.py \
-	tests/test_moe_families.py tests/test_ds4_model_forward.py tests/test_ds4_model_layout.py \
-	tests/test_ds4_model_vectors.py tests/test_ds4_hardening.py tests/test_session.py \
-	tests/test_gguf_file.py tests/test_gguf_reader.py tests/test_gguf_mutation.py \
-	tests/test_gemma3_real.py tests/test_vectors.py tests/test_fuzz_native.py
+SAN_TESTS ?= tests/native/test_kernels.py tests/native/test_matmul.py tests/native/test_moe.py \
+	tests/native/test_fuzz_native.py tests/engine/test_sampler.py tests/engine/test_session.py \
+	tests/engine/test_llama_forward.py tests/engine/test_dense_families.py \
+	tests/engine/test_family_vectors.py tests/engine/test_moe_families.py \
+	tests/engine/test_gguf_file.py tests/engine/test_gguf_reader.py tests/engine/test_gguf_mutation.py \
+	tests/engine/test_gemma3_real.py tests/engine/test_vectors.py tests/engine/deepseek4/test_forward.py \
+	tests/engine/deepseek4/test_layout.py tests/engine/deepseek4/test_vectors.py \
+	tests/engine/deepseek4/test_hardening.py
 check-sanitize: install
 	$(MAKE) -C native sanitize PYTHON=$(abspath $(BIN)/python)
 	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py

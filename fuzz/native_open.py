@@ -6,7 +6,7 @@ offsets, the alignment, routing-table entries, truncation, noise in the index) a
 through the native open path: GGUF validation (GGUFFile), the family's binding
 (`family.load`), a session and a two-token forward pass. Seeds whose tokenizer builds in
 well under a second (tiny llama, DeepSeek V4) go through `Engine.open` itself; for the
-large vocabularies the Python tokenizer (fuzzed by tests/test_gguf_mutation.py) would
+large vocabularies the Python tokenizer (fuzzed by tests/engine/test_gguf_mutation.py) would
 cost seconds per mutant and no native code, so it is left out.
 
 Checkpoints: a session payload of each seed (tokens, logits, KV rows; DeepSeek V4's own
@@ -47,7 +47,7 @@ from ds4d.engine import engine as E
 from ds4d.engine import native
 from ds4d.engine.errors import EngineError, ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
-from tests.gguf_structure import Field, structure, write_tiny_model
+from tests.helpers.gguf_structure import Field, structure, write_tiny_model
 
 # Seeds: how to make each, and whether Engine.open (with its tokenizer) is cheap enough.
 FULL_OPEN = {"tiny-llama", "deepseek4"}
@@ -55,7 +55,7 @@ FULL_OPEN = {"tiny-llama", "deepseek4"}
 
 def _kit(family: str) -> Callable[[Path], Path]:
     def make(_: Path) -> Path:
-        from tests.kit import kit_model
+        from tests.helpers.kit import kit_model
 
         return kit_model(family)
 
@@ -81,7 +81,7 @@ def _smollm2(_: Path) -> Path:
 
 
 def seed_makers() -> dict[str, Callable[[Path], Path]]:
-    from tests.kit import kit_families
+    from tests.helpers.kit import kit_families
 
     makers: dict[str, Callable[[Path], Path]] = {
         "tiny-llama": _tiny,

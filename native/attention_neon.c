@@ -2,7 +2,7 @@
  * attention_generic.h. 4-lane vectors: up to 6 query rows against 16-key K tiles (24
  * accumulators of the 32 registers), a vectorized exp, then P·V; f16 and q8_0 KV are
  * widened to floats as they are loaded. Checked against
- * ds4n_attn_scalar under qemu by tests/test_llama_forward.py. */
+ * ds4n_attn_scalar under qemu by tests/engine/test_llama_forward.py. */
 #include "attention.h"
 
 #include <arm_neon.h>

@@ -36,12 +36,12 @@ ALLOWED_CI_SKIPS: dict[str, str] = {
 # three minutes on two cores. A file marks all its tests; "file::test" marks one test (all
 # its parameters). Each names what makes it slow (measured under `--durations`).
 SLOW_TESTS: dict[str, str] = {
-    "tests/test_wheel.py": "builds the wheel and installs it into a fresh venv",
-    "tests/test_state_e2e.py": "real daemons restarted and killed over ~6000-token prompts",
-    "tests/test_vectors.py::test_teacher_forced_logprobs_match_exact[long_chat_6k]": (
+    "tests/packaging/test_wheel.py": "builds the wheel and installs it into a fresh venv",
+    "tests/e2e/test_e2e_state.py": "real daemons restarted and killed over ~6000-token prompts",
+    "tests/engine/test_vectors.py::test_teacher_forced_logprobs_match_exact[long_chat_6k]": (
         "teacher-forces a 6k-token conversation"
     ),
-    "tests/test_vectors.py::test_teacher_forced_logprobs_match_exact[long_story_2k]": (
+    "tests/engine/test_vectors.py::test_teacher_forced_logprobs_match_exact[long_story_2k]": (
         "teacher-forces a 2k-token story"
     ),
     "tests/e2e/test_e2e_api.py::test_long_prefill_does_not_block_other_slots": (
@@ -50,20 +50,20 @@ SLOW_TESTS: dict[str, str] = {
     "tests/e2e/test_e2e_api.py::test_memory_reuse_of_a_long_conversation": (
         "a long conversation over several turns"
     ),
-    "tests/test_ds4ctl.py::test_cache_ls_and_evict": "fills the disk cache with long prompts",
-    "tests/test_bench_serve.py::test_start_runs_k_clients_against_a_real_daemon": (
+    "tests/ds4ctl/test_control_plane.py::test_cache_ls_and_evict": "fills the disk cache with long prompts",
+    "tests/tools/test_bench_serve.py::test_start_runs_k_clients_against_a_real_daemon": (
         "starts a daemon and replays the serving workload at K = 1 and 2"
     ),
-    "tests/test_ds4ctl.py::test_power_50_keeps_the_output_identical": (
+    "tests/ds4ctl/test_control_plane.py::test_power_50_keeps_the_output_identical": (
         "two cold long-prompt requests, one at half power"
     ),
-    "tests/test_llama_forward.py::test_prefill_then_decode_match_reference": (
+    "tests/engine/test_llama_forward.py::test_prefill_then_decode_match_reference": (
         "the numpy reference forward over a whole prompt"
     ),
-    "tests/test_ds4_model_layout.py::test_full_size_file_opens_without_reading_weights": (
+    "tests/engine/deepseek4/test_layout.py::test_full_size_file_opens_without_reading_weights": (
         "writes a sparse file of the full DeepSeek V4 size"
     ),
-    "tests/test_config.py::test_second_sigint_while_draining_exits_130_without_a_traceback": (
+    "tests/daemon/test_config.py::test_second_sigint_while_draining_exits_130_without_a_traceback": (
         "a real daemon prefilling a long prompt"
     ),
 }
@@ -78,28 +78,28 @@ SLOW_TESTS: dict[str, str] = {
 RUN_FIRST: list[str] = [
     "tests/e2e/test_e2e_kit_families.py",  # nine daemons, one per kit family
     "tests/e2e/test_e2e_api.py",
-    "tests/test_family_vectors.py",
-    "tests/test_native_build.py",  # the library built with gcc and with clang
+    "tests/engine/test_family_vectors.py",
+    "tests/native/test_native_build.py",  # the library built with gcc and with clang
     "tests/e2e/test_e2e_families.py",
-    "tests/test_state_writer.py",
-    "tests/test_daemon_batcher.py",
-    "tests/test_gemma3_real.py",
-    "tests/test_check_neon.py",
+    "tests/state/test_writer.py",
+    "tests/daemon/test_batcher.py",
+    "tests/engine/test_gemma3_real.py",
+    "tests/native/test_check_neon.py",
     "tests/e2e/test_e2e_batching.py",
     "tests/e2e/test_e2e_stream_start.py",
-    "tests/test_state_kvstate.py",
-    "tests/test_chat_constrain.py",
-    "tests/test_ds4_model_forward.py",
-    "tests/test_llama_forward.py",
-    "tests/test_tokenizer_vocab.py",
-    "tests/test_session.py",
-    "tests/test_kv_types.py",
+    "tests/state/test_kvstate.py",
+    "tests/chat/test_constrain.py",
+    "tests/engine/deepseek4/test_forward.py",
+    "tests/engine/test_llama_forward.py",
+    "tests/engine/test_tokenizer_vocab.py",
+    "tests/engine/test_session.py",
+    "tests/engine/test_kv_types.py",
     "tests/e2e/test_e2e_clients.py",
     "tests/e2e/test_e2e_force_tool_choice.py",
     "tests/e2e/test_e2e_fair_prefill.py",
-    "tests/test_bench_serve.py",
-    "tests/test_http_fuzz.py",
-    "tests/test_gguf_reader.py",
+    "tests/tools/test_bench_serve.py",
+    "tests/api/test_http_fuzz.py",
+    "tests/engine/test_gguf_reader.py",
 ]
 
 

@@ -57,7 +57,7 @@ FAMILIES = {
 PREFILL_CHUNK = 256
 
 # The KV type serving defaults to: half the bytes of f32 at a log-prob distance of ~0.001
-# on the SmolLM2 vectors (tests/test_kv_types.py measures it).
+# on the SmolLM2 vectors (tests/engine/test_kv_types.py measures it).
 DEFAULT_KV_TYPE = "f16"
 
 PAYLOAD_MAGIC = b"DS4DSESS"

@@ -7,7 +7,7 @@ its output to a log file, is ready once /health answers 200, and is stopped with
 for a caller that starts and kills daemons itself: `start_serve`).
 
 Waiting for it to load is a bounded poll of /health (another process offers no event to
-wait on). The caller may pass its own poll (`wait`): the tests pass tests/polling.py's
+wait on). The caller may pass its own poll (`wait`): the tests pass tests/helpers/polling.py's
 `wait_until`; tools take `poll_until` here. Plain http.client: no client library needed.
 """
 

@@ -20,7 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from ds4d.engine import native  # noqa: E402
-from tests.test_kernels import random_weights  # noqa: E402
+from tests.native.test_kernels import random_weights  # noqa: E402
 
 TYPES = ["Q4_1", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
 K = 4096

@@ -1,6 +1,6 @@
 """llama.cpp's distance to a reference: teacher-forces the reference sequences through
 llama-cpp-python (the yardstick venv, never a ds4d dependency) and prints the mean |Δ| of
-the top-20 log-probabilities, as tests/test_gemma3_real.py and tests/test_family_vectors.py
+the top-20 log-probabilities, as tests/engine/test_gemma3_real.py and tests/engine/test_family_vectors.py
 measure ds4d's. Either a kit family or the Gemma 3 270M reference:
 
     PEER/bin/python scripts/figures/llamacpp_distance.py --kit llama
@@ -19,7 +19,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from tests.kit import kit_model, kit_reference, load_sequences, log_softmax  # noqa: E402
+from tests.helpers.kit import kit_model, kit_reference, load_sequences, log_softmax  # noqa: E402
 
 
 def main() -> None:

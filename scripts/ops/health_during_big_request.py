@@ -12,7 +12,7 @@ the start and the end. Exit 1 if a big request is not refused as it should be, a
 fails, or the overall p99 is --max-p99-ms or more.
 
     nice -n 10 .venv/bin/python scripts/ops/health_during_big_request.py [--rounds 10]
-A measuring tool, not a test (tests/test_http_fuzz.py holds the test): loopback only,
+A measuring tool, not a test (tests/api/test_http_fuzz.py holds the test): loopback only,
 every request bounded by a timeout.
 """
 

@@ -188,7 +188,7 @@ def test_incomplete_and_failed():
 
 def _codex_body() -> dict:
     path = (
-        Path(__file__).parent
+        Path(__file__).parents[1]
         / "data"
         / "fixtures"
         / "clients"

@@ -22,7 +22,7 @@ from ds4d.chat.types import (
     ToolCallStart,
     ToolChoice,
 )
-from tests.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constraint
+from tests.helpers.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constraint
 
 # A byte-BPE-like vocabulary: single characters, common fragments with quotes and
 # backslashes in them, digits, and tokens that are None (specials / partial UTF-8).
@@ -148,7 +148,7 @@ def real_vocab(engine) -> VocabIndex:
 
 
 def family(syntax: str) -> TemplateChatFormat:
-    source = Path(__file__).parent / "data" / "templates" / FAMILY_TEMPLATES[syntax]
+    source = Path(__file__).parents[1] / "data" / "templates" / FAMILY_TEMPLATES[syntax]
     fmt = TemplateChatFormat(ChatTemplate(source.read_text()))
     assert fmt.syntax.name == syntax
     return fmt

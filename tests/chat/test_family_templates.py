@@ -22,7 +22,7 @@ from ds4d.chat.render import TemplateTraits, render_request, short_call_id, temp
 from ds4d.chat.template import ChatTemplate, TemplateError
 from ds4d.chat.types import ChatRequest, Message, Sampling, ToolCall
 
-DATA = Path(__file__).parent / "data" / "templates"
+DATA = Path(__file__).parents[1] / "data" / "templates"
 EXPECTED = json.loads((DATA / "expected.json").read_text())
 NOW = datetime.fromisoformat(EXPECTED["now"])
 PARSERS = {

@@ -165,7 +165,7 @@ def test_source_look_and_probes_agree_on_the_family_templates():
 
     from ds4d.chat.render import template_supports_tools, template_traits
 
-    for path in sorted((Path(__file__).parent / "data" / "templates").glob("*.jinja")):
+    for path in sorted((Path(__file__).parents[1] / "data" / "templates").glob("*.jinja")):
         source = path.read_text()
         native = template_traits(ChatTemplate(source, "<s>", "</s>")).native_tools
         assert template_supports_tools(source) == native, path.name

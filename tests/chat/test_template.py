@@ -15,7 +15,7 @@ from ds4d.engine.gguf_file import GGUFFile
 
 @pytest.fixture(scope="module")
 def smollm_template(model_path: Path) -> ChatTemplate:
-    # ds4d's own GGUF reader (tests/test_gguf_reader.py: it reads what the gguf package
+    # ds4d's own GGUF reader (tests/engine/test_gguf_reader.py: it reads what the gguf package
     # reads), which takes a tenth of the time over the vocabulary
     gf = GGUFFile(model_path)
     tokens = gf.get_array("tokenizer.ggml.tokens")

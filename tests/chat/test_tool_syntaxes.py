@@ -29,7 +29,7 @@ from ds4d.chat.types import (
     ToolCallStart,
 )
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parents[1] / "data"
 TEMPLATES = DATA / "templates"
 
 TOOLS = [

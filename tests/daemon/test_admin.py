@@ -2,7 +2,7 @@
 
 The server runs for real (trio, a real Unix socket, real client connections) with the
 real LiveConfig and disk cache; only the daemon's slot view is a small stand-in, since
-the scheduler is not what these tests are about (tests/test_ds4ctl.py covers the daemon).
+the scheduler is not what these tests are about (tests/ds4ctl/test_control_plane.py covers the daemon).
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from ds4d.daemon.config import (
     resolve_config,
 )
 from ds4d.daemon.reload import LiveConfig, watch_files
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def parse(*argv: str) -> argparse.Namespace:

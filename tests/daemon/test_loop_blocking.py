@@ -3,7 +3,7 @@ daemon while it evicts 1 GB of checkpoints and writes another, and while /metric
 cache listing, the cache stats and the status are scraped over and over; no step may take
 longer than 50 ms.
 
-The daemon is `ds4d serve` run by tests/loop_probe.py (the same config, control plane and
+The daemon is `ds4d serve` run by tests/helpers/loop_probe.py (the same config, control plane and
 `ds4d.daemon.main.serve`, with the instrument on its loop) in its own process, with
 everything real: the embedded model, the disk cache on a real directory, HTTP on a real
 socket, the admin socket, the live config. The gigabyte to evict is sixteen 64 MiB
@@ -32,10 +32,10 @@ import pytest
 from ds4d.daemon import admin_protocol
 from ds4d.state import kvfile
 from tests.e2e.daemon_process import free_port, runtime_dir
-from tests.loop_probe import LIMIT_S
-from tests.polling import wait_until
+from tests.helpers.loop_probe import LIMIT_S
+from tests.helpers.polling import wait_until
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CTX = 2048
 FILES, FILE_MIB = 16, 64  # the gigabyte to evict
 BUDGET_BEFORE_MIB, BUDGET_AFTER_MIB = 2048, 64
@@ -110,7 +110,7 @@ def test_no_loop_step_blocks_while_a_gigabyte_is_evicted_and_a_checkpoint_writte
     config.write_text(f"kv_disk_space_mb = {BUDGET_BEFORE_MIB}\nkv_disk_write_budget = 0\n")
     report = tmp_path / "steps.json"
     cmd = [
-        sys.executable, "-m", "tests.loop_probe", str(report),
+        sys.executable, "-m", "tests.helpers.loop_probe", str(report),
         "--config", str(config), "--config-overrides", str(tmp_path / "overrides.toml"),
         "--host", "127.0.0.1", "--port", str(port), "--admin-socket", str(socket),
         "--ctx", str(CTX), "--slots", "2", "--kv-disk", "--kv-disk-dir", str(kv_dir),

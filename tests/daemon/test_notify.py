@@ -1,7 +1,7 @@
 """sd_notify: the Notifier against a real NOTIFY_SOCKET, and the watchdog task's period.
 
 The end-to-end "test plays systemd" check against a real ds4d process lives in
-tests/test_ds4ctl.py, beside the other acceptance tests that share one daemon."""
+tests/ds4ctl/test_control_plane.py, beside the other acceptance tests that share one daemon."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from tests.e2e.daemon_process import free_port
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 BIN = Path(sys.executable).parent
 WATCHDOG_USEC = 1_000_000  # pings expected every 0.5 s
@@ -263,7 +263,7 @@ def test_cache_ls_and_evict(daemon):
 def test_power_50_keeps_the_output_identical(daemon):
     """`ds4ctl power 50` changes only the timing: the same cold long-prompt request gives
     the same text at 100 and 50. (How long the governor rests for the work done is
-    checked on the sleeps it requests, in tests/test_power.py, not by CPU share here.)"""
+    checked on the sleeps it requests, in tests/daemon/test_power.py, not by CPU share here.)"""
     prompt = "Continue the list: " + " ".join(f"w{i}" for i in range(120))
     cache_on = daemon.ctl_json("status")["cache"] is not None
 

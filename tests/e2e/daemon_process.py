@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from ds4d.tools.serve_process import ServeProcess, free_port, private_env, serve_process
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 __all__ = [
     "Daemon",

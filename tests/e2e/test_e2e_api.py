@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from tests.e2e.daemon_process import running_daemon, traces
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 KEY = "sk-test-e2e"
 MAX_BODY = 2_000_000

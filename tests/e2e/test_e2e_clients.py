@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.e2e.daemon_process import running_daemon
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 FIXTURES = ["claude-code-2.1.197-first-request.json", "codex-cli-0.171.0-first-request.json"]
 DROPPED_HEADERS = {"accept-encoding", "connection", "host", "content-length"}

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from tests.e2e.daemon_process import Daemon, running_daemon
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 SHORT_TOKENS = 16
 TTFT_COUNT = "ds4d_time_to_first_token_seconds_count"

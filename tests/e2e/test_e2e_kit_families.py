@@ -26,7 +26,7 @@ import pytest
 from ds4d.engine.gguf_file import GGUFFile
 from tests.e2e.daemon_process import Daemon, check_usage, running_daemon, trace_of, traces
 from tests.e2e.kit_gguf import with_metadata
-from tests.kit import kit_model
+from tests.helpers.kit import kit_model
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "data" / "templates"
 E2E_TEMPLATES = Path(__file__).resolve().parent / "templates"

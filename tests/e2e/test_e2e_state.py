@@ -18,7 +18,7 @@ import pytest
 
 from ds4d.state import kvfile
 from tests.e2e.daemon_process import running_daemon, runtime_dir
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from tests.e2e.daemon_process import running_daemon
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 # About 1230 tokens: a second or more of prefill on two shared cores, against 50 ms
 # keepalives. A request the model answers: its first token is never the end of the answer

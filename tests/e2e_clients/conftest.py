@@ -4,7 +4,7 @@
 and runs this directory with DS4D_E2E_CLIENTS=1; without it nothing here is collected, so
 `make test` / `make test-all` never need npm, the network or minutes of prefill.
 
-Each client file starts its own daemon in the README's configuration (the embedded
+Each client file starts its own daemon in the configuration of docs/clients.md (the embedded
 SmolLM2, `--ctx 32768 --rope-scaling yarn`, two slots, disk KV on) with a trace of every
 request (text included), runs the client non-interactively, offline against loopback,
 with its own HOME, and reads what happened from the client's own output and the daemon's
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.daemon_process import Daemon, running_daemon, runtime_dir, traces
-from tests.polling import wait_until
+from tests.helpers.polling import wait_until
 
 if not os.environ.get("DS4D_E2E_CLIENTS"):
     collect_ignore_glob = ["test_*.py"]

@@ -22,8 +22,8 @@ from ds4d.engine.errors import ContextFullError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.moe_decoder import MoEDecoderModel
 from ds4d.engine.native import lib
-from tests.kit import kit_families, kit_model
-from tests.test_kernels import LEVELS, SIMD_LEVELS
+from tests.helpers.kit import kit_families, kit_model
+from tests.native.test_kernels import LEVELS, SIMD_LEVELS
 
 N_CTX = 512
 
@@ -272,7 +272,7 @@ def test_bench_batch_cli(tmp_path) -> None:
     asserted: the machine is shared)."""
     import csv
 
-    from tests.test_cli_tools import ds4d
+    from tests.cli.test_commands import ds4d
 
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Quel ramo del lago di Como, che volge a mezzogiorno. " * 20)

@@ -17,7 +17,7 @@ from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metada
 from ds4d.daemon.config import ConfigError, load_config
 from ds4d.engine import Engine, EngineError, ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
-from tests.gguf_structure import write_tiny_model
+from tests.helpers.gguf_structure import write_tiny_model
 
 TRAINED = 256  # the tiny llama's context_length
 TOKENS = list(np.random.default_rng(7).integers(3, 90, 300))  # past the trained context

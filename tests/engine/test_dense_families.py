@@ -17,9 +17,9 @@ from ds4d.engine import native
 from ds4d.engine.engine import FAMILIES
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
+from tests.native.test_kernels import SIMD_LEVELS
 from tests.reference.dense_ref import DenseReference
 from tests.reference.tiny_dense import N_VOCAB, write_tiny
-from tests.test_kernels import SIMD_LEVELS
 
 TOL = 1e-3
 N_CTX = 160
@@ -182,7 +182,7 @@ def test_decoder_attention_split_keys_windows_sinks(tmp_path: Path) -> None:
     import shutil
     import subprocess
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     build = native.library_path().parent
     exe = tmp_path / "check_decoder"
     cc = shutil.which("cc") or shutil.which("gcc")
@@ -202,7 +202,7 @@ def test_engine_session_save_load_rewind_on_a_kit_model(tmp_path: Path) -> None:
     quickest kit model to open): a loaded session continues exactly like the original,
     and a rewound one like a fresh one."""
     from ds4d.engine import Engine
-    from tests.kit import kit_model, kit_reference
+    from tests.helpers.kit import kit_model, kit_reference
 
     toks = [int(t) for t in kit_reference("phi3")[0].tokens[:90]]
     with Engine.open(kit_model("phi3"), threads=2) as engine:

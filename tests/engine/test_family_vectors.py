@@ -1,4 +1,4 @@
-"""Accuracy acceptance for every model family: the kit's tiny F16 models (tests/kit.py),
+"""Accuracy acceptance for every model family: the kit's tiny F16 models (tests/helpers/kit.py),
 teacher-forced, against transformers' float32 top-20 log-probabilities.
 
 Bar: mean |ours - reference| <= 1e-3 over each sequence's top-20s, and our argmax equals
@@ -14,7 +14,7 @@ import hashlib
 
 import pytest
 
-from tests.kit import kit_families, kit_manifest, kit_model, kit_reference, teacher_forced
+from tests.helpers.kit import kit_families, kit_manifest, kit_model, kit_reference, teacher_forced
 
 EXPECTED = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "phi3", "gpt-oss", "gpt-oss-mxfp4")
 MEAN_ABS_MAX = 1e-3

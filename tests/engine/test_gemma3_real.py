@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.kit import cache_dir, load_sequences, teacher_forced
+from tests.helpers.kit import cache_dir, load_sequences, teacher_forced
 
-DATA = Path(__file__).resolve().parent / "data" / "gemma3_270m"
+DATA = Path(__file__).resolve().parents[1] / "data" / "gemma3_270m"
 MEAN_ABS_MAX = 0.01
 MARGIN = 0.5
 

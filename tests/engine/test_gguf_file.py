@@ -108,7 +108,7 @@ def test_copy_has_a_different_fingerprint_only_if_the_shape_differs(
 def test_tensors_of_blocks_past_block_count_are_refused(tmp_path: Path) -> None:
     # Found by the native fuzzer: block_count lowered to 1 left blk.1.* in the file
     # unused, and the model opened as a one-layer model of a two-layer file.
-    from tests.gguf_structure import structure
+    from tests.helpers.gguf_structure import structure
 
     path = write_tiny_llama(tmp_path / "m.gguf")
     field = next(f for f in structure(path) if f.what == "llama.block_count value")

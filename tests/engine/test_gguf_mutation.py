@@ -19,7 +19,7 @@ import pytest
 from ds4d.engine import Engine, ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.tokenizer import Tokenizer
-from tests.gguf_structure import Field, structure, write_tiny_bpe_vocab, write_tiny_model
+from tests.helpers.gguf_structure import Field, structure, write_tiny_bpe_vocab, write_tiny_model
 
 N_MUTANTS = int(os.environ.get("DS4D_GGUF_MUTANTS", "150"))
 

@@ -16,10 +16,10 @@ from gguf import GGMLQuantizationType as Q
 from ds4d.engine import Engine, ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.gguf_reader import GGML_TYPES
-from tests.gguf_structure import Field, structure, write_tiny_model
+from tests.helpers.gguf_structure import Field, structure, write_tiny_model
 from tests.reference.tiny_llama import write_tiny_llama
 
-VOCAB = Path(__file__).resolve().parent / "data" / "vocab"
+VOCAB = Path(__file__).resolve().parents[1] / "data" / "vocab"
 
 
 def assert_same_as_gguf_reader(path: Path) -> None:

@@ -110,7 +110,7 @@ def test_version_1_payload_is_refused_cleanly(engines) -> None:
 
 
 def test_unknown_kv_type_and_q8_0_on_a_16_dim_head_are_refused(model_path: Path) -> None:
-    from tests.kit import kit_model
+    from tests.helpers.kit import kit_model
 
     with pytest.raises(EngineError, match="unknown KV type 'q4'"):
         Engine.open(model_path, threads=1, kv_type="q4")
@@ -192,7 +192,7 @@ def _ds4d(*args: str) -> subprocess.CompletedProcess:
 def test_cli_kv_type_flag(tmp_path: Path) -> None:
     """`ds4d bench --kv-type`: the f32 sweep holds twice the KV bytes of the f16 one;
     `ds4d generate --kv-type q8_0` on a model with 16-dim heads is one clear line."""
-    from tests.kit import kit_model
+    from tests.helpers.kit import kit_model
 
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Quel ramo del lago di Como, che volge a mezzogiorno. " * 20)

@@ -15,9 +15,9 @@ from gguf import GGMLQuantizationType as Q
 from ds4d.engine import llama as llama_family
 from ds4d.engine import native
 from ds4d.engine.gguf_file import GGUFFile
+from tests.native.test_kernels import SIMD_LEVELS
 from tests.reference.dense_ref import DenseReference
 from tests.reference.tiny_llama import write_tiny_llama
-from tests.test_kernels import SIMD_LEVELS
 
 # float32 activations in a different summation order than the reference: logits (of
 # magnitude ~10-30) agree to a few 1e-4; the bound leaves room without hiding a bug
@@ -32,7 +32,7 @@ def prompt(data_dir: Path) -> list[int]:
 
 
 # These compare the forward pass's paths at float32 tolerances: the exact f32 KV
-# (tests/test_kv_types.py measures what f16 and q8_0 add).
+# (tests/engine/test_kv_types.py measures what f16 and q8_0 add).
 
 
 def test_prefill_then_decode_match_reference(exact_engine, model_path: Path, prompt) -> None:

@@ -40,7 +40,7 @@ def test_info_and_empty_session(engine) -> None:
     session.eval([])
     assert session.tokens == []
     # 30 layers x (K + V) x 3 kv heads x 64 dims in the engine's KV type (the default f16:
-    # 2 bytes a value), for 100 positions (padded to 128); tests/test_kv_types.py: each type
+    # 2 bytes a value), for 100 positions (padded to 128); tests/engine/test_kv_types.py: each type
     row = {"f32": 64 * 4, "f16": 64 * 2, "q8_0": 2 * 34}[engine.kv_type]
     assert session.kv_bytes == 30 * 2 * 3 * row * 128
 

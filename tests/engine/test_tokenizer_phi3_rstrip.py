@@ -8,7 +8,7 @@ import pytest
 
 from ds4d.engine.tokenizer import Tokenizer, _strips_after_special
 from ds4d.state.kvstate import KVState
-from tests.kit import kit_model
+from tests.helpers.kit import kit_model
 
 # Ids from llama.cpp (llama-cpp-python 0.3.36, Llama(kit phi3 GGUF, vocab_only=True)
 # .tokenize(text.encode(), add_bos=False, special=True)), recorded once.

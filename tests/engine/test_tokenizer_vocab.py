@@ -20,7 +20,7 @@ import pytest
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.tokenizer import BYTE, Tokenizer
 
-VOCAB = Path(__file__).resolve().parent / "data" / "vocab"
+VOCAB = Path(__file__).resolve().parents[1] / "data" / "vocab"
 LLAMA_CPP_VOCABS = ["qwen2", "llama-bpe", "phi-3", "llama-spm", "gpt-2", "deepseek-coder"]
 HF_VOCABS = ["qwen2_5", "qwen3", "llama3_1", "gptoss", "gemma3"]
 _SEP = "\n__ggml_vocab_test__\n"

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-KIT_DIR = Path(__file__).resolve().parent / "data" / "kit"
+KIT_DIR = Path(__file__).resolve().parents[1] / "data" / "kit"
 TOP_K = 20
 
 

@@ -1,6 +1,6 @@
 """`ds4d serve` with a trio Instrument timing every task step of its event loop:
 
-    python -m tests.loop_probe REPORT.json [serve options]
+    python -m tests.helpers.loop_probe REPORT.json [serve options]
 
 runs the daemon exactly as `ds4d serve` does (config from every source, logging, the
 control plane, `ds4d.daemon.main.serve`), in its own process so that only the daemon's

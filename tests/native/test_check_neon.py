@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from ds4d.engine import native
-from tests.test_kernels import SIMD_LEVELS
+from tests.native.test_kernels import SIMD_LEVELS
 
-NATIVE = Path(__file__).resolve().parent.parent / "native"
+NATIVE = Path(__file__).resolve().parents[2] / "native"
 
 
 def test_simd_kernels_match_scalar_here_and_neon_under_qemu() -> None:

@@ -14,7 +14,7 @@ import pytest
 from ds4d.engine.engine import _HEADER
 from ds4d.engine.errors import EngineError
 from fuzz.native_open import GGUFMutator, WorkingCopy, fuzz
-from tests.gguf_structure import write_tiny_model
+from tests.helpers.gguf_structure import write_tiny_model
 
 TOKENS_AT = _HEADER.size  # token ids follow the payload header
 

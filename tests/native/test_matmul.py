@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ds4d.engine import native
-from tests.test_kernels import ALL_TYPES, LEVELS, random_weights, reference
+from tests.native.test_kernels import ALL_TYPES, LEVELS, random_weights, reference
 
 MODEL_TYPES = ["Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16", "F32", "IQ2_XXS", "Q5_K", "BF16", "IQ4_NL",
                "IQ4_XS", "MXFP4", "Q4_0", "Q5_0", "Q5_1"]  # fmt: skip

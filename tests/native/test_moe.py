@@ -11,8 +11,8 @@ import pytest
 
 from ds4d.engine import moe, native
 from ds4d.engine.errors import EngineError
+from tests.native.test_kernels import LEVELS, random_weights, reference
 from tests.reference import moe_ref
-from tests.test_kernels import LEVELS, random_weights, reference
 
 F16_NAN = np.uint16(0x7E00)
 

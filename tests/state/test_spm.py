@@ -18,7 +18,7 @@ import pytest
 from ds4d.state.diskcache import DiskCache
 from ds4d.state.kvstate import KVState
 from ds4d.state.savepolicy import SavePolicy
-from tests.kit import kit_model
+from tests.helpers.kit import kit_model
 
 CTX = 1024
 SYSTEM = "You answer questions about rivers, their deltas and the towns along them. " * 6

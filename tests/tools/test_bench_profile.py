@@ -11,8 +11,8 @@ import pytest
 
 from ds4d.engine import EngineError, native
 from ds4d.tools.bench_profile import kv_bytes_read, profile_decode
-from tests.test_cli_tools import ds4d
-from tests.test_kernels import random_weights
+from tests.cli.test_commands import ds4d
+from tests.native.test_kernels import random_weights
 
 
 @pytest.fixture

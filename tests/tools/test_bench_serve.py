@@ -19,10 +19,10 @@ from ds4d.tools.bench_serve import (
     percentile,
     write_csv,
 )
+from tests.cli.test_commands import ds4d
 from tests.e2e.daemon_process import running_daemon
-from tests.test_cli_tools import ds4d
 
-TEXT = Path(__file__).parent / "data" / "text" / "promessi_sposi.txt"
+TEXT = Path(__file__).parents[1] / "data" / "text" / "promessi_sposi.txt"
 
 # Small enough for a fast test on a loaded 2-core machine, large enough for several
 # streamed tokens per answer and a history that grows.

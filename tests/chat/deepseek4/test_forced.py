@@ -12,7 +12,7 @@ from ds4d.chat.deepseek4 import ThinkMode
 from ds4d.chat.deepseek4_forced import DSMLVocab, forced_dsml_call
 from ds4d.chat.deepseek4_output import DS4Decode
 from ds4d.chat.types import ChatRequest, Message, ToolCallEnd, ToolCallStart, ToolChoice
-from tests.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constraint
+from tests.helpers.forced_calls import TOOL_NAMES, TOOLS, check_weather_args, run_constraint
 
 # Single characters, fragments holding markup and escapes, digits, and unusable tokens.
 VOCAB = (
