@@ -12,7 +12,7 @@ N prompt rows and the generated ones), the bandwidth measured by `ds4d bench --b
 f16 KV by default, so one bound serves both.
 
     .venv/bin/python scripts/figures/decode_figure.py --peer-python PEER/bin/python \
-        --peer-script llamacpp_speed.py [--ctx 512 4096 16384] [--rounds 3] \
+        --peer-script scripts/figures/llamacpp_speed.py [--ctx 512 4096 16384] [--rounds 3] \
         [--gen-tokens 64] [--threads 2] [--csv decode.csv] [--plot docs/decode-bench.png]
 
 A measuring tool, not a test: it prints figures and asserts nothing.

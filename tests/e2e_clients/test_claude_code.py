@@ -1,4 +1,4 @@
-"""Claude Code (`claude -p`) against ds4d through ANTHROPIC_BASE_URL, as the README's
+"""Claude Code (`claude -p`) against ds4d through ANTHROPIC_BASE_URL, as docs/clients.md's
 wrapper sets it up: lean (`--bare`, one tool, ~700-token prompt) and in full (its ~20k
 token first request, prefilled cold with no timeout variables set: the stream's
 message_start and its keepalive thinking deltas keep it alive; past SmolLM2's trained 8k

@@ -1,4 +1,4 @@
-"""Codex CLI (`codex exec`) against ds4d's /v1/responses, configured as the README says
+"""Codex CLI (`codex exec`) against ds4d's /v1/responses, configured as docs/clients.md says
 (a `ds4d` model provider in CODEX_HOME/config.toml, `wire_api = "responses"`).
 
 One plain run (clean exit, text out); a run with the live `force_tool_choice` set to

@@ -1,6 +1,6 @@
 """opencode (`opencode run`) against ds4d's /v1/chat/completions through the
 `@ai-sdk/openai-compatible` provider, configured in the project's opencode.json as the
-README shows (plus the model's output limit, and updates and sharing off).
+docs/clients.md shows (plus the model's output limit, and updates and sharing off).
 
 One plain run (clean exit, text out; opencode also sends a short title request, which
 the second slot takes), then a run with the live `force_tool_choice` set to `bash`:

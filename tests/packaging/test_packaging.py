@@ -294,3 +294,39 @@ def test_no_source_refers_to_documents_outside_the_repo() -> None:
                 found.append(str(path.relative_to(REPO)))
     assert not found, found
 
+
+# A path the README or a docs/ page cites: a file of the checkout.
+CITED_PATH = re.compile(
+    r"(?<![\w./-])((?:scripts|tests|docs|native|ds4d|ds4ctl|fuzz)/[\w./-]*\w"
+    r"\.(?:py|md|sh|png|c|h|toml|json|txt))"
+)
+MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def documentation_pages() -> list[Path]:
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
+def test_readme_is_for_users_and_everything_cited_is_in_the_repo() -> None:
+    """The README stays short (details go to docs/), and the README and docs/ cite only
+    files of the checkout: each command a measurement names can be run from it."""
+    readme = (REPO / "README.md").read_text("utf-8")
+    assert len(readme.splitlines()) <= 300, "README.md over 300 lines: move details to docs/"
+    missing = []
+    for page in documentation_pages():
+        text = page.read_text("utf-8")
+        if re.search(r"\.\./shared|/work/", text):
+            missing.append(f"{page.name}: a path outside the repository")
+        missing += [f"{page.name}: {m}" for m in CITED_PATH.findall(text)
+                    if not (REPO / m).exists()]  # fmt: skip
+        for link in MARKDOWN_LINK.findall(text):
+            if "://" not in link and not (page.parent / link).exists():
+                missing.append(f"{page.name}: link {link}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_citation_check_sees_paths_and_links() -> None:
+    """The check above finds a cited path and a link (so it cannot pass vacuously)."""
+    text = "run `scripts/figures/decode_figure.py`, see [the format](kv-cache-format.md)"
+    assert CITED_PATH.findall(text) == ["scripts/figures/decode_figure.py"]
+    assert MARKDOWN_LINK.findall(text) == ["kv-cache-format.md"]
