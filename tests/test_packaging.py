@@ -119,9 +119,11 @@ LAYER_IMPORTS = {
     "engine": {"engine"},
     "chat": {"chat", "engine"},
     "state": {"state", "chat", "engine"},
+    # the engine loop and the pieces of a generation (not the protocols: api is beside it)
+    "serving": {"serving", "state", "chat", "engine"},
     "api": {"api", "chat", "engine", "state"},
     # not the command-line front end (ds4d.cli, generate, bench, synth) above it
-    "daemon": {"daemon", "api", "state", "chat", "engine"},
+    "daemon": {"daemon", "serving", "api", "state", "chat", "engine"},
 }
 
 

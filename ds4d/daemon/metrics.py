@@ -100,6 +100,15 @@ class Metrics:
         self.decode_steps += 1
         self.decode_step_slots += size
 
+    def count_prefill_chunk(self) -> None:
+        self.prefill_chunks += 1
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected[reason] += 1
+
     def decode_batching(self) -> dict[str, int | float | None]:
         """What `ds4ctl status` shows of batched decode."""
         steps, slots = self.decode_steps, self.decode_step_slots
