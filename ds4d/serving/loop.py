@@ -289,6 +289,11 @@ class EngineLoop:
                 assert w.decoding is not None
                 decodes.append((w, w.decoding.step()))
         prefill = None
+        if any(w.phase == Phase.PLANNING for w in self._active):
+            # A request that just got its slot is planned (on a worker, in a moment)
+            # before the next prefill call is picked: it takes its turn in the round, not
+            # one chunk later.
+            return decodes, None
         waiting = sorted((w for w in self._active if w.phase == Phase.PREFILL),
                          key=lambda w: (RANK[w.priority], w.served, w.seq))  # fmt: skip
         for w in waiting:

@@ -15,7 +15,8 @@ engines never compute at once.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Protocol
 
@@ -66,7 +67,9 @@ class ModelServer:
         completion_slots: int = 0,
         queue_size: int = 16,
         chunk_target_s: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """`clock` times engine work (chunk sizes, the decode credit)."""
         self.engine = engine
         self.ctx = ctx
         self.state = state
@@ -77,7 +80,7 @@ class ModelServer:
                                       state)  # fmt: skip
         sizer = ChunkSizer() if chunk_target_s is None else ChunkSizer(target_s=chunk_target_s)
         self.loop = EngineLoop(engine, self.pool, gate, self, kv=state.kv, sizer=sizer,
-                               queue_size=queue_size)  # fmt: skip
+                               queue_size=queue_size, clock=clock)  # fmt: skip
         self._sink = OutputSink(state.record_output, state.remember_tool_call,
                                 metrics.observe_ttft)  # fmt: skip
 
