@@ -82,7 +82,7 @@ RUN_FIRST: list[str] = [
     "tests/test_native_build.py",  # the library built with gcc and with clang
     "tests/e2e/test_e2e_families.py",
     "tests/test_state_writer.py",
-    "tests/test_daemon_batcher.py",
+    "tests/serving/test_loop.py",
     "tests/test_gemma3_real.py",
     "tests/test_check_neon.py",
     "tests/e2e/test_e2e_batching.py",

@@ -106,9 +106,7 @@ async def serve(config: Config, control: ControlPlane | None = None) -> int:
         try:
             await nursery.start(daemon.run_model)  # the engine loop lives in this nursery
         except Exception as e:  # noqa: BLE001 - any load failure is fatal and reported
-            e = _sole_cause(e)  # type: ignore[assignment]
-            daemon.load_error = str(e)
-            log.error("cannot load the model: %s", e)
+            log.error("cannot load the model: %s", _sole_cause(e))
             exit_code = exitcodes.MODEL_LOAD_FAILED
             daemon.shutdown.set()
         else:

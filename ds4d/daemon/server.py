@@ -129,7 +129,11 @@ class Daemon:
     ) -> None:
         """Load the model, then serve it: its engine loop runs until the daemon's nursery
         is cancelled. Reports started once requests are served; raises if loading fails."""
-        model = await self.load_model()
+        try:
+            model = await self.load_model()
+        except Exception as e:
+            self.load_error = str(e)  # /health and 503s say why
+            raise
         async with trio.open_nursery() as nursery:
             await nursery.start(model.run)
             self.model = model  # ready: requests are served from here on

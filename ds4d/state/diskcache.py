@@ -666,6 +666,12 @@ class DiskCache:
 
     # ---- budget and eviction -------------------------------------------------------------
 
+    def set_budget(self, budget_bytes: int) -> list[str]:
+        """Live reload of the size limit (0 = unlimited), evicting what no longer fits;
+        the names removed."""
+        self.budget = budget_bytes
+        return self.enforce_budget()
+
     def enforce_budget(self, protect: str | set[str] | None = None,
                        incoming: int = 0) -> list[str]:  # fmt: skip
         """Delete lowest-score files until everything (plus `incoming` bytes about to be

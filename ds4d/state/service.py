@@ -302,5 +302,4 @@ class CacheView:
         cache = self._get()
         if cache is None:
             return []
-        cache.budget = value
-        return cache.enforce_budget()
+        return cache.set_budget(value)
