@@ -243,9 +243,7 @@ def test_decoding_requests_advance_in_one_batch_per_step(engine, compute):
     run_virtual(lambda: with_server(server, body))
     decodes = [p for p in compute.passes if max(p.tokens) == 1]
     assert sum(len(p.states) == 3 for p in decodes) >= 25  # all three in nearly every step
-    alone = Reading()
-    run_virtual(lambda: with_server(server, lambda: read(server, request(prompt(20, 2, compute),
-                                                                         30), compute, alone)))  # fmt: skip
+    alone = _alone(server, request(prompt(20, 2, compute), 30), compute)
     assert readings[1].text == alone.text and readings[1].finish == alone.finish
 
 
@@ -303,10 +301,15 @@ def test_a_failing_pass_fails_only_its_own_request(engine, compute):
     assert readings[failed].tokens() >= 4
     for i in {0, 1, 2} - {failed}:
         assert readings[i].finish == Finish("length")
-        alone = Reading()
-        run_virtual(lambda i=i: with_server(server, lambda: read(
-            server, request(prompt(40, 1 + i, compute), 20), compute, alone)))  # fmt: skip
+        alone = _alone(server, request(prompt(40, 1 + i, compute), 20), compute)
         assert readings[i].text == alone.text
+
+
+def _alone(server, req, compute: FakeCompute) -> Reading:
+    """What the request produces with the loop to itself."""
+    out = Reading()
+    run_virtual(lambda: with_server(server, lambda: read(server, req, compute, out)))
+    return out
 
 
 def test_a_step_rests_once_for_its_work_and_a_lone_cancelled_request_stops_the_rest(
