@@ -61,7 +61,7 @@ class Gauge:
 
 
 class Metrics:
-    """Counters updated by the scheduler and the generation loop (all on the trio loop,
+    """Counters updated by the engine loop and the routes (all on the trio loop,
     so no locking); gauges and sources are read at scrape time. `render` reads the
     sources, which may touch the disk: run it on a worker thread."""
 

@@ -1,9 +1,9 @@
 """The state layer as the daemon uses it: built from config values, handed to the
-generator at construction (it is the generator's `GenerationState`) and to the metrics as
-one of their sources.
+model's server at construction (ds4d.serving.model.ModelServer: prompt preparation, the
+engine loop's slot syncs and decodes) and to the metrics as one of their sources.
 
     state = StateService.create(tokenizer=..., fingerprint=..., ctx=..., kv_dir=...)
-    Generator(..., state=state); Metrics(sources=[state])
+    ModelServer(..., state=state); Metrics(sources=[state])
     state.prepare_request(request)          # before rendering: byte-stable history
     SlotSync(session, text, tokens, plan, state.kv, tool_call_ids(request))  # ds4d.state.sync
     state.kv.after_token(session)           # decode loop
