@@ -301,7 +301,7 @@ class EngineLoop:
             assert sync is not None and w.slot is not None
             depth = w.slot.session.n_tokens
             size = self.sizer.size(depth, sync.remaining())
-            whole = not sync.evaluating and sync.remaining() <= size
+            whole = sync.prefilling and not sync.evaluating and sync.remaining() <= size
             if decodes and self._credit > 0 and not whole and w.priority != "completion":
                 continue
             call = sync.next(size)

@@ -169,9 +169,11 @@ class SlotSync:
         self.evaluating = False  # an EvalChunk has been handed out
         self.cached_at_eval = 0  # what the session held when the first chunk began
         self._tokens: list[int] | None = plan.tokens
-        self._stage = "evict" if (plan.evict_save and kv is not None) else "begin"
+        self._stage = "evict"
         self._stops: list[tuple[int, Reason]] = []
         self._pending_stops: list[Reason] = []
+        if not (plan.evict_save and kv is not None):
+            self._begin()
 
     @property
     def total(self) -> int:
@@ -182,6 +184,11 @@ class SlotSync:
     def done(self) -> bool:
         return self._stage == "done"
 
+    @property
+    def prefilling(self) -> bool:
+        """The next call is a chunk (no save, load or rewind before it)."""
+        return self._stage == "prefill" and not self._pending_stops
+
     def remaining(self) -> int:
         """Prompt tokens still to prefill."""
         return max(0, self.total - self.session.n_tokens) if self._stage != "done" else 0
@@ -191,8 +198,6 @@ class SlotSync:
         PREFILL_CHUNK), or None once the session holds the prompt."""
         if self._stage == "evict":
             return Checkpoint(Reason.EVICT)
-        if self._stage == "begin":
-            self._begin()
         if self._stage == "load":
             assert self.plan.disk is not None
             return Load(self.plan.disk, self.text)
@@ -219,7 +224,7 @@ class SlotSync:
             if outcome:
                 self.saves.append(call.reason.name.lower())
             if self._stage == "evict":
-                self._stage = "begin"
+                self._begin()
             elif self._pending_stops:
                 self._pending_stops.pop(0)
             return
