@@ -82,7 +82,7 @@ RUN_FIRST: list[str] = [
     "tests/native/test_native_build.py",  # the library built with gcc and with clang
     "tests/e2e/test_e2e_families.py",
     "tests/state/test_writer.py",
-    "tests/daemon/test_batcher.py",
+    "tests/serving/test_loop.py",
     "tests/engine/test_gemma3_real.py",
     "tests/native/test_check_neon.py",
     "tests/e2e/test_e2e_batching.py",

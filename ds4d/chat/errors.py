@@ -1,6 +1,6 @@
 """Why a request is refused, in protocol-neutral terms.
 
-The daemon (scheduler, generation, the HTTP face) raises these; `ds4d.api` alone turns
+The daemon (the engine loop, prompt preparation, the HTTP face) raises these; `ds4d.api` alone turns
 them into `ApiError`, each protocol's error shape (`ds4d.api.common.refusal_error`), so
 no layer below the API decides what an HTTP error looks like.
 """

@@ -95,6 +95,15 @@ class Config:
         metavar="yarn|linear",
     )
     slots: int = _key(2, "resident KV slots (concurrent sessions)", lo=1, hi=64, metavar="N")
+    completion_slots: int = _key(
+        0,
+        "of the slots, how many only completion-priority requests (editors' inline "
+        "completions) use; they then never evict a chat slot's KV, nor chat theirs. "
+        "0 = every request uses every slot",
+        lo=0,
+        hi=63,
+        metavar="N",
+    )
     threads: int = _key(
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N"
     )

@@ -68,10 +68,10 @@ class ControlPlane:
     def attach(
         self, daemon: Daemon, cache: CacheView | None = None, trace: TraceWriter | None = None
     ) -> None:
-        """Connect the daemon (`status/slots/stop`, `config`, `gate.pace`), the disk cache
+        """Connect the daemon (`status/slots/stop`, `reload_config`; it paces its engine
+        with `governor.rest`, given at its construction), the disk cache
         (`ls/evict/stats_dict`, `set_budget`) and the trace writer (`open/close`)."""
         self.daemon, self.cache, self.trace = daemon, cache, trace
-        daemon.gate.pace = self.governor.rest
         if trace is not None and self.config.trace:
             trace.open(self.config.trace, self.config.trace_content)
 
@@ -140,7 +140,7 @@ class ControlPlane:
             log.info("power is now %d%%", config.power)
         logs.apply_config_change(config, changed)
         if self.daemon is not None:
-            self.daemon.config = config
+            self.daemon.reload_config(config)
         if self.cache is not None and "kv_disk_space_mb" in changed:
             self._apply_budget(self.cache, config.kv_disk_space_mb * 1024 * 1024)
         if self.trace is not None and {"trace", "trace_content"} & set(changed):

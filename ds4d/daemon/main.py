@@ -60,7 +60,7 @@ async def serve(config: Config, control: ControlPlane | None = None) -> int:
 
     from ds4d.daemon.server import Daemon, create_app
 
-    daemon = Daemon(config)
+    daemon = Daemon(config, pace=control.governor.rest if control is not None else None)
     if control is not None:  # control plane: live config, power, admin socket, sd_notify
         control.attach(daemon, cache=daemon.cache_view, trace=daemon.trace)
     app = create_app(daemon)
@@ -74,7 +74,6 @@ async def serve(config: Config, control: ControlPlane | None = None) -> int:
     exit_code = exitcodes.OK
 
     async with trio.open_nursery() as nursery:
-        daemon.nursery = nursery
         if control is not None:
             from ds4d.daemon.admin import SocketInUseError
 
@@ -105,10 +104,9 @@ async def serve(config: Config, control: ControlPlane | None = None) -> int:
         nursery.start_soon(_signals, daemon)
 
         try:
-            await daemon.load_model()
+            await nursery.start(daemon.run_model)  # the engine loop lives in this nursery
         except Exception as e:  # noqa: BLE001 - any load failure is fatal and reported
-            daemon.load_error = str(e)
-            log.error("cannot load the model: %s", e)
+            log.error("cannot load the model: %s", _sole_cause(e))
             exit_code = exitcodes.MODEL_LOAD_FAILED
             daemon.shutdown.set()
         else:
@@ -121,7 +119,7 @@ async def serve(config: Config, control: ControlPlane | None = None) -> int:
         # Hypercorn drains in-flight requests (grace period) once the trigger fires;
         # whatever still runs after it is cancelled with the nursery.
         with trio.move_on_after(config.grace_period + 1):
-            while daemon.pool is not None and daemon.pool.busy:
+            while daemon.busy:
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     # Every engine call has returned: the slots' sessions are still, save them.

@@ -61,7 +61,7 @@ class Gauge:
 
 
 class Metrics:
-    """Counters updated by the scheduler and the generation loop (all on the trio loop,
+    """Counters updated by the engine loop and the routes (all on the trio loop,
     so no locking); gauges and sources are read at scrape time. `render` reads the
     sources, which may touch the disk: run it on a worker thread."""
 
@@ -99,6 +99,15 @@ class Metrics:
     def count_decode_batch(self, size: int) -> None:
         self.decode_steps += 1
         self.decode_step_slots += size
+
+    def count_prefill_chunk(self) -> None:
+        self.prefill_chunks += 1
+
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def count_rejected(self, reason: str) -> None:
+        self.rejected[reason] += 1
 
     def decode_batching(self) -> dict[str, int | float | None]:
         """What `ds4ctl status` shows of batched decode."""

@@ -6,8 +6,8 @@ the arithmetic, so the output is identical at every level. The level can change 
 time (`ds4ctl power N`, a config reload) and a rest in progress follows it, so raising
 the power releases a long rest at once.
 
-The engine gate (ds4d.daemon.scheduler.EngineGate) awaits `governor.rest(work_seconds)`
-after every engine call while it still holds the engine: the whole process keeps to the
+The engine loop (ds4d.serving.loop) awaits `governor.rest(work_seconds)` through the
+compute gate after every engine step while it still holds the engine: the whole process keeps to the
 level, and because the rest runs on the trio loop, a request cancelled mid-rest (its
 client went away) stops resting at once and frees the engine.
 """

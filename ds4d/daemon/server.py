@@ -3,7 +3,7 @@
 `Daemon` owns the engine, the slots, the metrics and the config; the admin channel and
 other control-plane parts read it through `status()` / `slots()` / `stop()`.
 `create_app(daemon)` builds the Quart app: one handler per route, each protocol module
-doing the translation, `ds4d.daemon.generation` doing the work.
+doing the translation, the model's `ds4d.serving.model.ModelServer` doing the work.
 """
 
 from __future__ import annotations
@@ -33,24 +33,23 @@ from ds4d.api.common import (
     refusal_error,
 )
 from ds4d.api.request_body import parse_json_body
-from ds4d.chat.errors import Refused, Unavailable
+from ds4d.chat.errors import Overloaded, Refused, Unavailable
 from ds4d.chat.formats import chat_format_for
-from ds4d.chat.types import ChatRequest, Event, Sampling
+from ds4d.chat.types import ChatRequest, Finish, Sampling
 from ds4d.daemon import wire
-from ds4d.daemon.chunking import ChunkSizer
 from ds4d.daemon.config import Config, model_path
-from ds4d.daemon.generation import Generator
 from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
-from ds4d.daemon.scheduler import EngineGate, SlotPool
 from ds4d.daemon.state_config import state_from_config
 from ds4d.engine.engine import Engine
+from ds4d.serving.gate import ComputeGate, Pace
+from ds4d.serving.model import ModelServer
+from ds4d.serving.prompt import Prepared
 from ds4d.state.service import CacheView, StateService
 from ds4d.state.slots import Slot
 from ds4d.state.trace import TraceWriter
 
 log = logging.getLogger("ds4d")
 
-CONSUMER_START_S = 30.0  # a stream whose body is not read by then is abandoned
 CREATED = 1767225600
 
 
@@ -66,54 +65,81 @@ class _StateMetrics:
 
 
 class Daemon:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, pace: Pace | None = None) -> None:
+        """`pace`: the power governor's rest after each engine step (the control plane's)."""
         self.config = config
         self.started = time.time()
         self.engine: Engine | None = None
-        self.generator: Generator | None = None
-        self.pool: SlotPool | None = None
+        self.model: ModelServer | None = None  # set once the model is loaded and served
         self.metrics = Metrics(self._gauges(), sources=[_StateMetrics(self)])
         self.ctx = 0
         self.model_id = ""
         self.load_error: str | None = None
-        self.nursery: trio.Nursery | None = None
         self.shutdown = trio.Event()
-        self.gate = EngineGate()  # the control plane sets gate.pace (power throttling)
+        self.gate = ComputeGate(pace)  # every model's engine loop takes turns through it
         # State layer (disk KV cache, tool replay, trace): built once the model is known;
         # the trace writer and the cache view exist earlier for the control plane.
         self.state: StateService | None = None
         self.trace = TraceWriter()
         self.cache_view = CacheView(lambda: self.state.disk if self.state else None)
 
+    def reload_config(self, config: Config) -> None:
+        """Live reload: the keys marked reloadable take effect from the next request."""
+        self.config = config
+
+    @property
+    def busy(self) -> int:
+        return self.model.busy if self.model is not None else 0
+
+    @property
+    def waiting(self) -> int:
+        return self.model.waiting if self.model is not None else 0
+
+    def _slots(self) -> list[Slot]:
+        return self.model.pool.slots if self.model is not None else []
+
     def _gauges(self) -> list[Gauge]:
         def per_slot(read: Callable[[Slot], int]) -> Callable[[], GaugeValue]:
             def value() -> GaugeValue:
-                return {
-                    f'slot="{s.index}"': read(s) for s in (self.pool.slots if self.pool else [])
-                }
+                return {f'slot="{s.index}"': read(s) for s in self._slots()}
 
             return value
 
         return [
             Gauge("ds4d_requests_running", "requests generating on a slot",
-                  lambda: self.pool.busy if self.pool else 0),
+                  lambda: self.busy),
             Gauge("ds4d_requests_waiting", "requests queued for a slot",
-                  lambda: self.pool.waiting if self.pool else 0),
+                  lambda: self.waiting),
             Gauge("ds4d_slot_busy", "1 while the slot runs a request",
                   per_slot(lambda s: int(s.busy))),
             Gauge("ds4d_slot_tokens", "tokens held in the slot's KV",
                   per_slot(lambda s: s.session.n_tokens)),
             Gauge("ds4d_model_loaded", "1 once the model is loaded",
-                  lambda: int(self.generator is not None)),
+                  lambda: int(self.model is not None)),
         ]  # fmt: skip
 
     @property
     def ready(self) -> bool:
-        return self.generator is not None
+        return self.model is not None
 
     # -- model loading (outside ASGI startup: it can take longer than its timeout) --------
 
-    async def load_model(self) -> None:
+    async def run_model(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Load the model, then serve it: its engine loop runs until the daemon's nursery
+        is cancelled. Reports started once requests are served; raises if loading fails."""
+        try:
+            model = await self.load_model()
+        except Exception as e:
+            self.load_error = str(e)  # /health and 503s say why
+            raise
+        async with trio.open_nursery() as nursery:
+            await nursery.start(model.run)
+            self.model = model  # ready: requests are served from here on
+            task_status.started()
+
+    async def load_model(self) -> ModelServer:
         from ds4d.engine import Engine
 
         cfg = self.config
@@ -163,25 +189,27 @@ class Daemon:
         self.engine = engine
         self.ctx = ctx
         self.model_id = Path(info.path).stem if info.path else info.name
-        self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)], cfg.queue_size)
+        slots = [Slot(i, s, ctx) for i, s in enumerate(sessions)]
         # the disk cache's scan reads every checkpoint's header: on a worker
         state = self.state = await trio.to_thread.run_sync(
             lambda: state_from_config(
                 cfg, engine=engine, ctx=ctx, trace=self.trace, current=lambda: self.config
             )
         )
-        generator = Generator(
+        model = ModelServer(
             engine,
             chat_format_for(engine, ctx),
             ctx,
-            self.pool,
+            slots,
+            state,
             self.gate,
             self.metrics,
-            state,
-            chunks=ChunkSizer(target_s=cfg.prefill_chunk_ms / 1000),
+            completion_slots=cfg.completion_slots,
+            queue_size=cfg.queue_size,
+            chunk_target_s=cfg.prefill_chunk_ms / 1000,
         )
-        self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
+        return model
 
     # -- what the admin channel reads ------------------------------------------------------
 
@@ -196,11 +224,11 @@ class Daemon:
             "pid": os.getpid(),
             "http": f"{self.config.host}:{self.config.port}",
             "slots": {
-                "total": len(self.pool.slots) if self.pool else self.config.slots,
-                "busy": self.pool.busy if self.pool else 0,
+                "total": len(self._slots()) if self.model else self.config.slots,
+                "busy": self.busy,
             },
             "queue": {
-                "waiting": self.pool.waiting if self.pool else 0,
+                "waiting": self.waiting,
                 "limit": self.config.queue_size,
             },
         }
@@ -209,16 +237,16 @@ class Daemon:
         return self.metrics.decode_batching()
 
     def slots(self) -> list[dict[str, Any]]:
-        return [s.describe() for s in self.pool.slots] if self.pool else []
+        return [s.describe() for s in self._slots()]
 
     async def stop(self) -> None:
         self.shutdown.set()
 
     def save_on_shutdown(self) -> int:
         """After draining: every slot worth keeping becomes a `shutdown` KV checkpoint."""
-        if self.state is None or self.pool is None:
+        if self.state is None or self.model is None:
             return 0
-        return self.state.shutdown([s.session for s in self.pool.slots])
+        return self.state.shutdown([s.session for s in self._slots()])
 
     def model_object(self, model_id: str | None = None) -> dict[str, Any]:
         return {
@@ -276,9 +304,9 @@ def create_app(daemon: Daemon) -> QuartTrio:
     return app
 
 
-def _require_ready(daemon: Daemon) -> Generator:
-    """The generator, or a 503 while the model loads (or failed to) and during shutdown."""
-    if daemon.generator is None:
+def _require_ready(daemon: Daemon) -> ModelServer:
+    """The model's server, or a 503 while the model loads (or failed to) and during shutdown."""
+    if daemon.model is None:
         raise Unavailable(
             "the model is still loading"
             if not daemon.load_error
@@ -287,7 +315,7 @@ def _require_ready(daemon: Daemon) -> Generator:
         )
     if daemon.shutdown.is_set():
         raise Unavailable("server shutting down")
-    return daemon.generator
+    return daemon.model
 
 
 def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
@@ -425,79 +453,51 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
                     kind,
                     req.tool_choice.name or req.tool_choice.mode,
                 )
-            job = await gen.prepare(req, kind, param)
-            job.ticket = gen.pool.request(job.tokens)
+            prepared = await gen.prepare(req, kind, param)
+            if not req.stream:
+                completion = Completion()
+                async with gen.generate(prepared) as events:  # Overloaded: a full queue
+                    daemon.metrics.requests[(kind, "200")] += 1
+                    async for ev in events:
+                        completion.add(ev)
+                return Response(
+                    json.dumps(protocol.response(req, completion, req.model or daemon.model_id)),
+                    content_type="application/json",
+                )
+            gen.loop.admit(req.priority)  # a full queue is a 503, before the stream opens
         except (ApiError, Refused) as refused:
             err = refused if isinstance(refused, ApiError) else refusal_error(refused)
             daemon.metrics.requests[(kind, str(err.status))] += 1
             return error_response(err, protocol)
-        model_name = req.model or daemon.model_id
-        send, recv = trio.open_memory_channel[Event](64)
-        scope = trio.CancelScope()
-        consumer_started = trio.Event()
-
-        async def produce() -> None:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    if req.stream:
-                        nursery.start_soon(abandon_unless_consumed)
-                    await gen.run(job, send)
-                    nursery.cancel_scope.cancel()
-
-        async def abandon_unless_consumed() -> None:
-            # A client gone between the handler's return and the first body read never
-            # runs the body's cleanup: without this the job would hold its slot forever.
-            with trio.move_on_after(CONSUMER_START_S):
-                await consumer_started.wait()
-                return
-            log.info("%s stream never read by its client; cancelled", kind)
-            scope.cancel()
-
-        assert daemon.nursery is not None
-        daemon.nursery.start_soon(produce)
         daemon.metrics.requests[(kind, "200")] += 1
-        if not req.stream:
-            completion = Completion()
-            try:
-                async with recv:
-                    async for ev in recv:
-                        completion.add(ev)
-            finally:
-                scope.cancel()
-            return Response(
-                json.dumps(protocol.response(req, completion, model_name)),
-                content_type="application/json",
-            )
-        encoder = protocol.Stream(req, model_name)
-        return _sse_response(encoder, recv, scope, consumer_started)
+        encoder = protocol.Stream(req, req.model or daemon.model_id)
+        return _sse_response(encoder, gen, prepared)
 
-    def _sse_response(
-        encoder: EventStream,
-        recv: trio.MemoryReceiveChannel[Event],
-        scope: trio.CancelScope,
-        started: trio.Event,
-    ) -> Response:
+    def _sse_response(encoder: EventStream, gen: ModelServer, prepared: Prepared) -> Response:
+        """The stream's body submits the request when the client starts reading it, and
+        cancels it when the client goes away: a body never read never runs anything."""
+
         async def body() -> AsyncIterator[bytes]:
-            started.set()
+            for chunk in encoder.open():
+                yield chunk.encode()
             try:
-                for chunk in encoder.open():
+                async with gen.generate(prepared) as events:
+                    while True:
+                        chunks = None
+                        with trio.move_on_after(daemon.config.keepalive_s):
+                            try:
+                                ev = await events.receive()
+                            except trio.EndOfChannel:
+                                return
+                            chunks = encoder.feed(ev)
+                        if chunks is None:  # nothing for a while (long prefill, queue)
+                            yield encoder.keepalive().encode()
+                            continue
+                        for chunk in chunks:
+                            yield chunk.encode()
+            except Overloaded:  # the queue filled since the request was admitted
+                for chunk in encoder.feed(Finish("error", "all slots are busy; retry later")):
                     yield chunk.encode()
-                while True:
-                    chunks = None
-                    with trio.move_on_after(daemon.config.keepalive_s):
-                        try:
-                            ev = await recv.receive()
-                        except trio.EndOfChannel:
-                            return
-                        chunks = encoder.feed(ev)
-                    if chunks is None:  # nothing for a while (long prefill, queue)
-                        yield encoder.keepalive().encode()
-                        continue
-                    for chunk in chunks:
-                        yield chunk.encode()
-            finally:
-                scope.cancel()
-                recv.close()
 
         resp = Response(body(), content_type="text/event-stream")
         resp.headers["Cache-Control"] = "no-cache"

@@ -54,7 +54,6 @@ def state_from_config(
         tool_memory_max_ids=config.tool_memory_max_ids,
         tool_replay=config.tool_replay,
         normalize=lambda: live().normalize_claude_billing_header,
+        trace=trace,  # the writer the control plane switches at runtime
     )
-    if trace is not None:  # the writer the control plane switches at runtime
-        service.trace = trace
     return service

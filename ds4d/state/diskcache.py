@@ -172,9 +172,11 @@ class DiskCache:
         min_tokens: int = 512,
         daily_write_bytes: int | None = None,
         clock: Callable[[], float] = time.time,
+        writer: CheckpointWriter | None = None,
     ) -> None:
         """`budget_bytes` 0 means unlimited; `daily_write_bytes` (default 4x the budget,
-        None with an unlimited budget) caps bytes written in any 24 h window."""
+        None with an unlimited budget; 0 for none) caps bytes written in any 24 h window.
+        `writer`: saves through `submit` are written by it (else at once)."""
         self.dir = Path(directory)
         self.budget = budget_bytes
         self.fingerprint = kvfile.fingerprint_digest(fingerprint)
@@ -182,10 +184,10 @@ class DiskCache:
         self.min_tokens = min_tokens
         if daily_write_bytes is None and budget_bytes:
             daily_write_bytes = 4 * budget_bytes
-        self.daily_write_bytes = daily_write_bytes
+        self.daily_write_bytes = daily_write_bytes or None
         self.clock = clock
         self.stats = Stats()
-        self.writer: CheckpointWriter | None = None  # saves via `submit` go through it
+        self.writer = writer
         self._lock = threading.RLock()
         self._entries: dict[str, Entry] = {}
         self._pending: dict[str, Entry] = {}
@@ -663,6 +665,12 @@ class DiskCache:
         return True
 
     # ---- budget and eviction -------------------------------------------------------------
+
+    def set_budget(self, budget_bytes: int) -> list[str]:
+        """Live reload of the size limit (0 = unlimited), evicting what no longer fits;
+        the names removed."""
+        self.budget = budget_bytes
+        return self.enforce_budget()
 
     def enforce_budget(self, protect: str | set[str] | None = None,
                        incoming: int = 0) -> list[str]:  # fmt: skip

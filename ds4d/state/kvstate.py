@@ -4,9 +4,8 @@ A slot's sync is: `plan` (matching order) -> `save_evict` when the plan throws a
 live session away -> `begin` -> `load_disk` for a disk hit (verified, with the reuse
 shortfall check) -> prefill the rest, pausing at `stops` (cold boundary, continued
 frontiers) to `checkpoint` while the session is exactly there — a session is never
-rolled back to make an entry. The decode loop calls `after_token`; SIGTERM calls
-`shutdown`. `sync` runs all of it in one blocking call; the daemon interleaves the same
-pieces chunk by chunk with other slots.
+rolled back to make an entry (ds4d.state.sync strings these pieces together as engine
+calls). The decode loop calls `after_token`; SIGTERM calls `shutdown`.
 
 Saves are off the critical path: `_save` copies the session's payload (Session.snapshot,
 a memcpy on the engine thread) and hands it to the disk cache's background writer, so
@@ -27,7 +26,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,24 +39,10 @@ from ds4d.state.kvfile import Reason
 from ds4d.state.matching import Plan, disk_effective, plan_sync
 from ds4d.state.savepolicy import SavePolicy
 from ds4d.state.toolmemory import ToolMemory
-from ds4d.state.trace import CacheSource
 
 log = logging.getLogger("ds4d.kvcache")
 
 MAX_CHAIN = 8  # delta links on a full file before the next checkpoint is full again
-
-OnChunk = Callable[[int, int], None]
-
-
-@dataclass
-class SyncResult:
-    source: CacheSource
-    cached_tokens: int  # prompt tokens reused (not prefilled)
-    prompt_tokens: int  # the effective prompt's length
-    disk_file: str | None = None
-    miss_reason: str = ""
-    prefill_s: float = 0.0
-    saves: list[str] = field(default_factory=list)  # "cold", "continued", "evict"
 
 
 @dataclass(frozen=True)
@@ -99,8 +84,8 @@ class KVState:
         self.n_ctx = n_ctx
         self.disk = disk
         self.policy = policy or SavePolicy.for_context(n_ctx)
-        if disk is not None:  # one threshold for saving and loading
-            disk.min_tokens = self.policy.min_tokens
+        if disk is not None and disk.min_tokens != self.policy.min_tokens:
+            raise ValueError("the disk cache and the save policy need one min_tokens")
         self.tool_memory = tool_memory if tool_memory is not None else ToolMemory()
         self.can_rewind = can_rewind
         self.max_chain = max_chain
@@ -261,57 +246,6 @@ class KVState:
     def save_evict(self, session: Session) -> bool:
         """Save what a session is about to lose to an unrelated prompt. Blocking."""
         return self.save_session(session, Reason.EVICT)
-
-    # ---- all in one (blocking) ------------------------------------------------------------
-
-    def sync(
-        self,
-        session: Session,
-        prompt_text: str,
-        prompt_tokens: Sequence[int],
-        on_chunk: OnChunk | None = None,
-        tool_ids: Iterable[str] = (),
-    ) -> SyncResult:
-        """Make `session` hold the prompt, with logits for its next token, in one
-        blocking call (the daemon interleaves the same pieces chunk by chunk)."""
-        started = time.monotonic()
-        plan = self.plan(session, prompt_text, prompt_tokens)
-        result = SyncResult(
-            plan.source, plan.keep, len(prompt_tokens), miss_reason=plan.miss_reason
-        )
-        if plan.evict_save and self.save_evict(session):
-            result.saves.append("evict")
-        self.begin(session, plan.source, tool_ids)
-        tokens = plan.tokens
-        if plan.disk is not None:
-            tokens = self.load_disk(session, plan.disk, prompt_text)
-            if tokens is None:  # unusable file: cold after all
-                result.source, result.cached_tokens = "none", 0
-                tokens = list(prompt_tokens)
-            else:
-                result.cached_tokens, result.disk_file = len(session.tokens), plan.disk.path.name
-        assert tokens is not None
-        if len(session.tokens) > result.cached_tokens:
-            session.rewind(result.cached_tokens)
-        result.prompt_tokens = len(tokens)
-        pos = len(session.tokens)
-        for stop, reason in self.stops(pos, len(tokens), result.cached_tokens) + [
-            (len(tokens), None)
-        ]:
-            if stop <= pos:
-                continue
-            base = pos
-
-            def progress(done: int, _n: int, base: int = base) -> None:
-                if on_chunk is not None:
-                    on_chunk(base - result.cached_tokens + done, len(tokens) - result.cached_tokens)
-
-            session.eval(tokens[pos:stop], on_chunk=progress)
-            pos = stop
-            if reason is not None and self.checkpoint(session, reason):
-                result.saves.append(reason.name.lower())
-        result.prefill_s = time.monotonic() - started
-        return result
 
     # ---- saves -------------------------------------------------------------------------
 

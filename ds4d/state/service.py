@@ -1,11 +1,11 @@
 """The state layer as the daemon uses it: built from config values, handed to the
-generator at construction (it is the generator's `GenerationState`) and to the metrics as
-one of their sources.
+model's server at construction (ds4d.serving.model.ModelServer: prompt preparation, the
+engine loop's slot syncs and decodes) and to the metrics as one of their sources.
 
     state = StateService.create(tokenizer=..., fingerprint=..., ctx=..., kv_dir=...)
-    Generator(..., state=state); Metrics(sources=[state])
+    ModelServer(..., state=state); Metrics(sources=[state])
     state.prepare_request(request)          # before rendering: byte-stable history
-    sync_slot(..., kv=state.kv, tool_ids=tool_call_ids(request))
+    SlotSync(session, text, tokens, plan, state.kv, tool_call_ids(request))  # ds4d.state.sync
     state.kv.after_token(session)           # decode loop
     state.trace_finished(record, prompt)    # one trace line per finished request
     state.shutdown(sessions)                # SIGTERM, after draining
@@ -92,6 +92,7 @@ class StateService:
         normalize: bool | Callable[[], bool] = True,
         trace_path: str | None = None,
         trace_content: bool = False,
+        trace: TraceWriter | None = None,
     ) -> StateService:
         """`kv_dir` None turns the disk cache off; `policy` holds the kv-cache-* knobs
         (None or missing = the default fitted to `ctx`). `write_budget_mb`: MiB written
@@ -100,17 +101,14 @@ class StateService:
         pol = SavePolicy.for_context(ctx, **(policy or {}))
         disk = None
         if kv_dir is not None:
-            daily = None if write_budget_mb is None else write_budget_mb * MIB
+            daily = None if write_budget_mb is None else write_budget_mb * MIB  # 0: none
             disk = DiskCache(kv_dir, budget_bytes=space_mb * MIB, fingerprint=fingerprint,
-                             ctx=ctx, min_tokens=pol.min_tokens,
-                             daily_write_bytes=daily)  # fmt: skip
-            if write_budget_mb == 0:
-                disk.daily_write_bytes = None
-            if background:
-                disk.writer = CheckpointWriter()
+                             ctx=ctx, min_tokens=pol.min_tokens, daily_write_bytes=daily,
+                             writer=CheckpointWriter() if background else None)  # fmt: skip
         memory = ToolMemory(tool_memory_max_ids if tool_replay else 0)
         kv = KVState(tokenizer, ctx, disk=disk, policy=pol, tool_memory=memory)
-        trace = TraceWriter(trace_path or None, trace_content)
+        if trace is None:  # else the writer the control plane switches at runtime
+            trace = TraceWriter(trace_path or None, trace_content)
         return cls(kv, trace, normalize=normalize, tool_replay=tool_replay)
 
     # ---- before rendering --------------------------------------------------------------
@@ -304,5 +302,4 @@ class CacheView:
         cache = self._get()
         if cache is None:
             return []
-        cache.budget = value
-        return cache.enforce_budget()
+        return cache.set_budget(value)

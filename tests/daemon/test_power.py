@@ -1,6 +1,7 @@
-"""Power governor and the engine gate that applies it: the rest owed follows the level,
-level changes apply mid-rest, a cancelled request stops resting at once (and frees the
-engine), and a paced loop rests exactly what its work owes.
+"""Power governor and the compute gate that applies it: the rest owed follows the level,
+level changes apply mid-rest, a cancelled rest ends at once (and frees the engine), and
+paced work rests exactly what it owes (the engine loop's own pacing, once per step:
+tests/serving/test_loop.py).
 
 Rests run on trio's MockClock (autojump), so every check is on the sleeps the governor
 requests, never on wall time or CPU share of a shared machine."""
@@ -12,7 +13,7 @@ import trio
 from trio.testing import MockClock
 
 from ds4d.daemon.power import PowerGovernor
-from ds4d.daemon.scheduler import EngineGate
+from ds4d.serving.gate import ComputeGate
 
 
 def run_virtual(fn):
@@ -33,7 +34,7 @@ def test_rest_formula():
 
 @pytest.mark.parametrize("level", [100, 50, 25, 1])
 def test_paced_calls_rest_what_their_work_owes(level):
-    """Every gate call is followed by the rest its measured work owes at the level, so
+    """Every turn of the gate is followed by the rest its work owes at the level, so
     wall time = work * 100 / level: the busy share is the level."""
     governor = PowerGovernor(level)
     work: list[float] = []
@@ -43,11 +44,13 @@ def test_paced_calls_rest_what_their_work_owes(level):
         await governor.rest(seconds)
 
     async def main() -> float:
-        gate = EngineGate(pace)
+        gate = ComputeGate(pace)
         start = trio.current_time()
         for n in range(5):
-            assert await gate.run(lambda n=n: n * n) == n * n
-        return trio.current_time() - start
+            async with gate.turn():
+                await trio.sleep(0.01 * n)  # the work, in virtual time
+                await gate.rest(0.01 * n)
+        return trio.current_time() - start - sum(work)
 
     rested = run_virtual(main)
     assert len(work) == 5 and all(w >= 0 for w in work)
@@ -77,17 +80,20 @@ def test_raising_the_level_ends_a_rest_at_once():
     assert run_virtual(main) <= 0.15 + 1e-9
 
 
-def test_cancelled_request_stops_resting_and_frees_the_engine():
-    """A client that goes away mid-rest must not hold the engine for the rest owed."""
+def test_a_cancelled_rest_frees_the_engine_at_once():
+    """A rest cancelled midway (its request went away) must not hold the engine for the
+    rest owed."""
     governor = PowerGovernor(1)
-    gate = EngineGate(lambda _work: governor.rest(0.05))  # each call owes 4.95 s of rest
+    gate = ComputeGate(governor.rest)
 
-    async def main() -> tuple[float, str]:
-        with trio.move_on_after(0.2):  # the request is cancelled 0.2 s in, mid-rest
-            await gate.run(str, "first")
+    async def main() -> tuple[float, float]:
+        with trio.move_on_after(0.2):  # cancelled 0.2 s in, mid-rest
+            async with gate.turn():
+                await gate.rest(0.05)  # owes 4.95 s
         cancelled_after = trio.current_time()
-        gate.pace = None
-        return cancelled_after, await gate.run(str, "engine free")
+        async with gate.turn():
+            free_at = trio.current_time()
+        return cancelled_after, free_at
 
-    cancelled_after, result = run_virtual(main)
-    assert cancelled_after == pytest.approx(0.2) and result == "engine free"
+    cancelled_after, free_at = run_virtual(main)
+    assert cancelled_after == pytest.approx(0.2) and free_at == cancelled_after

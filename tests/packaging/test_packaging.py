@@ -120,13 +120,15 @@ LAYER_IMPORTS = {
     "engine": {"engine"},
     "chat": {"chat", "engine"},
     "state": {"state", "chat", "engine"},
+    # the engine loop and the pieces of a generation (not the protocols: api is beside it)
+    "serving": {"serving", "state", "chat", "engine"},
     "api": {"api", "chat", "engine", "state"},
     # not the developer tools or the command-line front end above it
-    "daemon": {"daemon", "api", "state", "chat", "engine"},
+    "daemon": {"daemon", "serving", "api", "state", "chat", "engine"},
     # bench, synth, the serve-process helper: never imported by what serves
-    "tools": {"tools", "daemon", "api", "state", "chat", "engine"},
+    "tools": {"tools", "daemon", "serving", "api", "state", "chat", "engine"},
     # and ds4d/__init__.py, for `ds4d --version`
-    "cli": {"cli", "tools", "daemon", "api", "state", "chat", "engine", "__init__"},
+    "cli": {"cli", "tools", "daemon", "serving", "api", "state", "chat", "engine", "__init__"},
 }
 # What ds4d/ holds besides its layers' packages: the package itself and `python -m ds4d`.
 ROOT_MODULES = {"__init__.py", "__main__.py"}
@@ -298,7 +300,7 @@ def test_no_source_refers_to_documents_outside_the_repo() -> None:
 # A path the README or a docs/ page cites: a file of the checkout.
 CITED_PATH = re.compile(
     r"(?<![\w./-])((?:scripts|tests|docs|native|ds4d|ds4ctl|fuzz)/[\w./-]*\w"
-    r"\.(?:py|md|sh|png|c|h|toml|json|txt))"
+    r"\.(?:py|md|sh|png|csv|c|h|toml|json|txt))(?!\w)"
 )
 MARKDOWN_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
@@ -330,3 +332,70 @@ def test_the_citation_check_sees_paths_and_links() -> None:
     text = "run `scripts/figures/decode_figure.py`, see [the format](kv-cache-format.md)"
     assert CITED_PATH.findall(text) == ["scripts/figures/decode_figure.py"]
     assert MARKDOWN_LINK.findall(text) == ["kv-cache-format.md"]
+
+
+# The objects composed at construction (docs/architecture.md, "How the daemon is put
+# together"): what they are built from, nobody sets afterwards.
+COMPONENTS = {
+    "ds4d/daemon/server.py": ["Daemon"],
+    "ds4d/daemon/control.py": ["ControlPlane"],
+    "ds4d/serving/gate.py": ["ComputeGate"],
+    "ds4d/serving/loop.py": ["EngineLoop"],
+    "ds4d/serving/model.py": ["ModelServer"],
+    "ds4d/serving/prompt.py": ["PromptPreparer"],
+    "ds4d/state/service.py": ["StateService", "CacheView"],
+    "ds4d/state/kvstate.py": ["KVState"],
+    "ds4d/state/diskcache.py": ["DiskCache"],
+}
+
+
+def _wired_attributes(cls: ast.ClassDef) -> set[str]:
+    """What `__init__` sets from its parameters, or to None (to be filled in later)."""
+    init = next(f for f in cls.body if isinstance(f, ast.FunctionDef) and f.name == "__init__")
+    params = {a.arg for a in init.args.args + init.args.kwonlyargs} - {"self"}
+    wired = set()
+    for node in ast.walk(init):
+        if not isinstance(node, ast.Assign | ast.AnnAssign) or node.value is None:
+            continue
+        used = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+        late = isinstance(node.value, ast.Constant) and node.value.value is None
+        if used & params or late:
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Attribute) and ast.unparse(target.value) == "self":
+                    wired.add(target.attr)
+    return wired
+
+
+def test_no_module_sets_what_a_component_was_built_from() -> None:
+    """Composition through constructors: an attribute a component's constructor sets
+    from its parameters (or to None, for later) is never assigned from outside that
+    object, not even by another component (`daemon.gate.pace = ...`, `service.trace =
+    ...`, `disk.writer = ...`); a value reloaded live goes through a method of the
+    class, named as such."""
+    wired: dict[str, set[str]] = {}
+    for file, names in COMPONENTS.items():
+        tree = ast.parse((REPO / file).read_text("utf-8"))
+        for cls in ast.walk(tree):
+            if isinstance(cls, ast.ClassDef) and cls.name in names:
+                for attr in _wired_attributes(cls):
+                    wired.setdefault(attr, set()).add(cls.name)
+    assert {"config", "writer", "trace", "min_tokens", "daily_write_bytes"} <= set(wired)
+    wrong = []
+    for path in sorted((REPO / "ds4d").rglob("*.py")):
+        tree = ast.parse(path.read_text("utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and target.attr in wired
+                    and ast.unparse(target.value) not in ("self", "cls")
+                ):
+                    where = f"{path.relative_to(REPO)}:{node.lineno}"
+                    wrong.append(f"{where}: {ast.unparse(target)} ({sorted(wired[target.attr])})")
+    assert not wrong, "\n".join(wrong)

@@ -13,6 +13,7 @@ from ds4d.state import kvfile
 from ds4d.state.diskcache import DiskCache
 from ds4d.state.kvstate import KVState
 from ds4d.state.savepolicy import SavePolicy
+from ds4d.state.sync import sync_session
 
 CTX = 1024
 
@@ -31,8 +32,9 @@ TALK_B = chat(
 
 
 def make(engine, tmp_path, **policy) -> KVState:
-    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint, ctx=CTX)
     pol = SavePolicy.for_context(CTX, **policy)
+    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint,
+                     ctx=CTX, min_tokens=pol.min_tokens)  # fmt: skip
     return KVState(engine.tokenizer, CTX, disk=disk, policy=pol)
 
 
@@ -47,7 +49,7 @@ def test_cold_then_restart_from_shutdown_checkpoint(engine, tmp_path):
     kv = make(engine, tmp_path)
     prompt = tok.encode(TALK_A)
     with engine.new_session(CTX) as s:
-        r = kv.sync(s, TALK_A, prompt)
+        r = sync_session(kv, s, TALK_A, prompt)
         assert (r.source, r.cached_tokens, r.saves) == ("none", 0, ["cold"])
         assert s.tokens == prompt
         (cold_file,) = kv.disk.entries()
@@ -61,7 +63,7 @@ def test_cold_then_restart_from_shutdown_checkpoint(engine, tmp_path):
     text = tok.decode(held) + "<|im_end|>\n" + chat(("user", "And the Tiber?"))
     full = tok.encode(text)
     with engine.new_session(CTX) as s:
-        r = kv2.sync(s, text, full)
+        r = sync_session(kv2, s, text, full)
         assert r.source == "disk-text" and r.cached_tokens == len(held)
         assert kv2.disk.stats.shortfalls == 0
         assert r.disk_file == kvfile.file_name(tok.decode(held))
@@ -74,13 +76,13 @@ def test_evict_save_then_disk_hit_in_the_same_slot(engine, tmp_path):
     tok = engine.tokenizer
     kv = make(engine, tmp_path, cold_max_tokens=0)  # no cold saves: only evict remains
     with engine.new_session(CTX) as s:
-        kv.sync(s, TALK_A, tok.encode(TALK_A))
+        sync_session(kv, s, TALK_A, tok.encode(TALK_A))
         a_tokens = s.tokens
-        r = kv.sync(s, TALK_B, tok.encode(TALK_B))
+        r = sync_session(kv, s, TALK_B, tok.encode(TALK_B))
         assert r.source == "none" and r.saves == ["evict"]
         assert [e.tokens for e in kv.disk.entries()] == [len(a_tokens)]
         again = TALK_A + "The Po."
-        r = kv.sync(s, again, tok.encode(again))
+        r = sync_session(kv, s, again, tok.encode(again))
         assert r.source == "disk-text" and r.cached_tokens == len(a_tokens)
         assert r.saves == ["evict"]  # TALK_B was worth keeping too
         assert s.tokens[: len(a_tokens)] == a_tokens
@@ -92,13 +94,13 @@ def test_memory_reuse_and_continued_frontiers(engine, tmp_path):
     step = kv.policy.continued_step
     prompt = tok.encode(TALK_A)
     with engine.new_session(CTX) as s:
-        r = kv.sync(s, TALK_A, prompt)
+        r = sync_session(kv, s, TALK_A, prompt)
         frontiers = sorted(e.tokens for e in kv.disk.entries())
         assert frontiers == list(range(step, len(prompt) + 1, step))
         assert r.saves == ["continued"] * len(frontiers)
         # memory-token: nothing prefilled again, nothing saved again
         more = TALK_A + "The Po river"
-        r = kv.sync(s, more, tok.encode(more))
+        r = sync_session(kv, s, more, tok.encode(more))
         assert r.source in ("memory-token", "memory-text") and r.cached_tokens == len(prompt)
         # decode steps reach the next frontier: after_token saves exactly there
         while len(s.tokens) % step:
@@ -112,7 +114,7 @@ def test_corrupt_checkpoint_goes_cold(engine, tmp_path):
     tok = engine.tokenizer
     kv = make(engine, tmp_path)
     with engine.new_session(CTX) as s:
-        kv.sync(s, TALK_A, tok.encode(TALK_A))
+        sync_session(kv, s, TALK_A, tok.encode(TALK_A))
     (entry,) = kv.disk.entries()
     raw = bytearray(entry.path.read_bytes())
     raw[-100] ^= 0xFF  # inside the KV rows
@@ -120,7 +122,7 @@ def test_corrupt_checkpoint_goes_cold(engine, tmp_path):
 
     kv2 = make(engine, tmp_path)
     with engine.new_session(CTX) as s:
-        r = kv2.sync(s, TALK_A, tok.encode(TALK_A))
+        r = sync_session(kv2, s, TALK_A, tok.encode(TALK_A))
         assert r.source == "none" and r.cached_tokens == 0 and s.tokens == tok.encode(TALK_A)
     assert kv2.disk.stats.load_failures == 1
     assert (kv2.disk.quarantine_dir / entry.name).exists()
@@ -134,7 +136,7 @@ def test_foreign_payload_refused_by_engine(engine, tmp_path):
     text = tok.decode(tok.encode(TALK_A)[:300])
     kv.disk.save(kvfile.Reason.COLD, text, 300, b"not a session payload" * 10)
     with engine.new_session(CTX) as s:
-        r = kv.sync(s, TALK_A, tok.encode(TALK_A))
+        r = sync_session(kv, s, TALK_A, tok.encode(TALK_A))
         assert r.source == "none" and s.tokens == tok.encode(TALK_A)
     assert kv.disk.stats.load_failures == 1
 
@@ -182,7 +184,7 @@ def test_checkpoint_with_out_of_range_token_ids_is_refused_and_goes_cold(engine,
     )
     (entry,) = kv.disk.entries()
     with engine.new_session(CTX) as s:
-        r = kv.sync(s, TALK_A, prompt)
+        r = sync_session(kv, s, TALK_A, prompt)
         assert r.source == "none" and r.cached_tokens == 0 and s.tokens == prompt
     assert kv.disk.stats.load_failures == 1
     assert (kv.disk.quarantine_dir / entry.name).exists()

@@ -18,6 +18,7 @@ import pytest
 from ds4d.state.diskcache import DiskCache
 from ds4d.state.kvstate import KVState
 from ds4d.state.savepolicy import SavePolicy
+from ds4d.state.sync import sync_session
 from tests.helpers.kit import kit_model
 
 CTX = 1024
@@ -42,11 +43,11 @@ def tokenize_prompt(tok, text: str) -> list[int]:
 
 def make(engine, tmp_path=None) -> KVState:
     disk = None
+    pol = SavePolicy.for_context(CTX)
     if tmp_path is not None:
-        disk = DiskCache(
-            tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint, ctx=CTX
-        )
-    return KVState(engine.tokenizer, CTX, disk=disk, policy=SavePolicy.for_context(CTX))
+        disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint,
+                         ctx=CTX, min_tokens=pol.min_tokens)  # fmt: skip
+    return KVState(engine.tokenizer, CTX, disk=disk, policy=pol)
 
 
 def test_the_vocabulary_puts_a_space_piece_after_special_tokens(engine) -> None:
@@ -90,7 +91,7 @@ def test_continuation_tokens_get_no_space_prefix(engine) -> None:
 
 def held_conversation(kv: KVState, session, tok) -> list[int]:
     """The first turn prefilled, then a reply written after it (as a decode does)."""
-    r = kv.sync(session, TURN, tokenize_prompt(tok, TURN))
+    r = sync_session(kv, session, TURN, tokenize_prompt(tok, TURN))
     assert r.source == "none"
     # sampled in two pieces split inside a word: not the tokens the text gives back
     cut = REPLY.index("Po") + 1
@@ -107,7 +108,7 @@ def test_next_turn_reuses_the_whole_slot_from_memory(engine) -> None:
         held = held_conversation(kv, s, tok)
         assert kv.key_text(held) == "<s>" + tok.canonical_text(TURN + REPLY)
         assert tokenize_prompt(tok, TURN + REPLY) != held
-        r = kv.sync(s, text, tokenize_prompt(tok, text))
+        r = sync_session(kv, s, text, tokenize_prompt(tok, text))
         assert r.source == "memory-text" and r.cached_tokens == len(held)
         assert s.tokens[: len(held)] == held
         assert kv.key_text(s.tokens) == kv.full_text(text)
@@ -123,7 +124,7 @@ def test_next_turn_after_a_restart_loads_the_whole_slot_from_disk(engine, tmp_pa
     kv2 = make(engine, tmp_path)  # a new process: fresh index over the same directory
     text = TURN + REPLY + NEXT
     with engine.new_session(CTX) as s:
-        r = kv2.sync(s, text, tokenize_prompt(tok, text))
+        r = sync_session(kv2, s, text, tokenize_prompt(tok, text))
         assert r.source == "disk-text" and r.cached_tokens == len(held)
         assert kv2.disk.stats.shortfalls == 0
         assert s.tokens[: len(held)] == held

@@ -29,11 +29,10 @@ TEXT = (
 
 
 def make(engine, tmp_path, *, writer=True, max_chain=8, **disk_kw) -> KVState:
-    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint,
-                     ctx=CTX, **disk_kw)  # fmt: skip
-    if writer:
-        disk.writer = CheckpointWriter()
     pol = SavePolicy.for_context(CTX, cold_max_tokens=0, continued_interval_tokens=0)
+    disk = DiskCache(tmp_path / "kv", budget_bytes=0, fingerprint=engine.info.fingerprint,
+                     ctx=CTX, min_tokens=pol.min_tokens,
+                     writer=CheckpointWriter() if writer else None, **disk_kw)  # fmt: skip
     return KVState(engine.tokenizer, CTX, disk=disk, policy=pol, max_chain=max_chain)
 
 

@@ -6,22 +6,27 @@ sized to take about `target_s` of engine time at the speed the engine has shown:
 speed falls as the context deepens (attention reads every row before the chunk's), so
 the cost of a token is fitted as a line in its depth over the last chunks of any slot
 (followed deeper than the chunks seen, not shallower), and the next chunk of a session at
-depth d gets `target_s / cost(d)` tokens, within [`min_tokens`, `max_tokens`]. Below about 64 tokens a chunk spends noticeably more
-engine time per token (the weights are decoded for fewer rows at a time), hence the floor.
-A prompt's last piece is not split off when it is under half a chunk: a short request's
-prompt is one call, not two waits.
+depth d gets `target_s / cost(d)` tokens, within [`min_tokens`, `max_tokens`]. Below
+about 64 tokens a chunk spends noticeably more engine time per token (the weights are
+decoded for fewer rows at a time), hence the floor. A prompt's last piece is not split
+off when it is under half a chunk (a short request's prompt is one call, not two waits),
+as long as the whole stays within `max_tokens`: a size this gives is one C call
+(`max_tokens` is at most the engine's PREFILL_CHUNK), so the time it is observed to take
+is the time of one call.
 
-Pure arithmetic over the (depth, tokens, seconds) it is told: the daemon times each chunk
-with the engine gate's clock.
+Pure arithmetic over the (depth, tokens, seconds) it is told: the engine loop
+(ds4d.serving.loop) times each chunk with its clock.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from ds4d.engine.engine import PREFILL_CHUNK
+
 TARGET_S = 0.25  # engine time of one chunk: the longest stall another slot sees
 MIN_TOKENS = 32
-MAX_TOKENS = 256
+MAX_TOKENS = PREFILL_CHUNK  # one C call
 FIRST_TOKENS = 64  # before anything was measured
 HISTORY = 32  # chunks the fit looks back on
 MIN_SPREAD = 512  # depth range below which the fit is a mean, not a line
@@ -30,8 +35,8 @@ MIN_SPREAD = 512  # depth range below which the fit is a mean, not a line
 class ChunkSizer:
     def __init__(self, target_s: float = TARGET_S, min_tokens: int = MIN_TOKENS,
                  max_tokens: int = MAX_TOKENS, first_tokens: int = FIRST_TOKENS) -> None:  # fmt: skip
-        if not 0 < min_tokens <= first_tokens <= max_tokens:
-            raise ValueError("chunk sizes need 0 < min <= first <= max")
+        if not 0 < min_tokens <= first_tokens <= max_tokens <= PREFILL_CHUNK:
+            raise ValueError(f"chunk sizes need 0 < min <= first <= max <= {PREFILL_CHUNK}")
         if target_s <= 0:
             raise ValueError("the chunk time target must be positive")
         self.target_s = target_s
@@ -77,5 +82,5 @@ class ChunkSizer:
             assert cost is not None
             n = max(self.min_tokens, min(self.max_tokens, round(self.target_s / cost)))
         if remaining is not None and remaining - n < n // 2:
-            return remaining
+            return min(remaining, self.max_tokens)
         return n

@@ -1,14 +1,14 @@
-"""Prefill chunk sizes from measured engine time (ds4d.daemon.chunking): chunks take about
-the target at every depth, within the floor and ceiling, from what the engine has shown;
-and sync_slot prefills in the sizes it is given, on a real engine session."""
+"""Prefill chunk sizes from measured engine time (ds4d.serving.chunking): chunks take about
+the target at every depth, within the floor and ceiling (one C call), from what the engine
+has shown; and a slot's sync prefills in the sizes it is given, on a real engine session."""
 
 from __future__ import annotations
 
 import pytest
-import trio
 
-from ds4d.daemon.chunking import ChunkSizer
-from ds4d.state.slots import Slot, sync_slot
+from ds4d.engine.engine import PREFILL_CHUNK
+from ds4d.serving.chunking import ChunkSizer
+from ds4d.state.sync import EvalChunk, KVCalls, SlotSync, make_plan, run_call
 
 
 def test_before_anything_is_measured_the_first_size_is_used():
@@ -45,7 +45,7 @@ def test_the_cost_grows_with_depth_and_deep_chunks_shrink():
 def test_shallower_than_anything_seen_the_cost_is_not_extrapolated_down():
     # Deep chunks only, with a steep slope (noise, or a busy moment at the end): followed
     # down to depth 0 the line would promise nearly free tokens and one huge chunk.
-    sizer = ChunkSizer(target_s=0.25, min_tokens=16, max_tokens=1000)
+    sizer = ChunkSizer(target_s=0.25, min_tokens=16, max_tokens=256)
     for depth in range(5000, 6000, 32):
         sizer.observe(depth, 32, 32 * (0.004 + (depth - 5000) * 0.000004))
     shallowest = sizer.cost(5016)  # the mean depth of the first chunk seen
@@ -65,7 +65,7 @@ def test_sizes_stay_within_the_floor_and_the_ceiling():
 
 
 def test_noise_saying_deeper_is_cheaper_is_ignored():
-    sizer = ChunkSizer(target_s=0.25, min_tokens=8, max_tokens=1000)
+    sizer = ChunkSizer(target_s=0.25, min_tokens=8, max_tokens=256)
     sizer.observe(0, 100, 100 * 0.004)
     sizer.observe(3000, 100, 100 * 0.002)  # a busy moment early on, a quiet one later
     assert sizer.cost(100_000) == pytest.approx(0.003)  # the mean: no negative slope
@@ -82,6 +82,16 @@ def test_a_tail_under_half_a_chunk_goes_with_the_chunk_before_it():
     assert ChunkSizer(first_tokens=64).size(0, remaining=90) == 90
 
 
+def test_a_size_is_never_more_than_one_call():
+    """A tail joined to the last chunk still fits the ceiling, which is at most one C
+    call (the engine's PREFILL_CHUNK): the time observed for a chunk is one call's."""
+    sizer = ChunkSizer(target_s=0.25, min_tokens=16, max_tokens=256)
+    sizer.observe(0, 256, 0.001)  # fast: every chunk at the ceiling
+    assert sizer.size(0, remaining=256 + 100) == 256
+    with pytest.raises(ValueError):
+        ChunkSizer(max_tokens=PREFILL_CHUNK + 1)
+
+
 def test_empty_and_instant_chunks_are_not_measurements():
     sizer = ChunkSizer(first_tokens=64)
     sizer.observe(0, 0, 1.0)
@@ -96,29 +106,18 @@ def test_bad_settings_are_refused():
         ChunkSizer(target_s=0)
 
 
-def test_sync_slot_prefills_in_the_sizes_it_is_given(engine):
-    slot = Slot(0, engine.new_session(256), 256)
-    prompt = list(range(10, 110))
+def test_a_sync_prefills_in_the_sizes_it_is_given_one_call_each(engine):
+    session = engine.new_session(512)
+    prompt = list(range(10, 410))
     calls: list[int] = []
-    asked: list[int] = []
-
-    def size(depth: int, total: int) -> int:
-        assert total == len(prompt)
-        asked.append(depth)
-        return 8 + depth // 4  # 8, 10, 15, ...
-
-    async def run_engine(fn, *args):
-        if fn == slot.session.eval:
-            calls.append(len(args[0]))
-        return fn(*args)
-
-    async def main() -> None:
-        await sync_slot(slot, "", prompt, encode=lambda t: [], decode=lambda t: None,
-                        run_engine=run_engine, chunk=size)  # fmt: skip
-
-    trio.run(main)
-    assert sum(calls) == len(prompt) and list(slot.session.tokens) == prompt
+    sync = SlotSync(session, "", prompt, make_plan(None, session, "", prompt))
+    run = KVCalls(None)
+    while (call := sync.next(8 + session.n_tokens // 4)) is not None:  # 8, 10, 12, ...
+        assert isinstance(call, EvalChunk)
+        calls.append(len(call.tokens))
+        sync.took(call, run_call(run, session, call))
+    assert sum(calls) == len(prompt) and list(session.tokens) == prompt
     depths = [sum(calls[:i]) for i in range(len(calls))]
-    assert asked == depths
-    assert calls[:-1] == [8 + d // 4 for d in depths[:-1]]
-    assert calls[-1] <= 8 + depths[-1] // 4
+    assert calls[:-1] == [min(PREFILL_CHUNK, 8 + d // 4) for d in depths[:-1]]
+    assert max(calls) <= PREFILL_CHUNK
+    assert sync.result().cached_tokens == 0 and sync.result().tokens == prompt

@@ -1,0 +1,230 @@
+"""One request's decode, step by step: what each engine step evaluates and samples for it,
+and the events its tokens become.
+
+The engine loop (ds4d.serving.loop) asks every decoding request for its `step()` (the
+tokens it has sampled or been forced to write but not yet evaluated, and whether a token
+is to be sampled after them, from which ids), evaluates all of them in one batched call,
+samples, and hands each its token with `after(token)`, which runs the output pipeline
+(incremental detokenizer, the chat format's parser: stop strings, thinking, tool calls)
+and returns the events. Both run on the engine's thread, between batches, so the loop
+itself never does work that grows with the output. `finish()` ends it: the text held back
+is flushed and the final events made.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ds4d.chat.constrain import Allow, Force, VocabIndex
+from ds4d.chat.formats import TemplateDecode
+from ds4d.chat.types import (
+    ChatRequest,
+    Event,
+    Finish,
+    FinishReason,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+from ds4d.engine.engine import Session
+from ds4d.engine.sampler import SamplingParams, make_rng
+from ds4d.engine.tokenizer_api import ModelTokenizer
+from ds4d.serving.constraint import CallConstraint
+from ds4d.state.trace import GenerationRecord
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    tokens: list[int]  # to evaluate (none for the first step: the prefill left the logits)
+    sample: bool  # a token is sampled after them
+    params: SamplingParams
+    allowed: np.ndarray | None  # the ids a constraint allows, or None for all
+
+
+class OutputSink:
+    """Where a generation's events are reported besides its stream (the state layer's
+    trace and tool-call memory, time to first token); see ds4d.serving.model."""
+
+    def __init__(
+        self,
+        record_output: Callable[[GenerationRecord, Event], None],
+        remember_tool_call: Callable[[Session, str, str], None],
+        first_token: Callable[[float], None],
+    ) -> None:
+        self.record_output = record_output
+        self.remember_tool_call = remember_tool_call
+        self.first_token = first_token
+
+
+class Decoding:
+    def __init__(
+        self,
+        request: ChatRequest,
+        session: Session,
+        tokenizer: ModelTokenizer,
+        parser: TemplateDecode,
+        record: GenerationRecord,
+        sink: OutputSink,
+        *,
+        arrived: float,
+        room: int,
+        vocab: VocabIndex | None = None,
+        forced: CallConstraint | None = None,
+    ) -> None:
+        self.request = request
+        self.session = session
+        self.tok = tokenizer
+        self.parser = parser
+        self.record = record
+        self.sink = sink
+        self.arrived = arrived
+        self.room = room
+        self.vocab = vocab
+        self.constraint = forced
+        budget = request.max_tokens if request.max_tokens is not None else math.inf
+        if forced is not None:
+            # A forced call is completed past any max_tokens (it is bounded by its schema
+            # and ends the generation itself): a cut-off block would come back as text.
+            budget = math.inf
+        self.budget = min(budget, room)
+        s = request.sampling
+        self.params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
+                                     min_p=s.min_p, seed=s.seed)  # fmt: skip
+        self.rng = make_rng(s.seed)
+        self.decoder = tokenizer.incremental_decoder()
+        self.eog = tokenizer.eog_ids
+        self.pending: list[int] = []  # sampled, not yet evaluated
+        self.generated = 0
+        self.reason: FinishReason = "length"
+        self.ending = False  # no more sampling: the pending tokens are evaluated, then done
+        self.done = False
+        self._forcing: list[int] = []
+        self._call_ids: dict[int, str] = {}
+        self._first = True
+        if self.budget <= 0:  # max_tokens 0: nothing to sample
+            self.ending = self.done = True
+
+    # -- one step ---------------------------------------------------------------------------
+
+    def step(self) -> DecodeStep:
+        """What the next batch does for this request (engine thread)."""
+        if self.ending:
+            return DecodeStep(self.pending, False, self.params, None)
+        current = self.constraint.current if self.constraint is not None else None
+        if isinstance(current, Force):
+            # Markup tokenized as the prompt is (chat markers as their tokens): the next
+            # turn renders this call back, and its tokens must be these.
+            held = self.pending or list(self.session.tokens[-1:])
+            self._forcing = self._encode_after(held[-1] if held else None, current.text)
+            return DecodeStep(self.pending + self._forcing, False, self.params, None)
+        allowed = current.ids if isinstance(current, Allow) else None
+        return DecodeStep(self.pending, True, self.parser.sampling(self.params), allowed)
+
+    def after(self, token: int | None) -> list[Event]:
+        """The step was evaluated, and `token` sampled if it asked for one (engine thread):
+        the events it makes."""
+        self.pending = []
+        if self.ending:
+            self.done = True
+            return []
+        events: list[Event] = []
+        if token is None:  # a forced piece of a call
+            assert self.constraint is not None and isinstance(self.constraint.current, Force)
+            text = self.constraint.current.text
+            self.generated += len(self._forcing)
+            self._forcing = []
+            events += self._emit(self.parser.feed(text))
+            self.constraint.advance("")
+            if self.constraint.done:
+                return events + self._end("tool_calls")
+        else:
+            if token in self.eog and self.constraint is None:
+                return events + self._end("stop")
+            self.pending = [token]
+            self.generated += 1
+            events += self._emit(self.parser.feed(self.decoder.feed(token)))
+            if self.parser.stopped:
+                return events + self._end("stop")
+            if self.parser.tool_block_closed:
+                return events + self._end("tool_calls")
+            if self.constraint is None and self.parser.call_opened and self.vocab is not None:
+                # The model opened a call on its own: the rest is constrained to a valid
+                # call of a declared tool, as a forced call is (bounded by its schema).
+                steps = self.parser.constrain_call(self.vocab)
+                if steps is not None:
+                    self.constraint = CallConstraint(steps)
+                    self.budget = self.room
+                    if self.constraint.done:
+                        return events + self._end("tool_calls")
+                    return events
+            elif self.constraint is not None:
+                self.constraint.advance(self._vocab_text(token))
+                if self.constraint.done:
+                    return events + self._end("tool_calls")
+        self.record.generated_tokens = self.generated
+        if self.generated >= self.budget:
+            return events + self._end("length")
+        return events
+
+    def _end(self, reason: FinishReason) -> list[Event]:
+        self.reason = reason
+        self.ending = True
+        self.record.generated_tokens = self.generated
+        if not self.pending:  # else one more step keeps the KV complete: the next turn's
+            self.done = True  # prompt holds this token
+        return []
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def finish(self) -> tuple[list[Event], Finish]:
+        """The text held back and the final events (engine thread or loop: no engine work)."""
+        events: list[Event] = []
+        # A character cut off by the token limit is dropped, not sent as U+FFFD: a client
+        # would store the replacement and the next turn's prompt would no longer match.
+        tail = self.decoder.flush().rstrip("\ufffd")
+        if tail:
+            events += self._emit(self.parser.feed(tail))
+        events += self._emit(self.parser.flush())
+        for call_id, text in self.parser.replay.items():  # e.g. a DS4 call's DSML, as sampled
+            self.sink.remember_tool_call(self.session, call_id, text)
+        malformed = self.parser.malformed
+        if malformed:  # the markup was dropped, never sent as text
+            self.record.malformed_call = malformed
+        reason = "tool_calls" if self.parser.tool_calls else self.reason
+        return events, Finish(reason, stop_sequence=self.parser.stop_sequence)
+
+    def _emit(self, events: list[Event]) -> list[Event]:
+        for ev in events:
+            self.sink.record_output(self.record, ev)
+            if isinstance(ev, ToolCallStart):
+                self._call_ids[ev.index] = ev.id
+            elif isinstance(ev, ToolCallEnd) and ev.index in self._call_ids:
+                # exact replay of this call in later turns
+                self.sink.remember_tool_call(self.session, self._call_ids[ev.index], ev.arguments)
+            if self._first and isinstance(ev, TextDelta | ReasoningDelta | ToolCallStart):
+                self._first = False
+                ttft = time.perf_counter() - self.arrived
+                self.record.ttft_s = ttft
+                self.sink.first_token(ttft)
+        return events
+
+    def _encode_after(self, previous: int | None, text: str) -> list[int]:
+        """`text` tokenized as it reads after token `previous`: continuing a span (after
+        a non-special token) it gets no SentencePiece space prefix."""
+        if previous is None or self.tok.is_special(previous):
+            return self.tok.encode(text, special=True)
+        return self.tok.encode_continuation(text, special=True)
+
+    def _vocab_text(self, token: int) -> str | None:
+        if self.tok.is_special(token):
+            return None
+        try:
+            return self.tok.token_bytes(token).decode("utf-8")
+        except UnicodeDecodeError:
+            return None

@@ -1,0 +1,157 @@
+"""One model as the daemon serves it: its engine, slots, state layer and engine loop,
+behind a narrow surface.
+
+    server = ModelServer(engine, chat_format, ctx, slots, state, gate, metrics, ...)
+    nursery.start_soon(server.run)                # the engine loop, for the daemon's life
+    prepared = await server.prepare(request, api) # refusals raised before any byte is sent
+    async with server.generate(prepared) as events:   # Overloaded when the queue is full
+        async for event in events: ...            # leaving the block cancels the request
+    server.count_tokens(request)                  # blocking
+
+Several models each get their own ModelServer; they share one ComputeGate, so their
+engines never compute at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Protocol
+
+import trio
+
+from ds4d.chat.errors import ContextExceeded
+from ds4d.chat.formats import ChatFormat
+from ds4d.chat.types import ChatRequest, Event
+from ds4d.engine.engine import Engine, Session
+from ds4d.serving.chunking import ChunkSizer
+from ds4d.serving.decoding import Decoding, OutputSink
+from ds4d.serving.gate import ComputeGate
+from ds4d.serving.loop import EngineLoop
+from ds4d.serving.prompt import Prepared, PromptPreparer
+from ds4d.serving.slots import SlotPool
+from ds4d.state.service import StateService
+from ds4d.state.slots import Slot
+from ds4d.state.trace import GenerationRecord
+
+log = logging.getLogger("ds4d.generation")
+
+
+class ServingMetrics(Protocol):
+    """The counters serving feeds (ds4d.daemon.metrics.Metrics)."""
+
+    def account(self, record: GenerationRecord) -> None: ...
+
+    def count_decode_batch(self, size: int) -> None: ...
+
+    def count_prefill_chunk(self) -> None: ...
+
+    def observe_ttft(self, seconds: float) -> None: ...
+
+    def count_rejected(self, reason: str) -> None: ...
+
+
+class ModelServer:
+    def __init__(
+        self,
+        engine: Engine,
+        chat_format: ChatFormat,
+        ctx: int,
+        slots: list[Slot],
+        state: StateService,
+        gate: ComputeGate,
+        metrics: ServingMetrics,
+        *,
+        completion_slots: int = 0,
+        queue_size: int = 16,
+        chunk_target_s: float | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        """`clock` times engine work (chunk sizes, the decode credit)."""
+        self.engine = engine
+        self.ctx = ctx
+        self.state = state
+        self.metrics = metrics
+        self.chat_format = chat_format
+        self.pool = SlotPool(slots, completion_slots)
+        self.prompts = PromptPreparer(engine.tokenizer, engine.info.n_vocab, chat_format, ctx,
+                                      state)  # fmt: skip
+        sizer = ChunkSizer() if chunk_target_s is None else ChunkSizer(target_s=chunk_target_s)
+        self.loop = EngineLoop(engine, self.pool, gate, self, kv=state.kv, sizer=sizer,
+                               queue_size=queue_size, clock=clock)  # fmt: skip
+        self._sink = OutputSink(state.record_output, state.remember_tool_call,
+                                metrics.observe_ttft)  # fmt: skip
+
+    # -- the daemon's surface --------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The engine loop (until cancelled)."""
+        await self.loop.run(task_status=task_status)
+
+    async def prepare(self, req: ChatRequest, api: str, param: str = "messages") -> Prepared:
+        try:
+            return await self.prompts.prepare(req, api, param)
+        except ContextExceeded:
+            self.metrics.count_rejected("context_length_exceeded")
+            raise
+
+    def count_tokens(self, req: ChatRequest) -> int:
+        return self.prompts.count_tokens(req)
+
+    @asynccontextmanager
+    async def generate(self, prepared: Prepared) -> AsyncIterator[trio.MemoryReceiveChannel[Event]]:
+        """The request's events; leaving the block before the end cancels it."""
+        work, events = self.loop.submit(prepared)
+        try:
+            yield events
+        finally:
+            self.loop.cancel(work)
+            events.close()
+
+    @property
+    def busy(self) -> int:
+        return self.pool.busy
+
+    @property
+    def waiting(self) -> int:
+        return self.loop.waiting
+
+    # -- what the loop asks (LoopHooks) ----------------------------------------------------
+
+    def decoding(self, prepared: Prepared, session: Session, room: int) -> Decoding:
+        req = prepared.request
+        return Decoding(req, session, self.engine.tokenizer, self.chat_format.decode(req),
+                        prepared.record, self._sink, arrived=prepared.arrived, room=room,
+                        vocab=prepared.vocab, forced=prepared.forced)  # fmt: skip
+
+    def prefill_chunk(self) -> None:
+        self.metrics.count_prefill_chunk()
+
+    def decode_batch(self, size: int) -> None:
+        self.metrics.count_decode_batch(size)
+
+    def finished(self, prepared: Prepared, slot: Slot) -> None:
+        r = prepared.record
+        # One record feeds the log line, /metrics and the trace: they cannot disagree.
+        self.metrics.account(r)
+        if r.malformed_call:
+            log.warning("slot %d: %s", slot.index, r.malformed_call)
+        log.info(
+            "%s slot %d: prompt %d tokens (%d cached, %s), prefill %d tokens in "
+            "%.2fs, %d generated in %.2fs, finish %s",
+            r.api,
+            slot.index,
+            r.prompt_tokens,
+            r.cached_tokens,
+            r.cache_source,
+            r.prefilled_tokens,
+            r.prefill_s,
+            r.generated_tokens,
+            r.decode_s,
+            r.finish,
+        )
+
+    def trace(self, prepared: Prepared) -> None:
+        self.state.trace_finished(prepared.record, prepared.text)

@@ -1,0 +1,68 @@
+"""The slot pool of one model: which idle slot a prompt goes to, and the slot classes.
+
+A prompt goes to the idle slot whose tokens share the longest prefix with it, else to the
+least recently used one. Slots come in two classes: completion-priority requests (an
+editor's inline completions) use their own few slots (`completion_slots`) and everything
+else the rest, so a completion never throws away an agent's KV and an agent never throws
+away the completion's. With no completion slots, every request uses every slot."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from ds4d.chat.types import Priority
+from ds4d.state.matching import common_prefix
+from ds4d.state.slots import Slot
+
+
+class SlotPool:
+    def __init__(self, slots: list[Slot], completion_slots: int = 0) -> None:
+        if not 0 <= completion_slots < len(slots):
+            raise ValueError(
+                f"completion_slots must leave at least one slot for the rest: "
+                f"{completion_slots} of {len(slots)}"
+            )
+        self.slots = slots
+        # the last `completion_slots` slots are the completions'
+        self.completion = {s.index for s in slots[len(slots) - completion_slots :]}
+
+    @property
+    def busy(self) -> int:
+        return sum(s.busy for s in self.slots)
+
+    def slot_class(self, priority: Priority) -> list[Slot]:
+        """The slots a request of this priority may use."""
+        if not self.completion:
+            return self.slots
+        mine = priority == "completion"
+        return [s for s in self.slots if (s.index in self.completion) == mine]
+
+    def idle(self, priority: Priority) -> int:
+        return sum(not s.busy for s in self.slot_class(priority))
+
+    def best_idle(self, prompt: Sequence[int], priority: Priority = "chat") -> Slot | None:
+        idle = [s for s in self.slot_class(priority) if not s.busy]
+        if not idle:
+            return None
+        shared = [(common_prefix(s.tokens, prompt), s) for s in idle]
+        best_len, best = max(shared, key=lambda p: p[0])
+        # Every prompt of a chat template shares its fixed preamble with every slot, so a
+        # short shared head would send unrelated conversations onto one slot, destroying
+        # each other's state while other slots sit idle. Reuse a slot only when the match
+        # keeps at least half of what it holds; else take the least recently used one.
+        if best_len > 0 and 2 * best_len >= len(best.tokens):
+            return best
+        return min(idle, key=lambda s: s.last_used)
+
+    def take(self, prompt: Sequence[int], priority: Priority = "chat") -> Slot | None:
+        """The idle slot for this prompt, now busy; None when its class has none idle."""
+        slot = self.best_idle(prompt, priority)
+        if slot is not None:
+            slot.busy = True
+            slot.requests += 1
+        return slot
+
+    def release(self, slot: Slot) -> None:
+        slot.last_used = time.monotonic()
+        slot.busy = False

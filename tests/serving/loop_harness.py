@@ -1,0 +1,122 @@
+"""A model server on the fake compute (tests/serving/fake_engine.py), and what the loop
+tests do with it: prompts of a given length, requests, reading a request's events with
+the engine time each one arrived at."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import trio
+
+from ds4d.chat.formats import chat_format_for
+from ds4d.chat.types import ChatRequest, Event, Finish, Priority, Sampling, TextDelta
+from ds4d.daemon.metrics import Metrics
+from ds4d.engine.engine import Engine
+from ds4d.serving.gate import ComputeGate
+from ds4d.serving.model import ModelServer
+from ds4d.serving.prompt import Prepared
+from ds4d.state.service import StateService
+from ds4d.state.slots import Slot
+from tests.serving.fake_engine import FakeCompute, fake_engine
+
+
+def make_server(real: Engine, compute: FakeCompute, *, slots: int = 2, completion_slots: int = 0,
+                ctx: int = 8192, queue_size: int = 4, gate: ComputeGate | None = None,
+                target_s: float = 0.25) -> ModelServer:  # fmt: skip
+    engine = fake_engine(real, compute)
+    sessions = [Slot(i, engine.new_session(ctx), ctx) for i in range(slots)]
+    state = StateService.create(tokenizer=engine.tokenizer, fingerprint="fake", ctx=ctx,
+                                kv_dir=None)  # fmt: skip
+    return ModelServer(engine, chat_format_for(engine, ctx), ctx, sessions, state,
+                       gate if gate is not None else ComputeGate(), Metrics(),
+                       completion_slots=completion_slots, queue_size=queue_size,
+                       chunk_target_s=target_s, clock=compute.clock)  # fmt: skip
+
+
+def prompt(n: int, start: int, compute: FakeCompute) -> list[int]:
+    """n ordinary tokens, distinct for each `start` (a conversation of its own)."""
+    words = compute.text_tokens
+    return [words[(start + i * (start + 1)) % len(words)] for i in range(n)]
+
+
+def request(ids: list[int], max_tokens: int, priority: Priority = "chat",
+            key: str | None = None) -> ChatRequest:  # fmt: skip
+    return ChatRequest(messages=[], prompt_ids=ids, raw_prompt="", max_tokens=max_tokens,
+                       priority=priority, supersede_key=key,
+                       sampling=Sampling(temperature=0))  # fmt: skip
+
+
+@dataclass
+class Reading:
+    """A request's events, each with the engine time it was handed out at."""
+
+    events: list[tuple[float, Event]] = field(default_factory=list)
+    submitted_at: float = 0.0
+    slot: int | None = None
+    channel: list[trio.MemoryReceiveChannel[Event]] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "".join(e.text for _, e in self.events if isinstance(e, TextDelta))
+
+    @property
+    def first_token_at(self) -> float | None:
+        return next((t for t, e in self.events if isinstance(e, TextDelta)), None)
+
+    @property
+    def finish(self) -> Finish | None:
+        return next((e for _, e in self.events if isinstance(e, Finish)), None)
+
+    def tokens(self) -> int:
+        return sum(isinstance(e, TextDelta) for _, e in self.events)
+
+
+async def read(server: ModelServer, req: ChatRequest, compute: FakeCompute, into: Reading,
+               stop_after: int | None = None) -> None:  # fmt: skip
+    """Run `req`, keeping its events in `into`; leave (cancel it) after `stop_after` tokens."""
+    prepared = await server.prepare(req, "completions", "prompt")
+    into.submitted_at = compute.clock.now
+    async with server.generate(prepared) as events:
+        async for ev in events:
+            into.events.append((compute.clock.now, ev))
+            into.slot = prepared.record.slot
+            if stop_after is not None and into.tokens() >= stop_after:
+                return
+
+
+async def read_events(events: trio.MemoryReceiveChannel[Event], compute: FakeCompute,
+                      into: Reading) -> None:  # fmt: skip
+    """Read a request submitted with `server.loop.submit` to its end."""
+    async with events:
+        async for ev in events:
+            into.events.append((compute.clock.now, ev))
+
+
+def submit_at_pass(server: ModelServer, compute: FakeCompute, n: int, prepared: Prepared,
+                   into: Reading) -> trio.Event:  # fmt: skip
+    """Submit `prepared` from inside the engine's n-th pass (so while it computes: the
+    loop cannot have moved on); the returned event is set once it is submitted, and its
+    channel is `into.channel[0]`."""
+    token = trio.lowlevel.current_trio_token()
+    submitted = trio.Event()
+    into.channel = []
+
+    def submit() -> None:
+        into.submitted_at = compute.clock.now
+        into.channel.append(server.loop.submit(prepared)[1])
+        submitted.set()
+
+    def on_pass(p: object) -> None:
+        if len(compute.passes) == n:
+            trio.from_thread.run_sync(submit, trio_token=token)
+
+    compute.on_pass = on_pass
+    return submitted
+
+
+async def with_server(server: ModelServer, body: object) -> None:
+    """Run the server's loop while `body()` runs, then stop it."""
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        await body()  # type: ignore[operator]
+        nursery.cancel_scope.cancel()
