@@ -101,12 +101,14 @@ static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64
     }
 DS4N_INT_REF(q8_0, DS4N_Q8_0)
 DS4N_INT_REF(q4_0, DS4N_Q4_0)
+DS4N_INT_REF(q4_1, DS4N_Q4_1)
 DS4N_INT_REF(q4_K, DS4N_Q4_K)
 DS4N_INT_REF(q6_K, DS4N_Q6_K)
 
 static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
     [DS4N_Q8_0] = int_ref_q8_0,
     [DS4N_Q4_0] = int_ref_q4_0,
+    [DS4N_Q4_1] = int_ref_q4_1,
     [DS4N_Q4_K] = int_ref_q4_K,
     [DS4N_Q6_K] = int_ref_q6_K,
 };

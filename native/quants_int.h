@@ -8,8 +8,9 @@
  * up to the last limb's rounding: about 15 bits of the block's largest value with two limbs,
  * 22 with three (llama.cpp keeps 8).
  *
- * Weights keep their integer codes (unsigned, with the type's bias: Q8_0's w + 128, Q4_0's
- * nibble, Q4_K's nibble, Q6_K's 6-bit value), and the dot products run on integer units.
+ * Weights keep their integer codes (unsigned, with the type's bias: Q8_0's w + 128, the
+ * nibbles of Q4_0, Q4_1 and Q4_K, Q6_K's 6-bit value), and the dot products run on integer
+ * units.
  *
  * The arithmetic is defined once, here, so that every SIMD level gives bitwise the scalar
  * result, and a token's result does not depend on which other tokens share the call:
@@ -21,7 +22,7 @@
  *  - acc[l] = fma(f, ws·xs, acc[l]) with ws the weight scale of the lane's block (Q6_K: of
  *    its 16-group) and xs = 2^(e-7) the activation scale, ws·xs rounded once;
  *  - the bias and Q4_K's min go per block: accm[b] = fma(mb·xs, bsum, accm[b]), mb the
- *    block's bias·scale or min, bsum the block's Σ (l0·2^7 + l1 + l2·2^-7) rounded once
+ *    block's bias·scale or min (Q4_1: -m), bsum the block's Σ (l0·2^7 + l1 + l2·2^-7) rounded once
  *    (Q6_K: per 16-group, its two halves in turn);
  *  - y = tree(acc[0..16)) - tree(accm[0..8)), tree adding halves pairwise (i + n/2).
  * A block holding a NaN or infinity gets xs = NaN, so the row's result is NaN, as the float
@@ -82,6 +83,13 @@ static inline void ds4n_int_scales(int type, const uint8_t *row, int64_t b0, int
     g->n = n;
     g->per16 = 0;
     switch (type) {
+    case DS4N_Q4_1: /* y = d·c + m: the min goes with the block sums, as Q4_K's (negated) */
+        for (int b = 0; b < n; b++) {
+            const block_q4_1 *p = (const block_q4_1 *)row + b0 + b;
+            g->ws[b] = ds4n_f16_to_f32(p->d);
+            g->mb[b] = -ds4n_f16_to_f32(p->m);
+        }
+        break;
     case DS4N_Q8_0:
     case DS4N_Q4_0:
         for (int b = 0; b < n; b++) {
@@ -128,11 +136,13 @@ static inline void ds4n_int_unpack(int type, const uint8_t *row, int64_t b0, int
         }
         break;
     case DS4N_Q4_0:
+    case DS4N_Q4_1:
         for (int b = 0; b < n; b++) {
-            const block_q4_0 *p = (const block_q4_0 *)row + b0 + b;
+            const uint8_t *qs = type == DS4N_Q4_0 ? ((const block_q4_0 *)row + b0 + b)->qs
+                                                  : ((const block_q4_1 *)row + b0 + b)->qs;
             for (int j = 0; j < QK / 2; j++) {
-                g->c[32 * b + j] = p->qs[j] & 0x0f;
-                g->c[32 * b + j + 16] = p->qs[j] >> 4;
+                g->c[32 * b + j] = qs[j] & 0x0f;
+                g->c[32 * b + j + 16] = qs[j] >> 4;
             }
         }
         break;
@@ -204,6 +214,7 @@ static inline int64_t ds4n_int_group_bytes(int type) {
     switch (type) {
     case DS4N_Q8_0: return 8 * (int64_t)sizeof(block_q8_0);
     case DS4N_Q4_0: return 8 * (int64_t)sizeof(block_q4_0);
+    case DS4N_Q4_1: return 8 * (int64_t)sizeof(block_q4_1);
     case DS4N_Q4_K: return sizeof(block_q4_K);
     default: return sizeof(block_q6_K);
     }

@@ -20,10 +20,12 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i) {
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 */
     }
-    case DS4N_Q4_0: {
-        const block_q4_0 *p = (const block_q4_0 *)grp + 2 * i;
-        const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p[0].qs));
-        const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p[1].qs));
+    case DS4N_Q4_0:
+    case DS4N_Q4_1: {
+        const int64_t bb = type == DS4N_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
+        const uint8_t *p = grp + 2 * i * bb + (type == DS4N_Q4_0 ? 2 : 4); /* the qs */
+        const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+        const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + bb)));
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         /* 128-bit lanes: low nibbles of each block, then its high nibbles */
         return _mm512_and_si512(_mm512_mask_blend_epi64(0xcc, z, _mm512_srli_epi16(z, 4)), nib);
@@ -53,6 +55,14 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i) {
  * once each), in vectors: 8 slots (16 for Q6_K's 16-groups). */
 DS4N_INLINE void group_scales(int type, const uint8_t *grp, __m512 *ws, __m512 *mb) {
     switch (type) {
+    case DS4N_Q4_1: {
+        uint16_t d[8], m[8];
+        for (int b = 0; b < 8; b++) memcpy(&d[b], grp + b * 20, 2), memcpy(&m[b], grp + b * 20 + 2, 2);
+        *ws = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d)));
+        *mb = _mm512_castps256_ps512(_mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
+                                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m))));
+        break;
+    }
     case DS4N_Q8_0:
     case DS4N_Q4_0: {
         const int64_t bb = type == DS4N_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
@@ -177,12 +187,14 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
 _Static_assert(DS4N_SMALL_T == 8, "INT_KERNEL covers 1..8 tokens");
 INT_KERNEL(q8_0, DS4N_Q8_0)
 INT_KERNEL(q4_0, DS4N_Q4_0)
+INT_KERNEL(q4_1, DS4N_Q4_1)
 INT_KERNEL(q4_K, DS4N_Q4_K)
 INT_KERNEL(q6_K, DS4N_Q6_K)
 
 const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS] = {
     [DS4N_Q8_0] = int_q8_0,
     [DS4N_Q4_0] = int_q4_0,
+    [DS4N_Q4_1] = int_q4_1,
     [DS4N_Q4_K] = int_q4_K,
     [DS4N_Q6_K] = int_q6_K,
 };

@@ -13,7 +13,7 @@ import pytest
 from ds4d.engine import native
 from tests.test_kernels import LEVELS, random_weights, reference
 
-INT_TYPES = ["Q8_0", "Q4_0", "Q4_K", "Q6_K"]
+INT_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
 PRECISIONS = ["int2", "int3"]
 
 
@@ -42,14 +42,14 @@ def activations(rng: np.random.Generator, T: int, K: int) -> np.ndarray:
 
 
 def test_types_with_integer_kernels() -> None:
-    assert [t for t in ("Q8_0", "Q4_0", "Q4_K", "Q6_K", "Q5_K", "F32") if native.int_type_supported(t)] == INT_TYPES
+    assert [t for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "F32") if native.int_type_supported(t)] == INT_TYPES
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("qtype", INT_TYPES)
 def test_every_simd_level_is_bitwise_the_scalar_reference(qtype: str, precision: str, pool: native.Pool) -> None:
     rng = np.random.default_rng(1)
-    rows, K = 19, 512 + (32 * 3 if qtype in ("Q8_0", "Q4_0") else 0)  # a partial group
+    rows, K = 19, 512 + (32 * 3 if qtype in ("Q8_0", "Q4_0", "Q4_1") else 0)  # a partial group
     raw = random_weights(qtype, rows, K, rng)
     for T in (1, 4, 21):
         X = activations(rng, T, K)
