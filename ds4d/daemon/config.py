@@ -111,7 +111,7 @@ class Config:
         "exact",
         "matmul precision: exact (float32 activations), int2 or int3 (activations split into "
         "2 or 3 int8 limbs per 32 values for integer dot products, ~15 or ~22 bits; "
-        "Q8_0, Q4_0, Q4_K and Q6_K weights, others stay exact)",
+        "Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights, others stay exact)",
         choices=PRECISIONS,
     )
     weights: str = _key(
