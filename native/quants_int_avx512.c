@@ -9,14 +9,17 @@
 #include "quants_int.h"
 #include "quants_simd.h"
 
-/* Codes of pair i (blocks 2i, 2i+1) of the group at grp, as 64 unsigned bytes in value order. */
-DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i) {
+/* Codes of pair i (blocks 2i, 2i+1) of the group at grp, as 64 unsigned bytes in value order;
+ * with one = 1 only block 2i exists (the last of a row of the 32-block types) and the high
+ * half is zero. */
+DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i, int one) {
     const __m512i nib = _mm512_set1_epi8(0x0f);
     switch (type) {
     case DS4N_Q8_0: {
         const block_q8_0 *p = (const block_q8_0 *)grp + 2 * i;
         const __m256i a = _mm256_loadu_si256((const __m256i *)p[0].qs);
-        const __m256i b = _mm256_loadu_si256((const __m256i *)p[1].qs);
+        const __m256i b = one ? _mm256_set1_epi8((char)0x80)
+                              : _mm256_loadu_si256((const __m256i *)p[1].qs);
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 */
     }
@@ -25,7 +28,8 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i) {
         const int64_t bb = type == DS4N_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
         const uint8_t *p = grp + 2 * i * bb + (type == DS4N_Q4_0 ? 2 : 4); /* the qs */
         const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
-        const __m256i b = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + bb)));
+        const __m256i b = one ? _mm256_setzero_si256()
+                              : _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + bb)));
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         /* 128-bit lanes: low nibbles of each block, then its high nibbles */
         return _mm512_and_si512(_mm512_mask_blend_epi64(0xcc, z, _mm512_srli_epi16(z, 4)), nib);
@@ -51,13 +55,13 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i) {
     }
 }
 
-/* ws and mb of a full group, as ds4n_int_scales computes them (the same products, rounded
- * once each), in vectors: 8 slots (16 for Q6_K's 16-groups). */
-DS4N_INLINE void group_scales(int type, const uint8_t *grp, __m512 *ws, __m512 *mb) {
+/* ws and mb of a group of n blocks, as ds4n_int_scales computes them (the same products,
+ * rounded once each), in vectors: 8 slots (16 for Q6_K's 16-groups), zero past n. */
+DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, __m512 *mb) {
     switch (type) {
     case DS4N_Q4_1: {
-        uint16_t d[8], m[8];
-        for (int b = 0; b < 8; b++) memcpy(&d[b], grp + b * 20, 2), memcpy(&m[b], grp + b * 20 + 2, 2);
+        uint16_t d[8] = {0}, m[8] = {0};
+        for (int b = 0; b < n; b++) memcpy(&d[b], grp + b * 20, 2), memcpy(&m[b], grp + b * 20 + 2, 2);
         *ws = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d)));
         *mb = _mm512_castps256_ps512(_mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
                                                    _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m))));
@@ -66,8 +70,8 @@ DS4N_INLINE void group_scales(int type, const uint8_t *grp, __m512 *ws, __m512 *
     case DS4N_Q8_0:
     case DS4N_Q4_0: {
         const int64_t bb = type == DS4N_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
-        uint16_t d[8];
-        for (int b = 0; b < 8; b++) memcpy(&d[b], grp + b * bb, 2);
+        uint16_t d[8] = {0};
+        for (int b = 0; b < n; b++) memcpy(&d[b], grp + b * bb, 2);
         const __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
         *ws = _mm512_castps256_ps512(w);
         *mb = _mm512_castps256_ps512(_mm256_mul_ps(w, _mm256_set1_ps(type == DS4N_Q8_0 ? 128.0f : 8.0f)));
@@ -111,23 +115,27 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
     const __m512i even = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
     const __m512 third = _mm512_set1_ps(0x1p-7f);
-    struct ds4n_int_group g = {0};
-    const int64_t full = nb / 8;
-    for (int64_t gi = 0; gi < full; gi++) {
+    for (int64_t gi = 0; gi * 8 < nb; gi++) {
         const uint8_t *grp = w + gi * gb;
+        /* n < 8 only in the last group of a 32-block type: its pairs past n are skipped, a
+         * lone last block takes the low 8 lanes, the block sums the first n */
+        const int n = nb - gi * 8 < 8 ? (int)(nb - gi * 8) : 8, pairs = (n + 1) / 2;
+        const __mmask16 last = n % 2 ? 0x00ff : 0xffff;
+        const __mmask8 blocks = (__mmask8)((1u << n) - 1);
+        const __mmask64 lastq = n % 2 ? 0xffffffffull : ~0ull;
         __m512i c[4];
         __m512i slot[4];
-        for (int i = 0; i < 4; i++) {
-            c[i] = pair_codes(type, grp, i);
+        for (int i = 0; i < pairs; i++) {
+            c[i] = pair_codes(type, grp, i, 2 * i + 1 == n);
             slot[i] = per16 ? _mm512_add_epi32(slot16, _mm512_set1_epi32(4 * i))
                             : _mm512_add_epi32(slot8, _mm512_set1_epi32(2 * i));
         }
         __m512 ws16, mb16; /* (8 slots in the low half unless per16) */
-        group_scales(type, grp, &ws16, &mb16);
+        group_scales(type, grp, n, &ws16, &mb16);
         for (int t = 0; t < T; t++) {
             const int64_t tt = t0 + t;
             const int8_t *q = xq->q + tt * L * K + gi * DS4N_INT_GROUP;
-            const __m256 xs8 = _mm256_loadu_ps(xq->xs + tt * nb + gi * 8);
+            const __m256 xs8 = _mm256_maskz_loadu_ps(blocks, xq->xs + tt * nb + gi * 8);
             __m512 S, M;
             if (per16) {
                 const __m512 xs16 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(xs8));
@@ -137,18 +145,20 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
                 S = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(ws16), xs8));
                 M = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(mb16), xs8));
             }
-            for (int i = 0; i < 4; i++) {
-                const __m512i a0 = _mm512_loadu_si512(q + 64 * i);
-                const __m512i a1 = _mm512_loadu_si512(q + K + 64 * i);
+            for (int i = 0; i < pairs; i++) {
+                const __mmask64 lq = i + 1 == pairs ? lastq : ~0ull;
+                const __m512i a0 = _mm512_maskz_loadu_epi8(lq, q + 64 * i);
+                const __m512i a1 = _mm512_maskz_loadu_epi8(lq, q + K + 64 * i);
                 const __m512i l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[i], a0);
                 const __m512i h = _mm512_dpbusd_epi32(_mm512_slli_epi32(l0, 7), c[i], a1);
                 __m512 f = _mm512_cvtepi32_ps(h);
                 if (L == 3) {
-                    const __m512i a2 = _mm512_loadu_si512(q + 2 * K + 64 * i);
+                    const __m512i a2 = _mm512_maskz_loadu_epi8(lq, q + 2 * K + 64 * i);
                     const __m512i l2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[i], a2);
                     f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l2), third, f);
                 }
-                acc[t] = _mm512_fmadd_ps(f, _mm512_permutexvar_ps(slot[i], S), acc[t]);
+                acc[t] = _mm512_mask3_fmadd_ps(f, _mm512_permutexvar_ps(slot[i], S), acc[t],
+                                               i + 1 == pairs ? last : 0xffff);
             }
             if (per16) {
                 const __m512 hs = _mm512_loadu_ps(xq->hsum + tt * 2 * nb + gi * 16);
@@ -159,17 +169,14 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
                                           _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, hs)),
                                           accm[t]);
             } else {
-                accm[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(M),
-                                          _mm256_loadu_ps(xq->bsum + tt * nb + gi * 8), accm[t]);
+                accm[t] = _mm256_mask3_fmadd_ps(
+                    _mm512_castps512_ps256(M),
+                    _mm256_maskz_loadu_ps(blocks, xq->bsum + tt * nb + gi * 8), accm[t], blocks);
             }
         }
     }
     float a[DS4N_SMALL_T][16], am[DS4N_SMALL_T][8];
     for (int t = 0; t < T; t++) _mm512_storeu_ps(a[t], acc[t]), _mm256_storeu_ps(am[t], accm[t]);
-    if (full * 8 < nb) { /* a last, partial group (Q8_0, Q4_0): the reference's steps */
-        ds4n_int_unpack(type, w, full * 8, (int)(nb - full * 8), &g);
-        for (int t = 0; t < T; t++) ds4n_int_group_ref(&g, xq, t0 + t, full * 8, a[t], am[t]);
-    }
     for (int t = 0; t < T; t++) y[t * ldy] = ds4n_int_finish(a[t], am[t]);
 }
 
