@@ -1,9 +1,9 @@
 /* The integer-activation path: activation splitting, the scalar (reference) kernels, and the
  * choice of kernels per SIMD level. The arithmetic is defined in quants_int.h. */
-#include <float.h>
-#include <math.h>
-
 #include "quants_int.h"
+
+typedef void (*quantize_fn)(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+static quantize_fn active_quantize;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
@@ -25,59 +25,10 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int64_t K, int64_t T
     xq->hsum = (float *)p;
 }
 
-/* rint for |v| < 2^22, in the default rounding mode (ties to even), without a libm call. */
-static inline float round_small(float v) { return (v + 0x1.8p23f) - 0x1.8p23f; }
-
-/* Blocks whose largest magnitude is below this count as zero (their scale would leave the
- * float range a few steps on); no activation of a working model comes near it. */
-#define TINY 0x1p-100f
-
-static void quantize_block(const float *x, int L, int8_t *q, int64_t K, float *xs, float *bsum,
-                           float *hsum) {
-    float amax = 0.0f;
-    int finite = 1;
-    for (int j = 0; j < QK; j++) {
-        const float a = fabsf(x[j]);
-        finite &= a <= FLT_MAX; /* false for inf and NaN */
-        amax = a > amax ? a : amax;
-    }
-    if (!finite || amax < TINY) {
-        for (int k = 0; k < L; k++) memset(q + k * K, 0, QK);
-        *xs = finite ? 0.0f : NAN;
-        *bsum = hsum[0] = hsum[1] = 0.0f;
-        return;
-    }
-    int E;
-    frexpf(amax, &E);
-    int e = E - 7; /* amax / 2^e in [64, 128) */
-    float inv = ldexpf(1.0f, -e);
-    if (round_small(amax * inv) > 127.0f) e++, inv *= 0.5f;
-    int32_t I[DS4N_LIMBS_MAX][2] = {{0, 0}, {0, 0}, {0, 0}};
-    for (int j = 0; j < QK; j++) {
-        float v = x[j] * inv; /* exact: a power-of-two scaling */
-        for (int k = 0; k < L; k++) {
-            const float l = round_small(v);
-            q[k * K + j] = (int8_t)l;
-            I[k][j / 16] += (int32_t)l;
-            v = (v - l) * 128.0f; /* exact: |v - l| <= 1/2 */
-        }
-    }
-    double h[2];
-    for (int i = 0; i < 2; i++) {
-        h[i] = (double)(I[0][i] * 128 + I[1][i]) + (L == 3 ? I[2][i] / 128.0 : 0.0);
-        hsum[i] = (float)h[i];
-    }
-    *bsum = (float)(h[0] + h[1]);
-    *xs = ldexpf(1.0f, e - 7);
-}
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar)
 
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
-    const int L = xq->limbs;
-    for (int64_t t = t0; t < t1; t++)
-        for (int64_t b = 0; b < xq->nb; b++)
-            quantize_block(X + t * xq->K + b * QK, L, xq->q + t * L * xq->K + b * QK, xq->K,
-                           xq->xs + t * xq->nb + b, xq->bsum + t * xq->nb + b,
-                           xq->hsum + t * 2 * xq->nb + 2 * b);
+    active_quantize(xq, X, t0, t1);
 }
 
 /* ---- scalar kernels ------------------------------------------------------------------------ */
@@ -126,7 +77,9 @@ static int cpu_has_vnni(void) {
 
 void ds4n_int_select(int level) {
     const ds4n_int_fn *own = NULL;
+    active_quantize = xq_quantize_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
+    if (level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) active_quantize = ds4n_xq_quantize_avx512;
     if ((level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) && cpu_has_vnni())
         own = ds4n_int_avx512;
 #endif

@@ -30,6 +30,7 @@
 #ifndef DS4N_QUANTS_INT_H
 #define DS4N_QUANTS_INT_H
 
+#include <float.h>
 #include <math.h>
 
 #include "quants.h"
@@ -53,6 +54,74 @@ size_t ds4n_xq_bytes(int limbs, int64_t K, int64_t T);
 void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int64_t K, int64_t T);
 /* Splits tokens [t0, t1) of X (row stride K) into xq. */
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+
+/* 2^k for a k of the normal range (-126 .. 127). */
+static inline float ds4n_pow2f(int k) {
+    const uint32_t bits = (uint32_t)(k + 127) << 23;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* rint for |v| < 2^22, in the default rounding mode (ties to even), without a libm call. */
+static inline float ds4n_round_small(float v) { return (v + 0x1.8p23f) - 0x1.8p23f; }
+
+/* Blocks whose largest magnitude is below this count as zero (their scale would leave the
+ * float range a few steps on); no activation of a working model comes near it. */
+#define DS4N_INT_TINY 0x1p-100f
+
+static inline void ds4n_int_quantize_block(const float *x, int L, int8_t *q, int64_t K, float *xs, float *bsum,
+                           float *hsum) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < QK; j++) {
+        const float a = fabsf(x[j]);
+        finite &= a <= FLT_MAX; /* false for inf and NaN */
+        amax = a > amax ? a : amax;
+    }
+    if (!finite || amax < DS4N_INT_TINY) {
+        for (int k = 0; k < L; k++) memset(q + k * K, 0, QK);
+        *xs = finite ? 0.0f : NAN;
+        *bsum = hsum[0] = hsum[1] = 0.0f;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &amax, 4);
+    int e = (int)(bits >> 23) - 133; /* amax / 2^e in [64, 128): amax is normal (>= DS4N_INT_TINY) */
+    float inv = ds4n_pow2f(-e);
+    if (ds4n_round_small(amax * inv) > 127.0f) e++, inv *= 0.5f;
+    int32_t I[DS4N_LIMBS_MAX][2] = {{0, 0}, {0, 0}, {0, 0}};
+    for (int j = 0; j < QK; j++) {
+        float v = x[j] * inv; /* exact: a power-of-two scaling */
+        for (int k = 0; k < L; k++) {
+            const float l = ds4n_round_small(v);
+            q[k * K + j] = (int8_t)l;
+            I[k][j / 16] += (int32_t)l;
+            v = (v - l) * 128.0f; /* exact: |v - l| <= 1/2 */
+        }
+    }
+    double h[2];
+    for (int i = 0; i < 2; i++) {
+        h[i] = (double)(I[0][i] * 128 + I[1][i]) + (L == 3 ? I[2][i] / 128.0 : 0.0);
+        hsum[i] = (float)h[i];
+    }
+    *bsum = (float)(h[0] + h[1]);
+    *xs = ds4n_pow2f(e - 7);
+}
+
+
+/* A quantizer over ds4n_int_quantize_block, compiled in each SIMD file with its flags (the
+ * steps are exact or correctly rounded, so every build gives the same limbs). */
+#define DS4N_INT_DEFINE_QUANTIZE(fname)                                                        \
+    void fname(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {                   \
+        const int L = xq->limbs;                                                               \
+        for (int64_t t = t0; t < t1; t++)                                                      \
+            for (int64_t b = 0; b < xq->nb; b++)                                               \
+                ds4n_int_quantize_block(X + t * xq->K + b * QK, L, xq->q + t * L * xq->K + b * QK, \
+                                        xq->K, xq->xs + t * xq->nb + b,                        \
+                                        xq->bsum + t * xq->nb + b,                             \
+                                        xq->hsum + t * 2 * xq->nb + 2 * b);                    \
+    }
 
 /* One weight row against tokens [t0, t0 + T) of xq (T in 1..DS4N_SMALL_T): y[t*ldy]. */
 typedef void (*ds4n_int_fn)(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y,
@@ -223,6 +292,7 @@ static inline int64_t ds4n_int_group_bytes(int type) {
 #if defined(__x86_64__) || defined(_M_X64)
 /* The AVX-512 VNNI kernels (NULL entries: none); usable when ds4n_cpu_has_vnni(). */
 extern const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS];
+void ds4n_xq_quantize_avx512(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
 #endif
 
 #endif

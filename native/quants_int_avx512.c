@@ -60,19 +60,26 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i, int one) {
 DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, __m512 *mb) {
     switch (type) {
     case DS4N_Q4_1: {
-        uint16_t d[8] = {0}, m[8] = {0};
-        for (int b = 0; b < n; b++) memcpy(&d[b], grp + b * 20, 2), memcpy(&m[b], grp + b * 20 + 2, 2);
-        *ws = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d)));
+        /* d and m of each block in one 32-bit gather (blocks past n: zero) */
+        const __m256i dm = _mm256_mmask_i32gather_epi32(
+            _mm256_setzero_si256(), (__mmask8)((1u << n) - 1),
+            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(20)),
+            grp, 1);
+        *ws = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)));
         *mb = _mm512_castps256_ps512(_mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
-                                                   _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)m))));
+                                                   _mm256_cvtph_ps(_mm256_cvtepi32_epi16(
+                                                       _mm256_srli_epi32(dm, 16)))));
         break;
     }
     case DS4N_Q8_0:
     case DS4N_Q4_0: {
-        const int64_t bb = type == DS4N_Q8_0 ? sizeof(block_q8_0) : sizeof(block_q4_0);
-        uint16_t d[8] = {0};
-        for (int b = 0; b < n; b++) memcpy(&d[b], grp + b * bb, 2);
-        const __m256 w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)d));
+        const int bb = type == DS4N_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+        /* d (and the next 2 bytes) of each block in one gather: loads, no store forwarding */
+        const __m256i d = _mm256_mmask_i32gather_epi32(
+            _mm256_setzero_si256(), (__mmask8)((1u << n) - 1),
+            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb)),
+            grp, 1);
+        const __m256 w = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d));
         *ws = _mm512_castps256_ps512(w);
         *mb = _mm512_castps256_ps512(_mm256_mul_ps(w, _mm256_set1_ps(type == DS4N_Q8_0 ? 128.0f : 8.0f)));
         break;
@@ -98,6 +105,18 @@ DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, _
         *mb = _mm512_mul_ps(*ws, _mm512_set1_ps(32.0f));
     }
     }
+}
+
+/* ds4n_int_finish's tree, halves added pairwise, in registers. */
+DS4N_INLINE float finish(__m512 acc, __m256 accm) {
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(_mm_sub_ss(a, m));
 }
 
 DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0, float *y,
@@ -175,9 +194,7 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
             }
         }
     }
-    float a[DS4N_SMALL_T][16], am[DS4N_SMALL_T][8];
-    for (int t = 0; t < T; t++) _mm512_storeu_ps(a[t], acc[t]), _mm256_storeu_ps(am[t], accm[t]);
-    for (int t = 0; t < T; t++) y[t * ldy] = ds4n_int_finish(a[t], am[t]);
+    for (int t = 0; t < T; t++) y[t * ldy] = finish(acc[t], accm[t]);
 }
 
 #define INT_CASE(T_, type)                                                                     \
@@ -197,6 +214,8 @@ INT_KERNEL(q4_0, DS4N_Q4_0)
 INT_KERNEL(q4_1, DS4N_Q4_1)
 INT_KERNEL(q4_K, DS4N_Q4_K)
 INT_KERNEL(q6_K, DS4N_Q6_K)
+
+DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512)
 
 const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS] = {
     [DS4N_Q8_0] = int_q8_0,
