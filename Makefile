@@ -85,7 +85,8 @@ SAN_TESTS ?= tests/test_kernels.py tests/test_matmul.py tests/test_sampler.py te
 	tests/test_moe_families.py tests/test_ds4_model_forward.py tests/test_ds4_model_layout.py \
 	tests/test_ds4_model_vectors.py tests/test_ds4_hardening.py tests/test_session.py \
 	tests/test_gguf_file.py tests/test_gguf_reader.py tests/test_gguf_mutation.py \
-	tests/test_gemma3_real.py tests/test_vectors.py tests/test_fuzz_native.py
+	tests/test_gemma3_real.py tests/test_vectors.py tests/test_fuzz_native.py \
+	tests/engine/test_int_kernels.py
 check-sanitize: install
 	$(MAKE) -C native sanitize PYTHON=$(abspath $(BIN)/python)
 	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py

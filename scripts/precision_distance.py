@@ -64,7 +64,9 @@ def main() -> int:
             with Engine.open(default_model_path(), threads=2, kv_type=kv, precision=prec) as e:
                 for c in cases:
                     d = smollm2_distance(e, c)
-                    out.writerow(["smollm2", c.name.removesuffix(".exact.json"), prec, kv, f"{d:.6f}"])
+                    out.writerow(
+                        ["smollm2", c.name.removesuffix(".exact.json"), prec, kv, f"{d:.6f}"]
+                    )
                     sys.stdout.flush()
     if args.kit:
         from tests.kit import kit_families, kit_model, kit_reference, teacher_forced

@@ -158,9 +158,7 @@ class Engine:
         if kv_type not in KV_TYPES:
             raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
         if precision not in PRECISIONS:
-            raise EngineError(
-                f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})"
-            )
+            raise EngineError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
         if weights not in WEIGHT_MODES:
             raise EngineError(
                 f"unknown weight memory {weights!r} (known: {', '.join(WEIGHT_MODES)})"

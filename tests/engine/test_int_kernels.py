@@ -42,12 +42,18 @@ def activations(rng: np.random.Generator, T: int, K: int) -> np.ndarray:
 
 
 def test_types_with_integer_kernels() -> None:
-    assert [t for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "F32") if native.int_type_supported(t)] == INT_TYPES
+    assert [
+        t
+        for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "F32")
+        if native.int_type_supported(t)
+    ] == INT_TYPES
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("qtype", INT_TYPES)
-def test_every_simd_level_is_bitwise_the_scalar_reference(qtype: str, precision: str, pool: native.Pool) -> None:
+def test_every_simd_level_is_bitwise_the_scalar_reference(
+    qtype: str, precision: str, pool: native.Pool
+) -> None:
     rng = np.random.default_rng(1)
     rows = 19
     # rows of 32-block types may end in a part group: 2 blocks (SmolLM2's 576) or 3
@@ -63,12 +69,16 @@ def test_every_simd_level_is_bitwise_the_scalar_reference(qtype: str, precision:
 
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("qtype", INT_TYPES)
-def test_each_token_is_bitwise_its_single_token_result(qtype: str, precision: str, pool: native.Pool) -> None:
+def test_each_token_is_bitwise_its_single_token_result(
+    qtype: str, precision: str, pool: native.Pool
+) -> None:
     rng = np.random.default_rng(2)
     rows, K = 37, 768
     raw = random_weights(qtype, rows, K, rng)
     X = activations(rng, 77, K)
-    alone = np.stack([run(pool, precision, qtype, raw, rows, K, X[t : t + 1])[0] for t in range(77)])
+    alone = np.stack(
+        [run(pool, precision, qtype, raw, rows, K, X[t : t + 1])[0] for t in range(77)]
+    )
     for T in (4, 8, 77):
         got = run(pool, precision, qtype, raw, rows, K, X[:T])
         assert got.tobytes() == alone[:T].tobytes(), T

@@ -55,3 +55,17 @@ def test_integer_path_changes_the_logits_a_little(int_engine: Engine, model_path
         got = b.compute_logits()
     assert got.tobytes() != want.tobytes()
     assert np.abs(got - want).max() < 0.05 * want.std()
+
+
+def test_types_without_integer_kernels_stay_exact() -> None:
+    """The kit's llama is F16 throughout: int3 leaves every logit bitwise the exact path's
+    (so the kit families' distances do not move with --precision)."""
+    from tests.kit import kit_model
+
+    logits = {}
+    for precision in ("exact", "int3"):
+        with Engine.open(kit_model("llama"), threads=2, kv_type="f32", precision=precision) as e:
+            with e.new_session(32) as s:
+                s.eval(list(range(3, 20)))
+                logits[precision] = s.compute_logits().copy()
+    assert logits["exact"].tobytes() == logits["int3"].tobytes()
