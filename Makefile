@@ -93,7 +93,8 @@ SAN_TESTS ?= tests/native/test_kernels.py tests/native/test_matmul.py tests/nati
 	tests/engine/test_gguf_file.py tests/engine/test_gguf_reader.py tests/engine/test_gguf_mutation.py \
 	tests/engine/test_gemma3_real.py tests/engine/test_vectors.py tests/engine/deepseek4/test_forward.py \
 	tests/engine/deepseek4/test_layout.py tests/engine/deepseek4/test_vectors.py \
-	tests/engine/deepseek4/test_hardening.py
+	tests/engine/deepseek4/test_hardening.py \
+	tests/engine/test_int_kernels.py
 check-sanitize: install
 	$(MAKE) -C native sanitize PYTHON=$(abspath $(BIN)/python)
 	$(SAN_ENV) $(BIN)/python fuzz/sanitizer_canary.py

@@ -56,6 +56,14 @@ void ds4n_pool_free(ds4n_pool *pool);
 int ds4n_pool_threads(const ds4n_pool *pool);
 void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 
+/* Precision of the pool's matmuls: 0 exact (float32 activations, the default), 2 or 3
+ * (activations split into that many int8 limbs per 32-value block, integer dot products;
+ * quants_int.h). Types without an integer kernel keep the exact path. Returns limbs, or -1
+ * for a bad argument. Set it while no job runs on the pool. */
+int ds4n_pool_set_precision(ds4n_pool *pool, int limbs);
+/* 1 when type has an integer-activation kernel. */
+int ds4n_int_type_supported(int type);
+
 /* Y[t*rows + r] = sum_k W[r][k] * X[t*K + k] for t < T, r < rows.
  * W: rows x K of the given type, row-major (GGUF layout: ne0 = K); X, Y float32.
  * T == 1 runs fused dot kernels (decode); 2..8 the same kernels with each weight block decoded

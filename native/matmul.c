@@ -16,9 +16,13 @@
  * tile_cols tokens of SIMD accumulators) over every token against it; each micro-kernel
  * call streams its 3 token rows from L1. Long panels measured best (fewer horizontal sums and
  * partial-sum passes over Y); the typical model row (K <= 1024) is a single panel. */
+#include <pthread.h>
+#include <stdlib.h>
+
 #include "prefetch.h"
 #include "profile.h"
 #include "quants.h"
+#include "quants_int.h"
 
 #define PANEL_ROWS 16
 #define PANEL_K 1024 /* a multiple of every block size */
@@ -180,6 +184,95 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
     }
 }
 
+/* ---- the integer-activation path (ds4n_pool_set_precision; quants_int.h) ------------------ */
+
+#define INT_CHUNK 64 /* tokens quantized at a time: their limbs stay in L2 for every row */
+#ifndef INT_TILE_T
+#define INT_TILE_T 4 /* tokens per prefill kernel call: more spill the accumulators */
+#endif
+
+/* This thread's buffer for quantized activations, grown on demand, freed at thread exit. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+struct scratch { void *p; size_t n; };
+static void scratch_free(void *s) {
+    free(((struct scratch *)s)->p);
+    free(s);
+}
+static void scratch_key_init(void) {
+    if (pthread_key_create(&scratch_key, scratch_free) != 0) scratch_key = 0;
+}
+static void *scratch(size_t bytes) {
+    pthread_once(&scratch_once, scratch_key_init);
+    struct scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s))) return NULL;
+        if (pthread_setspecific(scratch_key, s) != 0) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->n < bytes) {
+        free(s->p);
+        s->n = 0;
+        if (!(s->p = aligned_alloc(64, (bytes + 63) & ~(size_t)63))) return NULL;
+        s->n = bytes;
+    }
+    return s->p;
+}
+
+/* Rows [r0, r1) on the integer path: 1 when it ran, 0 when it cannot (no buffer) and the float
+ * path must. Each worker splits the activations itself (a few microseconds next to its rows).
+ * Up to DS4N_SMALL_T tokens (decode, batched decode): rows from DS4N_MV_ROWS runs in turn with
+ * the decode prefetch, as matvec_rows reads them. More (prefill): panels of PANEL_ROWS rows,
+ * each row's codes unpacked once per DS4N_SMALL_T tokens, the panel L1/L2-resident across
+ * them. Every token's result is the same whatever the grouping (the kernels' contract). */
+static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int64_t r0,
+                    int64_t r1) {
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    const int64_t chunk = m->T < INT_CHUNK ? m->T : INT_CHUNK;
+    void *buf = scratch(ds4n_xq_bytes(limbs, m->K, chunk));
+    if (!buf) return 0;
+    const uint8_t *W = m->W;
+    struct ds4n_xq xq;
+    for (int64_t t0 = 0; t0 < m->T; t0 += chunk) {
+        const int64_t tc = m->T - t0 < chunk ? m->T - t0 : chunk;
+        ds4n_xq_init(&xq, buf, limbs, m->K, tc);
+        ds4n_xq_quantize(&xq, m->X + t0 * m->K, 0, tc);
+        float *Y = m->Y + t0 * m->rows;
+        if (tc <= DS4N_SMALL_T) {
+            const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS;
+            const int64_t len = n / streams, ahead = prefetch_rows(row_bytes);
+            for (int64_t j = 0; j < len; j++)
+                for (int64_t s = 0; s < streams; s++) {
+                    const int64_t r = r0 + s * len + j;
+                    if (ahead && j + ahead < len) ds4n_prefetch_l1(W + (r + ahead) * row_bytes, row_bytes);
+                    kern(W + r * row_bytes, &xq, 0, (int)tc, Y + r, m->rows);
+                }
+            for (int64_t r = r0 + streams * len; r < r1; r++)
+                kern(W + r * row_bytes, &xq, 0, (int)tc, Y + r, m->rows);
+            continue;
+        }
+        for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
+            const int64_t re = r1 - rp < PANEL_ROWS ? r1 : rp + PANEL_ROWS;
+            for (int64_t t = 0; t < tc; t += INT_TILE_T) {
+                const int nt = tc - t < INT_TILE_T ? (int)(tc - t) : INT_TILE_T;
+                for (int64_t r = rp; r < re; r++)
+                    kern(W + r * row_bytes, &xq, t, nt, Y + t * m->rows + r, m->rows);
+            }
+        }
+    }
+    return 1;
+}
+
+/* The integer kernel for this call, or NULL (exact precision, or no kernel for the type). */
+static ds4n_int_fn int_kernel(const struct matmul_job *m, int *limbs) {
+    *limbs = ds4n_thread_limbs();
+    if (!*limbs || m->K % QK != 0) return NULL;
+    return ds4n_active_int_kernel(m->type);
+}
+
 void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const float *X, int64_t T,
                       float *Y, int ith, int nth) {
     if (!ds4n_traits(type) || rows <= 0 || T <= 0) return;
@@ -187,7 +280,11 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K, const fl
     int64_t r0, r1;
     share(rows, ith, nth, &r0, &r1);
     const int64_t t0 = ds4n_profile_on() ? ds4n_now_ns() : 0;
-    if (r0 < r1 && !(T <= DS4N_SMALL_T && one_kernel(&m, r0, r1))) {
+    int limbs;
+    const ds4n_int_fn kern = int_kernel(&m, &limbs);
+    if (r0 < r1 && kern && int_rows(&m, kern, limbs, r0, r1)) {
+        /* done on the integer path */
+    } else if (r0 < r1 && !(T <= DS4N_SMALL_T && one_kernel(&m, r0, r1))) {
         if (T == 1) matvec_rows(&m, r0, r1);
         else if (T <= DS4N_SMALL_T) small_rows(&m, r0, r1);
         else gemm_rows(&m, r0, r1);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "quants.h"
+#include "quants_int.h"
 
 static struct ds4n_row_kernels active[DS4N_TYPE_SLOTS];
 static ds4n_tile_fn active_tile;
@@ -95,6 +96,7 @@ int ds4n_set_simd(int level) {
     active_tile = set->tile;
     active_tile_cols = set->tile_cols ? set->tile_cols : DS4N_TILE_COLS;
     active_level = level;
+    ds4n_int_select(level);
     return level;
 }
 

@@ -16,6 +16,7 @@
 
 #include "ds4n.h"
 #include "profile.h"
+#include "quants_int.h"
 
 #define SPIN_NS 200000 /* how long an idle worker spins before sleeping */
 #define CLAIM_BITS 16  /* job word: generation << CLAIM_BITS | next share to claim */
@@ -32,7 +33,12 @@ struct ds4n_pool {
     atomic_int sleepers;                   /* workers waiting on `wake` */
     atomic_int stop;
     struct ds4n_prof_log *logs;            /* per thread, for the decode profile */
+    int limbs;                             /* precision of its matmuls: 0 exact, 2 or 3 */
 };
+
+/* The running job's pool's limbs, on each thread while it runs a share. */
+static _Thread_local int thread_limbs;
+int ds4n_thread_limbs(void) { return thread_limbs; }
 
 struct worker_arg {
     ds4n_pool *pool;
@@ -62,6 +68,7 @@ static void run_shares(ds4n_pool *pool, uint64_t gen) {
     while (generation(job) == gen && (int)(job & ((1u << CLAIM_BITS) - 1)) < nth) {
         if (!atomic_compare_exchange_weak(&pool->job, &job, job + 1)) continue;
         /* The job cannot finish while we hold a share, so fn and ctx are this job's. */
+        thread_limbs = pool->limbs;
         if (ds4n_profile_on()) {
             struct ds4n_prof_log *log = ds4n_profile_log();
             const int64_t t0 = ds4n_now_ns();
@@ -73,6 +80,7 @@ static void run_shares(ds4n_pool *pool, uint64_t gen) {
         } else {
             pool->fn(pool->ctx, (int)(job & ((1u << CLAIM_BITS) - 1)), nth);
         }
+        thread_limbs = 0;
         atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
         job = atomic_load(&pool->job);
     }
@@ -175,6 +183,12 @@ void ds4n_pool_free(ds4n_pool *pool) {
 
 int ds4n_pool_threads(const ds4n_pool *pool) { return pool ? pool->n_threads : 1; }
 
+int ds4n_pool_set_precision(ds4n_pool *pool, int limbs) {
+    if (!pool || (limbs != 0 && limbs != 2 && limbs != 3)) return -1;
+    pool->limbs = limbs;
+    return limbs;
+}
+
 static void run_jobs(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx);
 
 void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
@@ -191,6 +205,7 @@ void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), voi
 
 static void run_jobs(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), void *ctx) {
     if (!pool || pool->n_threads == 1) {
+        thread_limbs = pool ? pool->limbs : 0;
         if (pool && ds4n_profile_on()) {
             const int64_t t0 = ds4n_now_ns();
             fn(ctx, 0, 1);
@@ -199,6 +214,7 @@ static void run_jobs(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), v
         } else {
             fn(ctx, 0, 1);
         }
+        thread_limbs = 0;
         return;
     }
     pool->fn = fn;

@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--ctx", type=int, default=4096, help="session context size")
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    add_engine_flags(p, "kv_type", "weights")
+    add_engine_flags(p, "kv_type", "weights", "precision")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no template")
 
 
@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads,
             kv_type=args.kv_type,
             weights=args.weights,
+            precision=args.precision,
         )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None

@@ -34,6 +34,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 KV_TYPES = ("f32", "f16", "q8_0")
 # Where the weights live (ds4d.engine.weight_memory.WEIGHT_MODES; a test keeps them in step).
 WEIGHT_MODES = ("auto", "mmap", "huge")
+# Matmul precisions (ds4d.engine.engine.PRECISIONS; a test keeps them in step).
+PRECISIONS = ("exact", "int2", "int3")
 
 
 class ConfigError(Exception):
@@ -113,6 +115,13 @@ class Config:
         "q8_0 (34/128 of f32; head dimension a multiple of 32); DeepSeek V4 keeps its own KV "
         "format and ignores it",
         choices=KV_TYPES,
+    )
+    precision: str = _key(
+        "exact",
+        "matmul precision: exact (float32 activations), int2 or int3 (activations split into "
+        "2 or 3 int8 limbs per 32 values for integer dot products, ~15 or ~22 bits; "
+        "Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights, others stay exact)",
+        choices=PRECISIONS,
     )
     weights: str = _key(
         "auto",

@@ -155,6 +155,7 @@ class Daemon:
                 rope_scaling=cfg.rope_scaling,
                 n_ctx=cfg.ctx,
                 weights=cfg.weights,
+                precision=cfg.precision,
             )
         )
         info = engine.info

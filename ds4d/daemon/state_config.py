@@ -44,8 +44,10 @@ def state_from_config(
     }
     service = StateService.create(
         tokenizer=engine.tokenizer,
-        # Checkpoints hold KV rows of one type: another --kv-type is another cache.
-        fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}",
+        # Checkpoints hold KV rows of one type: another --kv-type (or --precision, whose
+        # rows differ in the last bits) is another cache.
+        fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}"
+        + ("" if engine.info.precision == "exact" else f"/{engine.info.precision}"),
         ctx=ctx,
         kv_dir=kv_dir(config) if config.kv_disk else None,
         space_mb=config.kv_disk_space_mb,

@@ -60,6 +60,12 @@ PREFILL_CHUNK = 256
 # on the SmolLM2 vectors (tests/engine/test_kv_types.py measures it).
 DEFAULT_KV_TYPE = "f16"
 
+# Matmul precision (native.PRECISIONS): "exact" multiplies dequantized weights by float32
+# activations; "int2"/"int3" split each 32-value block of activations into 2 or 3 int8 limbs
+# for integer dot products (docs/integer-path.md has the distances and speeds measured).
+PRECISIONS = tuple(native.PRECISIONS)
+DEFAULT_PRECISION = "exact"
+
 PAYLOAD_MAGIC = b"DS4DSESS"
 # 2: the KV type joined the header (version 1 payloads held f32 rows without saying so).
 PAYLOAD_VERSION = 2
@@ -96,6 +102,7 @@ class EngineInfo:
     fingerprint: str
     kv_type: str = "f32"
     rope_stretch: str = ""  # the RoPE scaling applied over the file's, in words
+    precision: str = "exact"  # the matmuls' (PRECISIONS)
     weight_memory: str = "mmap"  # where the weights live: "mmap" or "huge" (weight_memory)
 
 
@@ -116,7 +123,7 @@ class Engine:
 
     def __init__(self, gf: GGUFFile, family: Family, model: FamilyModel, pool: native.Pool,
                  tokenizer: ModelTokenizer, kv_type: str = "f32",
-                 rope_stretch: str = "") -> None:  # fmt: skip
+                 rope_stretch: str = "", precision: str = "exact") -> None:  # fmt: skip
         self.gguf = gf
         self.family = family
         self.model = model
@@ -125,28 +132,33 @@ class Engine:
         self.chat_template: str | None = gf.chat_template
         self.lock = threading.Lock()
         self.kv_type = _resolve_kv_type(model, kv_type)
+        pool.set_precision(precision)  # ValueError for an unknown one (open checks first)
         self.info = EngineInfo(
             family=family.FAMILY, name=gf.name, architecture=gf.architecture,
             n_vocab=model.n_vocab, n_ctx_train=model.n_ctx_train, n_embd=model.n_embd,
             n_layer=model.n_layer, quant=gf.file_type_name, file_bytes=gf.file_bytes,
             path=str(gf.path), fingerprint=gf.fingerprint, kv_type=self.kv_type,
-            rope_stretch=rope_stretch, weight_memory=gf.weight_memory,
+            rope_stretch=rope_stretch, weight_memory=gf.weight_memory, precision=precision,
         )  # fmt: skip
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], threads: int | None = None,
              kv_type: str = DEFAULT_KV_TYPE, *, rope_scaling: str = "",
-             n_ctx: int = 0, weights: str = "auto") -> Engine:  # fmt: skip
+             n_ctx: int = 0, weights: str = "auto",
+             precision: str = DEFAULT_PRECISION) -> Engine:  # fmt: skip
         """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
         EngineError for a bad thread count or a KV type the model cannot use.
         `rope_scaling` ("linear" or "yarn") stretches a model whose file declares no RoPE
         scaling from its trained context to `n_ctx` (see context_extension.py). `weights`
         says where the weights live (weight_memory.WEIGHT_MODES: by default a resident
-        copy on huge pages for a model small next to the RAM, else the file's mapping)."""
+        copy on huge pages for a model small next to the RAM, else the file's mapping).
+        `precision` is the matmuls' (PRECISIONS)."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
         if kv_type not in KV_TYPES:
             raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
+        if precision not in PRECISIONS:
+            raise EngineError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
         if weights not in WEIGHT_MODES:
             raise EngineError(
                 f"unknown weight memory {weights!r} (known: {', '.join(WEIGHT_MODES)})"
@@ -173,7 +185,7 @@ class Engine:
         except BaseException:
             pool.close()
             raise
-        return cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch)
+        return cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch, precision)
 
     @property
     def threads(self) -> int:

@@ -105,6 +105,8 @@ def _load() -> ctypes.CDLL:
         "ds4n_pool_free": (None, [vp]),
         "ds4n_pool_threads": (ctypes.c_int, [vp]),
         "ds4n_pool_run": (None, [vp, POOL_FN, vp]),
+        "ds4n_pool_set_precision": (ctypes.c_int, [vp, ctypes.c_int]),
+        "ds4n_int_type_supported": (ctypes.c_int, [ctypes.c_int]),
         "ds4n_matmul": (None, [vp, ctypes.c_int, vp, i64, i64, c_float_p, i64, c_float_p]),
         "ds4n_matmul_part": (
             None,
@@ -154,6 +156,16 @@ def physical_cores() -> int:
     return max(1, len(cores) or os.cpu_count() or 1)
 
 
+# Matmul precisions: the int8 limbs each 32-value block of activations is split into (0: the
+# exact float32 path). Types without an integer kernel run exact whatever the setting.
+PRECISIONS = {"exact": 0, "int2": 2, "int3": 3}
+
+
+def int_type_supported(qtype: int | str) -> bool:
+    """True when the type has integer-activation kernels (int2/int3 change its matmuls)."""
+    return bool(lib.ds4n_int_type_supported(type_id(qtype)))
+
+
 class Pool:
     """A persistent native worker pool; the thread that runs a job takes part in it.
 
@@ -179,6 +191,14 @@ class Pool:
     @property
     def threads(self) -> int:
         return int(lib.ds4n_pool_threads(self.handle))
+
+    def set_precision(self, precision: str) -> None:
+        """The precision of this pool's matmuls: 'exact' (float32 activations), 'int2' or
+        'int3' (activations split into that many int8 limbs; see PRECISIONS)."""
+        if precision not in PRECISIONS:
+            known = ", ".join(PRECISIONS)
+            raise ValueError(f"unknown precision {precision!r} (known: {known})")
+        lib.ds4n_pool_set_precision(self.handle, PRECISIONS[precision])
 
     def close(self) -> None:
         if self._handle is not None:

@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-incr", type=int, default=512, help="tokens added per frontier")
     p.add_argument("--gen-tokens", type=int, default=64, help="greedy tokens per frontier")
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
-    add_engine_flags(p, "kv_type", "weights")
+    add_engine_flags(p, "kv_type", "weights", "precision")
     p.add_argument("--csv", type=Path, help="write rows as CSV to this file")
     p.add_argument("--plot", type=Path, help="write a PNG of t/s against context")
     p.add_argument(
@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             threads=args.threads,
             kv_type=args.kv_type,
             weights=args.weights,
+            precision=args.precision,
         )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
@@ -129,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     info = engine.info
     print(
         f"# model {info.name} ({info.family}, {info.quant}, {info.file_bytes / 1e6:.1f} MB), "
-        f"threads {engine.threads}, kv {engine.kv_type}, kernels {_kernels()}, "
+        f"threads {engine.threads}, kv {engine.kv_type}, precision {info.precision}, "
+        f"kernels {_kernels()}, "
         f"weights {info.weight_memory}, prompt {args.prompt_file}",
         flush=True,
     )
@@ -180,7 +182,10 @@ def run_batch(args: argparse.Namespace) -> int:
 
     try:
         engine = Engine.open(
-            resolve_model_path(args.model), threads=args.threads, weights=args.weights
+            resolve_model_path(args.model),
+            threads=args.threads,
+            weights=args.weights,
+            precision=args.precision,
         )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
@@ -188,7 +193,8 @@ def run_batch(args: argparse.Namespace) -> int:
     tokens = _prompt_tokens(engine, _read_prompt(args.prompt_file), args.ctx_start * args.batch)
     info = engine.info
     print(f"# model {info.name} ({info.family}, {info.quant}), threads {engine.threads}, "
-          f"kernels {_kernels()}, weights {info.weight_memory}, {args.ctx_start}-token "
+          f"precision {info.precision}, kernels {_kernels()}, weights {info.weight_memory}, "
+          f"{args.ctx_start}-token "
           f"prompts, {args.gen_tokens} greedy "
           "tokens per session", flush=True)  # fmt: skip
     print(f"{'sessions':>8} {'gen t/s':>9} {'per session':>12} {'vs one':>7}", flush=True)

@@ -1,0 +1,97 @@
+/* The integer-activation path: activation splitting, the scalar (reference) kernels, and the
+ * choice of kernels per SIMD level. The arithmetic is defined in quants_int.h. */
+#include "quants_int.h"
+
+typedef void (*quantize_fn)(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+static quantize_fn active_quantize;
+
+static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+size_t ds4n_xq_bytes(int limbs, int64_t K, int64_t T) {
+    const int64_t nb = K / QK;
+    return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4) + align64(T * 2 * nb * 4));
+}
+
+void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int64_t K, int64_t T) {
+    const int64_t nb = K / QK;
+    uint8_t *p = buf;
+    xq->limbs = limbs, xq->K = K, xq->nb = nb, xq->T = T;
+    xq->q = (int8_t *)p;
+    p += align64(T * limbs * K);
+    xq->xs = (float *)p;
+    p += align64(T * nb * 4);
+    xq->bsum = (float *)p;
+    p += align64(T * nb * 4);
+    xq->hsum = (float *)p;
+}
+
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar)
+
+void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
+    active_quantize(xq, X, t0, t1);
+}
+
+/* ---- scalar kernels ------------------------------------------------------------------------ */
+
+static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t t0, int T,
+                        float *y, int64_t ldy) {
+    struct ds4n_int_group g = {0};
+    float acc[DS4N_SMALL_T][16] = {{0}}, accm[DS4N_SMALL_T][8] = {{0}};
+    for (int64_t b0 = 0; b0 < xq->nb; b0 += 8) {
+        const int n = xq->nb - b0 < 8 ? (int)(xq->nb - b0) : 8;
+        ds4n_int_unpack(type, w, b0, n, &g);
+        for (int t = 0; t < T; t++) ds4n_int_group_ref(&g, xq, t0 + t, b0, acc[t], accm[t]);
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = ds4n_int_finish(acc[t], accm[t]);
+}
+
+#define DS4N_INT_REF(name, T_)                                                                  \
+    static void int_ref_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T,    \
+                               float *y, int64_t ldy) {                                         \
+        int_row_ref(T_, w, xq, t0, T, y, ldy);                                                  \
+    }
+DS4N_INT_REF(q8_0, DS4N_Q8_0)
+DS4N_INT_REF(q4_0, DS4N_Q4_0)
+DS4N_INT_REF(q4_1, DS4N_Q4_1)
+DS4N_INT_REF(q4_K, DS4N_Q4_K)
+DS4N_INT_REF(q6_K, DS4N_Q6_K)
+
+static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
+    [DS4N_Q8_0] = int_ref_q8_0,
+    [DS4N_Q4_0] = int_ref_q4_0,
+    [DS4N_Q4_1] = int_ref_q4_1,
+    [DS4N_Q4_K] = int_ref_q4_K,
+    [DS4N_Q6_K] = int_ref_q6_K,
+};
+
+/* ---- selection ----------------------------------------------------------------------------- */
+
+static ds4n_int_fn active_int[DS4N_TYPE_SLOTS];
+
+#if defined(__x86_64__) || defined(_M_X64)
+static int cpu_has_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
+}
+#endif
+
+void ds4n_int_select(int level) {
+    const ds4n_int_fn *own = NULL;
+    active_quantize = xq_quantize_scalar;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) active_quantize = ds4n_xq_quantize_avx512;
+    if ((level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) && cpu_has_vnni())
+        own = ds4n_int_avx512;
+#endif
+    /* Levels without kernels of their own run the scalar ones: slower, bitwise the same. */
+    for (int t = 0; t < DS4N_TYPE_SLOTS; t++)
+        active_int[t] = own && own[t] ? own[t] : int_scalar[t];
+}
+
+ds4n_int_fn ds4n_active_int_kernel(int type) {
+    return type >= 0 && type < DS4N_TYPE_SLOTS ? active_int[type] : NULL;
+}
+
+int ds4n_int_type_supported(int type) {
+    return type >= 0 && type < DS4N_TYPE_SLOTS && int_scalar[type] != NULL;
+}

@@ -1,0 +1,226 @@
+/* Integer-activation kernels on AVX-512 VNNI (compiled with the AVX-512 flags and -mavx512vnni,
+ * used only when the CPU has it). The arithmetic is quants_int.h's, lane for lane: a zmm holds
+ * a pair of blocks' codes as 64 unsigned bytes, VPDPBUSD sums each lane's 4 code × limb
+ * products, and the float steps run on the same lanes in the same order as the reference, so
+ * the results are bitwise the scalar kernels'. The codes of a group are unpacked once for all
+ * T tokens of a call (batched decode and prefill tiles), the only difference from T = 1. */
+#include <immintrin.h>
+
+#include "quants_int.h"
+#include "quants_simd.h"
+
+/* Codes of pair i (blocks 2i, 2i+1) of the group at grp, as 64 unsigned bytes in value order;
+ * with one = 1 only block 2i exists (the last of a row of the 32-block types) and the high
+ * half is zero. */
+DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i, int one) {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    switch (type) {
+    case DS4N_Q8_0: {
+        const block_q8_0 *p = (const block_q8_0 *)grp + 2 * i;
+        const __m256i a = _mm256_loadu_si256((const __m256i *)p[0].qs);
+        const __m256i b = one ? _mm256_set1_epi8((char)0x80)
+                              : _mm256_loadu_si256((const __m256i *)p[1].qs);
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 */
+    }
+    case DS4N_Q4_0:
+    case DS4N_Q4_1: {
+        const int64_t bb = type == DS4N_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
+        const uint8_t *p = grp + 2 * i * bb + (type == DS4N_Q4_0 ? 2 : 4); /* the qs */
+        const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
+        const __m256i b = one ? _mm256_setzero_si256()
+                              : _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(p + bb)));
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+        /* 128-bit lanes: low nibbles of each block, then its high nibbles */
+        return _mm512_and_si512(_mm512_mask_blend_epi64(0xcc, z, _mm512_srli_epi16(z, 4)), nib);
+    }
+    case DS4N_Q4_K: {
+        const block_q4_K *p = (const block_q4_K *)grp;
+        const __m256i q = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * i));
+        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
+        return _mm512_and_si512(z, nib);
+    }
+    default: { /* DS4N_Q6_K: pair i is 32-groups (0,1) or (2,3) of half i/2 */
+        const block_q6_K *p = (const block_q6_K *)grp;
+        const __m512i ql = _mm512_loadu_si512(p->ql + 64 * (i / 2));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * (i / 2)));
+        const __m512i zq = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
+        const __m512i hi2 = _mm512_set1_epi8(0x30);
+        if (i % 2 == 0)
+            return _mm512_or_si512(_mm512_and_si512(ql, nib),
+                                   _mm512_and_si512(_mm512_slli_epi16(zq, 4), hi2));
+        return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nib),
+                               _mm512_and_si512(zq, hi2));
+    }
+    }
+}
+
+/* ws and mb of a group of n blocks, as ds4n_int_scales computes them (the same products,
+ * rounded once each), in vectors: 8 slots (16 for Q6_K's 16-groups), zero past n. */
+DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, __m512 *mb) {
+    switch (type) {
+    case DS4N_Q4_1: {
+        /* d and m of each block in one 32-bit gather (blocks past n: zero) */
+        const __m256i dm = _mm256_mmask_i32gather_epi32(
+            _mm256_setzero_si256(), (__mmask8)((1u << n) - 1),
+            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(20)),
+            grp, 1);
+        *ws = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)));
+        *mb = _mm512_castps256_ps512(_mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
+                                                   _mm256_cvtph_ps(_mm256_cvtepi32_epi16(
+                                                       _mm256_srli_epi32(dm, 16)))));
+        break;
+    }
+    case DS4N_Q8_0:
+    case DS4N_Q4_0: {
+        const int bb = type == DS4N_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
+        /* d (and the next 2 bytes) of each block in one gather: loads, no store forwarding */
+        const __m256i d = _mm256_mmask_i32gather_epi32(
+            _mm256_setzero_si256(), (__mmask8)((1u << n) - 1),
+            _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb)),
+            grp, 1);
+        const __m256 w = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d));
+        *ws = _mm512_castps256_ps512(w);
+        *mb = _mm512_castps256_ps512(_mm256_mul_ps(w, _mm256_set1_ps(type == DS4N_Q8_0 ? 128.0f : 8.0f)));
+        break;
+    }
+    case DS4N_Q4_K: {
+        const block_q4_K *p = (const block_q4_K *)grp;
+        uint32_t a, b, c;
+        memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
+        /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
+        const uint32_t sc_hi = (c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4;
+        const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4;
+        const __m128i sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3f));
+        const __m128i m = _mm_set_epi32(0, 0, (int)m_hi, (int)(b & 0x3f3f3f3f));
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d)), dmin = _mm256_set1_ps(_cvtsh_ss(p->dmin));
+        *ws = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc))));
+        *mb = _mm512_castps256_ps512(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m))));
+        break;
+    }
+    default: { /* DS4N_Q6_K */
+        const block_q6_K *p = (const block_q6_K *)grp;
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p->scales));
+        *ws = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(p->d)), _mm512_cvtepi32_ps(sc));
+        *mb = _mm512_mul_ps(*ws, _mm512_set1_ps(32.0f));
+    }
+    }
+}
+
+/* ds4n_int_finish's tree, halves added pairwise, in registers. */
+DS4N_INLINE float finish(__m512 acc, __m256 accm) {
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    __m128 m = _mm_add_ps(_mm256_castps256_ps128(accm), _mm256_extractf128_ps(accm, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    m = _mm_add_ps(m, _mm_movehl_ps(m, m));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    m = _mm_add_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(_mm_sub_ss(a, m));
+}
+
+DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0, float *y,
+                         int64_t ldy, const int T) {
+    const int L = xq->limbs;
+    const int64_t K = xq->K, nb = xq->nb, gb = ds4n_int_group_bytes(type);
+    const int per16 = type == DS4N_Q6_K;
+    __m512 acc[DS4N_SMALL_T];
+    __m256 accm[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps(), accm[t] = _mm256_setzero_ps();
+    /* The scale slot of each lane: block 2i + l/8, or 16-group 4i + l/4 */
+    const __m512i slot8 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m512i slot16 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    const __m512i even = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i odd = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
+    const __m512 third = _mm512_set1_ps(0x1p-7f);
+    for (int64_t gi = 0; gi * 8 < nb; gi++) {
+        const uint8_t *grp = w + gi * gb;
+        /* n < 8 only in the last group of a 32-block type: its pairs past n are skipped, a
+         * lone last block takes the low 8 lanes, the block sums the first n */
+        const int n = nb - gi * 8 < 8 ? (int)(nb - gi * 8) : 8, pairs = (n + 1) / 2;
+        const __mmask16 last = n % 2 ? 0x00ff : 0xffff;
+        const __mmask8 blocks = (__mmask8)((1u << n) - 1);
+        const __mmask64 lastq = n % 2 ? 0xffffffffull : ~0ull;
+        __m512i c[4];
+        __m512i slot[4];
+        for (int i = 0; i < pairs; i++) {
+            c[i] = pair_codes(type, grp, i, 2 * i + 1 == n);
+            slot[i] = per16 ? _mm512_add_epi32(slot16, _mm512_set1_epi32(4 * i))
+                            : _mm512_add_epi32(slot8, _mm512_set1_epi32(2 * i));
+        }
+        __m512 ws16, mb16; /* (8 slots in the low half unless per16) */
+        group_scales(type, grp, n, &ws16, &mb16);
+        for (int t = 0; t < T; t++) {
+            const int64_t tt = t0 + t;
+            const int8_t *q = xq->q + tt * L * K + gi * DS4N_INT_GROUP;
+            const __m256 xs8 = _mm256_maskz_loadu_ps(blocks, xq->xs + tt * nb + gi * 8);
+            __m512 S, M;
+            if (per16) {
+                const __m512 xs16 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(xs8));
+                S = _mm512_mul_ps(ws16, xs16);
+                M = _mm512_mul_ps(mb16, xs16);
+            } else {
+                S = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(ws16), xs8));
+                M = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(mb16), xs8));
+            }
+            for (int i = 0; i < pairs; i++) {
+                const __mmask64 lq = i + 1 == pairs ? lastq : ~0ull;
+                const __m512i a0 = _mm512_maskz_loadu_epi8(lq, q + 64 * i);
+                const __m512i a1 = _mm512_maskz_loadu_epi8(lq, q + K + 64 * i);
+                const __m512i l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[i], a0);
+                const __m512i h = _mm512_dpbusd_epi32(_mm512_slli_epi32(l0, 7), c[i], a1);
+                __m512 f = _mm512_cvtepi32_ps(h);
+                if (L == 3) {
+                    const __m512i a2 = _mm512_maskz_loadu_epi8(lq, q + 2 * K + 64 * i);
+                    const __m512i l2 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), c[i], a2);
+                    f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(l2), third, f);
+                }
+                acc[t] = _mm512_mask3_fmadd_ps(f, _mm512_permutexvar_ps(slot[i], S), acc[t],
+                                               i + 1 == pairs ? last : 0xffff);
+            }
+            if (per16) {
+                const __m512 hs = _mm512_loadu_ps(xq->hsum + tt * 2 * nb + gi * 16);
+                accm[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(_mm512_permutexvar_ps(even, M)),
+                                          _mm512_castps512_ps256(_mm512_permutexvar_ps(even, hs)),
+                                          accm[t]);
+                accm[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(_mm512_permutexvar_ps(odd, M)),
+                                          _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, hs)),
+                                          accm[t]);
+            } else {
+                accm[t] = _mm256_mask3_fmadd_ps(
+                    _mm512_castps512_ps256(M),
+                    _mm256_maskz_loadu_ps(blocks, xq->bsum + tt * nb + gi * 8), accm[t], blocks);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = finish(acc[t], accm[t]);
+}
+
+#define INT_CASE(T_, type)                                                                     \
+    case T_: int_row(type, w, xq, t0, y, ldy, T_); break;
+#define INT_KERNEL(name, type)                                                                 \
+    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
+                           int64_t ldy) {                                                      \
+        switch (T) {                                                                           \
+            INT_CASE(1, type) INT_CASE(2, type) INT_CASE(3, type) INT_CASE(4, type)            \
+            INT_CASE(5, type) INT_CASE(6, type) INT_CASE(7, type)                              \
+        default: int_row(type, w, xq, t0, y, ldy, 8); break;                                   \
+        }                                                                                      \
+    }
+_Static_assert(DS4N_SMALL_T == 8, "INT_KERNEL covers 1..8 tokens");
+INT_KERNEL(q8_0, DS4N_Q8_0)
+INT_KERNEL(q4_0, DS4N_Q4_0)
+INT_KERNEL(q4_1, DS4N_Q4_1)
+INT_KERNEL(q4_K, DS4N_Q4_K)
+INT_KERNEL(q6_K, DS4N_Q6_K)
+
+DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512)
+
+const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS] = {
+    [DS4N_Q8_0] = int_q8_0,
+    [DS4N_Q4_0] = int_q4_0,
+    [DS4N_Q4_1] = int_q4_1,
+    [DS4N_Q4_K] = int_q4_K,
+    [DS4N_Q6_K] = int_q6_K,
+};

@@ -1,0 +1,86 @@
+"""Mean |Δ logprob| of each matmul precision (exact, int2, int3) and KV type on the SmolLM2
+exactness vectors (tests/data/vectors/smollm2, the embedded model) and on the verification
+kit's families (tests/data/kit), as the tests measure them; one CSV row per (model, case,
+precision, kv type). Used to choose the default precision (docs/integer-path.md).
+
+    .venv/bin/python scripts/figures/precision_distance.py [--kit] [--cases a,b] > distances.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from ds4d.engine import Engine  # noqa: E402
+from ds4d.engine.default_model import default_model_path  # noqa: E402
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    x -= x.max()
+    return x - np.log(np.exp(x).sum())
+
+
+def smollm2_distance(engine: Engine, path: Path) -> float:
+    """tests/test_vectors.py's measure: teacher-forced decode, mean over the exact top-20s."""
+    exact = json.loads(path.read_text())
+    steps = exact["steps"]
+    session = engine.new_session(len(exact["prompt_tokens"]) + len(steps))
+    session.eval(exact["prompt_tokens"])
+    diffs = []
+    for step in steps:
+        ours = log_softmax(session.compute_logits())
+        ids = np.array([t for t, _ in step["top"]])
+        want = np.array([lp for _, lp in step["top"]])
+        diffs.append(np.abs(ours[ids] - want).mean())
+        session.eval([step["token"]])
+    session.close()
+    return float(np.mean(diffs))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kit", action="store_true", help="also every kit family")
+    p.add_argument("--cases", default="", help="SmolLM2 cases (default: all)")
+    p.add_argument("--precisions", default="exact,int2,int3")
+    p.add_argument("--kv-types", default="f32,f16")
+    args = p.parse_args()
+    out = csv.writer(sys.stdout)
+    out.writerow(["model", "case", "precision", "kv_type", "mean_abs_dlogprob"])
+    cases_dir = REPO / "tests/data/vectors/smollm2"
+    cases = sorted(cases_dir.glob("*.exact.json"))
+    if args.cases:
+        cases = [c for c in cases if c.name.removesuffix(".exact.json") in args.cases.split(",")]
+    for kv in args.kv_types.split(","):
+        for prec in args.precisions.split(","):
+            with Engine.open(default_model_path(), threads=2, kv_type=kv, precision=prec) as e:
+                for c in cases:
+                    d = smollm2_distance(e, c)
+                    out.writerow(
+                        ["smollm2", c.name.removesuffix(".exact.json"), prec, kv, f"{d:.6f}"]
+                    )
+                    sys.stdout.flush()
+    if args.kit:
+        from tests.kit import kit_families, kit_model, kit_reference, teacher_forced
+
+        for fam in kit_families():
+            for kv in args.kv_types.split(","):
+                for prec in args.precisions.split(","):
+                    with Engine.open(kit_model(fam), threads=2, kv_type=kv, precision=prec) as e:
+                        for seq in kit_reference(fam):
+                            c = teacher_forced(e, seq, 0.01)
+                            out.writerow([fam, seq.name, prec, kv, f"{c.mean_abs:.6f}"])
+                            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,144 @@
+"""The integer-activation path (precision int2/int3, native/quants_int.h): bitwise the scalar
+reference at every SIMD level, every token bitwise its single-token result whatever the batch
+(decode, batched decode, prefill tiles), within a stated bound of the exact float64 product,
+and defined results for hostile activations (NaN, infinities, huge and tiny values, zeros). Near the float range's end
+(|x| ~ 1e38) the biased integer sums overflow to infinity sooner than float32 products would:
+such a block gives NaN or infinity, never undefined behaviour."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ds4d.engine import native
+from tests.test_kernels import LEVELS, random_weights, reference
+
+INT_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
+PRECISIONS = ["int2", "int3"]
+
+
+@pytest.fixture(params=[1, 2], ids=["1thread", "2threads"])
+def pool(request: pytest.FixtureRequest):
+    with native.Pool(request.param) as p:
+        yield p
+
+
+def run(pool: native.Pool, precision: str, qtype: str, raw: np.ndarray, rows: int, K: int,
+        X: np.ndarray, level: int = native.SIMD_AUTO) -> np.ndarray:  # fmt: skip
+    pool.set_precision(precision)
+    native.set_simd(level)
+    try:
+        return native.matmul(pool, qtype, raw, rows, K, X)
+    finally:
+        native.set_simd(native.SIMD_AUTO)
+        pool.set_precision("exact")
+
+
+def activations(rng: np.random.Generator, T: int, K: int) -> np.ndarray:
+    """Normal values with a few outliers per row, as residual streams have."""
+    X = rng.standard_normal((T, K)).astype(np.float32)
+    X[:, rng.integers(0, K, 3)] *= 40.0
+    return X
+
+
+def test_types_with_integer_kernels() -> None:
+    assert [
+        t
+        for t in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "Q5_K", "F32")
+        if native.int_type_supported(t)
+    ] == INT_TYPES
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("qtype", INT_TYPES)
+def test_every_simd_level_is_bitwise_the_scalar_reference(
+    qtype: str, precision: str, pool: native.Pool
+) -> None:
+    rng = np.random.default_rng(1)
+    rows = 19
+    # rows of 32-block types may end in a part group: 2 blocks (SmolLM2's 576) or 3
+    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512,):
+        raw = random_weights(qtype, rows, K, rng)
+        for T in (1, 4, 21):
+            X = activations(rng, T, K)
+            want = run(pool, precision, qtype, raw, rows, K, X, native.SIMD_SCALAR)
+            for level in LEVELS:
+                got = run(pool, precision, qtype, raw, rows, K, X, level)
+                assert got.tobytes() == want.tobytes(), (native.SIMD_NAMES[level], K, T)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("qtype", INT_TYPES)
+def test_each_token_is_bitwise_its_single_token_result(
+    qtype: str, precision: str, pool: native.Pool
+) -> None:
+    rng = np.random.default_rng(2)
+    rows, K = 37, 768
+    raw = random_weights(qtype, rows, K, rng)
+    X = activations(rng, 77, K)
+    alone = np.stack(
+        [run(pool, precision, qtype, raw, rows, K, X[t : t + 1])[0] for t in range(77)]
+    )
+    for T in (4, 8, 77):
+        got = run(pool, precision, qtype, raw, rows, K, X[:T])
+        assert got.tobytes() == alone[:T].tobytes(), T
+
+
+# |error| <= BOUND[p] · Σ|x|·|w|: the limbs keep the activations to 2^-15 (int2) or 2^-22 (int3)
+# of each block's largest value, on top of float32 accumulation.
+BOUND = {"int2": 2.0**-13, "int3": 2.0**-20}
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("qtype", INT_TYPES)
+def test_close_to_the_exact_product(qtype: str, precision: str, pool: native.Pool) -> None:
+    rng = np.random.default_rng(3)
+    rows, K, T = 29, 1024, 12
+    raw = random_weights(qtype, rows, K, rng)
+    W = reference(qtype, raw).reshape(rows, K).astype(np.float64)
+    X = activations(rng, T, K)
+    got = run(pool, precision, qtype, raw, rows, K, X)
+    exact = X.astype(np.float64) @ W.T
+    scale = np.abs(X).astype(np.float64) @ np.abs(W).T
+    err = np.abs(got - exact)
+    assert (err <= BOUND[precision] * scale + 1e-30).all(), float((err / scale).max())
+    # and the bound is not loose by orders of magnitude: int2 really is coarser than int3
+    if precision == "int2":
+        assert (err / scale).max() > BOUND["int3"]
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("qtype", INT_TYPES)
+def test_hostile_activations(qtype: str, precision: str, pool: native.Pool) -> None:
+    rng = np.random.default_rng(4)
+    rows, K = 8, 512
+    raw = random_weights(qtype, rows, K, rng)
+    W = reference(qtype, raw).reshape(rows, K).astype(np.float64)
+    X = activations(rng, 6, K)
+    X[0, 5] = np.nan
+    X[1, 300] = np.inf
+    X[2, :] = 0.0
+    X[3, :32] = 1e30  # huge: the block's scale carries it
+    X[4, :] = 1e-35  # below the smallest block scale: counts as zero
+    X[5, 64:96] = -0.0
+    got = run(pool, precision, qtype, raw, rows, K, X)
+    want = run(pool, precision, qtype, raw, rows, K, X, native.SIMD_SCALAR)
+    assert got.tobytes() == want.tobytes()
+    assert np.isnan(got[0]).all() and np.isnan(got[1]).all()
+    assert (got[2] == 0).all()
+    exact3 = X[3].astype(np.float64) @ W.T
+    assert np.allclose(got[3], exact3, rtol=1e-3, atol=1e-3 * np.abs(exact3).max())
+    assert (np.abs(got[4]) < 1e-30).all()
+    exact = X[5].astype(np.float64) @ W.T
+    assert np.allclose(got[5], exact, rtol=1e-3, atol=1e-3 * np.abs(exact).max())
+
+
+def test_exact_precision_is_the_float_path(pool: native.Pool) -> None:
+    rng = np.random.default_rng(5)
+    raw = random_weights("Q4_K", 16, 512, rng)
+    X = activations(rng, 3, 512)
+    float_path = native.matmul(pool, "Q4_K", raw, 16, 512, X)
+    assert run(pool, "exact", "Q4_K", raw, 16, 512, X).tobytes() == float_path.tobytes()
+    assert run(pool, "int3", "Q4_K", raw, 16, 512, X).tobytes() != float_path.tobytes()
+    with pytest.raises(ValueError, match="unknown precision"):
+        pool.set_precision("int4")
