@@ -19,8 +19,15 @@ both engines. The F16 file is written tensor by tensor (one tensor in memory at 
 --work (default OUT/.f16), quantized to each type, and deleted. The MoE, too large for an
 F16 intermediate on a shared disk, is written as Q8_0 (numpy, slow) and requantized.
 
-Timings and sizes on the 2-core Zen 4 VM (shared with other work): see
-docs/benchmarks-real-sizes.md. A development tool: llama.cpp is never a ds4d dependency.
+Measured on the 2-core Zen 4 VM while other work held it at load 20-24 (a quiet machine is
+several times faster; docs/benchmarks-real-sizes.md lists every file):
+  qwen2.5-coder-1.5b  F16 3.09 GB in 180 s; Q4_K_M 0.99 GB in 880 s
+  smollm2-1.7b        F16 3.42 GB in 246 s; Q4_K_M 1.06 GB in 1463 s
+  llama-3.2-3b        F16 6.43 GB in 584 s; Q4_K_M see the docs page
+  qwen3-8b            F16 16.4 GB, Q4_K_M about 5 GB expected (not generated yet)
+  qwen3-30b-a3b       Q8_0 about 32 GB, Q4_K_M about 18 GB expected (bench only; not
+                      generated yet)
+A development tool: llama.cpp is never a ds4d dependency.
 """
 
 from __future__ import annotations
