@@ -22,8 +22,9 @@ F16 intermediate on a shared disk, is written as Q8_0 (numpy, slow) and requanti
 Measured on the 2-core Zen 4 VM while other work held it at load 20-24 (a quiet machine is
 several times faster; docs/benchmarks-real-sizes.md lists every file):
   qwen2.5-coder-1.5b  F16 3.09 GB in 180 s; Q4_K_M 0.99 GB in 880 s
-  smollm2-1.7b        F16 3.42 GB in 246 s; Q4_K_M 1.06 GB in 1463 s
-  llama-3.2-3b        F16 6.43 GB in 584 s; Q4_K_M see the docs page
+  smollm2-1.7b        F16 3.42 GB in 246 s; Q4_K_M 1.06 GB in 1463 s, Q4_0 0.99 GB in
+                      215 s, Q8_0 1.82 GB in 270 s, Q6_K 1.41 GB in 603 s
+  llama-3.2-3b        F16 6.43 GB in 584 s; Q4_K_M 2.02 GB in 2365 s
   qwen3-8b            F16 16.4 GB, Q4_K_M about 5 GB expected (not generated yet)
   qwen3-30b-a3b       Q8_0 about 32 GB, Q4_K_M about 18 GB expected (bench only; not
                       generated yet)
