@@ -32,6 +32,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 # The engine's KV element types (ds4d.engine.decoder.KV_TYPES; a test keeps them in step),
 # named here so parsing a command line does not load the native library.
 KV_TYPES = ("f32", "f16", "q8_0")
+# "auto": the family's choice (ds4d.engine.engine.FAMILY_KV_TYPE), f16 for most.
+KV_CHOICES = ("auto", *KV_TYPES)
 # Where the weights live (ds4d.engine.weight_memory.WEIGHT_MODES; a test keeps them in step).
 WEIGHT_MODES = ("auto", "mmap", "huge")
 # Matmul precisions (ds4d.engine.engine.PRECISIONS; a test keeps them in step).
@@ -110,11 +112,12 @@ class Config:
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N"
     )
     kv_type: str = _key(
-        "f16",
+        "auto",
         "KV cache precision, resident and on disk: f32 (exact), f16 (half of f32) or "
-        "q8_0 (34/128 of f32; head dimension a multiple of 32); DeepSeek V4 keeps its own KV "
-        "format and ignores it",
-        choices=KV_TYPES,
+        "q8_0 (34/128 of f32; head dimension a multiple of 32); auto is f16, or f32 for the "
+        "families where f16 costs more accuracy (gpt-oss, phi3, qwen3moe); DeepSeek V4 keeps "
+        "its own KV format and ignores it",
+        choices=KV_CHOICES,
     )
     precision: str = _key(
         "exact",

@@ -6,9 +6,9 @@ this module reaches the family only through those Protocols (FamilyModel, Family
 BatchedModel for the batched forward pass). Everything else here (chunked prefill,
 rewind, the session payload) is family-neutral.
 
-KV precision: the attention decoders store K and V as `kv_type` (KV_TYPES: f32, f16, q8_0;
-f16 by default, the exact f32 on request), resident and in session payloads, which record
-it. A family that is no BatchedModel keeps its own KV format and ignores kv_type:
+KV precision: the attention decoders store K and V as `kv_type` (KV_TYPES: f32, f16, q8_0),
+resident and in session payloads, which record it. "auto" (the default) is the family's
+own choice, FAMILY_KV_TYPE: f16, or f32 where f16 measurably costs more than the bar. A family that is no BatchedModel keeps its own KV format and ignores kv_type:
 DeepSeek V4, whose compressed cache has a fixed layout (reported as "native").
 
 Sessions of one engine share its native thread pool, which runs one forward call at a
@@ -59,6 +59,15 @@ PREFILL_CHUNK = 256
 # The KV type serving defaults to: half the bytes of f32 at a log-prob distance of ~0.001
 # on the SmolLM2 vectors (tests/engine/test_kv_types.py measures it).
 DEFAULT_KV_TYPE = "f16"
+AUTO_KV = "auto"
+# Families whose "auto" KV type is not DEFAULT_KV_TYPE: on their kit models f16 K/V puts the
+# mean |Δ logprob| above the 0.003 bar (docs/kv-precision.md has every family's figures and
+# tests/engine/test_family_kv.py checks them). f16 rounds K by up to 2^-11 of its size; the
+# error of a score is that times the score, and these families scale the scores up: gpt-oss
+# by YaRN's attention factor on q and k (1.35² = 1.82 at factor 32), Phi-3 by LongRoPE's
+# (1.19² = 1.42); the MoE families then turn a small error into a different top-k expert
+# choice wherever two router logits nearly tie (a jump of up to 1.8 logprob on gpt-oss).
+FAMILY_KV_TYPE = {"gpt-oss": "f32", "phi3": "f32", "qwen3moe": "f32"}
 
 # Matmul precision (native.PRECISIONS): "exact" multiplies dequantized weights by float32
 # activations; "int2"/"int3" split each 32-value block of activations into 2 or 3 int8 limbs
@@ -143,7 +152,7 @@ class Engine:
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], threads: int | None = None,
-             kv_type: str = DEFAULT_KV_TYPE, *, rope_scaling: str = "",
+             kv_type: str = AUTO_KV, *, rope_scaling: str = "",
              n_ctx: int = 0, weights: str = "auto",
              precision: str = DEFAULT_PRECISION) -> Engine:  # fmt: skip
         """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
@@ -155,8 +164,9 @@ class Engine:
         `precision` is the matmuls' (PRECISIONS)."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
-        if kv_type not in KV_TYPES:
-            raise EngineError(f"unknown KV type {kv_type!r} (known: {', '.join(KV_TYPES)})")
+        if kv_type != AUTO_KV and kv_type not in KV_TYPES:
+            known = ", ".join((AUTO_KV, *KV_TYPES))
+            raise EngineError(f"unknown KV type {kv_type!r} (known: {known})")
         if precision not in PRECISIONS:
             raise EngineError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
         if weights not in WEIGHT_MODES:
@@ -172,6 +182,8 @@ class Engine:
                 f" (supported: {', '.join(supported_architectures())})"
             )
         family = cast(Family, importlib.import_module(module))
+        if kv_type == AUTO_KV:
+            kv_type = FAMILY_KV_TYPE.get(family.FAMILY, DEFAULT_KV_TYPE)
         pool = native.Pool(threads if threads is not None else native.physical_cores())
         try:
             model = family.load(gf, pool)

@@ -1,5 +1,5 @@
-"""Single-stream decode speed of ds4d beside llama.cpp on the same GGUF, at several
-context lengths, each as a fraction of the machine's read-bandwidth bound.
+"""Single-stream prefill and decode speed of ds4d beside llama.cpp on the same GGUFs, at
+several context lengths, each decode as a fraction of the machine's read-bandwidth bound.
 
 One round runs, for every context N, `ds4d bench` (prefill N prompt tokens, then
 `--gen-tokens` greedy tokens) and llama.cpp timing the same prompt and count through
@@ -12,8 +12,12 @@ N prompt rows and the generated ones), the bandwidth measured by `ds4d bench --b
 f16 KV by default, so one bound serves both.
 
     .venv/bin/python scripts/figures/decode_figure.py --peer-python PEER/bin/python \
-        --peer-script scripts/figures/llamacpp_speed.py [--ctx 512 4096 16384] [--rounds 3] \
-        [--gen-tokens 64] [--threads 2] [--csv decode.csv] [--plot docs/decode-bench.png]
+        --peer-script scripts/figures/llamacpp_speed.py [--model A.gguf B.gguf ...] [--ctx 512 4096 16384] \
+        [--rounds 3] [--gen-tokens 64] [--threads 2] [--csv decode.csv] \
+        [--plot docs/decode-bench.png] [--markdown table.md]
+
+Several --model files are measured in one run (each model's rounds interleaved the same
+way); the table, the CSV and the plot have one row (one bar group) per model and context.
 
 A measuring tool, not a test: it prints figures and asserts nothing.
 """
@@ -36,6 +40,7 @@ PROMPT = REPO / "tests" / "data" / "text" / "promessi_sposi.txt"
 
 @dataclass
 class Run:
+    model: str
     engine: str
     ctx: int
     round: int
@@ -55,7 +60,7 @@ def ds4d_bench(model: str, ctx: int, gen: int, threads: int, rnd: int) -> Run:
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=REPO)
         with out.open() as f:
             row = next(csv.DictReader(f))
-    return Run("ds4d", ctx, rnd, float(row["prefill_tps"]), float(row["gen_tps"]),
+    return Run(model, "ds4d", ctx, rnd, float(row["prefill_tps"]), float(row["gen_tps"]),
                int(row["kv_bytes"]))  # fmt: skip
 
 
@@ -64,7 +69,7 @@ def llamacpp(peer: str, script: str, model: str, ctx: int, gen: int, threads: in
     argv = [peer, script, model, str(PROMPT), str(threads), str(ctx), str(gen)]
     line = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
     obj = json.loads(line.strip().splitlines()[-1])
-    return Run("llama.cpp", ctx, rnd, float(obj["prefill_tps"]), float(obj["decode_tps"]), 0)
+    return Run(model, "llama.cpp", ctx, rnd, float(obj["prefill_tps"]), float(obj["decode_tps"]), 0)
 
 
 def bandwidth(threads: int) -> float:
@@ -91,85 +96,130 @@ def weight_bytes(model: str) -> int:
     return total
 
 
+@dataclass
+class Row:
+    model: str
+    ctx: int
+    ours: Run  # ds4d's best decode round
+    peer: Run  # llama.cpp's best decode round
+    pre_ours: float  # best prefill t/s of each engine
+    pre_peer: float
+    bound: float  # decode t/s at the read-bandwidth bound
+
+
+def best_rows(runs: list[Run], models: list[str], ctxs: list[int], bw: float) -> list[Row]:
+    rows = []
+    for model in models:
+        weights = weight_bytes(model)
+        for ctx in ctxs:
+            mine = [r for r in runs if r.model == model and r.ctx == ctx]
+            ours = max((r for r in mine if r.engine == "ds4d"), key=lambda r: r.decode_tps)
+            peer = max((r for r in mine if r.engine == "llama.cpp"), key=lambda r: r.decode_tps)
+            rows.append(Row(model, ctx, ours, peer,
+                            max(r.prefill_tps for r in mine if r.engine == "ds4d"),
+                            max(r.prefill_tps for r in mine if r.engine == "llama.cpp"),
+                            bw / (weights + ours.kv_bytes)))  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = [
+        "| model | context | ds4d prefill | llama.cpp prefill | ratio | ds4d decode | "
+        "llama.cpp decode | ratio | bound | ds4d / bound | llama.cpp / bound |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        o, p = r.ours.decode_tps, r.peer.decode_tps
+        lines.append(
+            f"| {Path(r.model).stem} | {r.ctx} | {r.pre_ours:.1f} | {r.pre_peer:.1f} | "
+            f"{r.pre_ours / r.pre_peer:.2f}× | {o:.1f} | {p:.1f} | {o / p:.2f}× | "
+            f"{r.bound:.1f} | {o / r.bound:.0%} | {p / r.bound:.0%} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[Row], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_pre, ax_dec) = plt.subplots(1, 2, figsize=(max(7, 1.6 * len(rows)) * 1.6, 4.5))
+    xs = list(range(len(rows)))
+    labels = [f"{Path(r.model).stem}\n{r.ctx}" for r in rows]
+    width = 0.28
+    ax_dec.bar([x - width for x in xs], [r.bound for r in rows], width,
+               label="read-bandwidth bound", color="#dddddd")  # fmt: skip
+    ax_dec.bar(xs, [r.ours.decode_tps for r in rows], width, label="ds4d")
+    ax_dec.bar([x + width for x in xs], [r.peer.decode_tps for r in rows], width,
+               label="llama.cpp")  # fmt: skip
+    ax_dec.set_ylabel("decode tokens/s (best of rounds)")
+    ax_pre.bar([x - width / 2 for x in xs], [r.pre_ours for r in rows], width, label="ds4d")
+    ax_pre.bar([x + width / 2 for x in xs], [r.pre_peer for r in rows], width,
+               label="llama.cpp")  # fmt: skip
+    ax_pre.set_ylabel("prefill tokens/s (best of rounds)")
+    for ax in (ax_pre, ax_dec):
+        ax.set_xticks(xs, labels, fontsize=7)
+        ax.set_xlabel("model, context (tokens)")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--peer-python", required=True, help="python with llama-cpp-python")
     ap.add_argument("--peer-script", required=True, help="llama.cpp timing script")
-    ap.add_argument("--model", default="", help="GGUF (default: the embedded model)")
+    ap.add_argument("--model", nargs="+", default=[], help="GGUFs (default: the embedded model)")
     ap.add_argument("--ctx", type=int, nargs="+", default=[512, 4096, 16384])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gen-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--csv", type=Path)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--markdown", type=Path, help="write the table here too")
     args = ap.parse_args()
 
-    model = args.model
-    if not model:
+    models = args.model
+    if not models:
         sys.path.insert(0, str(REPO))
         from ds4d.engine.default_model import default_model_path
 
-        model = str(default_model_path())
+        models = [str(default_model_path())]
     runs: list[Run] = []
     for rnd in range(args.rounds):
-        for ctx in args.ctx:
-            for engine in ("ds4d", "llama.cpp") if rnd % 2 == 0 else ("llama.cpp", "ds4d"):
-                if engine == "ds4d":
-                    run = ds4d_bench(args.model, ctx, args.gen_tokens, args.threads, rnd)
-                else:
-                    run = llamacpp(args.peer_python, args.peer_script, model, ctx,
-                                   args.gen_tokens, args.threads, rnd)  # fmt: skip
-                runs.append(run)
-                print(f"round {rnd} ctx {ctx:>6} {engine:>9}: prefill {run.prefill_tps:7.1f} "
-                      f"decode {run.decode_tps:7.1f} t/s", flush=True)  # fmt: skip
+        for model in models:
+            for ctx in args.ctx:
+                for engine in ("ds4d", "llama.cpp") if rnd % 2 == 0 else ("llama.cpp", "ds4d"):
+                    if engine == "ds4d":
+                        run = ds4d_bench(model, ctx, args.gen_tokens, args.threads, rnd)
+                    else:
+                        run = llamacpp(args.peer_python, args.peer_script, model, ctx,
+                                       args.gen_tokens, args.threads, rnd)  # fmt: skip
+                    runs.append(run)
+                    print(f"round {rnd} {Path(model).stem} ctx {ctx:>6} {engine:>9}: prefill "
+                          f"{run.prefill_tps:7.1f} decode {run.decode_tps:7.1f} t/s",
+                          flush=True)  # fmt: skip
     bw = bandwidth(args.threads)
-    weights = weight_bytes(model)
-    print(f"\nread bandwidth {bw / 1e9:.1f} GB/s, weights read per token {weights / 1e6:.1f} MB")
-    print("| context | ds4d decode | llama.cpp decode | ratio | bound | ds4d / bound | "
-          "llama.cpp / bound | ds4d prefill | llama.cpp prefill |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    rows = []
-    for ctx in args.ctx:
-        ours = max((r for r in runs if r.engine == "ds4d" and r.ctx == ctx),
-                   key=lambda r: r.decode_tps)  # fmt: skip
-        peer = max((r for r in runs if r.engine == "llama.cpp" and r.ctx == ctx),
-                   key=lambda r: r.decode_tps)  # fmt: skip
-        pre_ours = max(r.prefill_tps for r in runs if r.engine == "ds4d" and r.ctx == ctx)
-        pre_peer = max(r.prefill_tps for r in runs if r.engine == "llama.cpp" and r.ctx == ctx)
-        bound = bw / (weights + ours.kv_bytes)
-        rows.append((ctx, ours.decode_tps, peer.decode_tps, bound))
-        print(f"| {ctx} | {ours.decode_tps:.1f} | {peer.decode_tps:.1f} | "
-              f"{ours.decode_tps / peer.decode_tps:.2f}× | {bound:.0f} | "
-              f"{ours.decode_tps / bound:.0%} | {peer.decode_tps / bound:.0%} | "
-              f"{pre_ours:.0f} | {pre_peer:.0f} |")  # fmt: skip
+    print(f"\nread bandwidth {bw / 1e9:.1f} GB/s ({args.threads} threads)")
+    rows = best_rows(runs, models, args.ctx, bw)
+    table = markdown(rows)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table)
     if args.csv:
         with args.csv.open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["engine", "ctx", "round", "prefill_tps", "decode_tps", "bound_tps"])
+            w.writerow(["model", "engine", "ctx", "round", "prefill_tps", "decode_tps",
+                        "bound_tps", "bandwidth_gbs"])  # fmt: skip
             for r in runs:
-                bound = next(b for c, _, _, b in rows if c == r.ctx)
-                w.writerow([r.engine, r.ctx, r.round, f"{r.prefill_tps:.2f}",
-                            f"{r.decode_tps:.2f}", f"{bound:.2f}"])  # fmt: skip
+                bound = next(x.bound for x in rows if x.model == r.model and x.ctx == r.ctx)
+                w.writerow([Path(r.model).name, r.engine, r.ctx, r.round, f"{r.prefill_tps:.2f}",
+                            f"{r.decode_tps:.2f}", f"{bound:.2f}", f"{bw / 1e9:.2f}"])  # fmt: skip
     if args.plot:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(7, 4))
-        xs = range(len(rows))
-        width = 0.28
-        ax.bar([x - width for x in xs], [r[3] for r in rows], width, label="read-bandwidth bound",
-               color="#dddddd")  # fmt: skip
-        ax.bar(list(xs), [r[1] for r in rows], width, label="ds4d")
-        ax.bar([x + width for x in xs], [r[2] for r in rows], width, label="llama.cpp")
-        ax.set_xticks(list(xs), [f"{r[0]}" for r in rows])
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("decode tokens/s (best of rounds)")
-        ax.set_title(f"single-stream decode, {args.threads} threads, {bw / 1e9:.1f} GB/s bound")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=110)
+        plot(rows, args.plot, f"ds4d and llama.cpp, {args.threads} threads, best of "
+             f"{args.rounds}, read bound {bw / 1e9:.1f} GB/s")  # fmt: skip
 
 
 if __name__ == "__main__":

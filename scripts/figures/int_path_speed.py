@@ -23,7 +23,7 @@ PRECISIONS = ("exact", "int2", "int3")
 
 
 def kernels(types: list[str], rounds: int = 7) -> None:
-    from tests.test_kernels import random_weights
+    from tests.native.test_kernels import random_weights
 
     rng = np.random.default_rng(0)
     rows = K = 2048

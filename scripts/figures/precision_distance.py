@@ -69,7 +69,7 @@ def main() -> int:
                     )
                     sys.stdout.flush()
     if args.kit:
-        from tests.kit import kit_families, kit_model, kit_reference, teacher_forced
+        from tests.helpers.kit import kit_families, kit_model, kit_reference, teacher_forced
 
         for fam in kit_families():
             for kv in args.kv_types.split(","):

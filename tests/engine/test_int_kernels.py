@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ds4d.engine import native
-from tests.test_kernels import LEVELS, random_weights, reference
+from tests.native.test_kernels import LEVELS, random_weights, reference
 
 INT_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"]
 PRECISIONS = ["int2", "int3"]

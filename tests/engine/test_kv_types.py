@@ -177,11 +177,12 @@ def test_logprob_distance_of_each_kv_type(engines, data_dir: Path) -> None:
 
 
 def test_config_knows_the_engine_kv_types() -> None:
-    from ds4d.daemon.config import KV_TYPES, Config
+    from ds4d.daemon.config import KV_CHOICES, KV_TYPES, Config
     from ds4d.engine.decoder import KV_TYPES as ENGINE_KV_TYPES
 
     assert KV_TYPES == tuple(ENGINE_KV_TYPES)
-    assert Config().kv_type == "f16"
+    assert KV_CHOICES == ("auto", *KV_TYPES)
+    assert Config().kv_type == "auto"
 
 
 def _ds4d(*args: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ds4d.engine import Engine, EngineError
-from tests.test_batch_forward import SMALL_SCHEDULE, assert_alone_equal, run_batched
+from tests.engine.test_batch_forward import SMALL_SCHEDULE, assert_alone_equal, run_batched
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 314, 1945, 3149]
 
@@ -60,7 +60,7 @@ def test_integer_path_changes_the_logits_a_little(int_engine: Engine, model_path
 def test_types_without_integer_kernels_stay_exact() -> None:
     """The kit's llama is F16 throughout: int3 leaves every logit bitwise the exact path's
     (so the kit families' distances do not move with --precision)."""
-    from tests.kit import kit_model
+    from tests.helpers.kit import kit_model
 
     logits = {}
     for precision in ("exact", "int3"):
