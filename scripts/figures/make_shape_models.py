@@ -331,8 +331,12 @@ def main() -> None:
     ap.add_argument("names", nargs="*", choices=[*SHAPES, []], default=[])
     ap.add_argument("--out", type=Path, default=Path("shape-models"))
     ap.add_argument("--work", type=Path, help="where the F16 intermediate goes (OUT/.f16)")
-    ap.add_argument("--quantize", type=Path, default=Path("llama-quantize"),
-                    help="llama.cpp's quantizer (default: the one on PATH)")
+    ap.add_argument(
+        "--quantize",
+        type=Path,
+        default=Path("llama-quantize"),
+        help="llama.cpp's quantizer (default: the one on PATH)",
+    )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--types", nargs="+", help="override each shape's types")
     ap.add_argument("--keep-source", action="store_true", help="keep the F16/Q8_0 file")
