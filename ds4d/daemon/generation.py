@@ -42,6 +42,7 @@ from ds4d.daemon.chunking import ChunkSizer
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool, Ticket
 from ds4d.engine.engine import Engine, Session
+from ds4d.engine.infill_sampling import infill_rule_for
 from ds4d.engine.sampler import SamplingParams, make_rng, sample
 from ds4d.state.kvstate import KVState
 from ds4d.state.matching import common_prefix
@@ -506,8 +507,9 @@ class Generator:
     def _sampling(self, req: ChatRequest) -> SamplingParams:
         s = req.sampling
         return SamplingParams(
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed
-        )
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, min_p=s.min_p, seed=s.seed,
+            infill=infill_rule_for(self.tok) if s.infill else None,
+        )  # fmt: skip
 
     def _rng(self, req: ChatRequest) -> np.random.Generator:
         return make_rng(req.sampling.seed)
