@@ -457,7 +457,8 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
                     await gen.run(job, send)
                     nursery.cancel_scope.cancel()
             if req.priority == "completion":
-                daemon.metrics.count_completion(job.record, cancelled=scope.cancelled_caught)
+                # cancelled: never had a slot, or stopped before its end (the record says)
+                daemon.metrics.count_completion(job.record, cancelled=job.slot is None)
 
         async def abandon_unless_consumed() -> None:
             # A client gone between the handler's return and the first body read never
