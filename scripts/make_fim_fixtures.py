@@ -92,7 +92,9 @@ def main() -> None:
                         s.raise_for_status()
                         ids = saved_tokens(save / f"{case}.bin")
                         if len(ids) != n_eval:
-                            raise RuntimeError(f"{name}/{case}: {len(ids)} saved, {n_eval} evaluated")
+                            raise RuntimeError(
+                                f"{name}/{case}: {len(ids)} saved, {n_eval} evaluated"
+                            )
                         cases[case] = ids
                 finally:
                     proc.terminate()

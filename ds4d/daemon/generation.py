@@ -352,6 +352,9 @@ class Generator:
                 tool_ids=tool_call_ids(job.request),
                 on_progress=progress,
                 chunk=chunk_size,
+                # an editor's completion keeps any shared prefix (kv-cache-min-tokens is
+                # for agents' conversations)
+                min_reuse=1 if job.request.priority == "completion" else None,
             )
         except BaseException:
             rec.prefill_s = time.perf_counter() - t0

@@ -85,6 +85,7 @@ async def sync_slot(
     tool_ids: Iterable[str] = (),
     on_progress: Callable[[int, int], None] | None = None,
     chunk: int | ChunkSize = PREFILL_CHUNK,
+    min_reuse: int | None = None,
 ) -> SyncResult:
     """Make `slot.session` hold the prompt (and its next-token logits).
 
@@ -94,19 +95,23 @@ async def sync_slot(
     frontiers to write those checkpoints. `tool_ids`: the conversation's tool-call ids,
     stored with its checkpoints for exact replay after a restart. `chunk`: tokens per
     prefill call, or what gives them before each call from the tokens held and the
-    prompt's length (the daemon sizes chunks by engine time)."""
+    prompt's length (the daemon sizes chunks by engine time). `min_reuse`: the shortest
+    shared prefix kept, when not the KV state's policy (kv-cache-min-tokens)."""
     session = slot.session
     live = session.tokens
     if kv is not None:
         # the slot is ours: its session holds still while the plan is made on a worker
-        plan = await run_blocking(kv.plan, session, prompt_text, prompt_tokens)
+        plan = await run_blocking(kv.plan, session, prompt_text, prompt_tokens, min_reuse)
         if plan.evict_save:
             await run_engine(kv.save_evict, session)
         kv.begin(session, plan.source, tool_ids)
     else:
         plan = await run_blocking(
             lambda: plan_sync(live, prompt_text, prompt_tokens, decode=decode, encode=encode)
-        )
+            if min_reuse is None
+            else plan_sync(live, prompt_text, prompt_tokens, decode=decode, encode=encode,
+                           min_tokens=min_reuse)
+        )  # fmt: skip
 
     tokens: list[int] | None = plan.tokens
     reused, source = plan.keep, plan.source

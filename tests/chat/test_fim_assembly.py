@@ -27,7 +27,9 @@ def vocab(name: str) -> tuple[Tokenizer, FimTokens]:
 
 def infill_input(fields: dict) -> InfillInput:
     extra = [ExtraChunk(c["text"], c.get("filename", "tmp")) for c in fields.get("input_extra", [])]
-    return InfillInput(fields["input_prefix"], fields["input_suffix"], fields.get("prompt", ""), extra)
+    return InfillInput(
+        fields["input_prefix"], fields["input_suffix"], fields.get("prompt", ""), extra
+    )
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
