@@ -219,3 +219,39 @@ def test_a_model_without_fim_tokens_refuses_in_one_line(tmp_path):
         assert c.status_code == 400 and c.json()["error"]["message"] == message
         plain = httpx.post(f"{d.url}/v1/completions", json={"prompt": "a", "max_tokens": 1})
         assert plain.status_code == 200
+
+
+def test_a_completion_during_a_long_chat_prefill_answers_first(tmp_path):
+    """An agent's 5.7k-token prompt is prefilling on one slot when an editor asks for a
+    completion: the completion is answered before the agent's first token, and the
+    agent's prefix is still held afterwards (its next turn reuses it)."""
+    args = ("-m", str(kit_model("qwen2")), "--ctx", "8192", "--threads", "1", "--slots", "2")
+    words = " ".join(f"w{i}" for i in range(1350))
+    chat = {"messages": [{"role": "user", "content": words}], "max_tokens": 1, "stream": True}
+    with running_daemon(tmp_path, *args) as d:
+        order: list[str] = []
+        before = d.metrics()["ds4d_prefill_chunks_total"]
+
+        def agent() -> None:
+            with httpx.stream("POST", f"{d.url}/v1/chat/completions", json=chat, timeout=300) as r:
+                for line in r.iter_lines():  # its one token comes with its finish
+                    if '"finish_reason": "' in line:
+                        order.append("agent's first token")
+
+        t = threading.Thread(target=agent)
+        t.start()
+        wait_until(
+            lambda: d.metrics()["ds4d_prefill_chunks_total"] > before,
+            60,
+            "the agent's prefill did not start",
+        )
+        assert not order, "the agent's prefill ended before the completion was sent"
+        reply = infill(d, **at_cursor(SOURCE, 50, n_predict=1, temperature=0))
+        order.append("completion")
+        t.join(300)
+        assert order == ["completion", "agent's first token"]
+        assert reply["tokens_predicted"] <= 1
+        again = httpx.post(f"{d.url}/v1/chat/completions", json={**chat, "stream": False},
+                           timeout=300).json()  # fmt: skip
+        usage = again["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 8
