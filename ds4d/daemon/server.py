@@ -436,8 +436,10 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
                     req.tool_choice.name or req.tool_choice.mode,
                 )
             if req.fim is not None:  # fill-in-the-middle: the prompt's ids, assembled
-                fim = gen.engine.fim
-                await trio.to_thread.run_sync(lambda: assemble_request(req, gen.tok, fim, gen.ctx))
+                fim, spm = gen.engine.fim, daemon.config.infill_order == "spm"
+                await trio.to_thread.run_sync(
+                    lambda: assemble_request(req, gen.tok, fim, gen.ctx, suffix_first=spm)
+                )
             job = await gen.prepare(req, kind, param)
             job.ticket = gen.pool.request(job.tokens)
         except (ApiError, Refused) as refused:
