@@ -255,3 +255,27 @@ def test_a_completion_during_a_long_chat_prefill_answers_first(tmp_path):
                            timeout=300).json()  # fmt: skip
         usage = again["usage"]
         assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 8
+
+
+def test_suffix_first_order_keeps_the_suffix_while_typing(tmp_path):
+    """--infill-order spm: the suffix goes before the prefix, so a keystroke at the cursor
+    evaluates only the last few tokens, however long the suffix."""
+    tok, fim = vocab()
+    args = ("-m", str(kit_model("qwen2")), "--ctx", str(CTX), "--threads", "1",
+            "--slots", "1", "--infill-order", "spm")  # fmt: skip
+    cursor = SOURCE.index("    return out")
+    with running_daemon(tmp_path, *args) as d:
+        previous: list[int] | None = None
+        for typed in ("", "p", "pr", "pri"):
+            body = at_cursor(SOURCE[:cursor] + typed + SOURCE[cursor:], cursor + len(typed),
+                             n_predict=0)  # fmt: skip
+            extra = [ExtraChunk(c["text"], c["filename"]) for c in EXTRA]
+            inp = InfillInput(body["input_prefix"], body["input_suffix"], "", extra)
+            ids = assemble(tok, fim, inp, Budget(CTX, 2048, 0, suffix_first=True)).ids
+            assert ids.index(fim.suf) < ids.index(fim.pre)
+            reply = infill(d, **body)
+            assert reply["tokens_evaluated"] == len(ids)
+            if previous is not None:
+                assert reply["tokens_cached"] == common_prefix(previous, ids)
+                assert reply["timings"]["prompt_n"] <= 4  # the typed tokens and [MID]
+            previous = ids
