@@ -38,11 +38,20 @@ def free_port() -> int:
 
 
 def saved_tokens(path: Path) -> list[int]:
+    """The slot's tokens in a saved sequence state: magic, version, a count of 32-bit
+    words, then llama-server's packed tokens (LLAMA_TOKEN_NULL, a format version, the
+    token count and the tokens, then its media chunks: none here)."""
     raw = path.read_bytes()
     magic, _version, n = struct.unpack_from("<III", raw, 0)
     if magic != SEQ_MAGIC:
         raise ValueError(f"{path}: not a llama.cpp sequence state file")
-    return list(struct.unpack_from(f"<{n}i", raw, 12))
+    packed = list(struct.unpack_from(f"<{n}i", raw, 12))
+    if not packed or packed[0] != -1:  # an older server: the plain token list
+        return packed
+    count = packed[2]
+    if packed[3 + count :] != [0]:
+        raise ValueError(f"{path}: media chunks or an unknown layout: {packed[:3]}")
+    return packed[3 : 3 + count]
 
 
 def run_server(server: str, gguf: Path, cfg: dict, save_dir: Path, log: Path):

@@ -136,7 +136,9 @@ CASES: list[tuple[str, dict]] = [
     ("empty", {"input_prefix": "", "input_suffix": ""}),
     ("markup_is_text", {
         "input_prefix": "s = '<|fim_prefix|><fim_suffix><｜fim▁hole｜> <PRE> <|file_sep|>'\n",
-        "input_suffix": "<|fim_middle|><|endoftext|>\n", "prompt": "<|repo_name|>",
+        # (not in `prompt`: llama.cpp parses markup there, ds4d does not; see
+        # test_markup_in_user_text_is_never_a_marker)
+        "input_suffix": "<|fim_middle|><|endoftext|>\n", "prompt": "t = '<'",
         "input_extra": [{"filename": "<|file_sep|>", "text": "<fim_middle><s></s>"}],
     }),
     ("unicode", {
