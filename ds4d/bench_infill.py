@@ -17,7 +17,7 @@ the first streamed piece of text (a request whose first piece is empty or that g
 nothing counts its whole time). Servers run interleaved (A B, then B A, ...) for --rounds
 rounds; each round starts cold for every server (a round tag leads the first chunk).
 
-The client is plain http.client, one keep-alive connection per server.
+The client is plain http.client, a connection per request.
 """
 
 from __future__ import annotations
@@ -149,20 +149,27 @@ def session(args: argparse.Namespace, round_tag: str) -> list[Request]:
 
 
 class Client:
+    """One connection per request: llama-server closes a streamed response's connection
+    (a loopback connect costs both servers the same fraction of a millisecond)."""
+
     def __init__(self, url: str, timeout: float) -> None:
         u = urllib.parse.urlsplit(url)
         self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
         self.timeout = timeout
-        self.conn: http.client.HTTPConnection | None = None
 
     def infill(self, body: dict[str, Any]) -> tuple[dict[str, Any], float, float]:
         """(final object, time to first text, total time)."""
-        if self.conn is None:
-            self.conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         data = json.dumps(body).encode()
-        t0 = time.perf_counter()
-        self.conn.request("POST", "/infill", data, {"Content-Type": "application/json"})
-        resp = self.conn.getresponse()
+        try:
+            t0 = time.perf_counter()
+            conn.request("POST", "/infill", data, {"Content-Type": "application/json"})
+            return self._read(conn.getresponse(), t0)
+        finally:
+            conn.close()
+
+    def _read(self, resp: http.client.HTTPResponse, t0: float
+              ) -> tuple[dict[str, Any], float, float]:  # fmt: skip
         if resp.status != 200:
             raise CliError(f"{self.host}:{self.port}: /infill {resp.status}: {resp.read()[:300]!r}")
         ttft: float | None = None
@@ -194,7 +201,7 @@ def replay(label: str, url: str, requests: list[Request], rnd: int, timeout: flo
     for i, req in enumerate(requests):
         final, ttft, total = client.infill(req.body)
         prompt = int(final.get("tokens_evaluated", 0))
-        reused = int(final.get("tokens_cached", 0))
+        reused = int(final.get("timings", {}).get("cache_n", 0))  # prompt tokens reused
         rows.append({
             "label": label, "round": rnd, "index": i, "kind": req.kind,
             "prompt_tokens": prompt, "reused_tokens": reused,

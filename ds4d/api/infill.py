@@ -158,7 +158,9 @@ def _final(req: ChatRequest, text: str, usage: Usage, finish: Finish, model: str
         },
         "stop_type": _stop_type(finish),
         "stopping_word": finish.stop_sequence or "",
-        "tokens_cached": usage.cached_tokens,
+        # llama.cpp's meaning: the tokens the slot's KV holds now (prompt and generated);
+        # how many of the prompt's were reused is timings.cache_n
+        "tokens_cached": usage.prompt_tokens + usage.completion_tokens,
         "timings": _timings(usage, prompt_s, predict_s),
     }
     if finish.reason == "error":

@@ -91,7 +91,8 @@ def test_infill_answers_with_llama_cpp_fields(daemon):
     assert reply["stop"] is True and reply["stop_type"] in ("eos", "limit")
     assert 0 <= reply["tokens_predicted"] <= 4 and isinstance(reply["content"], str)
     t = reply["timings"]
-    assert t["prompt_n"] == reply["tokens_evaluated"] - reply["tokens_cached"]
+    assert t["prompt_n"] == reply["tokens_evaluated"] - t["cache_n"]
+    assert reply["tokens_cached"] == reply["tokens_evaluated"] + reply["tokens_predicted"]
     assert t["predicted_n"] == reply["tokens_predicted"] and t["prompt_ms"] > 0
     assert reply["truncated"] is False
     picked = infill(daemon, **body, response_fields=["content", "timings/prompt_n", "no/such"])
@@ -124,14 +125,15 @@ def test_keystrokes_reuse_exactly_the_shared_prefix(daemon):
     previous: list[int] | None = None
     warm = at_cursor(SOURCE, cursor, n_predict=0)
     infill(daemon, **warm)
-    assert infill(daemon, **warm)["tokens_cached"] == len(expected_ids(warm, 0))
+    again = infill(daemon, **warm)
+    assert again["timings"]["cache_n"] == again["tokens_cached"] == len(expected_ids(warm, 0))
     previous = expected_ids(warm, 0)
     for text, at in states:
         body = at_cursor(text, at, n_predict=0)
         ids = expected_ids(body, 0)
         reply = infill(daemon, **body)
         assert reply["tokens_evaluated"] == len(ids)
-        assert reply["tokens_cached"] == common_prefix(previous, ids), text[at - 5 : at + 5]
+        assert reply["timings"]["cache_n"] == common_prefix(previous, ids), text[at - 5 : at + 5]
         assert reply["timings"]["prompt_n"] == len(ids) - common_prefix(previous, ids)
         previous = ids
     # the extra context and the file up to the cursor's line were never evaluated again
@@ -276,6 +278,6 @@ def test_suffix_first_order_keeps_the_suffix_while_typing(tmp_path):
             reply = infill(d, **body)
             assert reply["tokens_evaluated"] == len(ids)
             if previous is not None:
-                assert reply["tokens_cached"] == common_prefix(previous, ids)
+                assert reply["timings"]["cache_n"] == common_prefix(previous, ids)
                 assert reply["timings"]["prompt_n"] <= 4  # the typed tokens and [MID]
             previous = ids
