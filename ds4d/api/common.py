@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -297,8 +298,25 @@ class Completion:
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage = field(default_factory=lambda: Usage(0, 0))
     finish: Finish = field(default_factory=lambda: Finish("stop"))
+    # When each Usage event and the Finish arrived (perf_counter): the generator sends the
+    # prompt's usage when the job starts, again once the prompt is in the KV, and last
+    # with the generated count; llama.cpp's timings are read off these.
+    usage_at: list[float] = field(default_factory=list)
+    finished_at: float | None = None
+
+    def phase_seconds(self) -> tuple[float, float]:
+        """(prompt, generation) seconds as seen from here: from the job's start to the
+        prompt's KV being ready (slot wait included), then to the finish."""
+        if len(self.usage_at) < 2:
+            return 0.0, 0.0
+        end = self.finished_at if self.finished_at is not None else self.usage_at[-1]
+        return self.usage_at[1] - self.usage_at[0], end - self.usage_at[1]
 
     def add(self, ev: Event) -> None:
+        if isinstance(ev, Usage):
+            self.usage_at.append(time.perf_counter())
+        elif isinstance(ev, Finish):
+            self.finished_at = time.perf_counter()
         if isinstance(ev, TextDelta):
             self.text += ev.text
         elif isinstance(ev, ReasoningDelta):

@@ -19,6 +19,7 @@ from ds4d.api.common import (
     stop_list,
 )
 from ds4d.api.openai_chat import error_body, usage_json
+from ds4d.chat.fim import InfillInput, supersede_key
 from ds4d.chat.types import ChatRequest, Event, Finish, Sampling, TextDelta, Usage
 
 __all__ = ["error_body", "parse", "response", "Stream"]
@@ -41,6 +42,10 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
     echo = field_of(body, "echo", bool, False)
     if echo:
         raise bad("'echo' is not supported", "echo")
+    # OpenAI's insertion form: the prompt is the text before the cursor, `suffix` the
+    # text after it; the model fills in the middle (a 400 when it cannot, never a drop).
+    suffix = field_of(body, "suffix", str, "")
+    fim = InfillInput(prompt, suffix) if suffix else None
     return ChatRequest(
         messages=[],
         sampling=sampling_of(body, defaults),
@@ -52,6 +57,9 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
             stream_options, "include_usage", bool, False, where="stream_options"
         ),
         raw_prompt=prompt,
+        fim=fim,
+        priority="completion" if fim is not None else "chat",
+        supersede_key=supersede_key(prompt) if fim is not None else None,
     )
 
 

@@ -26,6 +26,7 @@ import json
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from ds4d.chat.constrain import Step, VocabIndex
+from ds4d.chat.editlimits import EditLimits
 from ds4d.chat.render import Template, render_request, template_supports_tools
 from ds4d.chat.stream import OutputParser
 from ds4d.chat.toolsyntax import CallParser, Syntax, prefixed, read_replay_record
@@ -222,6 +223,7 @@ class TemplateChatFormat:
             in_reasoning=not harmony and self.opens_reasoning(request.thinking),
             id_prefix=request.tool_id_prefix,
             split_thinking=chat and not harmony,
+            limits=EditLimits(request.n_indent, request.t_max_predict_ms),
         )
         active = chat and request.tools_active
         if harmony:  # channels carry the thinking split and the calls alike

@@ -15,6 +15,7 @@ from __future__ import annotations
 import secrets
 from typing import Protocol
 
+from ds4d.chat.editlimits import EditLimits
 from ds4d.chat.types import Event, ReasoningDelta, TextDelta
 
 THINK_OPEN = "<think>"
@@ -149,8 +150,11 @@ class OutputParser:
         in_reasoning: bool = False,
         id_prefix: str = "call_",
         split_thinking: bool = True,
+        limits: EditLimits | None = None,
     ) -> None:
         self.stop = StopMatcher(stops or [])
+        # code completion's line rules, after the stop sequences
+        self.limits = limits if limits is not None and limits.active else None
         self.think: Splitter | None = ThinkSplitter(in_reasoning) if split_thinking else None
         self.tools: ToolParser | None = None
         if tools:  # Hermes calls of any tool name; a chat format sets its own parser
@@ -161,8 +165,10 @@ class OutputParser:
 
     @property
     def stopped(self) -> bool:
-        """A stop sequence was generated: decoding should end."""
-        return self.stop.hit is not None
+        """A stop sequence was generated (or a line rule hit): decoding should end."""
+        return self.stop.hit is not None or (
+            self.limits is not None and self.limits.hit is not None
+        )
 
     @property
     def stop_sequence(self) -> str | None:
@@ -179,10 +185,16 @@ class OutputParser:
         return self.stop.buf + (self.think.buf if self.think is not None else "")
 
     def feed(self, piece: str) -> list[Event]:
-        return self._route(self._split(self.stop.feed(piece)))
+        text = self.stop.feed(piece)
+        if self.limits is not None:
+            text = self.limits.feed(text)
+        return self._route(self._split(text))
 
     def flush(self) -> list[Event]:
-        parts = self._split(self.stop.flush())
+        text = self.stop.flush()
+        if self.limits is not None:
+            text = self.limits.feed(text) + self.limits.flush()
+        parts = self._split(text)
         if self.think is not None:
             parts += self.think.flush()
         events = self._route(parts)

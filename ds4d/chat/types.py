@@ -8,7 +8,10 @@ a request came from.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from ds4d.chat.fim import FimPrompt, InfillInput
 
 
 @dataclass
@@ -55,6 +58,7 @@ class Sampling:
     top_k: int = 0
     min_p: float = 0.05
     seed: int | None = None
+    infill: bool = False  # llama.cpp's infill rule (ds4d.engine.sampler: code completion)
 
 
 # How urgently a request wants the engine. The engine loop serves a waiting "completion"
@@ -89,6 +93,17 @@ class ChatRequest:
     # is prepared the length of its part of the prompt in tokens (the usage split).
     cache_prefix: ChatRequest | None = None
     cache_prefix_tokens: int = 0
+    # Fill-in-the-middle (an editor's cursor context): the daemon assembles it into
+    # prompt_ids (ds4d.chat.fim.assemble_request) and keeps what assembly gave in
+    # fim_prompt (what was cut to fit).
+    fim: InfillInput | None = None
+    fim_prompt: FimPrompt | None = None
+    # Code completion's stopping rules (llama.cpp's /infill): every line after the first
+    # must be indented by at least n_indent, and past t_max_predict_ms of generating the
+    # next newline ends the text. 0: off.
+    n_indent: int = 0
+    t_max_predict_ms: int = 0
+    response_fields: list[str] = field(default_factory=list)  # llama.cpp's: only these paths
 
     @property
     def tools_active(self) -> bool:

@@ -33,6 +33,11 @@ NESTED: dict[tuple[str, str], tuple[str, str]] = {
         "concurrent clients replaying conversations "
         "against a running server: tokens/s, time to first token",
     ),
+    ("bench", "infill"): (
+        "ds4d.tools.bench_infill",
+        "an editing session replayed against running servers' /infill: "
+        "tokens reused, time to first token",
+    ),
 }
 
 

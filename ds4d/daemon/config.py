@@ -209,6 +209,14 @@ class Config:
         reloadable=True,
         metavar="required|NAME",
     )
+    infill_order: str = _key(
+        "psm",
+        "fill-in-the-middle order (/infill, suffix): psm (prefix, suffix, middle: what "
+        "most code models are trained with) or spm (suffix first, llama-server's "
+        "--spm-infill, for models trained that way: typing then keeps the suffix's KV)",
+        reloadable=True,
+        choices=("psm", "spm"),
+    )
 
     # --- prompt handling ---------------------------------------------------------------
     normalize_claude_billing_header: bool = _key(

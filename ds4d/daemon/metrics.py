@@ -17,6 +17,8 @@ from typing import Protocol
 from ds4d.state.trace import GenerationRecord
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Inline completions are worth something only within a keystroke or two.
+COMPLETION_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0)
 
 
 class Histogram:
@@ -83,6 +85,10 @@ class Metrics:
         self.decode_steps = 0
         self.decode_step_slots = 0
         self.prefill_chunks = 0  # prefill engine calls (chunks are sized by engine time)
+        # Editors' inline completions (priority "completion"): served or cancelled
+        # (superseded by a newer keystroke, or the client gone), and their TTFT.
+        self.completions: dict[str, int] = defaultdict(int)
+        self.completion_ttft = Histogram(COMPLETION_TTFT_BUCKETS)
 
     def account(self, record: GenerationRecord) -> None:
         """A request that had a slot, as its generation record says (completed, cut by
@@ -95,6 +101,13 @@ class Metrics:
         self.prefill_seconds += record.prefill_s
         self.decode_seconds += record.decode_s
         self.finished[record.finish] += 1
+
+    def count_completion(self, record: GenerationRecord, *, cancelled: bool) -> None:
+        """An inline completion is over (`account` has its tokens already)."""
+        cancelled = cancelled or record.finish == "cancelled"
+        self.completions["cancelled" if cancelled else "served"] += 1
+        if record.ttft_s is not None:
+            self.completion_ttft.observe(record.ttft_s)
 
     def count_decode_batch(self, size: int) -> None:
         self.decode_steps += 1
@@ -207,4 +220,20 @@ class Metrics:
             "prefill engine calls (each one chunk of a prompt; others wait for it)",
         )
         lines.append(f"ds4d_prefill_chunks_total {self.prefill_chunks}")
+        family(
+            "ds4d_completions_total",
+            "counter",
+            "inline code completions (/infill, suffix) by outcome: served, or cancelled "
+            "(superseded by a newer one, or the client gone)",
+        )
+        for outcome in ("served", "cancelled"):
+            lines.append(
+                f'ds4d_completions_total{{outcome="{outcome}"}} {self.completions[outcome]}'
+            )
+        family(
+            "ds4d_completion_time_to_first_token_seconds",
+            "histogram",
+            "inline completions: from request arrival to the first generated token",
+        )
+        lines += self.completion_ttft.lines("ds4d_completion_time_to_first_token_seconds")
         return lines

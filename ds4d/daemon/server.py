@@ -23,7 +23,13 @@ from quart import Response, has_request_context, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
+from ds4d.api import (
+    anthropic_messages,
+    infill,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from ds4d.api.common import (
     ApiError,
     ApiProtocol,
@@ -34,6 +40,7 @@ from ds4d.api.common import (
 )
 from ds4d.api.request_body import parse_json_body
 from ds4d.chat.errors import Overloaded, Refused, Unavailable
+from ds4d.chat.fim import assemble_request
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import ChatRequest, Finish, Sampling
 from ds4d.daemon import wire
@@ -265,10 +272,13 @@ PROTOCOLS: dict[str, tuple[ApiProtocol, str]] = {
     "completions": (openai_completions, "prompt"),
     "responses": (openai_responses, "input"),
     "messages": (anthropic_messages, "messages"),
+    "infill": (infill, "input_prefix"),
 }
 
 
 def _protocol_for_path(path: str) -> ApiProtocol:
+    if path.startswith("/infill"):
+        return infill
     return anthropic_messages if path.startswith("/v1/messages") else openai_chat
 
 
@@ -454,6 +464,13 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
                     kind,
                     req.tool_choice.name or req.tool_choice.mode,
                 )
+            if req.fim is not None:  # fill-in-the-middle: the prompt's ids, assembled
+                fim, spm = gen.engine.fim, daemon.config.infill_order == "spm"
+                await trio.to_thread.run_sync(
+                    lambda: assemble_request(
+                        req, gen.engine.tokenizer, fim, gen.ctx, suffix_first=spm
+                    )  # fmt: skip
+                )
             prepared = await gen.prepare(req, kind, param)
             if not req.stream:
                 completion = Completion()
@@ -521,3 +538,7 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
     @app.post("/v1/messages")
     async def messages() -> Response:
         return await _generate("messages")
+
+    @app.post("/infill")
+    async def infill_route() -> Response:
+        return await _generate("infill")

@@ -18,6 +18,7 @@ worker threads.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -36,6 +37,7 @@ from ds4d.engine.context_extension import stretch_rope
 from ds4d.engine.decoder import KV_TYPES
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
+from ds4d.engine.fim import FimTokens, find_fim_tokens
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.engine.weight_memory import WEIGHT_MODES
@@ -198,6 +200,11 @@ class Engine:
             pool.close()
             raise
         return cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch, precision)
+
+    @functools.cached_property
+    def fim(self) -> FimTokens:
+        """The vocabulary's fill-in-the-middle tokens (none for most chat models)."""
+        return find_fim_tokens(self.gguf.get, self.tokenizer)
 
     @property
     def threads(self) -> int:

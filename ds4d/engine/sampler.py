@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ds4d.engine import native
+from ds4d.engine.infill_sampling import InfillRule
 
 _DRAW_BLOCK = 1024
 # The draw runs in float32. A top_p or temperature that is positive as a Python float may
@@ -35,6 +36,8 @@ class SamplingParams:
     top_p: float = 1.0  # 1 = off
     min_p: float = 0.0  # 0 = off
     seed: int | None = None  # None = fresh entropy
+    # llama.cpp's infill rule after the filters (ds4d.engine.infill_sampling), or None
+    infill: InfillRule | None = None
 
     def __post_init__(self) -> None:
         def real(name: str, value: object) -> float:
@@ -82,6 +85,11 @@ def sample(
     logits = np.asarray(logits)
     if logits.ndim != 1 or logits.size == 0:
         raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+    if params.infill is not None and allowed is None and not params.greedy:
+        # the filters and the infill rule pick the candidates; the draw is among them
+        survivors = params.infill.candidates(logits, params.top_k, params.top_p, params.min_p)
+        draw = SamplingParams(temperature=params.temperature, seed=params.seed)
+        return sample(logits, draw, rng, survivors)
     ids = _allowed_ids(allowed, logits.size)
     # float32 throughout: exp is an order of magnitude faster than in float64, and
     # sums are taken in float64.

@@ -427,8 +427,11 @@ class Tokenizer:
         self.eos_id = eos_id
         self.add_bos = default_bos if add_bos is None else add_bos
         self.eog_ids = self._end_of_generation_ids(eos_id, eot_id)
-        for i in self.eog_ids:  # llama.cpp promotes end-of-generation tokens to control
-            if types[i] not in (CONTROL, USER_DEFINED, UNKNOWN):
+        # llama.cpp promotes end-of-generation tokens to control, user-defined ones too
+        # (it adds the control attribute): plain text (special=False) never becomes one,
+        # as Phi-3's user-defined "</s>" written in a file must not.
+        for i in self.eog_ids:
+            if types[i] not in (CONTROL, UNKNOWN):
                 types[i] = CONTROL
         self._type_array = types
         self._types: list[int] = types.tolist()

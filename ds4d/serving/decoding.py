@@ -33,6 +33,7 @@ from ds4d.chat.types import (
     ToolCallStart,
 )
 from ds4d.engine.engine import Session
+from ds4d.engine.infill_sampling import infill_rule_for
 from ds4d.engine.sampler import SamplingParams, make_rng
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.serving.constraint import CallConstraint
@@ -95,7 +96,8 @@ class Decoding:
         self.budget = min(budget, room)
         s = request.sampling
         self.params = SamplingParams(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p,
-                                     min_p=s.min_p, seed=s.seed)  # fmt: skip
+                                     min_p=s.min_p, seed=s.seed,
+                                     infill=infill_rule_for(tokenizer) if s.infill else None)  # fmt: skip
         self.rng = make_rng(s.seed)
         self.decoder = tokenizer.incremental_decoder()
         self.eog = tokenizer.eog_ids

@@ -120,6 +120,10 @@ class LoopHooks(Protocol):
         """The trace line of a request that had a slot (blocking: a file write)."""
         ...
 
+    def dropped(self, prepared: Prepared) -> None:
+        """A request that never had a slot is over (cancelled or superseded in the queue)."""
+        ...
+
 
 @dataclass
 class _Outcome:
@@ -268,7 +272,12 @@ class EngineLoop:
         session = work.slot.session
         work.prefill_t0 = time.perf_counter()
         try:
-            plan = await trio.to_thread.run_sync(make_plan, self.kv, session, p.text, p.tokens)
+            # an editor's completion keeps any shared prefix (kv-cache-min-tokens is for
+            # agents' conversations): every token it re-reads is a keystroke's wait
+            min_reuse = 1 if p.request.priority == "completion" else None
+            plan = await trio.to_thread.run_sync(
+                make_plan, self.kv, session, p.text, p.tokens, min_reuse
+            )
         except Exception:
             log.exception("matching plan failed")
             self._fail(work)
@@ -492,7 +501,8 @@ class EngineLoop:
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
         slot = work.slot
-        if slot is None:  # never had a slot: nothing to report
+        if slot is None:  # never had a slot: nothing to trace
+            self.hooks.dropped(work.prepared)
             work.send.close()
             return
         rec = work.prepared.record

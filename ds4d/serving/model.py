@@ -52,6 +52,8 @@ class ServingMetrics(Protocol):
 
     def count_rejected(self, reason: str) -> None: ...
 
+    def count_completion(self, record: GenerationRecord, *, cancelled: bool) -> None: ...
+
 
 class ModelServer:
     def __init__(
@@ -136,6 +138,8 @@ class ModelServer:
         r = prepared.record
         # One record feeds the log line, /metrics and the trace: they cannot disagree.
         self.metrics.account(r)
+        if prepared.request.priority == "completion":
+            self.metrics.count_completion(r, cancelled=False)  # the record's finish says
         if r.malformed_call:
             log.warning("slot %d: %s", slot.index, r.malformed_call)
         log.info(
@@ -152,6 +156,10 @@ class ModelServer:
             r.decode_s,
             r.finish,
         )
+
+    def dropped(self, prepared: Prepared) -> None:
+        if prepared.request.priority == "completion":
+            self.metrics.count_completion(prepared.record, cancelled=True)
 
     def trace(self, prepared: Prepared) -> None:
         self.state.trace_finished(prepared.record, prepared.text)

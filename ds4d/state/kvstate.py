@@ -133,7 +133,15 @@ class KVState:
 
     # ---- the pieces a slot's sync is made of -------------------------------------------
 
-    def plan(self, session: Session, prompt_text: str, prompt_tokens: Sequence[int]) -> Plan:
+    def plan(
+        self,
+        session: Session,
+        prompt_text: str,
+        prompt_tokens: Sequence[int],
+        min_tokens: int | None = None,
+    ) -> Plan:
+        """`min_tokens`: the shortest partial reuse taken, when not the policy's (an
+        editor's completion keeps any shared prefix: every token is a keystroke's wait)."""
         live = list(session.tokens)
         return plan_sync(
             live,
@@ -143,7 +151,7 @@ class KVState:
             encode=lambda text: self.encode_after(live, text),
             lookup=self.lookup,
             can_rewind=self.can_rewind,
-            min_tokens=self.policy.min_tokens,
+            min_tokens=self.policy.min_tokens if min_tokens is None else min_tokens,
         )
 
     def lookup(self, prompt_text: str) -> DiskMatch | None:

@@ -55,6 +55,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+# kv-cache-min-tokens' default (ds4d.state.savepolicy.SavePolicy): a shorter shared prefix
+# is not worth keeping over a fresh prefill, for agents' conversations
+MIN_REUSE_TOKENS = 512
+
+
 def plan_sync(
     live: Sequence[int],
     prompt_text: str,
@@ -64,7 +69,7 @@ def plan_sync(
     encode: Encode,
     lookup: Callable[[str], DiskMatch | None] | None = None,
     can_rewind: bool = True,
-    min_tokens: int = 512,
+    min_tokens: int = MIN_REUSE_TOKENS,
 ) -> Plan:
     """Decide how a slot holding `live` reaches the prompt (see the module docstring).
     `min_tokens` (kv-cache-min-tokens): a shorter partial reuse is not taken, and a

@@ -25,7 +25,7 @@ from ds4d.engine.engine import PREFILL_CHUNK, Session
 from ds4d.state.diskcache import DiskMatch
 from ds4d.state.kvfile import Reason
 from ds4d.state.kvstate import KVState
-from ds4d.state.matching import Plan, plan_sync
+from ds4d.state.matching import MIN_REUSE_TOKENS, Plan, plan_sync
 from ds4d.state.trace import CacheSource
 
 
@@ -125,19 +125,25 @@ class SyncResult:
 
 
 def make_plan(
-    kv: KVState | None, session: Session, prompt_text: str, prompt_tokens: Sequence[int]
+    kv: KVState | None,
+    session: Session,
+    prompt_text: str,
+    prompt_tokens: Sequence[int],
+    min_reuse: int | None = None,
 ) -> Plan:
     """The matching plan for bringing `session` to the prompt (blocking: key texts, the
     disk cache's lookup). Without a KV state, memory matching only, on the tokenizer-free
-    token comparison."""
+    token comparison. `min_reuse`: the shortest shared prefix kept, when not the KV
+    state's policy (kv-cache-min-tokens)."""
     if kv is not None:
-        return kv.plan(session, prompt_text, prompt_tokens)
+        return kv.plan(session, prompt_text, prompt_tokens, min_reuse)
     return plan_sync(
         list(session.tokens),
         prompt_text,
         prompt_tokens,
         decode=lambda tokens: None,
         encode=lambda text: [],
+        min_tokens=MIN_REUSE_TOKENS if min_reuse is None else min_reuse,
     )
 
 

@@ -7,7 +7,7 @@ template, quantized by llama.cpp's own quantizer.
 
 NAME is one of the SHAPES below (default: all but the MoE, smallest first); each writes
 OUT/NAME-TYPE.gguf for its TYPES. The tokenizer and chat template come from the
-verification kit (tests/kit.py rebuilds the kit GGUFs, which carry the real vocabularies),
+verification kit (tests/helpers/kit.py rebuilds the kit GGUFs, which carry the real vocabularies),
 or for SmolLM2 from the embedded SmolLM2-135M (the same 49k vocabulary as SmolLM2-1.7B).
 Qwen2.5-Coder's FIM tokens (<|fim_prefix|> ...) are in the Qwen2.5 vocabulary, and their
 ids are also written under the tokenizer.ggml.fim_*_token_id keys as llama.cpp reads them.

@@ -54,6 +54,7 @@ ROUTES = [
     "/v1/responses",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/infill",
 ]
 
 
@@ -358,6 +359,27 @@ completions_body = st.fixed_dictionaries(
         stream=st.booleans(),
         echo=st.booleans(),
         stop=text_s,
+        suffix=text_s,
+        **sampling,
+    ),
+)
+extra_chunk = st.fixed_dictionaries({"text": maybe(text_s)}, optional=opt(filename=text_s))
+infill_body = st.fixed_dictionaries(
+    {"input_prefix": maybe(text_s), "input_suffix": maybe(text_s)},
+    optional=opt(
+        prompt=text_s,
+        input_extra=st.lists(maybe(extra_chunk), max_size=3),
+        n_predict=few_tokens,
+        n_indent=st.integers(-1, 8),
+        t_max_prompt_ms=st.integers(-2, 1000),
+        t_max_predict_ms=st.integers(-2, 1000),
+        cache_prompt=st.booleans(),
+        samplers=st.lists(st.sampled_from(["top_k", "top_p", "infill", "temperature", "x"])),
+        stop=st.lists(text_s, max_size=2),
+        stream=st.booleans(),
+        n_cmpl=st.integers(0, 3),
+        id_slot=st.integers(-2, 3),
+        response_fields=st.lists(st.sampled_from(["content", "timings/prompt_n", "x/y"])),
         **sampling,
     ),
 )
@@ -471,6 +493,7 @@ BODIES = {
     "/v1/responses": responses_body,
     "/v1/messages": messages_body,
     "/v1/messages/count_tokens": messages_body,
+    "/infill": infill_body,
 }
 
 

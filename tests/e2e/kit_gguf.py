@@ -74,9 +74,10 @@ def with_metadata(
     dst: Path,
     template: str | None = None,
     token_names: dict[int, str] | None = None,
+    numbers: dict[str, int] | None = None,
 ) -> Path:
-    """Writes `src` to `dst` with `tokenizer.chat_template` set to `template` and the
-    tokens of `token_names` (id -> text) renamed."""
+    """Writes `src` to `dst` with `tokenizer.chat_template` set to `template`, the
+    tokens of `token_names` (id -> text) renamed and the uint32 keys of `numbers` added."""
     raw = src.read_bytes()
     n_tensors, n_kv = struct.unpack_from("<QQ", raw, 8)
     w = _Walker(raw, 24)
@@ -108,6 +109,9 @@ def with_metadata(
             out += raw[start : w.at]
     if template is not None:  # the file had no template
         out += _string_field("tokenizer.chat_template", template)
+        n_kv += 1
+    for key, value in (numbers or {}).items():
+        out += _string(key) + struct.pack("<II", UINT32, value)
         n_kv += 1
     out[16:24] = struct.pack("<Q", n_kv)
     infos = w.at
