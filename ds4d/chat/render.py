@@ -236,7 +236,7 @@ def _template_options(template: Template, request: ChatRequest) -> dict[str, Any
     # Thinking switches: Qwen3-style templates read `enable_thinking` (the others ignore
     # it), gpt-oss reads `reasoning_effort`; unset, each template keeps its default.
     # The client's own chat_template_kwargs go to a template that reads them.
-    reads = getattr(template, "variables", frozenset())
+    reads: frozenset[str] = getattr(template, "variables", frozenset())
     extra: dict[str, Any] = {
         k: v
         for k, v in request.template_kwargs.items()

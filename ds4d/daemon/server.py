@@ -12,18 +12,25 @@ import functools
 import hmac
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import trio
 from quart import Response, has_request_context, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from ds4d.api import anthropic_messages, openai_chat, openai_completions, openai_responses
+from ds4d.api import (
+    anthropic_messages,
+    ollama,
+    openai_chat,
+    openai_completions,
+    openai_responses,
+)
 from ds4d.api.common import (
     ApiError,
     ApiProtocol,
@@ -33,16 +40,21 @@ from ds4d.api.common import (
     refusal_error,
 )
 from ds4d.api.request_body import parse_json_body
-from ds4d.chat.errors import Refused, Unavailable
-from ds4d.chat.formats import chat_format_for
+from ds4d.chat.errors import ContextExceeded, Refused, Unavailable
 from ds4d.chat.types import ChatRequest, Event, Sampling
 from ds4d.daemon import wire
-from ds4d.daemon.chunking import ChunkSizer
-from ds4d.daemon.config import Config, model_path
-from ds4d.daemon.generation import Generator
+from ds4d.daemon.config import Config
+from ds4d.daemon.generation import Generator, Job
 from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
+from ds4d.daemon.models import (
+    Lease,
+    ModelRegistry,
+    ModelSpec,
+    default_budget_bytes,
+    model_specs,
+)
 from ds4d.daemon.scheduler import EngineGate, SlotPool
-from ds4d.daemon.state_config import state_from_config
+from ds4d.daemon.served import ServedModel, open_served
 from ds4d.engine.engine import Engine
 from ds4d.state.service import CacheView, StateService
 from ds4d.state.slots import Slot
@@ -55,133 +67,180 @@ CREATED = 1767225600
 
 
 class _StateMetrics:
-    """The state layer's series once the model is loaded (none before)."""
+    """The state layer's series of every loaded model (none before), each sample
+    labelled with its model when several are configured."""
 
     def __init__(self, daemon: Daemon) -> None:
         self._daemon = daemon
 
     def metrics_lines(self) -> list[str]:
-        state = self._daemon.state
-        return state.metrics_lines() if state is not None else []
+        registry = self._daemon.models
+        if registry is None:
+            return []
+        loaded = [(e.spec.name, e.model) for e in registry.entries() if e.model is not None]
+        if len(registry.specs) == 1:
+            return loaded[0][1].state.metrics_lines() if loaded else []
+        return merge_labelled([(name, m.state.metrics_lines()) for name, m in loaded])
+
+
+def merge_labelled(parts: list[tuple[str, list[str]]]) -> list[str]:
+    """Several parts' exposition lines as one: each family's HELP and TYPE once, then its
+    samples from every part with a `model` label."""
+    families: dict[str, list[str]] = {}
+    for model, lines in parts:
+        family = ""
+        for line in lines:
+            if line.startswith("# HELP ") or line.startswith("# TYPE "):
+                family = line.split()[2]
+                head = families.setdefault(family, [])
+                if line not in head:
+                    head.append(line)
+                continue
+            name, _, rest = line.partition(" ")
+            label = f'model="{model}"'
+            if "{" in name:
+                name = name.replace("{", "{" + label + ",", 1)
+            else:
+                name = f"{name}{{{label}}}"
+            families.setdefault(family, []).append(f"{name} {rest}")
+    return [line for lines in families.values() for line in lines]
 
 
 class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.started = time.time()
-        self.engine: Engine | None = None
-        self.generator: Generator | None = None
-        self.pool: SlotPool | None = None
+        self.models: ModelRegistry[ServedModel] | None = None  # once the names are read
         self.metrics = Metrics(self._gauges(), sources=[_StateMetrics(self)])
-        self.ctx = 0
-        self.model_id = ""
         self.load_error: str | None = None
+        self.serving = False  # the first model loaded: requests are served
         self.nursery: trio.Nursery | None = None
         self.shutdown = trio.Event()
         self.gate = EngineGate()  # the control plane sets gate.pace (power throttling)
-        # State layer (disk KV cache, tool replay, trace): built once the model is known;
-        # the trace writer and the cache view exist earlier for the control plane.
-        self.state: StateService | None = None
+        # The trace writer and the cache view exist before any model, for the control
+        # plane; the cache view shows the default model's disk cache.
         self.trace = TraceWriter()
         self.cache_view = CacheView(lambda: self.state.disk if self.state else None)
 
+    # -- the default model (the first), as the single-model parts read it ------------------
+
+    @property
+    def default(self) -> ServedModel | None:
+        return self.models.resident(self.models.default.name) if self.models else None
+
+    @property
+    def engine(self) -> Engine | None:
+        return self.default.engine if self.default else None
+
+    @property
+    def generator(self) -> Generator | None:
+        return self.default.generator if self.default else None
+
+    @property
+    def pool(self) -> SlotPool | None:
+        return self.default.pool if self.default else None
+
+    @property
+    def state(self) -> StateService | None:
+        return self.default.state if self.default else None
+
+    @property
+    def ctx(self) -> int:
+        return self.default.ctx if self.default else 0
+
+    @property
+    def model_id(self) -> str:
+        return self.models.default.name if self.models else ""
+
+    def loaded(self) -> list[ServedModel]:
+        if self.models is None:
+            return []
+        return [e.model for e in self.models.entries() if e.model is not None]
+
     def _gauges(self) -> list[Gauge]:
+        def label(m: ServedModel) -> str:
+            return f'model="{m.name}",' if self.models and len(self.models.specs) > 1 else ""
+
         def per_slot(read: Callable[[Slot], int]) -> Callable[[], GaugeValue]:
             def value() -> GaugeValue:
                 return {
-                    f'slot="{s.index}"': read(s) for s in (self.pool.slots if self.pool else [])
+                    f'{label(m)}slot="{s.index}"': read(s)
+                    for m in self.loaded()
+                    for s in m.pool.slots
                 }
 
             return value
 
+        def per_model(read: Callable[[str], int | float]) -> Callable[[], GaugeValue]:
+            def value() -> GaugeValue:
+                specs = self.models.specs if self.models else []
+                return {f'model="{s.name}"': read(s.name) for s in specs}
+
+            return value
+
+        def registry() -> ModelRegistry[ServedModel]:
+            assert self.models is not None
+            return self.models
+
         return [
             Gauge("ds4d_requests_running", "requests generating on a slot",
-                  lambda: self.pool.busy if self.pool else 0),
+                  lambda: sum(m.pool.busy for m in self.loaded())),
             Gauge("ds4d_requests_waiting", "requests queued for a slot",
-                  lambda: self.pool.waiting if self.pool else 0),
+                  lambda: sum(m.pool.waiting for m in self.loaded())),
             Gauge("ds4d_slot_busy", "1 while the slot runs a request",
                   per_slot(lambda s: int(s.busy))),
             Gauge("ds4d_slot_tokens", "tokens held in the slot's KV",
                   per_slot(lambda s: s.session.n_tokens)),
-            Gauge("ds4d_model_loaded", "1 once the model is loaded",
-                  lambda: int(self.generator is not None)),
+            Gauge("ds4d_model_loaded", "1 while the model is loaded",
+                  per_model(lambda n: int(registry().resident(n) is not None))),
+            Gauge("ds4d_model_loads", "times the model was loaded",
+                  per_model(lambda n: registry().loads[n])),
+            Gauge("ds4d_model_unloads", "times the model was unloaded (keep_alive, "
+                  "budget, request)", per_model(
+                      lambda n: sum(v for (m, _), v in registry().unloads.items() if m == n))),
+            Gauge("ds4d_model_memory_bytes", "memory the loaded model holds (weights as "
+                  "mapped, KV slots, pending checkpoints)", per_model(
+                      lambda n: (m.memory_bytes() if (m := registry().resident(n)) else 0))),
+            Gauge("ds4d_model_memory_budget_bytes", "memory budget of all loaded models",
+                  lambda: self.models.budget_bytes if self.models else 0),
         ]  # fmt: skip
 
     @property
     def ready(self) -> bool:
-        return self.generator is not None
+        return self.serving and not self.shutdown.is_set()
 
     # -- model loading (outside ASGI startup: it can take longer than its timeout) --------
 
     async def load_model(self) -> None:
-        from ds4d.engine import Engine
-
+        """Read the model names, start the registry (preloads, keep_alive expiry) and load
+        the default model: serving starts when it is loaded."""
         cfg = self.config
-        path = model_path(cfg)  # `~` expanded, or the embedded default model
-        log.info("loading model %s", path)
-        t0 = time.perf_counter()
-        threads = cfg.threads or None
-        engine = await trio.to_thread.run_sync(
-            lambda: Engine.open(
-                path,
-                threads,
-                cfg.kv_type,
-                rope_scaling=cfg.rope_scaling,
-                n_ctx=cfg.ctx,
-                weights=cfg.weights,
+        specs = await trio.to_thread.run_sync(model_specs, cfg)
+        several = len(specs) > 1
+
+        async def load(spec: ModelSpec) -> ServedModel:
+            return await open_served(
+                spec,
+                self.config,
+                gate=self.gate,
+                metrics=self.metrics,
+                trace=self.trace,
+                current=lambda: self.config,
+                # one disk KV namespace per model when several share the directory (the
+                # fingerprint already keeps their checkpoints apart; this keeps their
+                # budgets and scans apart too)
+                kv_namespace=spec.name if several and spec != specs[0] else None,
             )
-        )
-        info = engine.info
-        ctx = cfg.ctx or info.n_ctx_train
-        if info.rope_stretch:
-            log.info("RoPE positions stretched with %s", info.rope_stretch)
-        elif ctx > info.n_ctx_train:
-            hint = (
-                "the file's own RoPE scaling is kept"
-                if cfg.rope_scaling
-                else "--rope-scaling yarn stretches the positions to --ctx"
-            )
-            log.warning(
-                "--ctx %d is above the model's trained context %d: quality may drop past it (%s)",
-                ctx,
-                info.n_ctx_train,
-                hint,
-            )
-        log.info(
-            "model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",
-            info.name,
-            info.architecture,
-            info.quant,
-            time.perf_counter() - t0,
-            cfg.slots,
-            ctx,
-        )
-        sessions = []
-        for i in range(cfg.slots):
-            sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
-            log.info("slot %d/%d ready", i + 1, cfg.slots)
-        self.engine = engine
-        self.ctx = ctx
-        self.model_id = Path(info.path).stem if info.path else info.name
-        self.pool = SlotPool([Slot(i, s, ctx) for i, s in enumerate(sessions)], cfg.queue_size)
-        # the disk cache's scan reads every checkpoint's header: on a worker
-        state = self.state = await trio.to_thread.run_sync(
-            lambda: state_from_config(
-                cfg, engine=engine, ctx=ctx, trace=self.trace, current=lambda: self.config
-            )
-        )
-        generator = Generator(
-            engine,
-            chat_format_for(engine, ctx),
-            ctx,
-            self.pool,
-            self.gate,
-            self.metrics,
-            state,
-            chunks=ChunkSizer(target_s=cfg.prefill_chunk_ms / 1000),
-        )
-        self.generator = generator  # ready: requests are served from here on
-        log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
+
+        budget = cfg.memory_budget_mb * 2**20 or default_budget_bytes()
+        registry = ModelRegistry(specs, load, budget_bytes=budget, keep_alive_s=cfg.keep_alive)
+        self.models = registry
+        assert self.nursery is not None
+        if several:
+            log.info("serving %d models: %s", len(specs), ", ".join(s.name for s in specs))
+        await registry.load(specs[0].name)
+        await self.nursery.start(registry.run)
+        self.serving = True  # ready: requests are served from here on
 
     # -- what the admin channel reads ------------------------------------------------------
 
@@ -203,7 +262,33 @@ class Daemon:
                 "waiting": self.pool.waiting if self.pool else 0,
                 "limit": self.config.queue_size,
             },
+            "models": self.model_list(),
         }
+
+    def model_list(self) -> list[dict[str, Any]]:
+        """Every configured model: its state, what it holds, when it expires."""
+        if self.models is None:
+            return []
+        now = trio.current_time()
+        out = []
+        for e in self.models.entries():
+            m = e.model
+            left = e.expires_at - now if m is not None and math.isfinite(e.expires_at) else None
+            out.append(
+                {
+                    "name": e.spec.name,
+                    "path": str(e.spec.path),
+                    "aliases": list(e.spec.aliases),
+                    "roles": list(e.spec.roles),
+                    "state": e.state,
+                    "requests": e.users,
+                    "memory_bytes": m.memory_bytes() if m else 0,
+                    "ctx": m.ctx if m else None,
+                    "expires_in_s": None if left is None else round(max(0.0, left), 1),
+                    "loads": self.models.loads[e.spec.name],
+                }
+            )
+        return out
 
     def decode_batching(self) -> dict[str, int | float | None]:
         return self.metrics.decode_batching()
@@ -216,9 +301,7 @@ class Daemon:
 
     def save_on_shutdown(self) -> int:
         """After draining: every slot worth keeping becomes a `shutdown` KV checkpoint."""
-        if self.state is None or self.pool is None:
-            return 0
-        return self.state.shutdown([s.session for s in self.pool.slots])
+        return sum(m.state.shutdown([s.session for s in m.pool.slots]) for m in self.loaded())
 
     def model_object(self, model_id: str | None = None) -> dict[str, Any]:
         return {
@@ -231,6 +314,21 @@ class Daemon:
         }
 
 
+def openai_model(listed: dict[str, Any]) -> dict[str, Any]:
+    """A model of `Daemon.model_list` as /v1/models lists it (plus its state)."""
+    return {
+        "id": listed["name"],
+        "object": "model",
+        "created": CREATED,
+        "owned_by": "ds4d",
+        "context_length": listed["ctx"],
+        "max_model_len": listed["ctx"],
+        "state": listed["state"],
+        "aliases": listed["aliases"],
+        "roles": listed["roles"],
+    }
+
+
 PROTOCOLS: dict[str, tuple[ApiProtocol, str]] = {
     "chat": (openai_chat, "messages"),
     "completions": (openai_completions, "prompt"),
@@ -239,7 +337,15 @@ PROTOCOLS: dict[str, tuple[ApiProtocol, str]] = {
 }
 
 
-def _protocol_for_path(path: str) -> ApiProtocol:
+class ErrorShape(Protocol):
+    """How a protocol writes an error body (every ApiProtocol module, and ds4d.api.ollama)."""
+
+    def error_body(self, err: ApiError) -> dict[str, Any]: ...
+
+
+def _protocol_for_path(path: str) -> ErrorShape:
+    if path.startswith("/api/"):
+        return ollama
     return anthropic_messages if path.startswith("/v1/messages") else openai_chat
 
 
@@ -249,7 +355,7 @@ def _request_line() -> tuple[str, str]:
     return request.method, request.path
 
 
-def error_response(err: ApiError, protocol: ApiProtocol | None = None) -> Response:
+def error_response(err: ApiError, protocol: ErrorShape | None = None) -> Response:
     protocol = protocol or _protocol_for_path(_request_line()[1])
     resp = Response(
         json.dumps(protocol.error_body(err)) + "\n",
@@ -273,12 +379,16 @@ def create_app(daemon: Daemon) -> QuartTrio:
     _add_api_key_check(app, daemon)
     _add_info_routes(app, daemon)
     _add_generation_routes(app, daemon)
+    from ds4d.daemon.ollama_routes import add_ollama_routes  # it builds on this module
+
+    add_ollama_routes(app, daemon)
     return app
 
 
-def _require_ready(daemon: Daemon) -> Generator:
-    """The generator, or a 503 while the model loads (or failed to) and during shutdown."""
-    if daemon.generator is None:
+def _require_ready(daemon: Daemon) -> ModelRegistry[ServedModel]:
+    """The model registry, or a 503 while the first model loads (or failed to) and during
+    shutdown."""
+    if daemon.models is None or not daemon.serving:
         raise Unavailable(
             "the model is still loading"
             if not daemon.load_error
@@ -287,7 +397,110 @@ def _require_ready(daemon: Daemon) -> Generator:
         )
     if daemon.shutdown.is_set():
         raise Unavailable("server shutting down")
-    return daemon.generator
+    return daemon.models
+
+
+async def acquire_model(daemon: Daemon, name: str) -> Lease[ServedModel]:
+    """The model a request names, loaded if need be and held until the lease is released
+    (UnknownModel for a name the server does not have)."""
+    registry = _require_ready(daemon)
+    return await registry.acquire(name)
+
+
+@dataclass
+class Running:
+    """A generation started for a request: its events, and the scope that cancels it."""
+
+    job: Job
+    events: trio.MemoryReceiveChannel[Event]
+    scope: trio.CancelScope
+    consumer_started: trio.Event
+
+    async def collect(self) -> Completion:
+        """Every event into one reply (non-streaming responses)."""
+        completion = Completion()
+        try:
+            async with self.events:
+                async for ev in self.events:
+                    completion.add(ev)
+        finally:
+            self.scope.cancel()
+        return completion
+
+
+async def start_generation(
+    daemon: Daemon,
+    lease: Lease[ServedModel],
+    req: ChatRequest,
+    kind: str,
+    param: str,
+    *,
+    keep_alive_s: float | None = None,
+    num_ctx: int | None = None,
+) -> Running:
+    """Prepare `req` on the leased model (refusals raised before any byte is sent), queue
+    it for a slot and start producing its events. Takes the lease: it is released when
+    the generation ends (then `keep_alive_s` applies), or here if preparing fails.
+    `num_ctx`: a context limit of this request's own, inside the model's (Ollama's)."""
+    try:
+        gen = lease.model.generator
+        if req.max_tokens is None and daemon.config.max_tokens:
+            req.max_tokens = daemon.config.max_tokens
+        if force_tool_choice(req, daemon.config.force_tool_choice):
+            log.info(
+                "%s: tool_choice forced to %s (force_tool_choice)",
+                kind,
+                req.tool_choice.name or req.tool_choice.mode,
+            )
+        job = await gen.prepare(req, kind, param)
+        if num_ctx is not None and num_ctx < gen.ctx:
+            limit_to_context(req, len(job.tokens), num_ctx, param)
+        job.ticket = gen.pool.request(job.tokens)
+    except BaseException:
+        lease.release(keep_alive_s)
+        raise
+    send, recv = trio.open_memory_channel[Event](64)
+    scope = trio.CancelScope()
+    consumer_started = trio.Event()
+
+    async def produce() -> None:
+        try:
+            with scope:
+                async with trio.open_nursery() as nursery:
+                    if req.stream:
+                        nursery.start_soon(abandon_unless_consumed)
+                    await gen.run(job, send)
+                    nursery.cancel_scope.cancel()
+        finally:
+            lease.release(keep_alive_s)
+
+    async def abandon_unless_consumed() -> None:
+        # A client gone between the handler's return and the first body read never
+        # runs the body's cleanup: without this the job would hold its slot forever.
+        with trio.move_on_after(CONSUMER_START_S):
+            await consumer_started.wait()
+            return
+        log.info("%s stream never read by its client; cancelled", kind)
+        scope.cancel()
+
+    assert daemon.nursery is not None
+    daemon.nursery.start_soon(produce)
+    return Running(job, recv, scope, consumer_started)
+
+
+def limit_to_context(req: ChatRequest, prompt_tokens: int, n_ctx: int, param: str) -> None:
+    """A request's own context limit, smaller than the model's: the prompt must fit it
+    and the output stops at it. Nothing is reloaded: the slots keep their size."""
+    if prompt_tokens >= n_ctx:
+        raise ContextExceeded(
+            f"Prompt has {prompt_tokens} tokens, but the request's num_ctx is {n_ctx} tokens",
+            param,
+            size=prompt_tokens,
+            unit="tokens",
+            n_ctx=n_ctx,
+        )
+    room = n_ctx - prompt_tokens
+    req.max_tokens = min(req.max_tokens, room) if req.max_tokens else room
 
 
 def _add_error_handlers(app: QuartTrio, daemon: Daemon) -> None:
@@ -351,10 +564,9 @@ def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     @app.route("/", methods=["GET", "HEAD"])
     async def root() -> Response:
-        return Response(
-            json.dumps({"name": "ds4d", "model": daemon.model_id or None}),
-            content_type="application/json",
-        )
+        # What Ollama answers: clients probe it to find a server (ds4d's own status is
+        # /health and `ds4ctl status`).
+        return Response("Ollama is running", content_type="text/plain; charset=utf-8")
 
     @app.get("/health")
     async def health() -> Response:
@@ -377,16 +589,19 @@ def _add_info_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     @app.get("/v1/models")
     async def models() -> Response:
-        data = [daemon.model_object()] if daemon.ready else []
+        data = [openai_model(m) for m in daemon.model_list()] if daemon.ready else []
         return Response(
             json.dumps({"object": "list", "data": data}), content_type="application/json"
         )
 
     @app.get("/v1/models/<path:model_id>")
     async def model(model_id: str) -> Response:
-        # Any name is an alias of the loaded model.
-        _require_ready(daemon)
-        return Response(json.dumps(daemon.model_object(model_id)), content_type="application/json")
+        # With one model any name is an alias of it; with several, unknown names are 404s.
+        spec = _require_ready(daemon).resolve(model_id)
+        listed = next(m for m in daemon.model_list() if m["name"] == spec.name)
+        return Response(
+            json.dumps({**openai_model(listed), "id": model_id}), content_type="application/json"
+        )
 
 
 def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
@@ -407,69 +622,35 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
 
     @app.post("/v1/messages/count_tokens")
     async def count_tokens() -> Response:
-        gen = _require_ready(daemon)
+        _require_ready(daemon)
         req = await _parsed(functools.partial(anthropic_messages.parse, count_only=True))
-        n = await trio.to_thread.run_sync(gen.count_tokens, req)
+        lease = await acquire_model(daemon, req.model)
+        try:
+            n = await trio.to_thread.run_sync(lease.model.generator.count_tokens, req)
+        finally:
+            lease.release()
         return Response(json.dumps({"input_tokens": n}), content_type="application/json")
 
     async def _generate(kind: str) -> Response:
         protocol, param = PROTOCOLS[kind]
         try:
             req = await _parsed(protocol.parse)
-            gen = _require_ready(daemon)
-            if req.max_tokens is None and daemon.config.max_tokens:
-                req.max_tokens = daemon.config.max_tokens
-            if force_tool_choice(req, daemon.config.force_tool_choice):
-                log.info(
-                    "%s: tool_choice forced to %s (force_tool_choice)",
-                    kind,
-                    req.tool_choice.name or req.tool_choice.mode,
-                )
-            job = await gen.prepare(req, kind, param)
-            job.ticket = gen.pool.request(job.tokens)
+            lease = await acquire_model(daemon, req.model)
+            run = await start_generation(daemon, lease, req, kind, param)
         except (ApiError, Refused) as refused:
             err = refused if isinstance(refused, ApiError) else refusal_error(refused)
             daemon.metrics.requests[(kind, str(err.status))] += 1
             return error_response(err, protocol)
-        model_name = req.model or daemon.model_id
-        send, recv = trio.open_memory_channel[Event](64)
-        scope = trio.CancelScope()
-        consumer_started = trio.Event()
-
-        async def produce() -> None:
-            with scope:
-                async with trio.open_nursery() as nursery:
-                    if req.stream:
-                        nursery.start_soon(abandon_unless_consumed)
-                    await gen.run(job, send)
-                    nursery.cancel_scope.cancel()
-
-        async def abandon_unless_consumed() -> None:
-            # A client gone between the handler's return and the first body read never
-            # runs the body's cleanup: without this the job would hold its slot forever.
-            with trio.move_on_after(CONSUMER_START_S):
-                await consumer_started.wait()
-                return
-            log.info("%s stream never read by its client; cancelled", kind)
-            scope.cancel()
-
-        assert daemon.nursery is not None
-        daemon.nursery.start_soon(produce)
         daemon.metrics.requests[(kind, "200")] += 1
+        model_name = req.model or lease.name
         if not req.stream:
-            completion = Completion()
-            try:
-                async with recv:
-                    async for ev in recv:
-                        completion.add(ev)
-            finally:
-                scope.cancel()
+            completion = await run.collect()
             return Response(
                 json.dumps(protocol.response(req, completion, model_name)),
                 content_type="application/json",
             )
         encoder = protocol.Stream(req, model_name)
-        return _sse_response(encoder, recv, scope, consumer_started)
+        return _sse_response(encoder, run.events, run.scope, run.consumer_started)
 
     def _sse_response(
         encoder: EventStream,
