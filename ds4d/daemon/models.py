@@ -213,6 +213,7 @@ class ModelRegistry(Generic[M]):
 
     async def _load(self, entry: Entry[M]) -> None:
         spec = entry.spec
+        log.info("loading model %s from %s", spec.name, spec.path)
         try:
             need = await trio.to_thread.run_sync(self._size_of, spec.path)
         except OSError as e:

@@ -86,7 +86,6 @@ async def open_served(
     the KV directory, when several models share it) and the generator."""
     cfg = config
     path = spec.path
-    log.info("loading model %s from %s", spec.name, path)
     t0 = time.perf_counter()
     engine = await trio.to_thread.run_sync(
         lambda: Engine.open(

@@ -43,6 +43,7 @@ from ds4d.api.request_body import parse_json_body
 from ds4d.chat.errors import ContextExceeded, Refused, Unavailable
 from ds4d.chat.types import ChatRequest, Event, Sampling
 from ds4d.daemon import wire
+from ds4d.daemon.admin_protocol import AdminError
 from ds4d.daemon.config import Config
 from ds4d.daemon.generation import Generator, Job
 from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
@@ -292,6 +293,32 @@ class Daemon:
 
     def decode_batching(self) -> dict[str, int | float | None]:
         return self.metrics.decode_batching()
+
+    def _listed(self, name: str) -> dict[str, Any]:
+        return next(m for m in self.model_list() if m["name"] == name)
+
+    async def load_named(self, name: str) -> dict[str, Any]:
+        """`ds4ctl models load NAME`."""
+        try:
+            registry = _require_ready(self)
+            entry = await registry.load(registry.resolve(name).name)
+        except Refused as e:
+            raise AdminError(
+                e.message, "unavailable" if isinstance(e, Unavailable) else "bad_request"
+            ) from None
+        return self._listed(entry.spec.name)
+
+    async def unload_named(self, name: str) -> dict[str, Any]:
+        """`ds4ctl models unload NAME`: at once when idle, else when its requests end."""
+        try:
+            registry = _require_ready(self)
+            spec = registry.resolve(name)
+        except Refused as e:
+            raise AdminError(
+                e.message, "unavailable" if isinstance(e, Unavailable) else "bad_request"
+            ) from None
+        await registry.unload(spec.name, "admin")
+        return self._listed(spec.name)
 
     def slots(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self.pool.slots] if self.pool else []
