@@ -84,6 +84,7 @@ class Entry(Generic[M]):
     unloading: trio.Event | None = None  # set when the unload has finished
     load_s: float = 0.0
     load_error: str | None = None
+    unload_requested: bool = False  # unload once its requests end (keep_alive 0, admin)
 
     @property
     def state(self) -> State:
@@ -203,7 +204,9 @@ class ModelRegistry(Generic[M]):
         now = trio.current_time()
         entry.last_used = now
         keep = self.keep_alive_s if keep_alive_s is None else keep_alive_s
-        if entry.spec.pinned and keep_alive_s is None:
+        if entry.unload_requested:
+            entry.expires_at = now
+        elif entry.spec.pinned and keep_alive_s is None:
             entry.expires_at = math.inf
         else:
             entry.expires_at = math.inf if keep < 0 else now + keep
@@ -288,6 +291,7 @@ class ModelRegistry(Generic[M]):
             return
         entry.model = None
         entry.expires_at = math.inf
+        entry.unload_requested = False
         done = entry.unloading = trio.Event()
         try:
             with trio.CancelScope(shield=True):  # half an unload would leak the model
@@ -311,7 +315,7 @@ class ModelRegistry(Generic[M]):
         if entry.model is None:
             return False
         if entry.users:
-            entry.expires_at = trio.current_time()  # the expiry task unloads it once idle
+            entry.unload_requested = True  # the expiry task unloads it once idle
             self._changed.set()
             return True
         await self._unload(entry, reason)

@@ -18,9 +18,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from ds4d.api import ollama
-from ds4d.api.common import ApiError, bad, refusal_error, request_object
+from ds4d.api.common import ApiError, refusal_error, request_object
 from ds4d.api.request_body import parse_json_body
-from ds4d.chat.errors import Refused
+from ds4d.chat.errors import PromptRefused, Refused
 from ds4d.chat.types import Sampling
 from ds4d.daemon.model_card import FIM_TOKENS, CardCache, ModelCard
 from ds4d.daemon.models import Entry, ModelSpec
@@ -112,7 +112,7 @@ def add_ollama_routes(app: QuartTrio, daemon: Daemon) -> None:
                 ids = fim_prompt_ids(lease.model.engine.tokenizer, parsed.prompt, parsed.suffix)
                 if ids is None:
                     lease.release(parsed.keep_alive_s)
-                    raise bad("this model has no fill-in-the-middle tokens", "suffix")
+                    raise PromptRefused("this model has no fill-in-the-middle tokens", "suffix")
                 req.prompt_ids = ids
                 req.raw_prompt = parsed.prompt  # its output is plain text, not a chat turn
             run = await start_generation(
