@@ -211,7 +211,7 @@ def _call_id(message_index: int, call_index: int) -> str:
 def _messages(value: Any) -> list[Message]:
     out: list[Message] = []
     last_calls: list[ToolCall] = []
-    answered = 0  # results matched so far to last_calls by position
+    answered: set[str] = set()  # ids of last_calls whose result has been seen
     for n, m in objects_of(value, "messages", param="messages"):
         where = f"messages[{n}]"
         role = field_of(m, "role", str, where=where, required=True)
@@ -247,7 +247,7 @@ def _messages(value: Any) -> list[Message]:
                 )
             )
         if msg.tool_calls:
-            last_calls, answered = msg.tool_calls, 0
+            last_calls, answered = msg.tool_calls, set()
         if msg.role == "tool":
             name = field_of(m, "tool_name", str, None, where=where) or field_of(
                 m, "name", str, None, where=where
@@ -257,12 +257,12 @@ def _messages(value: Any) -> list[Message]:
             if msg.tool_call_id is None and last_calls:
                 # Results carry only the tool's name: the first unanswered call of that
                 # name, else the next call in order.
-                pending = last_calls[answered:]
+                pending = [c for c in last_calls if c.id not in answered]
                 match = next((c for c in pending if c.name == name), None) or (
                     pending[0] if pending else last_calls[-1]
                 )
                 msg.tool_call_id = match.id
-                answered += 1
+                answered.add(match.id)
         out.append(msg)
     return out
 

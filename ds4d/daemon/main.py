@@ -121,7 +121,7 @@ async def serve(config: Config, control: ControlPlane | None = None) -> int:
         # Hypercorn drains in-flight requests (grace period) once the trigger fires;
         # whatever still runs after it is cancelled with the nursery.
         with trio.move_on_after(config.grace_period + 1):
-            while daemon.pool is not None and daemon.pool.busy:
+            while any(m.pool.busy for m in daemon.loaded()):
                 await trio.sleep(0.05)
         nursery.cancel_scope.cancel()
     # Every engine call has returned: the slots' sessions are still, save them.

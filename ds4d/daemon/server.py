@@ -208,7 +208,7 @@ class Daemon:
 
     @property
     def ready(self) -> bool:
-        return self.serving and not self.shutdown.is_set()
+        return self.serving
 
     # -- model loading (outside ASGI startup: it can take longer than its timeout) --------
 
