@@ -53,7 +53,7 @@ def registry(
 
     async def load(spec: ModelSpec) -> Loaded:
         events.append(f"load {spec.name}")
-        await trio.sleep(1)  # loading takes time (virtual)
+        await trio.sleep(1)  # virtual time
         return Loaded(spec.name, sizes[spec.name], events)
 
     reg = ModelRegistry(
@@ -103,7 +103,7 @@ def test_lru_idle_model_is_unloaded_to_fit_the_budget() -> None:
     async def main() -> None:
         for name in ("a", "b"):
             (await reg.acquire(name)).release()
-            await trio.sleep(1)
+            await trio.sleep(1)  # virtual time
         (await reg.acquire("a")).release()  # a is now more recent than b
         (await reg.acquire("c")).release()
         assert events == ["load a", "load b", "unload b", "load c"]
@@ -138,18 +138,18 @@ def test_keep_alive_unloads_an_idle_model_when_it_expires() -> None:
         async with trio.open_nursery() as n:
             await n.start(reg.run)
             lease = await reg.acquire("b")
-            await trio.sleep(1000)  # held: no expiry while in use
+            await trio.sleep(1000)  # virtual time
             assert reg.resident("b") is not None
             lease.release(keep_alive_s=60)  # the request's own keep_alive wins
-            await trio.sleep(59)
+            await trio.sleep(59)  # virtual time
             assert reg.resident("b") is not None
-            await trio.sleep(2)
+            await trio.sleep(2)  # virtual time
             assert reg.resident("b") is None and reg.unloads[("b", "keep_alive")] == 1
             (await reg.acquire("b")).release(keep_alive_s=-1)  # negative: forever
-            await trio.sleep(10**6)
+            await trio.sleep(10**6)  # virtual time
             assert reg.resident("b") is not None
             (await reg.acquire("b")).release(keep_alive_s=0)  # zero: at once
-            await trio.sleep(0.001)
+            await trio.sleep(0.001)  # virtual time
             assert reg.resident("b") is None
             n.cancel_scope.cancel()
         assert events.count("load b") == 2
@@ -167,7 +167,7 @@ def test_a_request_during_an_unload_waits_then_reloads() -> None:
         model.unload_gate = trio.Event()
         async with trio.open_nursery() as n:
             n.start_soon(reg.unload, "b")
-            await trio.sleep(0.1)
+            await trio.sleep(0.1)  # virtual time
             assert reg.entry("b").state == "unloading"
             got: list[Loaded] = []
 
@@ -175,7 +175,7 @@ def test_a_request_during_an_unload_waits_then_reloads() -> None:
                 got.append((await reg.acquire("b")).model)
 
             n.start_soon(request)
-            await trio.sleep(5)
+            await trio.sleep(5)  # virtual time
             assert not got  # waits for the unload, never gets the model going away
             model.unload_gate.set()
         assert got and got[0] is not model and model.closed
@@ -192,10 +192,10 @@ def test_unload_of_a_busy_model_waits_for_its_request() -> None:
             await n.start(reg.run)
             lease = await reg.acquire("a")
             assert await reg.unload("a") is True
-            await trio.sleep(10)
+            await trio.sleep(10)  # virtual time
             assert reg.resident("a") is not None  # still serving its request
             lease.release()
-            await trio.sleep(0.001)
+            await trio.sleep(0.001)  # virtual time
             assert reg.resident("a") is None
             n.cancel_scope.cancel()
 
