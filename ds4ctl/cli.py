@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     set_.add_argument("value")
     config.add_parser("reload", parents=[common], help="re-read the config files now")
 
+    models = sub.add_parser(
+        "models", parents=[common], help="the models this daemon serves"
+    ).add_subparsers(dest="action", required=True)
+    models.add_parser("ls", parents=[common], help="every model: state, memory, expiry")
+    for action, text in (("load", "load a model now"), ("unload", "unload a model")):
+        models.add_parser(action, parents=[common], help=text).add_argument("name")
     sub.add_parser("stop", parents=[common], help="graceful shutdown")
     return parser
 
@@ -138,6 +144,8 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         return "power", {"level": args.level} if args.level is not None else {}
     if cmd == "config" and action == "get":
         return "config.get", {"key": args.key} if args.key else {}
+    if cmd == "models" and action in ("load", "unload"):
+        return f"models.{action}", {"name": args.name}
     if cmd == "config" and action == "set":
         return "config.set", {"key": args.key, "value": args.value}
     return (f"{cmd}.{action}" if action else cmd), {}
@@ -194,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
 # Human output
 
 _SLOT_COLUMNS = ("id", "state", "tokens", "ctx", "last_used", "request")
+_MODEL_COLUMNS = ("name", "state", "roles", "requests", "memory_bytes", "expires_in_s", "loads")
 _CACHE_COLUMNS = ("name", "reason", "tokens", "bytes", "hits", "last_used", "score")
 
 
@@ -230,6 +239,10 @@ def render(cmd: str, result: Any) -> str:
         if result["restart_required"]:
             lines.append("restart required for: " + ", ".join(result["restart_required"]))
         return "\n".join(lines)
+    if cmd == "models.ls":
+        return table(result, _MODEL_COLUMNS)
+    if cmd in ("models.load", "models.unload"):
+        return f"{result['name']}: {result['state']}"
     if cmd == "stop":
         return "ds4d is stopping"
     return key_values(result)

@@ -10,7 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ds4d.chat.errors import ContextExceeded, Overloaded, PromptRefused, Refused, Unavailable
+from ds4d.chat.errors import (
+    ContextExceeded,
+    Overloaded,
+    PromptRefused,
+    Refused,
+    Unavailable,
+    UnknownModel,
+)
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -110,6 +117,8 @@ def refusal_error(err: Refused) -> ApiError:
             code="overloaded",
             headers={"Retry-After": str(err.retry_after_s)},
         )
+    if isinstance(err, UnknownModel):
+        return ApiError(404, err.message, param="model", code="model_not_found")
     if isinstance(err, Unavailable):
         retry = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s else None
         return ApiError(503, err.message, kind="server_error", headers=retry)
@@ -264,6 +273,27 @@ def effort_thinking(effort: Any, key: str) -> bool | None:
     if effort in ("minimal", "low", "medium", "high", "xhigh", "max"):
         return True
     raise bad(f"'{key}' must be one of none, minimal, low, medium, high, xhigh, max", key)
+
+
+def template_kwargs_of(value: Any, key: str = "chat_template_kwargs") -> dict[str, Any]:
+    """The client's chat_template_kwargs (vLLM, SGLang and llama-server's field): an
+    object; its `enable_thinking`, when present, must be a boolean."""
+    kwargs: dict[str, Any] = field_of({key: value}, key, dict, {})
+    field_of(kwargs, "enable_thinking", bool, None, where=key)
+    return kwargs
+
+
+def thinking_switch(
+    kwargs: dict[str, Any], effort: Any = None, effort_key: str = "reasoning_effort"
+) -> bool | None:
+    """One thinking switch from the conventions a body may carry: the template kwarg
+    `enable_thinking` (what Qwen's documentation gives for OpenAI-compatible servers)
+    first, else a reasoning_effort-style value."""
+    enabled = kwargs.get("enable_thinking")
+    if isinstance(enabled, bool):
+        effort_thinking(effort, effort_key)  # still checked: a bad value is a 400
+        return enabled
+    return effort_thinking(effort, effort_key)
 
 
 def force_tool_choice(req: ChatRequest, setting: str) -> bool:

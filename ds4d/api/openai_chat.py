@@ -11,7 +11,6 @@ from ds4d.api.common import (
     Completion,
     bad,
     content_text,
-    effort_thinking,
     field_of,
     json_text,
     max_tokens_of,
@@ -21,6 +20,8 @@ from ds4d.api.common import (
     sampling_of,
     sse,
     stop_list,
+    template_kwargs_of,
+    thinking_switch,
 )
 from ds4d.chat.types import (
     ChatRequest,
@@ -145,7 +146,8 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
     body = request_object(body)
     messages = parse_messages(body.get("messages"))
     tools = parse_tools(body.get("tools"))
-    thinking = effort_thinking(body.get("reasoning_effort"), "reasoning_effort")
+    template_kwargs = template_kwargs_of(body.get("chat_template_kwargs"))
+    thinking = thinking_switch(template_kwargs, body.get("reasoning_effort"))
     stream_options = field_of(body, "stream_options", dict, {})
     req = ChatRequest(
         messages=messages,
@@ -156,6 +158,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         stop=stop_list(body.get("stop")),
         thinking=thinking,
         reasoning_effort=body.get("reasoning_effort"),
+        template_kwargs=template_kwargs,
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
     )

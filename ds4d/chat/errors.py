@@ -51,3 +51,12 @@ class Unavailable(Refused):
     def __init__(self, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+
+class UnknownModel(Refused):
+    """The request names a model this server does not have; `known` are the names it has."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"model '{name}' not found; this server has: {', '.join(known)}")
+        self.name = name
+        self.known = known

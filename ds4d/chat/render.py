@@ -225,13 +225,26 @@ def render_request(
     )
 
 
+# Context names the renderer itself sets: a client's template kwargs never replace them.
+_RESERVED_CONTEXT = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "bos_token", "eos_token",
+     "strftime_now", "raise_exception", "dict", "namespace"}
+)  # fmt: skip
+
+
 def _template_options(template: Template, request: ChatRequest) -> dict[str, Any]:
     # Thinking switches: Qwen3-style templates read `enable_thinking` (the others ignore
     # it), gpt-oss reads `reasoning_effort`; unset, each template keeps its default.
-    extra: dict[str, Any] = {}
+    # The client's own chat_template_kwargs go to a template that reads them.
+    reads: frozenset[str] = getattr(template, "variables", frozenset())
+    extra: dict[str, Any] = {
+        k: v
+        for k, v in request.template_kwargs.items()
+        if k in reads and k not in _RESERVED_CONTEXT and k != "enable_thinking"
+    }
     if request.thinking is not None:
         extra["enable_thinking"] = request.thinking
-    if "reasoning_effort" in getattr(template, "variables", ()):
+    if "reasoning_effort" in reads and "reasoning_effort" not in extra:
         effort = _EFFORT.get(request.reasoning_effort or "")
         if effort is None and request.thinking is False:
             effort = "low"

@@ -77,6 +77,9 @@ class ChatRequest:
     stop: list[str] = field(default_factory=list)
     thinking: bool | None = None  # None: the model's default
     reasoning_effort: str | None = None  # as the client said it: none ... high, max
+    # The client's chat_template_kwargs: passed to a template that reads them (the
+    # thinking switch among them is already folded into `thinking`).
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
     model: str = ""
     stream: bool = False
     include_usage: bool = False  # streaming: send usage at the end (OpenAI asks for it)

@@ -184,6 +184,15 @@ class DaemonView(Protocol):
     def decode_batching(self) -> dict[str, int | float | None] | None:
         """Batched decode so far (steps, slot steps, mean batch), None without a model."""
 
+    def model_list(self) -> list[dict[str, Any]]:
+        """Every configured model: name, path, aliases, roles, state, memory, expiry."""
+
+    async def load_named(self, name: str) -> dict[str, Any]:
+        """Load a model now (AdminError for a name the daemon does not have)."""
+
+    async def unload_named(self, name: str) -> dict[str, Any]:
+        """Unload a model once no request holds it."""
+
 
 class CacheView(Protocol):
     """The disk KV cache's admin surface (ds4d.state.service.CacheView, DiskCache).
@@ -246,6 +255,9 @@ class AdminCommands:
             "config.set": self.config_set,
             "config.reload": self.live.reload,
             "stop": self.stop,
+            "models.ls": self.models_ls,
+            "models.load": self.models_load,
+            "models.unload": self.models_unload,
         }
 
     @property
@@ -364,6 +376,15 @@ class AdminCommands:
         return await self.live.set_persistent(
             key, value if isinstance(value, str) else json.dumps(value)
         )
+
+    def models_ls(self) -> list[dict[str, Any]]:
+        return self.daemon.model_list()
+
+    async def models_load(self, name: str) -> dict[str, Any]:
+        return await self.daemon.load_named(name)
+
+    async def models_unload(self, name: str) -> dict[str, Any]:
+        return await self.daemon.unload_named(name)
 
     async def stop(self) -> dict[str, Any]:
         await self.daemon.stop()

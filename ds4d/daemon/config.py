@@ -83,6 +83,45 @@ class Config:
         flags=("-m", "--model"),
         metavar="FILE",
     )
+    models: list[str] = _key(
+        [],
+        "more models served beside --model, each a GGUF file as [NAME=]FILE (the name "
+        "defaults to the file's stem); a request's `model` picks one",
+        flags=("--add-model",),
+        metavar="[NAME=]FILE",
+    )
+    models_dir: str = _key(
+        "",
+        "serve every GGUF in this directory too, each named by its file stem",
+        metavar="DIR",
+    )
+    model_aliases: list[str] = _key(
+        [], "other names a model answers to, as ALIAS=NAME", metavar="ALIAS=NAME"
+    )
+    model_roles: list[str] = _key(
+        [],
+        "pin a model resident in a role, as ROLE=NAME (completion, chat or embedding): "
+        "loaded at start, never unloaded by keep_alive or the memory budget",
+        metavar="ROLE=NAME",
+    )
+    preload: list[str] = _key(
+        [], "models loaded at start besides the first (which always is)", metavar="NAME"
+    )
+    keep_alive: float = _key(
+        -1.0,
+        "seconds an idle model stays loaded after its last request (a request's own "
+        "keep_alive wins); negative = until the memory budget needs the room",
+        metavar="S",
+    )
+    memory_budget_mb: int = _key(
+        0,
+        "memory the loaded models may hold together in MiB (weights as mapped, KV "
+        "slots, checkpoints waiting to be written); past it idle models are unloaded, "
+        "least recently used first; 0 = three quarters of the RAM",
+        flags=("--memory-budget",),
+        lo=0,
+        metavar="MIB",
+    )
     ctx: int = _key(
         0,
         "context size of each slot in tokens; 0 = the model's trained context",

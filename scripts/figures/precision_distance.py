@@ -30,7 +30,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def smollm2_distance(engine: Engine, path: Path) -> float:
-    """tests/test_vectors.py's measure: teacher-forced decode, mean over the exact top-20s."""
+    """tests/engine/test_vectors.py's measure: teacher-forced decode, mean over the exact top-20s."""
     exact = json.loads(path.read_text())
     steps = exact["steps"]
     session = engine.new_session(len(exact["prompt_tokens"]) + len(steps))

@@ -55,6 +55,9 @@ ROUTES = [
     "/v1/messages",
     "/v1/messages/count_tokens",
     "/infill",
+    "/api/chat",
+    "/api/generate",
+    "/api/show",
 ]
 
 
@@ -199,6 +202,8 @@ def check(reply: Reply, route: str, method: str = "POST") -> None:
         err = json.loads(text)
         if route.startswith("/v1/messages"):
             assert err["type"] == "error" and isinstance(err["error"]["message"], str), err
+        elif route.startswith("/api/"):  # Ollama's shape
+            assert isinstance(err["error"], str), err
         else:
             assert isinstance(err["error"]["message"], str), err
         return
@@ -206,6 +211,10 @@ def check(reply: Reply, route: str, method: str = "POST") -> None:
     if reply.headers.get("content-type", "").startswith("text/event-stream"):
         assert "event: error" not in text and '"finish_reason": "error"' not in text, text
         assert '"status": "failed"' not in text, text[-2000:]
+    elif reply.headers.get("content-type", "").startswith("application/x-ndjson"):
+        lines = [json.loads(line) for line in text.splitlines()]
+        assert not any("error" in obj for obj in lines), text[-2000:]
+        assert lines[-1]["done"] is True, text[-2000:]
     elif reply.body and route.startswith("/v1/"):
         obj = json.loads(text)
         assert obj.get("status") != "failed", obj
@@ -487,6 +496,59 @@ messages_body = st.fixed_dictionaries(
     ),
 )
 
+ollama_options = st.fixed_dictionaries(
+    {},
+    optional=opt(
+        num_predict=few_tokens,
+        num_ctx=st.integers(-1, 2048),
+        stop=st.one_of(text_s, st.lists(text_s, max_size=2)),
+        repeat_penalty=st.sampled_from([1.0, 1.1]),
+        num_thread=st.integers(0, 4),
+        **sampling,
+    ),
+)
+ollama_common = opt(
+    model=st.one_of(text_s, st.sampled_from(["default", "x:latest"])),
+    stream=st.booleans(),
+    options=ollama_options,
+    keep_alive=st.sampled_from(["5m", -1, "1h30m", "x", 300, None]),
+    think=st.sampled_from([True, False, "low", "high", "max"]),
+    format=st.sampled_from(["", "json", None]),
+)
+ollama_message = st.fixed_dictionaries(
+    {
+        "role": maybe(st.sampled_from(["system", "user", "assistant", "tool"])),
+        "content": maybe(text_s),
+    },
+    optional=opt(
+        thinking=text_s,
+        images=st.lists(text_s, max_size=1),
+        tool_name=text_s,
+        tool_calls=st.lists(
+            st.fixed_dictionaries(
+                {"function": st.fixed_dictionaries({"name": text_s, "arguments": junk})}
+            ),
+            max_size=2,
+        ),
+    ),
+)
+ollama_chat_body = st.fixed_dictionaries(
+    {"messages": maybe(st.lists(maybe(ollama_message), min_size=1, max_size=4))},
+    optional={**ollama_common, "tools": st.lists(maybe(fn_tool), max_size=2)},
+)
+ollama_generate_body = st.fixed_dictionaries(
+    {"prompt": maybe(text_s)},
+    optional={
+        **ollama_common,
+        "suffix": maybe(text_s),
+        "system": maybe(text_s),
+        "raw": st.booleans(),
+        "images": st.lists(text_s, max_size=1),
+        "context": st.lists(st.integers(0, 5), max_size=2),
+    },
+)
+ollama_show_body = st.fixed_dictionaries({}, optional=opt(model=text_s, name=text_s))
+
 BODIES = {
     "/v1/chat/completions": chat_body,
     "/v1/completions": completions_body,
@@ -494,6 +556,9 @@ BODIES = {
     "/v1/messages": messages_body,
     "/v1/messages/count_tokens": messages_body,
     "/infill": infill_body,
+    "/api/chat": ollama_chat_body,
+    "/api/generate": ollama_generate_body,
+    "/api/show": ollama_show_body,
 }
 
 
@@ -548,7 +613,19 @@ def test_fuzz_route(client, route):
 
 def test_fuzz_methods_and_paths(client):
     paths = st.one_of(
-        st.sampled_from(["/", "/health", "/metrics", "/v1/models", "/v1/models/x", *ROUTES]),
+        st.sampled_from(
+            [
+                "/",
+                "/health",
+                "/metrics",
+                "/v1/models",
+                "/v1/models/x",
+                "/api/tags",
+                "/api/ps",
+                "/api/version",
+                *ROUTES,
+            ]
+        ),
         st.text(alphabet="/abcv1%.?=&#~", max_size=20).map(lambda p: "/" + p),
     )
 

@@ -1,7 +1,7 @@
 """The KV type each family gets by default ("auto", ds4d.engine.engine.FAMILY_KV_TYPE), held
 to the accuracy bar on the verification kit: teacher-forced against transformers' float32
 top-20s, every sequence of every family within 0.003 mean |Δ logprob| with the defaults
-(tests/test_family_vectors.py holds the exact f32 KV to 1e-3). A family whose f16 KV costs
+(tests/engine/test_family_vectors.py holds the exact f32 KV to 1e-3). A family whose f16 KV costs
 more than that (gpt-oss, phi3, qwen3moe: docs/kv-precision.md) defaults to f32; run with -s
 to see the figures."""
 

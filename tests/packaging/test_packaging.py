@@ -339,6 +339,8 @@ def test_the_citation_check_sees_paths_and_links() -> None:
 COMPONENTS = {
     "ds4d/daemon/server.py": ["Daemon"],
     "ds4d/daemon/control.py": ["ControlPlane"],
+    "ds4d/daemon/models.py": ["ModelRegistry"],
+    "ds4d/daemon/served.py": ["ServedModel"],
     "ds4d/serving/gate.py": ["ComputeGate"],
     "ds4d/serving/loop.py": ["EngineLoop"],
     "ds4d/serving/model.py": ["ModelServer"],

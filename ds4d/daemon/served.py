@@ -1,0 +1,190 @@
+"""One loaded model as the daemon serves it: its `ModelServer` (engine, slots, state
+layer, engine loop) and what the registry needs to know of it. `open_served` builds one
+(blocking parts on worker threads, progress in the log) and starts its engine loop in the
+nursery it is given; the registry (`ds4d.daemon.models`) decides when, and calls `unload`
+when it is no longer wanted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import trio
+
+from ds4d.chat.formats import chat_format_for
+from ds4d.daemon.config import Config, kv_dir
+from ds4d.daemon.metrics import Metrics
+from ds4d.daemon.models import ModelSpec
+from ds4d.daemon.state_config import state_from_config
+from ds4d.engine.engine import Engine
+from ds4d.serving.gate import ComputeGate
+from ds4d.serving.model import ModelServer
+from ds4d.serving.slots import SlotPool
+from ds4d.state.service import StateService
+from ds4d.state.slots import Slot
+from ds4d.state.trace import TraceWriter
+
+log = logging.getLogger("ds4d")
+
+
+class ServedModel:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        server: ModelServer,
+        file_bytes: int,
+        loop_scope: trio.CancelScope,
+        loop_done: trio.Event,
+    ) -> None:
+        """`loop_scope` cancels the model's engine loop; `loop_done` is set once it has
+        returned (no engine call runs after it)."""
+        self.spec = spec
+        self.server = server
+        self.file_bytes = file_bytes  # the weights as mapped
+        self.loaded_at = time.time()  # wall clock, for listings
+        self._loop_scope = loop_scope
+        self._loop_done = loop_done
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def engine(self) -> Engine:
+        return self.server.engine
+
+    @property
+    def ctx(self) -> int:
+        return self.server.ctx
+
+    @property
+    def pool(self) -> SlotPool:
+        return self.server.pool
+
+    @property
+    def state(self) -> StateService:
+        return self.server.state
+
+    def memory_bytes(self) -> int:
+        kv = sum(s.session.kv_bytes for s in self.pool.slots)
+        disk = self.state.disk
+        pending = disk.writer.pending_bytes if disk is not None and disk.writer else 0
+        return self.file_bytes + kv + pending
+
+    async def unload(self) -> None:
+        """The engine loop stops (the registry unloads only a model no request holds);
+        every slot worth keeping becomes a checkpoint in this model's disk namespace (a
+        later load restores from it), then the engine is released, on a worker."""
+        self._loop_scope.cancel()
+        await self._loop_done.wait()
+
+        def work() -> None:
+            sessions = [s.session for s in self.pool.slots]
+            try:
+                self.state.shutdown(sessions)
+            finally:
+                disk = self.state.disk
+                if disk is not None and disk.writer is not None:
+                    disk.writer.close()
+                for session in sessions:
+                    session.close()
+                self.engine.close()
+
+        await trio.to_thread.run_sync(work)
+
+
+async def open_served(
+    spec: ModelSpec,
+    config: Config,
+    *,
+    nursery: trio.Nursery,
+    gate: ComputeGate,
+    metrics: Metrics,
+    trace: TraceWriter,
+    current: Callable[[], Config],
+    kv_namespace: str | None,
+) -> ServedModel:
+    """Load `spec`'s model with the daemon's settings: the engine, `config.slots` KV
+    slots, the state layer (its disk checkpoints under `kv_namespace`, a subdirectory of
+    the KV directory, when several models share it), and its engine loop, started in
+    `nursery` (serving once this returns)."""
+    cfg = config
+    path = spec.path
+    t0 = time.perf_counter()
+    engine = await trio.to_thread.run_sync(
+        lambda: Engine.open(
+            path,
+            cfg.threads or None,
+            cfg.kv_type,
+            rope_scaling=cfg.rope_scaling,
+            n_ctx=cfg.ctx,
+            weights=cfg.weights,
+            precision=cfg.precision,
+        )
+    )
+    info = engine.info
+    ctx = cfg.ctx or info.n_ctx_train
+    if info.rope_stretch:
+        log.info("RoPE positions stretched with %s", info.rope_stretch)
+    elif ctx > info.n_ctx_train:
+        hint = (
+            "the file's own RoPE scaling is kept"
+            if cfg.rope_scaling
+            else "--rope-scaling yarn stretches the positions to --ctx"
+        )
+        log.warning(
+            "--ctx %d is above the model's trained context %d: quality may drop past it (%s)",
+            ctx,
+            info.n_ctx_train,
+            hint,
+        )
+    log.info(
+        "model %s (%s, %s) mapped in %.1fs; creating %d slots of %d tokens",
+        info.name,
+        info.architecture,
+        info.quant,
+        time.perf_counter() - t0,
+        cfg.slots,
+        ctx,
+    )
+    sessions = []
+    for i in range(cfg.slots):
+        sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
+        log.info("%s: slot %d/%d ready", spec.name, i + 1, cfg.slots)
+    slots = [Slot(i, s, ctx) for i, s in enumerate(sessions)]
+    state_cfg = cfg
+    if kv_namespace is not None and cfg.kv_disk:
+        state_cfg = dataclasses.replace(cfg, kv_disk_dir=str(kv_dir(cfg) / kv_namespace))
+    # the disk cache's scan reads every checkpoint's header: on a worker
+    state = await trio.to_thread.run_sync(
+        lambda: state_from_config(state_cfg, engine=engine, ctx=ctx, trace=trace, current=current)
+    )
+    server = ModelServer(
+        engine,
+        chat_format_for(engine, ctx),
+        ctx,
+        slots,
+        state,
+        gate,
+        metrics,
+        completion_slots=cfg.completion_slots,
+        queue_size=cfg.queue_size,
+        chunk_target_s=cfg.prefill_chunk_ms / 1000,
+    )
+    scope, done = trio.CancelScope(), trio.Event()
+
+    async def serve(task_status: trio.TaskStatus[None]) -> None:
+        try:
+            with scope:
+                await server.run(task_status=task_status)
+        finally:
+            done.set()
+
+    await nursery.start(serve)
+    file_bytes = await trio.to_thread.run_sync(lambda: Path(path).stat().st_size)
+    log.info("model %s loaded in %.1fs; serving", spec.name, time.perf_counter() - t0)
+    return ServedModel(spec, server, file_bytes, scope, done)
