@@ -39,6 +39,8 @@ from ds4d.chat.types import ChatRequest, Event, Sampling
 from ds4d.daemon import wire
 from ds4d.daemon.chunking import ChunkSizer
 from ds4d.daemon.config import Config, model_path
+from ds4d.daemon.embed_routes import add_embedding_routes, refuse_generation
+from ds4d.daemon.embeddings import EmbeddingService
 from ds4d.daemon.generation import Generator
 from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
 from ds4d.daemon.scheduler import EngineGate, SlotPool
@@ -72,6 +74,7 @@ class Daemon:
         self.engine: Engine | None = None
         self.generator: Generator | None = None
         self.pool: SlotPool | None = None
+        self.embeddings: EmbeddingService | None = None
         self.metrics = Metrics(self._gauges(), sources=[_StateMetrics(self)])
         self.ctx = 0
         self.model_id = ""
@@ -129,6 +132,7 @@ class Daemon:
                 rope_scaling=cfg.rope_scaling,
                 n_ctx=cfg.ctx,
                 weights=cfg.weights,
+                pooling=cfg.pooling,
             )
         )
         info = engine.info
@@ -180,6 +184,7 @@ class Daemon:
             state,
             chunks=ChunkSizer(target_s=cfg.prefill_chunk_ms / 1000),
         )
+        self.embeddings = EmbeddingService(engine, self.gate, ctx)
         self.generator = generator  # ready: requests are served from here on
         log.info("model loaded in %.1fs; serving", time.perf_counter() - t0)
 
@@ -273,6 +278,7 @@ def create_app(daemon: Daemon) -> QuartTrio:
     _add_api_key_check(app, daemon)
     _add_info_routes(app, daemon)
     _add_generation_routes(app, daemon)
+    add_embedding_routes(app, daemon)
     return app
 
 
@@ -417,6 +423,7 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
         try:
             req = await _parsed(protocol.parse)
             gen = _require_ready(daemon)
+            refuse_generation(daemon)
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
             if force_tool_choice(req, daemon.config.force_tool_choice):

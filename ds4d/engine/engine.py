@@ -34,6 +34,12 @@ import numpy as np
 from ds4d.engine import native
 from ds4d.engine.context_extension import stretch_rope
 from ds4d.engine.decoder import KV_TYPES
+from ds4d.engine.embedding import (
+    EMBED_CALL_ROWS,
+    EmbeddingConfig,
+    embed_tokens,
+    embedding_config,
+)
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
 from ds4d.engine.gguf_file import GGUFFile
@@ -116,8 +122,10 @@ class Engine:
 
     def __init__(self, gf: GGUFFile, family: Family, model: FamilyModel, pool: native.Pool,
                  tokenizer: ModelTokenizer, kv_type: str = "f32",
-                 rope_stretch: str = "") -> None:  # fmt: skip
+                 rope_stretch: str = "", pooling: str = "") -> None:  # fmt: skip
         self.gguf = gf
+        # How inputs become vectors (ds4d.engine.embedding): the file's pooling or `pooling`.
+        self.embedding: EmbeddingConfig = embedding_config(gf, pooling, tokenizer.add_bos)
         self.family = family
         self.model = model
         self.pool = pool
@@ -136,13 +144,15 @@ class Engine:
     @classmethod
     def open(cls, path: str | os.PathLike[str], threads: int | None = None,
              kv_type: str = DEFAULT_KV_TYPE, *, rope_scaling: str = "",
-             n_ctx: int = 0, weights: str = "auto") -> Engine:  # fmt: skip
+             n_ctx: int = 0, weights: str = "auto", pooling: str = "") -> Engine:  # fmt: skip
         """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
         EngineError for a bad thread count or a KV type the model cannot use.
         `rope_scaling` ("linear" or "yarn") stretches a model whose file declares no RoPE
         scaling from its trained context to `n_ctx` (see context_extension.py). `weights`
         says where the weights live (weight_memory.WEIGHT_MODES: by default a resident
-        copy on huge pages for a model small next to the RAM, else the file's mapping)."""
+        copy on huge pages for a model small next to the RAM, else the file's mapping).
+        `pooling` (mean, cls, last) overrides the file's embedding pooling, or gives one to
+        a model that declares none."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
         if kv_type not in KV_TYPES:
@@ -166,6 +176,7 @@ class Engine:
             try:
                 _resolve_kv_type(model, kv_type)
                 tokenizer = _make_tokenizer(family, gf)
+                engine = cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch, pooling)
             except BaseException:
                 model.close()
                 raise
@@ -173,7 +184,7 @@ class Engine:
         except BaseException:
             pool.close()
             raise
-        return cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch)
+        return engine
 
     @property
     def threads(self) -> int:
@@ -224,6 +235,37 @@ class Engine:
                 for (session, toks), row in zip(group, logits, strict=True):
                     session._tokens.extend(toks.tolist())
                     session._logits = row
+
+    # -- embeddings ---------------------------------------------------------------------
+
+    @property
+    def is_embedding_model(self) -> bool:
+        """The file declares a pooling: a model made to embed, not to generate."""
+        return self.embedding.declared
+
+    def embedding_tokens(self, text: str) -> list[int]:
+        """An embedding input's tokens as llama.cpp makes them: BOS when the vocabulary
+        adds one, the text with its special tokens parsed, EOS when the file says
+        `tokenizer.ggml.add_eos_token` (Qwen3-Embedding pools that last token)."""
+        tok = self.tokenizer
+        ids = tok.encode(text, special=True)
+        if self.embedding.add_bos and tok.bos_id is not None:
+            ids = [tok.bos_id, *ids]
+        if self.embedding.add_eos and tok.eos_id is not None:
+            ids.append(tok.eos_id)
+        return ids
+
+    def embed(self, token_lists: Sequence[Sequence[int]], *,
+              max_rows: int | None = None, max_batch: int | None = None) -> np.ndarray:  # fmt: skip
+        """Pooled, L2-normalised vectors (len(token_lists) x n_embd float32), computed over
+        throwaway states (no session changes; the engine lock is taken per forward call).
+        EngineError when the model has no pooling (neither declared nor given)."""
+        pooling = self.embedding.pooling
+        if pooling is None:
+            raise EngineError("this model declares no pooling; start it with --pooling")
+        with self.lock:
+            return embed_tokens(self.model, token_lists, pooling,
+                                max_rows=max_rows or EMBED_CALL_ROWS, max_batch=max_batch)  # fmt: skip
 
     def close(self) -> None:
         with self.lock:
