@@ -19,7 +19,7 @@ from ds4d.api import ollama_embed, openai_embeddings
 from ds4d.api.common import ApiError, refusal_error
 from ds4d.api.embeddings import EmbedRequest
 from ds4d.api.request_body import parse_json_body
-from ds4d.chat.errors import Refused, Unavailable
+from ds4d.chat.errors import PromptRefused, Refused, Unavailable
 from ds4d.daemon.embeddings import EmbeddingService
 
 if TYPE_CHECKING:
@@ -30,7 +30,9 @@ log = logging.getLogger("ds4d")
 ErrorBody = Callable[[ApiError], dict[str, Any]]
 
 
-def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
+def _json(
+    body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> Response:
     resp = Response(json.dumps(body) + "\n", status=status, content_type="application/json")
     for k, v in (headers or {}).items():
         resp.headers[k] = v
@@ -50,7 +52,7 @@ def _service(daemon: Daemon) -> EmbeddingService:
         raise Unavailable("server shutting down")
     refusal = service.refusal()
     if refusal is not None:
-        raise ApiError(400, refusal, param="model", code="model_not_embedding")
+        raise PromptRefused(refusal, "model")
     return service
 
 
@@ -116,11 +118,6 @@ def refuse_generation(daemon: Daemon) -> None:
     routes, in one line."""
     engine = daemon.engine
     if engine is not None and engine.is_embedding_model:
-        raise ApiError(
-            400,
-            f"{daemon.model_id} is an embedding model: use /v1/embeddings or /api/embed",
-            param="model",
-            code="model_not_generative",
+        raise PromptRefused(
+            f"{daemon.model_id} is an embedding model: use /v1/embeddings or /api/embed", "model"
         )
-
-

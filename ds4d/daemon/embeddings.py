@@ -71,8 +71,7 @@ class EmbeddingService:
                 bad = [t for t in ids if t >= n_vocab]
                 if bad:
                     raise PromptRefused(
-                        f"{where}: token id {bad[0]} is outside the vocabulary"
-                        f" (0..{n_vocab - 1})",
+                        f"{where}: token id {bad[0]} is outside the vocabulary (0..{n_vocab - 1})",
                         req.param,
                     )
             if not ids:

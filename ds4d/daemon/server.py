@@ -423,7 +423,7 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
         try:
             req = await _parsed(protocol.parse)
             gen = _require_ready(daemon)
-            refuse_generation(daemon)
+            refuse_generation(daemon)  # a PromptRefused for an embedding model
             if req.max_tokens is None and daemon.config.max_tokens:
                 req.max_tokens = daemon.config.max_tokens
             if force_tool_choice(req, daemon.config.force_tool_choice):

@@ -78,13 +78,16 @@ def embedding_config(gf: GGUFFile, override: str = "", add_bos: bool = False) ->
 def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:
     """One vector (float32) from a sequence's hidden states (n x n_embd), before
     normalisation. The mean is summed in float64 so its rounding does not grow with n."""
+    out: np.ndarray
     if pooling == "mean":
-        return (hidden.astype(np.float64).sum(axis=0) / len(hidden)).astype(np.float32)
-    if pooling == "cls":
-        return hidden[0].copy()
-    if pooling == "last":
-        return hidden[-1].copy()
-    raise EngineError(f"unknown pooling {pooling!r}")
+        out = (hidden.astype(np.float64).sum(axis=0) / len(hidden)).astype(np.float32)
+    elif pooling == "cls":
+        out = hidden[0].copy()
+    elif pooling == "last":
+        out = hidden[-1].copy()
+    else:
+        raise EngineError(f"unknown pooling {pooling!r}")
+    return out
 
 
 def l2_normalize(v: np.ndarray) -> np.ndarray:

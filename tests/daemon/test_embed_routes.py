@@ -61,7 +61,9 @@ def test_openai_sdk_vectors_are_the_reference(embedder: Daemon) -> None:
         assert cosine_distance(vec, ref) < MAX_COSINE_DISTANCE, name
     as_float = oai(embedder).embeddings.create(model="m", input=texts, encoding_format="float")
     for a, b in zip(as_float.data, got.data, strict=True):
-        assert np.array_equal(np.asarray(a.embedding, np.float32), np.asarray(b.embedding, np.float32))
+        assert np.array_equal(
+            np.asarray(a.embedding, np.float32), np.asarray(b.embedding, np.float32)
+        )
 
 
 def test_openai_token_inputs_and_dimensions(embedder: Daemon) -> None:
