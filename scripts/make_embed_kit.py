@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import lzma
+import re
 import shutil
 import sys
 from dataclasses import dataclass
@@ -65,7 +66,31 @@ SPECS: dict[str, EmbedSpec] = {
             tie_word_embeddings=True,
         ),
     ),
+    # A BERT sentence encoder as all-MiniLM / bge are: bge's WordPiece vocabulary
+    # (uncased), mean pooling (all-MiniLM's; bge pools [CLS]: embed-bert-cls).
+    "embed-bert": EmbedSpec(
+        "BertModel",
+        "wordpiece:ggml-vocab-bert-bge.gguf",
+        seed=2002,
+        pooling="mean",
+        config=dict(
+            vocab_size=30522,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            layer_norm_eps=1e-12,
+            hidden_act="gelu",
+            pad_token_id=0,
+        ),  # fmt: skip
+    ),
 }
+SPECS["embed-bert-cls"] = EmbedSpec(
+    "BertModel", "wordpiece:ggml-vocab-bert-bge.gguf", seed=2003, pooling="cls",
+    config=SPECS["embed-bert"].config,
+)  # fmt: skip
 
 QUERY = "Instruct: Given a code search query, retrieve relevant code\nQuery: merge overlapping intervals"
 INPUTS = {
@@ -81,6 +106,9 @@ def prepare_tokenizer(spec: EmbedSpec, model_dir: Path) -> Any:
     post-processor appends its EOS to every input as Qwen3-Embedding's does."""
     from transformers import AutoTokenizer
 
+    if spec.tokenizer.startswith("wordpiece:"):
+        return wordpiece_tokenizer(fk.LLAMA_CPP / "models" / spec.tokenizer.split(":", 1)[1],
+                                   model_dir)  # fmt: skip
     pkg = fk.NPM / f"tokenizer-{spec.tokenizer}" / "models"
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(pkg / name, model_dir / name)
@@ -106,6 +134,37 @@ def prepare_tokenizer(spec: EmbedSpec, model_dir: Path) -> Any:
         cfg["add_eos_token"] = True
         cfg_path.write_text(json.dumps(cfg, indent=1))
     return AutoTokenizer.from_pretrained(model_dir)
+
+
+def wordpiece_tokenizer(gguf_path: Path, model_dir: Path) -> Any:
+    """A BERT tokenizer (vocab.txt, uncased) carrying a llama.cpp WordPiece vocabulary:
+    the GGUF's phantom-space pieces turned back into WordPiece's (a word's first piece
+    bare, a continuation `##`-prefixed; control tokens as they are)."""
+    from transformers import BertTokenizerFast
+
+    tokens, types = _tokens_types(gguf_path)
+    lines = []
+    for raw, kind in zip(tokens, types, strict=True):
+        t = raw.decode("utf-8")
+        if kind == 3 or re.fullmatch(r"\[unused\d+\]", t):  # CONTROL, or written bare
+            lines.append(t)
+        elif t.startswith("\u2581"):
+            lines.append(t[1:])
+        else:
+            lines.append("##" + t)
+    (model_dir / "vocab.txt").write_text("\n".join(lines) + "\n")
+    vocab = {piece: i for i, piece in reversed(list(enumerate(lines)))}  # first id wins
+    tok = BertTokenizerFast(vocab=vocab, do_lower_case=True)
+    tok.save_pretrained(model_dir)
+    return tok
+
+
+def _tokens_types(path: Path) -> tuple[list[bytes], list[int]]:
+    from gguf import GGUFReader
+
+    r = GGUFReader(path)
+    tok, ty = r.fields["tokenizer.ggml.tokens"], r.fields["tokenizer.ggml.token_type"]
+    return [bytes(tok.parts[i]) for i in tok.data], [int(ty.parts[i][0]) for i in ty.data]
 
 
 def write_sentence_transformers(spec: EmbedSpec, model_dir: Path, dim: int) -> None:
@@ -229,6 +288,10 @@ class _WithLmNames:
 
     def named_parameters(self) -> Any:
         for name, p in self._model.named_parameters():
+            # BERT's names as the drawing knows them: its word embedding is the vocabulary
+            # tensor, its LayerNorm weights norms (drawn near 1).
+            name = name.replace("embeddings.word_embeddings.", "embed_tokens.")
+            name = name.replace("LayerNorm.weight", "layer_norm.weight")
             yield f"model.{name}", p
 
 

@@ -60,7 +60,7 @@ class EmbeddingService:
         else ContextExceeded saying by how much. Runs on a worker thread."""
         engine = self.engine
         n_vocab = engine.info.n_vocab
-        eos = engine.tokenizer.eos_id if engine.embedding.add_eos else None
+        eos = engine.embedding.end_id
         out = []
         for i, item in enumerate(req.inputs):
             where = f"{req.param}[{i}]" if len(req.inputs) > 1 else req.param

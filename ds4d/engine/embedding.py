@@ -48,8 +48,9 @@ class EmbeddingConfig:
 
     pooling: str | None
     declared: bool
-    add_eos: bool
+    add_eos: bool  # an input ends with end_id (EOS, or a WordPiece vocabulary's [SEP])
     add_bos: bool
+    end_id: int | None = None
 
 
 def declared_pooling(gf: GGUFFile) -> str | None:
@@ -66,13 +67,28 @@ def declared_pooling(gf: GGUFFile) -> str | None:
     return name
 
 
-def embedding_config(gf: GGUFFile, override: str = "", add_bos: bool = False) -> EmbeddingConfig:
-    """The model's embedding config: the file's pooling unless `override` names one."""
+def embedding_config(
+    gf: GGUFFile,
+    override: str = "",
+    add_bos: bool = False,
+    eos_id: int | None = None,
+    n_vocab: int = 0,
+) -> EmbeddingConfig:
+    """The model's embedding config: the file's pooling unless `override` names one, and
+    the token an input ends with as llama.cpp's tokenizer adds it: a WordPiece (`bert`)
+    vocabulary always closes with its separator ([SEP]), another with its EOS when
+    `tokenizer.ggml.add_eos_token` says so."""
     if override and override not in POOLINGS:
         raise EngineError(f"unknown pooling {override!r} (known: {', '.join(POOLINGS)})")
     declared = declared_pooling(gf)
-    add_eos = gf.get("tokenizer.ggml.add_eos_token", False) is True
-    return EmbeddingConfig(override or declared, declared is not None, add_eos, add_bos)
+    end_id = eos_id if gf.get("tokenizer.ggml.add_eos_token", False) is True else None
+    if gf.get("tokenizer.ggml.model", None) == "bert":
+        sep = gf.get("tokenizer.ggml.seperator_token_id", 102)
+        if not isinstance(sep, int) or isinstance(sep, bool) or not 0 <= sep < n_vocab:
+            raise ModelLoadError(f"tokenizer.ggml.seperator_token_id {sep!r} is not a token")
+        end_id = sep
+    return EmbeddingConfig(override or declared, declared is not None, end_id is not None,
+                           add_bos, end_id)  # fmt: skip
 
 
 def pool(hidden: np.ndarray, pooling: str) -> np.ndarray:

@@ -56,6 +56,7 @@ FAMILIES = {
     "phi3": "ds4d.engine.phi3",
     "qwen3moe": "ds4d.engine.qwen3moe",
     "gpt-oss": "ds4d.engine.gptoss",
+    "bert": "ds4d.engine.bert",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
@@ -106,10 +107,10 @@ class EngineInfo:
 
 
 if TYPE_CHECKING:  # mypy checks every family module against the Family Protocol
-    from ds4d.engine import deepseek4, gemma3, gptoss, llama, phi3, qwen2, qwen3, qwen3moe
+    from ds4d.engine import bert, deepseek4, gemma3, gptoss, llama, phi3, qwen2, qwen3, qwen3moe
 
     _FAMILY_MODULES: tuple[Family, ...] = (
-        llama, deepseek4, qwen2, qwen3, gemma3, phi3, qwen3moe, gptoss
+        llama, deepseek4, qwen2, qwen3, gemma3, phi3, qwen3moe, gptoss, bert
     )  # fmt: skip
 
 
@@ -125,7 +126,9 @@ class Engine:
                  rope_stretch: str = "", pooling: str = "") -> None:  # fmt: skip
         self.gguf = gf
         # How inputs become vectors (ds4d.engine.embedding): the file's pooling or `pooling`.
-        self.embedding: EmbeddingConfig = embedding_config(gf, pooling, tokenizer.add_bos)
+        self.embedding: EmbeddingConfig = embedding_config(
+            gf, pooling, tokenizer.add_bos, tokenizer.eos_id, tokenizer.n_vocab
+        )
         self.family = family
         self.model = model
         self.pool = pool
@@ -246,13 +249,14 @@ class Engine:
     def embedding_tokens(self, text: str) -> list[int]:
         """An embedding input's tokens as llama.cpp makes them: BOS when the vocabulary
         adds one, the text with its special tokens parsed, EOS when the file says
-        `tokenizer.ggml.add_eos_token` (Qwen3-Embedding pools that last token)."""
+        `tokenizer.ggml.add_eos_token` (Qwen3-Embedding pools that last token), a
+        WordPiece vocabulary's [SEP] (BERT)."""
         tok = self.tokenizer
         ids = tok.encode(text, special=True)
         if self.embedding.add_bos and tok.bos_id is not None:
             ids = [tok.bos_id, *ids]
-        if self.embedding.add_eos and tok.eos_id is not None:
-            ids.append(tok.eos_id)
+        if self.embedding.end_id is not None:
+            ids.append(self.embedding.end_id)
         return ids
 
     def embed(self, token_lists: Sequence[Sequence[int]], *,
