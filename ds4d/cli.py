@@ -33,6 +33,10 @@ NESTED: dict[tuple[str, str], tuple[str, str]] = {
         "concurrent clients replaying conversations "
         "against a running server: tokens/s, time to first token",
     ),
+    ("bench", "embed"): (
+        "ds4d.bench_embed",
+        "embedding throughput on chunks of ds4d's source, against llama.cpp's llama-server",
+    ),
 }
 
 

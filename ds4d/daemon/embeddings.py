@@ -23,6 +23,7 @@ from ds4d.chat.errors import ContextExceeded, PromptRefused
 from ds4d.daemon.scheduler import EngineGate
 from ds4d.engine.embedding import EMBED_CALL_ROWS, plan_calls
 from ds4d.engine.engine import Engine
+from ds4d.engine.family import EmbeddingModel
 
 
 @dataclass
@@ -45,6 +46,8 @@ class EmbeddingService:
 
     def refusal(self) -> str | None:
         """Why this model cannot embed (one line), or None."""
+        if not isinstance(self.engine.model, EmbeddingModel):
+            return f"the {self.engine.info.family} family has no embedding path"
         if self.engine.embedding.pooling is None:
             return (
                 f"{self.engine.info.name or 'this model'} is a generation model with no"
