@@ -126,9 +126,12 @@ class Engine:
                  rope_stretch: str = "", pooling: str = "") -> None:  # fmt: skip
         self.gguf = gf
         # How inputs become vectors (ds4d.engine.embedding): the file's pooling or `pooling`.
+        # (Tests build engines without a tokenizer: no BOS or EOS to add then.)
+        tok: ModelTokenizer | None = tokenizer
         self.embedding: EmbeddingConfig = embedding_config(
-            gf, pooling, tokenizer.add_bos, tokenizer.eos_id, tokenizer.n_vocab
-        )
+            gf, pooling, tok.add_bos if tok else False, tok.eos_id if tok else None,
+            model.n_vocab,
+        )  # fmt: skip
         self.family = family
         self.model = model
         self.pool = pool

@@ -8,10 +8,11 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from ds4d.engine import Engine
+from ds4d.engine import Engine, native
 from ds4d.engine.embedding import plan_calls
 from ds4d.engine.errors import EngineError
 from tests.kit import KIT_DIR, embed_kit_families, kit_manifest, kit_model
+from tests.test_kernels import LEVELS
 
 # The acceptance bar: pooled vectors within this cosine distance of the float32 reference.
 MAX_COSINE_DISTANCE = 5e-7
@@ -56,6 +57,23 @@ def test_kit_vectors_match_the_float32_reference(kit: tuple[str, Engine]) -> Non
         assert abs(float(np.linalg.norm(vec.astype(np.float64))) - 1.0) < 1e-6
         d = cosine_distance(vec, ref)
         assert d < MAX_COSINE_DISTANCE, f"{family} {name}: cosine distance {d:.2e}"
+
+
+@pytest.fixture(params=LEVELS, ids=[native.SIMD_NAMES[x] for x in LEVELS])
+def level(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Each kernel set this CPU runs (the scalar attention beside the SIMD tiles)."""
+    native.set_simd(request.param)
+    yield request.param
+    native.set_simd(native.SIMD_AUTO)
+
+
+def test_every_kernel_set_matches_the_reference(kit: tuple[str, Engine], level: int) -> None:
+    family, engine = kit
+    refs = references(family)
+    vectors = engine.embed([ids.tolist() for _t, ids, _v in refs.values()])
+    for (name, (_t, _ids, ref)), vec in zip(refs.items(), vectors, strict=True):
+        d = cosine_distance(vec, ref)
+        assert d < MAX_COSINE_DISTANCE, f"{family} {name} at level {level}: {d:.2e}"
 
 
 def test_vectors_do_not_depend_on_the_batching(kit: tuple[str, Engine]) -> None:
