@@ -261,7 +261,7 @@ def write_plot(path: Path, rows: list[Row], model: str, threads: int) -> None:
     ax.set_xticks([j + width * (len(servers) - 1) / 2 for j in range(len(batches))])
     ax.set_xticklabels([f"batch {b}" for b in batches])
     ax.set_ylabel("tokens/s (best of the rounds)")
-    ax.set_title(f"embeddings, {model}, {threads} threads: chunks of ds4d's source")
+    ax.set_title(f"embeddings: {model}, {threads} threads", fontsize=10)
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
