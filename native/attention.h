@@ -76,6 +76,10 @@ typedef struct ds4n_attn_job {
     int kv_type;       /* DS4N_KV_*: the element type of k and v (0: float32) */
     int64_t k0, k1;    /* keys visited: [k0, min(k1, pos+1)) for a query at position pos */
     int64_t window;    /* > 0: a sliding window, keys [pos-window+1, pos] only; 0: all */
+    /* > 0: not causal (an encoder's bidirectional attention): every query sees the keys
+     * [k0, min(k1, keys_end)) whatever its position (keys_end: one past the sequence's last
+     * position); the window is then ignored. 0: causal. */
+    int64_t keys_end;
     /* Optional attention sinks: sinks[g] is an extra logit of query head g in the softmax
      * denominator (no value). Applied only when the job normalizes (m == NULL); a split-key
      * caller adds it when it merges the partials. */

@@ -35,13 +35,17 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
-    const int64_t last = j->pos0 + j->n_tok; /* one past the last query position */
+    /* One past the last key any query sees: the last query's position, or (not causal)
+     * the sequence's end for every query. */
+    const int bidir = j->keys_end > 0;
+    const int64_t window = bidir ? 0 : j->window;
+    const int64_t last = bidir ? j->keys_end : j->pos0 + j->n_tok;
     const int64_t kend = j->k1 < last ? j->k1 : last;
     /* A window: no query sees keys below the first query's window (k0 and the start stay
      * multiples of DS4N_KT, the K tile size). */
     int64_t kstart = j->k0;
-    if (j->window > 0 && j->pos0 - j->window + 1 > kstart)
-        kstart = (j->pos0 - j->window + 1) / DS4N_KT * DS4N_KT;
+    if (window > 0 && j->pos0 - window + 1 > kstart)
+        kstart = (j->pos0 - window + 1) / DS4N_KT * DS4N_KT;
     for (int64_t kb = kstart; kb < kend; kb += DS4N_KBLOCK) {
         /* One step's keys are a few KB of K and of V, too short a run for the hardware
          * prefetchers to reach ahead of: the next block's are fetched while this one runs,
@@ -52,14 +56,14 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
         for (int r0 = 0; r0 < Rp; r0 += rg) {
             /* The group's last real row sees the most keys, its first the lowest ones. */
             const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
-            int64_t gend = j->pos0 + rlast / G + 1;
+            int64_t gend = bidir ? kend : j->pos0 + rlast / G + 1;
             if (gend > kend) gend = kend;
             if (gend > kb + DS4N_KBLOCK) gend = kb + DS4N_KBLOCK;
             const int nk = (int)(gend - kb);
             if (nk <= 0) continue;
             int skip = 0; /* leading keys of the block below every row's window, whole tiles */
-            if (j->window > 0) {
-                const int64_t glo = j->pos0 + (r0 < R ? r0 : R - 1) / G - j->window + 1;
+            if (window > 0) {
+                const int64_t glo = j->pos0 + (r0 < R ? r0 : R - 1) / G - window + 1;
                 if (glo >= gend) continue;
                 if (glo > kb) skip = (int)(glo - kb) / DS4N_KT * DS4N_KT;
             }
@@ -75,9 +79,9 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
                         S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg, kvt);
             }
             for (int r = r0; r < r0 + rg; r++) {
-                int64_t rend = r < R ? j->pos0 + r / G + 1 : 0;
+                int64_t rend = r >= R ? 0 : bidir ? kend : j->pos0 + r / G + 1;
                 if (rend > gend) rend = gend;
-                int64_t rlo = j->window > 0 && r < R ? j->pos0 + r / G - j->window + 1 : kb;
+                int64_t rlo = window > 0 && r < R ? j->pos0 + r / G - window + 1 : kb;
                 if (rlo < kb + skip) rlo = kb + skip;
                 softmax_step(S + (int64_t)r * DS4N_KBLOCK + skip, ntile * DS4N_KT - skip,
                              (int)(rlo - kb - skip), (int)(rend - kb - skip), m + r, l + r,

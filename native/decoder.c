@@ -421,6 +421,7 @@ typedef struct {
     const ds4n_kv *kv;
     int il;
     int64_t T, pos0, row0;
+    int bidir;
     int qblock, n_qblocks, n_split, n_items;
     int64_t kstart, split_len;
     float *part;
@@ -460,6 +461,7 @@ static void attn_item(const attn_seq *c, ds4n_dec_ws *ws, int idx, float *scratc
         .k = ds4n_kv_k(c->kv, c->il, h), .v = ds4n_kv_v(c->kv, c->il, h),
         .kv_type = c->kv->type,
         .k0 = 0, .k1 = INT64_MAX, .window = c->w->window,
+        .keys_end = c->bidir ? c->pos0 + c->T : 0,
         .sinks = c->w->sinks ? c->w->sinks + (int64_t)h * G : NULL,
     };
     if (c->n_split > 1) {
@@ -536,7 +538,7 @@ static void plan_attention(attn_seq *c, int nth) {
     c->split_len = INT64_MAX;
     c->kstart = 0;
     /* A window: the keys of the first query's window onward, from a key-block boundary. */
-    if (c->w->window > 0 && c->pos0 - c->w->window + 1 > 0)
+    if (!c->bidir && c->w->window > 0 && c->pos0 - c->w->window + 1 > 0)
         c->kstart = (c->pos0 - c->w->window + 1) / DS4N_KBLOCK * DS4N_KBLOCK;
     const int64_t n_keys = c->pos0 + c->T - c->kstart;
     const int base = c->n_qblocks * d->n_head_kv;
@@ -572,7 +574,7 @@ void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
     for (int i = 0; i < b->n_seq; i++) {
         ds4n_dec_session *s = b->seq[i];
         const ds4n_rope *rope = seq_rope(w, s);
-        const float *cs = ds4n_dec_ws_rope(b, rope);
+        const float *cs = rope ? ds4n_dec_ws_rope(b, rope) : NULL;
         for (int64_t r = b->row0[i]; r < b->row0[i] + b->count[i]; r++) {
             float *q = ws->q + r * n_q, *k = ws->kx + r * n_kv, *v = ws->vx + r * n_kv;
             if (w->wqkv) {
@@ -591,8 +593,12 @@ void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
             if (w->bv) for (int j = 0; j < n_kv; j++) v[j] += w->bv[j];
             if (w->q_norm) ds4n_rms_norm(q, w->q_norm, q, d->n_head, hd, d->norm_eps);
             if (w->k_norm) ds4n_rms_norm(k, w->k_norm, k, d->n_head_kv, hd, d->norm_eps);
-            ds4n_rope_apply(rope, q, cs + r * rope->n_rot, d->n_head, hd, w->q_scale);
-            ds4n_rope_apply(rope, k, cs + r * rope->n_rot, d->n_head_kv, hd, 1.0f);
+            if (rope) {
+                ds4n_rope_apply(rope, q, cs + r * rope->n_rot, d->n_head, hd, w->q_scale);
+                ds4n_rope_apply(rope, k, cs + r * rope->n_rot, d->n_head_kv, hd, 1.0f);
+            } else {
+                for (int j = 0; j < n_q; j++) q[j] *= w->q_scale;
+            }
             ds4n_kv_store(&s->kv, il, b->pos0[i] + (r - b->row0[i]), k, v);
         }
     }
@@ -603,7 +609,7 @@ void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
     for (int i = 0; i < b->n_seq; i++) {
         attn_seq *c = &seq[i];
         *c = (attn_seq){.d = d, .w = w, .kv = &b->seq[i]->kv, .il = il, .T = b->count[i],
-                        .pos0 = b->pos0[i], .row0 = b->row0[i]};
+                        .pos0 = b->pos0[i], .row0 = b->row0[i], .bidir = b->bidir};
         plan_attention(c, nth);
         if (c->n_split > 1 && part_used + part_floats(c) > ws->cap_part) {
             c->n_split = 1; /* never reached by the plan's bound; correct, only slower */

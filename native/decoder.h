@@ -197,6 +197,8 @@ typedef struct ds4n_dec_batch {
     int64_t n_rows;
     float *x, *xn, *tmp;                   /* residual, normalized rows, a step's output */
     ds4n_dec_ws *ws;
+    int bidir; /* attention is not causal: every row sees all its sequence's keys (encoders,
+                * set by the caller after ds4n_dec_batch_begin; 0 there) */
 } ds4n_dec_batch;
 
 /* Y (n x rows) = X (n x K) times W transposed: with small, n decode rows (in calls of
@@ -226,7 +228,7 @@ typedef struct ds4n_attn_layer {
     const float *bq, *bk, *bv, *bqkv, *bo;
     const float *q_norm, *k_norm; /* head_dim each */
     const float *sinks;           /* n_head */
-    const ds4n_rope *rope;
+    const ds4n_rope *rope;        /* NULL: no rotation (absolute-position encoders) */
     const ds4n_rope *rope_long;   /* optional: the rope of sessions with n_ctx > long_ctx */
     int64_t long_ctx;
     float q_scale;                /* e.g. 1/sqrt(head_dim) */

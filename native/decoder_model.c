@@ -2,6 +2,7 @@
 #include "decoder_model.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 static int shape_ok(const ds4n_dec_shape *s) {
     return s->n_vocab > 0 && s->n_embd > 0 && s->n_layer > 0 && s->n_head > 0 &&
@@ -67,6 +68,7 @@ static int eval(const ds4n_dec_model *m, ds4n_pool *pool, ds4n_dec_session *cons
     int rc = ds4n_dec_batch_begin(&b, &m->dims, s->n_layer, sessions, n_seq, counts, pool,
                                   wt->w[DS4N_DEC_TOKEN_EMBD], wt->type[DS4N_DEC_TOKEN_EMBD],
                                   s->n_vocab, tokens, m->embd_scale);
+    b.bidir = m->bidirectional;
     if (rc == DS4N_OK) rc = m->layers(m, &b, pool);
     if (rc != DS4N_OK) return rc;
     const int head = wt->w[DS4N_DEC_OUTPUT] ? DS4N_DEC_OUTPUT : DS4N_DEC_TOKEN_EMBD;
@@ -86,3 +88,28 @@ int ds4n_dec_model_eval_batch(const ds4n_dec_model *m, ds4n_pool *pool,
                               const int64_t *counts, int n_seq, float *logits) {
     return eval(m, pool, sessions, tokens, counts, n_seq, logits, 0);
 }
+
+int ds4n_dec_model_embed(const ds4n_dec_model *m, ds4n_pool *pool,
+                         ds4n_dec_session *const *sessions, const int32_t *tokens,
+                         const int64_t *counts, int n_seq, float *hidden) {
+    if (!hidden) return DS4N_ERR_BAD_BATCH;
+    const ds4n_dec_shape *s = &m->shape;
+    const ds4n_dec_weights *wt = &m->wt;
+    ds4n_dec_batch b;
+    int rc = ds4n_dec_batch_begin(&b, &m->dims, s->n_layer, sessions, n_seq, counts, pool,
+                                  wt->w[DS4N_DEC_TOKEN_EMBD], wt->type[DS4N_DEC_TOKEN_EMBD],
+                                  s->n_vocab, tokens, m->embd_scale);
+    b.bidir = m->bidirectional;
+    if (rc == DS4N_OK) rc = m->layers(m, &b, pool);
+    if (rc != DS4N_OK) return rc;
+    const int64_t n = b.n_rows * s->n_embd;
+    const float *norm = wt->w[DS4N_DEC_OUTPUT_NORM];
+    if (norm)
+        ds4n_rms_norm(b.x, norm, hidden, b.n_rows, s->n_embd, s->rms_eps);
+    else
+        memcpy(hidden, b.x, sizeof(float) * (size_t)n);
+    ds4n_dec_batch_finish(&b, pool, NULL, 0.0f, NULL, 0, 0, NULL, 0, 0.0f);
+    return DS4N_OK;
+}
+
+int ds4n_dec_model_bidirectional(const ds4n_dec_model *m) { return m->bidirectional ? 1 : 0; }

@@ -59,6 +59,7 @@ struct ds4n_dec_model {
     ds4n_dec_weights wt;
     float embd_scale; /* multiplies the embedding rows (1: none) */
     float softcap;    /* final logits: softcap * tanh(l / softcap); 0: none */
+    int bidirectional; /* attention is not causal (an encoder, or a decoder run as one) */
     ds4n_dec_layers_fn layers;
     void (*release)(ds4n_dec_model *m); /* frees the family's own parts; NULL: none */
 };
@@ -100,6 +101,20 @@ int ds4n_dec_model_eval(const ds4n_dec_model *m, ds4n_dec_session *sess, ds4n_po
 int ds4n_dec_model_eval_batch(const ds4n_dec_model *m, ds4n_pool *pool,
                               ds4n_dec_session *const *sessions, const int32_t *tokens,
                               const int64_t *counts, int n_seq, float *logits);
+
+/* The embedding path: one forward pass over n_seq distinct sessions as
+ * ds4n_dec_model_eval_batch's, writing no logits but every new row's final hidden state to
+ * hidden (n_rows x n_embd, n_rows the sum of counts): the output norm's RMSNorm when the
+ * model has one, else the last layer's rows as they are. Each row is bitwise what it is
+ * when its session is evaluated alone. The sessions' n_past advance (a caller that keeps
+ * no KV frees them). DS4N_OK, or an error as ds4n_dec_model_eval's with no session
+ * changed. */
+int ds4n_dec_model_embed(const ds4n_dec_model *m, ds4n_pool *pool,
+                         ds4n_dec_session *const *sessions, const int32_t *tokens,
+                         const int64_t *counts, int n_seq, float *hidden);
+
+/* 1 when the model's attention is not causal, else 0. */
+int ds4n_dec_model_bidirectional(const ds4n_dec_model *m);
 
 #ifdef __cplusplus
 }

@@ -38,6 +38,10 @@ NESTED: dict[tuple[str, str], tuple[str, str]] = {
         "an editing session replayed against running servers' /infill: "
         "tokens reused, time to first token",
     ),
+    ("bench", "embed"): (
+        "ds4d.tools.bench_embed",
+        "embedding throughput on chunks of ds4d's source, against llama.cpp's llama-server",
+    ),
 }
 
 

@@ -137,6 +137,14 @@ class Config:
         choices=("", "yarn", "linear"),
         metavar="yarn|linear",
     )
+    pooling: str = _key(
+        "",
+        "how /v1/embeddings and /api/embed pool a sequence into one vector: mean, cls or "
+        "last; empty = the GGUF's pooling_type (an embedding model's), and a generation "
+        "model without one is refused on the embedding routes",
+        choices=("", "mean", "cls", "last"),
+        metavar="mean|cls|last",
+    )
     slots: int = _key(2, "resident KV slots (concurrent sessions)", lo=1, hi=64, metavar="N")
     completion_slots: int = _key(
         0,

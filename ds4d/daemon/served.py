@@ -17,6 +17,7 @@ import trio
 
 from ds4d.chat.formats import chat_format_for
 from ds4d.daemon.config import Config, kv_dir
+from ds4d.daemon.embeddings import EmbeddingService
 from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.models import ModelSpec
 from ds4d.daemon.state_config import state_from_config
@@ -36,6 +37,7 @@ class ServedModel:
         self,
         spec: ModelSpec,
         server: ModelServer,
+        embeddings: EmbeddingService,
         file_bytes: int,
         loop_scope: trio.CancelScope,
         loop_done: trio.Event,
@@ -44,6 +46,7 @@ class ServedModel:
         returned (no engine call runs after it)."""
         self.spec = spec
         self.server = server
+        self.embeddings = embeddings  # its vectors (a refusal for a model that cannot)
         self.file_bytes = file_bytes  # the weights as mapped
         self.loaded_at = time.time()  # wall clock, for listings
         self._loop_scope = loop_scope
@@ -124,6 +127,7 @@ async def open_served(
             n_ctx=cfg.ctx,
             weights=cfg.weights,
             precision=cfg.precision,
+            pooling=cfg.pooling,
         )
     )
     info = engine.info
@@ -187,4 +191,5 @@ async def open_served(
     await nursery.start(serve)
     file_bytes = await trio.to_thread.run_sync(lambda: Path(path).stat().st_size)
     log.info("model %s loaded in %.1fs; serving", spec.name, time.perf_counter() - t0)
-    return ServedModel(spec, server, file_bytes, scope, done)
+    embeddings = EmbeddingService(engine, gate, ctx)
+    return ServedModel(spec, server, embeddings, file_bytes, scope, done)

@@ -41,7 +41,7 @@ from ds4d.api.common import (
     refusal_error,
 )
 from ds4d.api.request_body import parse_json_body
-from ds4d.chat.errors import ContextExceeded, Overloaded, Refused, Unavailable
+from ds4d.chat.errors import ContextExceeded, Overloaded, PromptRefused, Refused, Unavailable
 from ds4d.chat.fim import assemble_request
 from ds4d.chat.types import ChatRequest, Event, Finish, Sampling
 from ds4d.daemon import wire
@@ -435,9 +435,12 @@ def create_app(daemon: Daemon) -> QuartTrio:
     _add_api_key_check(app, daemon)
     _add_info_routes(app, daemon)
     _add_generation_routes(app, daemon)
-    from ds4d.daemon.ollama_routes import add_ollama_routes  # it builds on this module
+    # they build on this module
+    from ds4d.daemon.embed_routes import add_embedding_routes
+    from ds4d.daemon.ollama_routes import add_ollama_routes
 
     add_ollama_routes(app, daemon)
+    add_embedding_routes(app, daemon)
     return app
 
 
@@ -532,6 +535,10 @@ async def prepare_generation(
 
     async def prepare(model: ServedModel) -> Prepared:
         server = model.server
+        if server.engine.is_embedding_model:
+            raise PromptRefused(
+                f"{model.name} is an embedding model: use /v1/embeddings or /api/embed", "model"
+            )
         if req.fim is not None:  # fill-in-the-middle: the prompt's ids, assembled
             fim, spm = server.engine.fim, daemon.config.infill_order == "spm"
             await trio.to_thread.run_sync(

@@ -59,6 +59,9 @@ def _declare() -> None:
         ("ds4n_dec_session_kv_get", c_int, [vp, c_int, c_int, i64, i64, vp]),
         ("ds4n_dec_session_kv_set", c_int, [vp, c_int, c_int, i64, i64, vp]),
         ("ds4n_kv_type_row_bytes", i64, [c_int, c_int]),
+        ("ds4n_dec_model_embed", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
+                                         ctypes.POINTER(i64), c_int, native.c_float_p]),
+        ("ds4n_dec_model_bidirectional", c_int, [vp]),
     ):  # fmt: skip
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -263,6 +266,36 @@ class DecoderModel:
         )  # fmt: skip
         if rc != 0:
             raise EngineError(f"{self.family} eval_batch failed: {ERRORS.get(rc, rc)}")
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether the native model's attention is not causal (an encoder)."""
+        return bool(lib.ds4n_dec_model_bidirectional(self.handle))
+
+    def embed_batch(self, states: Sequence[FamilyState], tokens: Sequence[np.ndarray],
+                    hidden: np.ndarray) -> None:  # fmt: skip
+        """One forward pass appending tokens[i] (int32, at least one) to states[i]; hidden
+        (sum of the counts x n_embd float32) receives every new row's final hidden state
+        (after the output norm), bitwise what each state's rows are alone."""
+        n = len(states)
+        if n != len(tokens) or not 1 <= n <= MAX_BATCH:
+            raise EngineError(f"embed_batch: {n} states for {len(tokens)} token lists"
+                              f" (1..{MAX_BATCH})")  # fmt: skip
+        mine = [s for s in states if isinstance(s, DecoderState) and s.model is self]
+        if len(mine) != n:
+            raise EngineError("embed_batch: a state of another model")
+        rows = sum(len(t) for t in tokens)
+        if hidden.shape != (rows, self.n_embd) or hidden.dtype != np.float32:
+            raise EngineError(f"embed_batch: hidden of shape {hidden.shape}")
+        handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])
+        counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
+        flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
+        rc = lib.ds4n_dec_model_embed(
+            self.handle, self.pool.handle, handles,
+            flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, fptr(hidden),
+        )  # fmt: skip
+        if rc != 0:
+            raise EngineError(f"{self.family} embedding failed: {ERRORS.get(rc, rc)}")
 
     def close(self) -> None:
         if self._handle:

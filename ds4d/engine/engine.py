@@ -35,6 +35,12 @@ import numpy as np
 from ds4d.engine import native
 from ds4d.engine.context_extension import stretch_rope
 from ds4d.engine.decoder import KV_TYPES
+from ds4d.engine.embedding import (
+    EMBED_CALL_ROWS,
+    EmbeddingConfig,
+    embed_tokens,
+    embedding_config,
+)
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
 from ds4d.engine.fim import FimTokens, find_fim_tokens
@@ -52,6 +58,7 @@ FAMILIES = {
     "phi3": "ds4d.engine.phi3",
     "qwen3moe": "ds4d.engine.qwen3moe",
     "gpt-oss": "ds4d.engine.gptoss",
+    "bert": "ds4d.engine.bert",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
@@ -118,10 +125,10 @@ class EngineInfo:
 
 
 if TYPE_CHECKING:  # mypy checks every family module against the Family Protocol
-    from ds4d.engine import deepseek4, gemma3, gptoss, llama, phi3, qwen2, qwen3, qwen3moe
+    from ds4d.engine import bert, deepseek4, gemma3, gptoss, llama, phi3, qwen2, qwen3, qwen3moe
 
     _FAMILY_MODULES: tuple[Family, ...] = (
-        llama, deepseek4, qwen2, qwen3, gemma3, phi3, qwen3moe, gptoss
+        llama, deepseek4, qwen2, qwen3, gemma3, phi3, qwen3moe, gptoss, bert
     )  # fmt: skip
 
 
@@ -134,8 +141,16 @@ class Engine:
 
     def __init__(self, gf: GGUFFile, family: Family, model: FamilyModel, pool: native.Pool,
                  tokenizer: ModelTokenizer, kv_type: str = "f32",
-                 rope_stretch: str = "", precision: str = "exact") -> None:  # fmt: skip
+                 rope_stretch: str = "", precision: str = "exact",
+                 pooling: str = "") -> None:  # fmt: skip
         self.gguf = gf
+        # How inputs become vectors (ds4d.engine.embedding): the file's pooling or `pooling`.
+        # (Tests build engines without a tokenizer: no BOS or EOS to add then.)
+        tok: ModelTokenizer | None = tokenizer
+        self.embedding: EmbeddingConfig = embedding_config(
+            gf, pooling, tok.add_bos if tok else False, tok.eos_id if tok else None,
+            model.n_vocab,
+        )  # fmt: skip
         self.family = family
         self.model = model
         self.pool = pool
@@ -156,14 +171,15 @@ class Engine:
     def open(cls, path: str | os.PathLike[str], threads: int | None = None,
              kv_type: str = AUTO_KV, *, rope_scaling: str = "",
              n_ctx: int = 0, weights: str = "auto",
-             precision: str = DEFAULT_PRECISION) -> Engine:  # fmt: skip
+             precision: str = DEFAULT_PRECISION, pooling: str = "") -> Engine:  # fmt: skip
         """Loads a GGUF; ModelLoadError (one line) for any file the engine cannot run,
         EngineError for a bad thread count or a KV type the model cannot use.
         `rope_scaling` ("linear" or "yarn") stretches a model whose file declares no RoPE
         scaling from its trained context to `n_ctx` (see context_extension.py). `weights`
         says where the weights live (weight_memory.WEIGHT_MODES: by default a resident
         copy on huge pages for a model small next to the RAM, else the file's mapping).
-        `precision` is the matmuls' (PRECISIONS)."""
+        `precision` is the matmuls' (PRECISIONS). `pooling` (mean, cls, last) overrides
+        the file's embedding pooling, or gives one to a model that declares none."""
         if threads is not None and threads < 1:
             raise EngineError(f"threads must be at least 1, got {threads}")
         if kv_type != AUTO_KV and kv_type not in KV_TYPES:
@@ -192,6 +208,8 @@ class Engine:
             try:
                 _resolve_kv_type(model, kv_type)
                 tokenizer = _make_tokenizer(family, gf)
+                engine = cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch,
+                             precision, pooling)  # fmt: skip
             except BaseException:
                 model.close()
                 raise
@@ -199,7 +217,7 @@ class Engine:
         except BaseException:
             pool.close()
             raise
-        return cls(gf, family, model, pool, tokenizer, kv_type, rope_stretch, precision)
+        return engine
 
     @functools.cached_property
     def fim(self) -> FimTokens:
@@ -255,6 +273,38 @@ class Engine:
                 for (session, toks), row in zip(group, logits, strict=True):
                     session._tokens.extend(toks.tolist())
                     session._logits = row
+
+    # -- embeddings ---------------------------------------------------------------------
+
+    @property
+    def is_embedding_model(self) -> bool:
+        """The file declares a pooling: a model made to embed, not to generate."""
+        return self.embedding.declared
+
+    def embedding_tokens(self, text: str) -> list[int]:
+        """An embedding input's tokens as llama.cpp makes them: BOS when the vocabulary
+        adds one, the text with its special tokens parsed, EOS when the file says
+        `tokenizer.ggml.add_eos_token` (Qwen3-Embedding pools that last token), a
+        WordPiece vocabulary's [SEP] (BERT)."""
+        tok = self.tokenizer
+        ids = tok.encode(text, special=True)
+        if self.embedding.add_bos and tok.bos_id is not None:
+            ids = [tok.bos_id, *ids]
+        if self.embedding.end_id is not None:
+            ids.append(self.embedding.end_id)
+        return ids
+
+    def embed(self, token_lists: Sequence[Sequence[int]], *,
+              max_rows: int | None = None, max_batch: int | None = None) -> np.ndarray:  # fmt: skip
+        """Pooled, L2-normalised vectors (len(token_lists) x n_embd float32), computed over
+        throwaway states (no session changes; the engine lock is taken per forward call).
+        EngineError when the model has no pooling (neither declared nor given)."""
+        pooling = self.embedding.pooling
+        if pooling is None:
+            raise EngineError("this model declares no pooling; start it with --pooling")
+        with self.lock:
+            return embed_tokens(self.model, token_lists, pooling,
+                                max_rows=max_rows or EMBED_CALL_ROWS, max_batch=max_batch)  # fmt: skip
 
     def close(self) -> None:
         with self.lock:

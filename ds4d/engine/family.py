@@ -120,3 +120,20 @@ class Family(Protocol):
     FAMILY: str
 
     def load(self, gf: GGUFFile, pool: native.Pool) -> FamilyModel: ...
+
+
+@runtime_checkable
+class EmbeddingModel(FamilyModel, Protocol):
+    """A family whose forward pass can return its final hidden states (the embedding path:
+    ds4d.engine.embedding), several throwaway states in one call."""
+
+    max_batch: int
+    bidirectional: bool  # attention is not causal (an encoder)
+
+    def embed_batch(
+        self, states: Sequence[FamilyState], tokens: Sequence[np.ndarray], hidden: np.ndarray
+    ) -> None:
+        """One forward pass over tokens[i] appended to states[i]; hidden (sum of the token
+        counts x n_embd float32) receives every new row's final hidden state, each row
+        bitwise what it is when its state is evaluated alone."""
+        ...

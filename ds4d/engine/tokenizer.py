@@ -390,6 +390,8 @@ class Tokenizer:
         add_bos: bool | None = None,
         add_space_prefix: bool | None = None,
         strip_after_special: bool = False,
+        lowercase: bool = False,
+        strip_accents: bool | None = None,
     ) -> None:
         self.model = model
         self.pre = pre
@@ -420,6 +422,11 @@ class Tokenizer:
                 tokens, types, np.asarray(scores, np.float64), unk_id, self.add_space_prefix
             )
             default_bos = True
+        elif model == "bert":
+            backend = self._wordpiece(tokens, types, unk_id, lowercase,
+                                      lowercase if strip_accents is None else strip_accents)  # fmt: skip
+            self.add_space_prefix = False
+            default_bos = True  # [CLS]
         else:  # pragma: no cover - from_gguf refuses other models first
             raise ModelLoadError(f"unsupported tokenizer model {model!r}")
 
@@ -477,10 +484,10 @@ class Tokenizer:
             source = GGUFFile(source)
         meta = _Metadata(source)
         model = meta.get("tokenizer.ggml.model")
-        if model not in ("gpt2", "llama"):
+        if model not in ("gpt2", "llama", "bert"):
             raise ModelLoadError(
-                f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); "
-                "expected 'gpt2' (byte-level BPE) or 'llama' (SentencePiece)"
+                f"unsupported tokenizer model {model!r} (tokenizer.ggml.model); expected "
+                "'gpt2' (byte-level BPE), 'llama' (SentencePiece) or 'bert' (WordPiece)"
             )
         tokens = meta.strings("tokenizer.ggml.tokens")
         if not tokens or not isinstance(tokens, list):
@@ -521,13 +528,18 @@ class Tokenizer:
             token_types=types,
             merges=merges,
             scores=scores,
-            bos_id=token_id("bos_token_id"),
+            # A WordPiece file may name its [CLS] only as cls_token_id (llama.cpp's BOS).
+            bos_id=token_id("bos_token_id")
+            if model != "bert" or meta.get("tokenizer.ggml.bos_token_id") is not None
+            else token_id("cls_token_id"),  # fmt: skip
             eos_id=token_id("eos_token_id"),
             eot_id=token_id("eot_token_id"),
             unk_id=token_id("unknown_token_id"),
             add_bos=flag("add_bos_token"),
             add_space_prefix=flag("add_space_prefix"),
             strip_after_special=isinstance(name, str) and _strips_after_special(name),
+            lowercase=bool(flag("normalizer.lowercase")),
+            strip_accents=flag("normalizer.strip_accents"),
         )
 
     def _byte_level_bpe(
@@ -557,6 +569,43 @@ class Tokenizer:
             ]
         )
         return backend, pre_type.add_bos
+
+    def _wordpiece(
+        self,
+        tokens: list[str],
+        types: np.ndarray,
+        unk_id: int | None,
+        lowercase: bool,
+        strip_accents: bool,
+    ) -> HFTokenizer:
+        """llama.cpp's WPM tokenizer (BERT-style encoders) as tokenizers' WordPiece. The
+        GGUF writes a word's first piece with a phantom space (▁) and a continuation bare;
+        WordPiece wants them bare and `##`-prefixed. Text is cleaned of control characters,
+        lowercased and stripped of accents as the file says, split at whitespace, at
+        punctuation and ASCII symbols and around CJK characters (BertNormalizer and
+        BertPreTokenizer do exactly that); each word is matched longest piece first, and a
+        word with a part no piece matches is one unknown token. Unlike transformers, a long
+        word is matched too (llama.cpp sets no 100-character limit)."""
+        if unk_id is None:
+            raise ModelLoadError("WordPiece GGUF has no tokenizer.ggml.unknown_token_id")
+        vocab: dict[str, int] = {}
+        for i, (text, kind) in enumerate(zip(tokens, types.tolist(), strict=True)):
+            if kind in (CONTROL, UNKNOWN, USER_DEFINED):
+                piece = text
+            elif text.startswith(_SPM_SPACE):
+                piece = text[len(_SPM_SPACE) :]
+            else:
+                piece = "##" + text
+            vocab.setdefault(piece, i)
+        wp = models.WordPiece(vocab=vocab, unk_token=tokens[unk_id],
+                              max_input_chars_per_word=1 << 30)  # fmt: skip
+        backend = HFTokenizer(wp)
+        backend.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents,
+            lowercase=lowercase,
+        )  # fmt: skip
+        backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        return backend
 
     def _sentencepiece_bpe(
         self,
@@ -606,7 +655,7 @@ class Tokenizer:
         normal = self._type_array == NORMAL
         texts = [t if keep else "" for t, keep in zip(self._tokens, normal.tolist(), strict=True)]
         table: list[bytes] | None = None
-        if self.model == "llama":
+        if self.model in ("llama", "bert"):
             joined = "\0".join(texts).replace(_SPM_SPACE, " ").encode()
             table = joined.split(b"\0")
         else:

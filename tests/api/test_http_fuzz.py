@@ -58,6 +58,9 @@ ROUTES = [
     "/api/chat",
     "/api/generate",
     "/api/show",
+    "/v1/embeddings",
+    "/api/embed",
+    "/api/embeddings",
 ]
 
 
@@ -76,6 +79,8 @@ def daemon(tmp_path_factory):
         str(MAX_BODY),
         "--queue-size",
         "4",
+        "--pooling",
+        "mean",
     ) as d:
         d.port = int(d.url.rsplit(":", 1)[1])
         yield d
@@ -202,8 +207,8 @@ def check(reply: Reply, route: str, method: str = "POST") -> None:
         err = json.loads(text)
         if route.startswith("/v1/messages"):
             assert err["type"] == "error" and isinstance(err["error"]["message"], str), err
-        elif route.startswith("/api/"):  # Ollama's shape
-            assert isinstance(err["error"], str), err
+        elif route.startswith("/api/"):
+            assert set(err) == {"error"} and isinstance(err["error"], str), err
         else:
             assert isinstance(err["error"]["message"], str), err
         return
@@ -548,6 +553,34 @@ ollama_generate_body = st.fixed_dictionaries(
     },
 )
 ollama_show_body = st.fixed_dictionaries({}, optional=opt(model=text_s, name=text_s))
+token_ids = st.lists(st.integers(-2, 50_000), max_size=6)
+embed_input = st.one_of(
+    text_s, st.lists(text_s, max_size=3), token_ids, st.lists(token_ids, max_size=3)
+)
+embeddings_body = st.fixed_dictionaries(
+    {"input": maybe(embed_input)},
+    optional=opt(
+        model=text_s,
+        encoding_format=st.sampled_from(["float", "base64", "hex"]),
+        dimensions=st.integers(-1, 600),
+        truncate=st.booleans(),
+        user=text_s,
+    ),
+)
+ollama_embed_body = st.fixed_dictionaries(
+    {"input": maybe(st.one_of(text_s, st.lists(text_s, max_size=3)))},
+    optional=opt(
+        model=text_s,
+        truncate=st.booleans(),
+        dimensions=st.integers(-1, 600),
+        keep_alive=st.one_of(text_s, st.integers(-1, 600)),
+        options=st.dictionaries(text_s, scalar, max_size=2),
+    ),
+)
+ollama_embeddings_body = st.fixed_dictionaries(
+    {"prompt": maybe(text_s)},
+    optional=opt(model=text_s, keep_alive=text_s),
+)
 
 BODIES = {
     "/v1/chat/completions": chat_body,
@@ -559,6 +592,9 @@ BODIES = {
     "/api/chat": ollama_chat_body,
     "/api/generate": ollama_generate_body,
     "/api/show": ollama_show_body,
+    "/v1/embeddings": embeddings_body,
+    "/api/embed": ollama_embed_body,
+    "/api/embeddings": ollama_embeddings_body,
 }
 
 

@@ -47,9 +47,20 @@ def cache_dir() -> Path:
     return Path(base) / "ds4d-test" / "kit"
 
 
+# Embedding fixtures (scripts/fixtures/make_embed_kit.py) are named embed-<family>: reference
+# vectors, not teacher-forced log-probabilities.
+EMBED_PREFIX = "embed-"
+
+
 def kit_families() -> list[str]:
-    """Families whose fixture is in the kit."""
-    return sorted(p.name.removesuffix(".json") for p in KIT_DIR.glob("*.json"))
+    """Generation families whose fixture is in the kit."""
+    names = (p.name.removesuffix(".json") for p in KIT_DIR.glob("*.json"))
+    return sorted(n for n in names if not n.startswith(EMBED_PREFIX))
+
+
+def embed_kit_families() -> list[str]:
+    """Embedding fixtures in the kit (embed-<family>)."""
+    return sorted(p.name.removesuffix(".json") for p in KIT_DIR.glob(f"{EMBED_PREFIX}*.json"))
 
 
 def kit_manifest(family: str) -> dict:
