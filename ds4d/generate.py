@@ -161,13 +161,14 @@ def _print_tokens(engine: Any, prompt: list[int]) -> None:
 
 
 def _dump(engine: Any, args: argparse.Namespace, text: str, prompt: list[int]) -> int:
+    from ds4d import __version__
     from ds4d.engine.dumps import greedy_dump
 
     case_id = args.dump_id or (args.prompt_file.stem if args.prompt_file else "prompt")
     doc = greedy_dump(
         engine, text, prompt, max_tokens=args.max_tokens, top_k=args.logprobs_top_k,
         chat=not args.raw and bool(engine.chat_template), case_id=case_id, n_ctx=args.ctx,
-        with_logits=args.dump_logits is not None,
+        with_logits=args.dump_logits is not None, producer=f"ds4d {__version__}",
     )  # fmt: skip
     if args.dump_logits:
         _write_json(args.dump_logits, doc)

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ds4d import __version__
 from ds4d.engine import native
 from ds4d.engine.engine import Engine
 from ds4d.engine.tokenizer_api import ModelTokenizer
@@ -54,10 +53,11 @@ def top_logprobs(logprobs: np.ndarray, k: int) -> list[list[float | int]]:
 
 
 def greedy_dump(engine: Engine, prompt: str, prompt_tokens: Sequence[int], *, max_tokens: int,
-                top_k: int, chat: bool, case_id: str, n_ctx: int,
+                top_k: int, chat: bool, case_id: str, n_ctx: int, producer: str,
                 with_logits: bool = False, stop_at_eog: bool = True) -> dict[str, Any]:  # fmt: skip
     """Greedy continuation of prompt_tokens: at most max_tokens steps, ending after an
-    end-of-generation token when stop_at_eog (the step that chose it is kept)."""
+    end-of-generation token when stop_at_eog (the step that chose it is kept). `producer`
+    (e.g. "ds4d 0.1.0") starts the document's `reference`."""
     if top_k < 1:
         raise ValueError("top_k must be at least 1")
     tok = engine.tokenizer
@@ -80,7 +80,7 @@ def greedy_dump(engine: Engine, prompt: str, prompt_tokens: Sequence[int], *, ma
             session.eval([token])
     return {
         "schema": SCHEMA,
-        "reference": f"ds4d {__version__} ({engine.info.family}, {engine.info.quant}, "
+        "reference": f"{producer} ({engine.info.family}, {engine.info.quant}, "
         f"{native.SIMD_NAMES.get(native.simd_level(), '?')}, {engine.threads} threads)",
         "model_sha256_prefix": None,
         "id": case_id,

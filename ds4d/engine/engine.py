@@ -37,6 +37,7 @@ from ds4d.engine.decoder import KV_TYPES
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
 from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.steering import Steering, SteeringError
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.engine.weight_memory import WEIGHT_MODES
 
@@ -124,6 +125,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.chat_template: str | None = gf.chat_template
         self.lock = threading.Lock()
+        # what every new session is steered with (set_steering); None: nothing
+        self.steering: Steering | None = None
         self.kv_type = _resolve_kv_type(model, kv_type)
         self.info = EngineInfo(
             family=family.FAMILY, name=gf.name, architecture=gf.architecture,
@@ -184,9 +187,28 @@ class Engine:
         return self.gguf.path
 
     def new_session(self, n_ctx: int) -> Session:
+        """A session of n_ctx positions, steered with the engine's steering."""
         if n_ctx < 1:
             raise EngineError(f"n_ctx must be at least 1, got {n_ctx}")
-        return Session(self, n_ctx)
+        session = Session(self, n_ctx)
+        if self.steering is not None:
+            session.set_steering(self.steering)
+        return session
+
+    def set_steering(self, steering: Steering | None) -> None:
+        """The steering of the sessions made from now on (steering.py); SteeringError when
+        its directions are not n_layer x n_embd of this model."""
+        if steering is not None and steering.dirs.shape != (self.info.n_layer, self.info.n_embd):
+            raise SteeringError(
+                f"steering of {steering.dirs.shape[0]} layers x {steering.dirs.shape[1]} does "
+                f"not fit this model ({self.info.n_layer} x {self.info.n_embd})"
+            )
+        self.steering = steering
+
+    @property
+    def steering_key(self) -> str:
+        """The engine steering's key ('' for none): part of every prefix cache's key."""
+        return self.steering.key if self.steering is not None else ""
 
     def eval_batch(self, steps: Sequence[tuple[Session, Sequence[int]]]) -> None:
         """Extends each session by its tokens; each session's logits become those after its
@@ -329,6 +351,31 @@ class Session:
         self._state: FamilyState = engine.model.new_state(self.n_ctx, engine.kv_type)
         self._tokens: list[int] = []
         self._logits: np.ndarray | None = None
+        self._steering: Steering | None = None
+
+    # -- steering -------------------------------------------------------------------------
+
+    @property
+    def steering(self) -> Steering | None:
+        return self._steering
+
+    @property
+    def steering_key(self) -> str:
+        """'' when unsteered: the KV held was computed under the steering of this key."""
+        return self._steering.key if self._steering is not None else ""
+
+    def set_steering(self, steering: Steering | None) -> None:
+        """Steers the evaluations from now on (None or an inactive steering: none). The KV
+        already held was computed under the previous steering, so when the effect changes
+        the session is emptied: a prefix is never reused under other steering."""
+        if steering is not None and not steering.active:
+            steering = None
+        new_key = steering.key if steering is not None else ""
+        if new_key != self.steering_key and self._tokens:
+            self.rewind(0)
+        with self.engine.lock:
+            self._state.set_steer(steering.native() if steering is not None else None)
+        self._steering = steering
 
     # -- state ------------------------------------------------------------------------
 
