@@ -18,6 +18,7 @@ from ds4d.daemon.exitcodes import CliError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ds4d.daemon.main", "run the daemon (the default)"),
     "generate": ("ds4d.generate", "one-shot chat reply streamed to stdout"),
+    "steer": ("ds4d.steer", "build (or show) a steering direction: llama.cpp control vectors"),
     "bench": (
         "ds4d.bench",
         "prefill/decode speed sweep over context sizes (`ds4d bench serve`: the serving benchmark)",

@@ -20,6 +20,7 @@ from typing import Any
 
 from ds4d.daemon.config import add_engine_flags
 from ds4d.daemon.exitcodes import CliError
+from ds4d.steer import add_steering_flags, steering_from_args
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -38,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
     add_engine_flags(p, "kv_type", "weights")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no template")
+    add_steering_flags(p)
     dump = p.add_argument_group("debugging dumps (docs/dumps.md)")
     dump.add_argument("--dump-tokens", action="store_true",
                       help="print the prompt's token ids and pieces as the engine sees them, "
@@ -66,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ds4d.chat.template import ChatTemplate, TemplateError
+    from ds4d.chat.oneshot import one_shot_prompt
+    from ds4d.chat.template import TemplateError
     from ds4d.engine import Engine, EngineError, SamplingParams, sample
     from ds4d.engine.default_model import resolve_model_path
     from ds4d.engine.sampler import make_rng
@@ -99,23 +102,13 @@ def run(args: argparse.Namespace) -> int:
         )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
+    steering_from_args(args, engine)
 
     tok = engine.tokenizer
-    if args.raw or not engine.chat_template:
-        text = args.prompt
-    else:
-        messages = [{"role": "user", "content": args.prompt}]
-        if args.system:
-            messages.insert(0, {"role": "system", "content": args.system})
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        try:
-            text = ChatTemplate(engine.chat_template, bos, eos).render(messages)
-        except TemplateError as e:
-            raise CliError(f"the model's chat template failed: {e}") from None
-    prompt = tok.encode(text, special=not args.raw)
-    if tok.add_bos and tok.bos_id is not None and (not prompt or prompt[0] != tok.bos_id):
-        prompt.insert(0, tok.bos_id)
+    try:
+        text, prompt = one_shot_prompt(engine, args.prompt, args.system, args.raw)
+    except TemplateError as e:
+        raise CliError(f"the model's chat template failed: {e}") from None
     if args.dump_tokens:
         _print_tokens(engine, prompt)
         return 0

@@ -218,6 +218,29 @@ def load_control_vectors(files: Sequence[tuple[str | os.PathLike[str], float]], 
     return Steering(dirs, attn_scale, ffn_scale, source=names)
 
 
+def parse_scaled(spec: str) -> tuple[str, float]:
+    """ "FILE" (scale 1) or "FILE:SCALE" (llama.cpp's --control-vector-scaled form)."""
+    path, sep, scale = spec.rpartition(":")
+    if sep and path:
+        try:
+            return path, float(scale)
+        except ValueError:
+            pass
+    return spec, 1.0
+
+
+def parse_layer_range(spec: str) -> tuple[int, int] | None:
+    """ "START:END" (or "START END") -> (START, END); "" -> None (every layer)."""
+    if not spec.strip():
+        return None
+    parts = spec.replace(":", " ").replace(",", " ").split()
+    try:
+        start, end = (int(p) for p in parts)
+    except ValueError:
+        raise SteeringError(f"layer range must be START:END, got {spec!r}") from None
+    return start, end
+
+
 def write_control_vector(path: str | os.PathLike[str], dirs: dict[int, np.ndarray],
                          model_hint: str) -> None:  # fmt: skip
     """Writes llama.cpp's format: `direction.N` for each layer N given (N >= 1)."""
