@@ -22,6 +22,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-m", "--model", help="GGUF file of any family (default: the embedded model)")
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
     p.add_argument("--ctx", type=int, default=2048, help="session context size")
+    p.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="a jinja chat template to use instead of the GGUF's own",
+    )
     p.add_argument("-n", "--max-tokens", type=int, default=96, help="per answer")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--seed", type=int, default=0)
@@ -43,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"FAIL {f}")
         print(f"extractor self-test: {'ok' if not failures else f'{len(failures)} failed'}")
         return 1 if failures else 0
-    from ds4d.chat.local import LocalChat
+    from ds4d.chat.local import LocalChat, template_format
     from ds4d.chat.types import ChatRequest, Message, Sampling
     from ds4d.engine import Engine, EngineError
     from ds4d.engine.default_model import resolve_model_path
@@ -57,7 +63,13 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with engine:
         steering_from_args(args, engine)
-        chat = LocalChat(engine, args.ctx)
+        fmt = None
+        if args.chat_template:
+            try:
+                fmt = template_format(engine, args.chat_template.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError) as e:
+                raise CliError(f"cannot read --chat-template: {e}", 2) from None
+        chat = LocalChat(engine, args.ctx, fmt)
         sampling = Sampling(temperature=args.temperature, top_p=1.0, min_p=0.0, seed=args.seed)
         for i, q in enumerate(questions):
             if args.progress:

@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ds4d.chat.formats import chat_format_for
+from ds4d.chat.formats import ChatFormat, TemplateChatFormat, chat_format_for
+from ds4d.chat.template import ChatTemplate
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -34,13 +35,22 @@ class Reply:
     completion_tokens: int = 0
 
 
+def template_format(engine: Engine, source: str) -> ChatFormat:
+    """The chat format of a jinja template given by the user (`--chat-template FILE`), for
+    a GGUF that carries none or a wrong one."""
+    tok = engine.tokenizer
+    bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
+    eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
+    return TemplateChatFormat(ChatTemplate(source, bos, eos))
+
+
 class LocalChat:
     """One session of `engine` and the family's chat format, for turn after turn."""
 
-    def __init__(self, engine: Engine, n_ctx: int) -> None:
+    def __init__(self, engine: Engine, n_ctx: int, chat_format: ChatFormat | None = None) -> None:
         self.engine = engine
         self.n_ctx = n_ctx
-        self.format = chat_format_for(engine, n_ctx)
+        self.format = chat_format or chat_format_for(engine, n_ctx)
         self.session = engine.new_session(n_ctx)
 
     def prompt_ids(self, request: ChatRequest) -> list[int]:
