@@ -77,3 +77,48 @@ def test_bad_steering_arguments_are_refused(tmp_path: Path, vector: Path) -> Non
     not_a_vector.write_bytes(b"GGUF junk")
     r = ds4d("generate", "-p", "hi", "--control-vector", str(not_a_vector))
     assert r.returncode == 2 and "control vector" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.timeout(600)
+def test_serve_applies_the_control_vector_to_every_slot(tmp_path: Path, vector: Path) -> None:
+    """`ds4d serve --control-vector-scaled FILE:SCALE`: a greedy reply over HTTP (the real
+    openai client) is the in-process engine's reply under the same steering, and not the
+    unsteered one."""
+    import tempfile
+
+    import openai
+
+    from ds4d.chat.local import LocalChat
+    from ds4d.chat.types import ChatRequest, Message, Sampling
+    from ds4d.engine import Engine
+    from ds4d.engine.default_model import default_model_path
+    from ds4d.engine.steering import load_control_vectors
+    from ds4d.serve_process import private_env, serve_process
+
+    question = "What is a glacier?"
+    want = {}
+    with Engine.open(default_model_path(), threads=2) as engine:
+        for scale in (0.0, -0.5):
+            engine.set_steering(load_control_vectors(
+                [(vector, scale)], engine.info.n_layer, engine.info.n_embd))  # fmt: skip
+            chat = LocalChat(engine, 2048)
+            req = ChatRequest(messages=[Message("user", question)], max_tokens=60,
+                              sampling=Sampling(temperature=0.0))  # fmt: skip
+            want[scale] = chat.generate(req).text
+            chat.close()
+    assert want[0.0] != want[-0.5]
+    with tempfile.TemporaryDirectory(prefix="ds4s") as short:
+        dirs = {var: Path(short) / var.lower() for var in
+                ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR")}  # fmt: skip
+        args = ["--threads", "2", "--ctx", "2048", "--slots", "2", "--no-kv-disk",
+                "--control-vector-scaled", f"{vector}:-0.5"]  # fmt: skip
+        with serve_process(args, env=private_env(dirs), log_path=tmp_path / "serve.log",
+                           start_timeout=120) as server:  # fmt: skip
+            client = openai.OpenAI(base_url=server.url + "/v1", api_key="x")
+            for _ in range(2):  # a fresh slot, then a reused prefix: both steered
+                r = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": question}],
+                    max_tokens=60, temperature=0.0,
+                )  # fmt: skip
+                assert r.choices[0].message.content == want[-0.5]
+        assert "steering: {'source': 'verbosity.gguf×-0.5'" in (tmp_path / "serve.log").read_text()
