@@ -79,20 +79,12 @@ def last_token_residuals(engine: Any, prompts: list[str], system: str | None,
     """Per prompt, the residual stream after every layer at the last prompt token
     (prompts x n_layer x n_embd), each prompt in its own unsteered session."""
     from ds4d.chat.oneshot import one_shot_prompt
-    from ds4d.engine.steering import NativeSteer
 
-    info = engine.info
     rows = []
     for text in prompts:
         _, ids = one_shot_prompt(engine, text, system)
-        capture = NativeSteer(np.zeros((info.n_layer, info.n_embd), np.float32), 0, 0, True)
         with engine.new_session(max(n_ctx, len(ids))) as session:
-            session.set_steering(None)
-            session._state.set_steer(capture)
-            session.eval(ids)
-            session._state.set_steer(None)
-        rows.append(capture.captured())
-        capture.close()
+            rows.append(session.eval_capturing(ids))
     return np.stack(rows)
 
 

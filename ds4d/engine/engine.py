@@ -37,7 +37,7 @@ from ds4d.engine.decoder import KV_TYPES
 from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
 from ds4d.engine.gguf_file import GGUFFile
-from ds4d.engine.steering import Steering, SteeringError
+from ds4d.engine.steering import NativeSteer, Steering, SteeringError
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.engine.weight_memory import WEIGHT_MODES
 
@@ -376,6 +376,28 @@ class Session:
         with self.engine.lock:
             self._state.set_steer(steering.native() if steering is not None else None)
         self._steering = steering
+
+    def eval_capturing(self, tokens: Iterable[int]) -> np.ndarray:
+        """Evaluates tokens like eval and returns, per layer, the residual stream after that
+        layer at the last of them (n_layer x n_embd float32; DeepSeek V4: the layer's FFN
+        output), under the session's own steering: what `ds4d steer build` averages."""
+        info = self.engine.info
+        s = self._steering
+        capture = NativeSteer(
+            s.dirs if s is not None else np.zeros((info.n_layer, info.n_embd), np.float32),
+            s.attn_scale if s is not None else 0.0,
+            s.ffn_scale if s is not None else 0.0,
+            capture=True,
+        )
+        with self.engine.lock:
+            self._state.set_steer(capture)
+        try:
+            self.eval(tokens)
+            return capture.captured()
+        finally:
+            with self.engine.lock:
+                self._state.set_steer(s.native() if s is not None else None)
+            capture.close()
 
     # -- state ------------------------------------------------------------------------
 

@@ -165,16 +165,25 @@ def test_capture_records_each_layers_last_residual(tmp_path: Path) -> None:
     ref.steered = record  # type: ignore[method-assign]
     with engine_of(gf) as eng:
         prompt = toks(12, eng.info.n_vocab)
-        cap = NativeSteer(np.zeros((eng.info.n_layer, eng.info.n_embd), np.float32), 0, 0, True)
         s = eng.new_session(16)
-        s._state.set_steer(cap)
-        s.eval(prompt)
+        got = s.eval_capturing(prompt)
         ref.forward(prompt)
-        got = cap.captured()
+        # the session is left as eval leaves it, its own steering (none) back in place
+        assert s.tokens == prompt and s.steering is None
         for il in range(eng.info.n_layer):
             np.testing.assert_allclose(
                 got[il], recorded[il], atol=1e-4 * np.abs(recorded[il]).max()
             )
+        # a steered session captures under its steering and keeps it afterwards
+        steer = Steering(directions(eng.info.n_layer, eng.info.n_embd), ATTN, FFN)
+        a, b = eng.new_session(16), eng.new_session(16)
+        a.set_steering(steer)
+        b.set_steering(steer)
+        a.eval_capturing(prompt[:6])
+        b.eval(prompt[:6])
+        a.eval(prompt[6:])
+        b.eval(prompt[6:])
+        assert a.compute_logits().tobytes() == b.compute_logits().tobytes()
 
 
 def write_llamacpp_style(path: Path, layers: dict[int, np.ndarray]) -> None:
