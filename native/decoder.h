@@ -297,6 +297,7 @@ typedef struct ds4n_dec_session {
     ds4n_dec_ws ws;
     int64_t cap_tok;
     float *x, *xn, *tmp; /* residual stream, normalized rows, a step's output: T x n_embd */
+    struct ds4n_steer *steer; /* steering of this session's rows (steer.h), or NULL */
 } ds4n_dec_session;
 
 /* kv_type: DS4N_KV_F32, _F16 or _Q8_0 of attention.h. NULL on a bad shape or type, or no

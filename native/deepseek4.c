@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "steer.h"
+
 #define NEG_INF (-1e30f)
 
 struct tensor {
@@ -42,6 +44,7 @@ struct ds4n_dsv4_state {
     int n_layer;
     int64_t n_ctx, pos, raw_cap;
     struct layer_state *L;
+    ds4n_steer *steer; /* steering of this state's sublayer outputs (steer.h), or NULL */
 };
 
 /* ---- numeric primitives ---------------------------------------------------------- */
@@ -463,6 +466,7 @@ struct ranked { float score; int32_t index; };
 
 /* Scratch for one eval, sized for T tokens. */
 struct scratch {
+    ds4n_steer *steer; /* the state's, applied to each sublayer output o before hc_post */
     float *X;       /* T x n_hc x E: residual streams */
     float *flat;    /* T x hc_dim: normalised streams */
     float *mix;     /* T x hc_mix */
@@ -791,6 +795,7 @@ static int attention(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *p
             memcpy(s->low + t * G * olr + g * olr, s->glow + t * olr, sizeof(float) * olr);
     }
     matmul(pool, w[DSV4_OUT_B], E, G * olr, s->low, T, s->o);
+    ds4n_steer_rows(s->steer, il, DS4N_STEER_ATTN, s->o, T);
     hc_post(m, s, T);
     return 0;
 }
@@ -879,6 +884,7 @@ static void ffn(const ds4n_dsv4_model *m, ds4n_pool *pool, struct scratch *s, in
             o[i] = acc + o[i];
         }
     }
+    ds4n_steer_rows(s->steer, il, DS4N_STEER_FFN, s->o, T);
     hc_post(m, s, T);
 }
 
@@ -947,6 +953,7 @@ int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *poo
     if (!routes_valid(m, tokens, n)) return DSV4_ERR_EXPERT;
     struct scratch s;
     if (scratch_alloc(&s, m, st, n)) return DSV4_ERR_NOMEM;
+    s.steer = st->steer;
     int64_t E = p->n_embd, nh = p->n_hc;
     for (int64_t t = 0; t < n; t++) {
         float *X = s.X + t * nh * E;
@@ -962,4 +969,11 @@ int ds4n_dsv4_eval(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *poo
     st->pos += n;
     free(s.block);
     return DSV4_OK;
+}
+
+int ds4n_dsv4_state_set_steer(ds4n_dsv4_state *st, ds4n_steer *s) {
+    if (s && (ds4n_steer_n_layer(s) != st->n_layer || ds4n_steer_n_embd(s) != st->m->p.n_embd))
+        return -1;
+    st->steer = s;
+    return 0;
 }

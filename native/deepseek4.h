@@ -88,6 +88,11 @@ ds4n_dsv4_state *ds4n_dsv4_state_new(const ds4n_dsv4_model *m, int64_t n_ctx);
 void ds4n_dsv4_state_free(ds4n_dsv4_state *st);
 void ds4n_dsv4_state_reset(ds4n_dsv4_state *st);   /* empty: no tokens, fresh frontiers */
 int64_t ds4n_dsv4_state_pos(const ds4n_dsv4_state *st);
+/* Attaches steering (steer.h; NULL detaches; kept alive by the caller while attached),
+ * applied to each sublayer's output before the hyper-connection mix. 0, or -1 when it is
+ * of another n_embd or layer count. The capture rows are then each layer's FFN output. */
+struct ds4n_steer;
+int ds4n_dsv4_state_set_steer(ds4n_dsv4_state *st, struct ds4n_steer *s);
 
 /* The buffers of one layer. raw is a ring of raw_cap rows: the row of position p sits at
  * p % raw_cap. Frontier tensors are rows x width (0 x 0 when the layer has none). */

@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "steer.h"
+
 typedef struct gemma3 {
     ds4n_dec_model base; /* first: the model is freed through it */
     ds4n_gemma3_hparams hp;
@@ -35,7 +37,7 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
         ds4n_rms_norm(b->x, lw[DS4N_GEMMA3_ATTN_NORM], b->xn, T, E, eps);
         ds4n_attention(&base->dims, &al, il, b, pool, b->xn, b->tmp);
         ds4n_rms_norm(b->tmp, lw[DS4N_GEMMA3_POST_ATTN_NORM], b->tmp, T, E, eps);
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_ATTN);
 
         const ds4n_ffn_layer fl = {
             .gate = lw[DS4N_GEMMA3_W_GATE], .tgate = lt[DS4N_GEMMA3_W_GATE],
@@ -46,7 +48,7 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
         ds4n_rms_norm(b->x, lw[DS4N_GEMMA3_FFN_NORM], b->xn, T, E, eps);
         ds4n_ffn(&base->dims, &fl, b, pool, b->xn, b->tmp);
         ds4n_rms_norm(b->tmp, lw[DS4N_GEMMA3_POST_FFN_NORM], b->tmp, T, E, eps);
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_FFN);
     }
     return DS4N_OK;
 }

@@ -7,6 +7,8 @@
 
 #include <math.h>
 
+#include "steer.h"
+
 typedef struct llama {
     ds4n_dec_model base; /* first: the model is freed through it */
     ds4n_rope rope;
@@ -32,7 +34,7 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
         };
         ds4n_rms_norm(b->x, lw[DS4N_LLAMA_ATTN_NORM], b->xn, T, E, hp->rms_eps);
         ds4n_attention(&base->dims, &al, il, b, pool, b->xn, b->tmp);
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_ATTN);
 
         const ds4n_ffn_layer fl = {
             .gate = lw[DS4N_LLAMA_W_GATE], .tgate = lt[DS4N_LLAMA_W_GATE],
@@ -42,7 +44,7 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
         };
         ds4n_rms_norm(b->x, lw[DS4N_LLAMA_FFN_NORM], b->xn, T, E, hp->rms_eps);
         ds4n_ffn(&base->dims, &fl, b, pool, b->xn, b->tmp);
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_FFN);
     }
     return DS4N_OK;
 }

@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "steer.h"
+
 static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool) {
     const ds4n_moe_decoder *m = (const ds4n_moe_decoder *)base;
     const int64_t T = b->n_rows;
@@ -14,13 +16,13 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
         const ds4n_moe_layer *l = &m->layer[il];
         ds4n_rms_norm(b->x, l->attn_norm, b->xn, T, E, eps);
         ds4n_attention(&base->dims, &l->attn, il, b, pool, b->xn, b->tmp);
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_ATTN);
         ds4n_rms_norm(b->x, l->ffn_norm, b->xn, T, E, eps);
         const int rc = ds4n_moe_forward_batch(pool, &l->moe, m->scratch, b->xn, b->count,
                                               b->n_seq, b->tmp);
         if (rc != DS4N_MOE_OK) /* n_past unchanged: the K/V rows written are not held */
             return rc == DS4N_MOE_ERR_BAD_EXPERT ? DS4N_ERR_BAD_EXPERT : DS4N_ERR_NO_MEMORY;
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_FFN);
     }
     return DS4N_OK;
 }

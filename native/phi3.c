@@ -3,6 +3,8 @@
 
 #include <math.h>
 
+#include "steer.h"
+
 typedef struct phi3 {
     ds4n_dec_model base; /* first: the model is freed through it */
     int32_t window;
@@ -27,7 +29,7 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
         };
         ds4n_rms_norm(b->x, lw[DS4N_PHI3_ATTN_NORM], b->xn, T, E, hp->rms_eps);
         ds4n_attention(&base->dims, &al, il, b, pool, b->xn, b->tmp);
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_ATTN);
 
         const ds4n_ffn_layer fl = {
             .up = lw[DS4N_PHI3_W_UP], .tup = lt[DS4N_PHI3_W_UP],
@@ -36,7 +38,7 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
         };
         ds4n_rms_norm(b->x, lw[DS4N_PHI3_FFN_NORM], b->xn, T, E, hp->rms_eps);
         ds4n_ffn(&base->dims, &fl, b, pool, b->xn, b->tmp);
-        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        ds4n_dec_residual(b, il, DS4N_STEER_FFN);
     }
     return DS4N_OK;
 }

@@ -3,20 +3,30 @@
 The prompt is rendered with the model's own chat template (one user message, optional
 system message), prefilled, then sampled token by token until an end-of-generation
 token or -n tokens. Timing goes to stderr so stdout stays the reply alone.
+
+Debugging dumps (docs/dumps.md): `--dump-tokens` prints the prompt's tokens exactly as the
+engine will evaluate them and exits; `--dump-logprobs FILE` / `--dump-logits FILE` write a
+greedy continuation as JSON in the project's golden-vector shape.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
+from ds4d.cli.steer import add_steering_flags, steering_from_args
 from ds4d.daemon.config import add_engine_flags
 from ds4d.daemon.exitcodes import CliError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-p", "--prompt", required=True, help="the user message")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-p", "--prompt", help="the user message")
+    src.add_argument("--prompt-file", type=Path, help="read the user message from a file")
     p.add_argument("-s", "--system", help="a system message")
     p.add_argument("-m", "--model", help="GGUF file (default: the embedded model)")
     p.add_argument("-n", "--max-tokens", type=int, default=256)
@@ -29,10 +39,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="default: physical cores")
     add_engine_flags(p, "kv_type", "weights", "precision")
     p.add_argument("--raw", action="store_true", help="send the prompt as is, no template")
+    add_steering_flags(p)
+    dump = p.add_argument_group("debugging dumps (docs/dumps.md)")
+    dump.add_argument("--dump-tokens", action="store_true",
+                      help="print the prompt's token ids and pieces as the engine sees them, "
+                      "then exit")  # fmt: skip
+    dump.add_argument("--dump-logprobs", metavar="FILE", type=Path,
+                      help="write a greedy continuation with each step's top alternatives "
+                      "as JSON (no text is printed)")  # fmt: skip
+    dump.add_argument(
+        "--logprobs-top-k",
+        metavar="N",
+        type=int,
+        default=20,
+        help="alternatives per step in --dump-logprobs (default 20)",
+    )
+    dump.add_argument(
+        "--dump-logits",
+        metavar="FILE",
+        type=Path,
+        help="as --dump-logprobs, each step also with its n_vocab raw logits",
+    )
+    dump.add_argument(
+        "--dump-id",
+        default=None,
+        help="the document's id (default: the prompt file's stem, or 'prompt')",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from ds4d.chat.template import ChatTemplate, TemplateError
+    from ds4d.chat.oneshot import one_shot_prompt
+    from ds4d.chat.template import TemplateError
     from ds4d.engine import Engine, EngineError, SamplingParams, sample
     from ds4d.engine.default_model import resolve_model_path
     from ds4d.engine.sampler import make_rng
@@ -49,6 +86,13 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(str(e), 2) from None
     if args.max_tokens < 1:
         raise CliError("--max-tokens must be ≥ 1", 2)
+    if args.logprobs_top_k < 1:
+        raise CliError("--logprobs-top-k must be ≥ 1", 2)
+    if args.prompt_file is not None:
+        try:
+            args.prompt = args.prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise CliError(f"cannot read --prompt-file: {e}", 2) from None
     try:
         engine = Engine.open(
             resolve_model_path(args.model),
@@ -59,25 +103,20 @@ def run(args: argparse.Namespace) -> int:
         )
     except (EngineError, FileNotFoundError) as e:
         raise CliError(str(e)) from None
+    steering_from_args(args, engine)
 
     tok = engine.tokenizer
-    if args.raw or not engine.chat_template:
-        text = args.prompt
-    else:
-        messages = [{"role": "user", "content": args.prompt}]
-        if args.system:
-            messages.insert(0, {"role": "system", "content": args.system})
-        bos = tok.token_text(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.token_text(tok.eos_id) if tok.eos_id is not None else ""
-        try:
-            text = ChatTemplate(engine.chat_template, bos, eos).render(messages)
-        except TemplateError as e:
-            raise CliError(f"the model's chat template failed: {e}") from None
-    prompt = tok.encode(text, special=not args.raw)
-    if tok.add_bos and tok.bos_id is not None and (not prompt or prompt[0] != tok.bos_id):
-        prompt.insert(0, tok.bos_id)
+    try:
+        text, prompt = one_shot_prompt(engine, args.prompt, args.system, args.raw)
+    except TemplateError as e:
+        raise CliError(f"the model's chat template failed: {e}") from None
+    if args.dump_tokens:
+        _print_tokens(engine, prompt)
+        return 0
     if len(prompt) + args.max_tokens > args.ctx:
         raise CliError(f"prompt ({len(prompt)} tokens) + --max-tokens exceeds --ctx {args.ctx}", 2)
+    if args.dump_logprobs or args.dump_logits:
+        return _dump(engine, args, text, prompt)
 
     session = engine.new_session(args.ctx)
     t0 = time.perf_counter()
@@ -103,3 +142,40 @@ def run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     return 0
+
+
+def _print_tokens(engine: Any, prompt: list[int]) -> None:
+    from ds4d.engine.dumps import token_table
+
+    for row in token_table(engine.tokenizer, prompt):
+        piece = json.dumps(row["piece"], ensure_ascii=False)
+        mark = " special" if row["special"] else ""
+        print(f"{row['index']:5d} {row['id']:7d} {piece}{mark}")
+    print(f"[{len(prompt)} tokens]", file=sys.stderr)
+
+
+def _dump(engine: Any, args: argparse.Namespace, text: str, prompt: list[int]) -> int:
+    from ds4d import __version__
+    from ds4d.engine.dumps import greedy_dump
+
+    case_id = args.dump_id or (args.prompt_file.stem if args.prompt_file else "prompt")
+    doc = greedy_dump(
+        engine, text, prompt, max_tokens=args.max_tokens, top_k=args.logprobs_top_k,
+        chat=not args.raw and bool(engine.chat_template), case_id=case_id, n_ctx=args.ctx,
+        with_logits=args.dump_logits is not None, producer=f"ds4d {__version__}",
+    )  # fmt: skip
+    if args.dump_logits:
+        _write_json(args.dump_logits, doc)
+    if args.dump_logprobs:
+        for step in doc["steps"]:
+            step.pop("logits", None)
+        _write_json(args.dump_logprobs, doc)
+    print(f"[{len(prompt)} prompt tokens, {len(doc['steps'])} steps dumped]", file=sys.stderr)
+    return 0
+
+
+def _write_json(path: Path, doc: dict[str, Any]) -> None:
+    try:
+        path.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    except OSError as e:
+        raise CliError(f"cannot write {path}: {e}") from None

@@ -18,6 +18,9 @@ from ds4d.daemon.exitcodes import CliError
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("ds4d.daemon.main", "run the daemon (the default)"),
     "generate": ("ds4d.cli.generate", "one-shot chat reply streamed to stdout"),
+    "chat": ("ds4d.cli.chat_repl", "interactive chat, against the daemon or in-process (--local)"),
+    "eval": ("ds4d.cli.evaluate", "run the embedded question set and score the model"),
+    "steer": ("ds4d.cli.steer", "build (or show) a steering direction: llama.cpp control vectors"),
     "bench": (
         "ds4d.tools.bench",
         "prefill/decode speed sweep over context sizes (`ds4d bench serve`: the serving benchmark)",

@@ -181,6 +181,29 @@ class Config:
         "(huge for a model of at most a quarter of the RAM, else mmap)",
         choices=WEIGHT_MODES,
     )
+    control_vectors: list[str] = _key(
+        [],
+        "directional steering: llama.cpp control-vector GGUF files (direction.N tensors), "
+        "each FILE (scale 1) or FILE:SCALE, summed (see docs/steering.md)",
+        flags=("--control-vector", "--control-vector-scaled"),
+        metavar="FILE[:SCALE]",
+    )
+    control_vector_layer_range: str = _key(
+        "",
+        "layers the control vectors apply to, START:END inclusive; empty = 1:n_layer",
+        metavar="START:END",
+    )
+    directional_steering_attn: float = _key(
+        0.0,
+        "scale of the control vectors added after each layer's attention output",
+        metavar="F",
+    )
+    directional_steering_ffn: float = _key(
+        1.0,
+        "scale of the control vectors added after each layer's FFN output (the layer's "
+        "output, as llama.cpp applies them)",
+        metavar="F",
+    )
 
     # --- HTTP --------------------------------------------------------------------------
     host: str = _key("127.0.0.1", "address the HTTP server binds", metavar="HOST")

@@ -130,6 +130,9 @@ async def open_served(
             pooling=cfg.pooling,
         )
     )
+    if cfg.control_vectors:
+        await trio.to_thread.run_sync(lambda: _steer_engine(engine, cfg))
+        log.info("steering: %s", engine.steering.describe() if engine.steering else "none")
     info = engine.info
     ctx = cfg.ctx or info.n_ctx_train
     if info.rope_stretch:
@@ -193,3 +196,18 @@ async def open_served(
     log.info("model %s loaded in %.1fs; serving", spec.name, time.perf_counter() - t0)
     embeddings = EmbeddingService(engine, gate, ctx)
     return ServedModel(spec, server, embeddings, file_bytes, scope, done)
+
+
+def _steer_engine(engine: Engine, cfg: Config) -> None:
+    """The config's control vectors as the steering of every slot (docs/steering.md)."""
+    from ds4d.engine.steering import load_control_vectors, parse_layer_range, parse_scaled
+
+    steering = load_control_vectors(
+        [parse_scaled(spec) for spec in cfg.control_vectors],
+        engine.info.n_layer,
+        engine.info.n_embd,
+        parse_layer_range(cfg.control_vector_layer_range),
+        attn_scale=cfg.directional_steering_attn,
+        ffn_scale=cfg.directional_steering_ffn,
+    )
+    engine.set_steering(steering)

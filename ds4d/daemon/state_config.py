@@ -45,9 +45,11 @@ def state_from_config(
     service = StateService.create(
         tokenizer=engine.tokenizer,
         # Checkpoints hold KV rows of one type: another --kv-type (or --precision, whose
-        # rows differ in the last bits) is another cache.
+        # rows differ in the last bits) is another cache; and rows computed under one
+        # steering: other control vectors are another cache.
         fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}"
-        + ("" if engine.info.precision == "exact" else f"/{engine.info.precision}"),
+        + ("" if engine.info.precision == "exact" else f"/{engine.info.precision}")
+        + (f"/steer-{engine.steering_key}" if engine.steering_key else ""),
         ctx=ctx,
         kv_dir=kv_dir(config) if config.kv_disk else None,
         space_mb=config.kv_disk_space_mb,

@@ -31,6 +31,7 @@ from ds4d.engine.errors import EngineError, ModelLoadError
 from ds4d.engine.family import FamilyState
 from ds4d.engine.gguf_file import GGUFFile, Tensor
 from ds4d.engine.native import lib
+from ds4d.engine.steering import NativeSteer, SteeringError
 
 VECTOR_TYPES = {native.F32, native.F16, native.BF16}
 # KV element types by name -> the C numbers (DS4N_KV_* in native/attention.h).
@@ -62,6 +63,7 @@ def _declare() -> None:
         ("ds4n_dec_model_embed", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
                                          ctypes.POINTER(i64), c_int, native.c_float_p]),
         ("ds4n_dec_model_bidirectional", c_int, [vp]),
+        ("ds4n_dec_session_set_steer", c_int, [vp, vp]),
     ):  # fmt: skip
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -316,12 +318,19 @@ class DecoderState:
         )
         if not self._handle:
             raise EngineError(f"cannot allocate a KV cache for {n_ctx} tokens")
+        self._steer: NativeSteer | None = None  # kept alive while the C session reads it
 
     @property
     def handle(self) -> int:
         if not self._handle:
             raise EngineError("session is closed")
         return self._handle
+
+    def set_steer(self, steer: NativeSteer | None) -> None:
+        """Steers this session's next evaluations (None: none); see steering.py."""
+        if lib.ds4n_dec_session_set_steer(self.handle, steer.handle if steer else None):
+            raise SteeringError("steering directions do not fit this model's layers and width")
+        self._steer = steer
 
     @property
     def n_past(self) -> int:

@@ -46,6 +46,7 @@ from ds4d.engine.errors import EngineError
 from ds4d.engine.family import NATIVE_KV
 from ds4d.engine.gguf_file import GGUFFile
 from ds4d.engine.native import lib
+from ds4d.engine.steering import NativeSteer, SteeringError
 
 if TYPE_CHECKING:  # imported where used: the tokenizer loads the tokenizers package
     from ds4d.engine.ds4_tokenizer import DS4Tokenizer
@@ -141,6 +142,7 @@ def _declare() -> None:
         ("ds4n_dsv4_state_free", None, [vp]),
         ("ds4n_dsv4_state_reset", None, [vp]),
         ("ds4n_dsv4_state_pos", i64, [vp]),
+        ("ds4n_dsv4_state_set_steer", ctypes.c_int, [vp, vp]),
         ("ds4n_dsv4_state_layer", c_int, [vp, c_int, ctypes.POINTER(LayerState)]),
         ("ds4n_dsv4_state_restore", c_int, [vp, i64, i64p, i64p, i64]),
         ("ds4n_dsv4_eval", c_int,
@@ -211,6 +213,14 @@ class DS4State:
         self._tokens: list[int] = []  # kept to replay a prefix on rewind
         self._snapshots: list[tuple[int, list[np.ndarray]]] = []  # (pos, buffers), ascending
         self.replayed = 0  # tokens the last rewind had to evaluate again
+        self._steer: NativeSteer | None = None  # kept alive while the C state reads it
+
+    def set_steer(self, steer: NativeSteer | None) -> None:
+        """Steers this state's next evaluations (None: none); see steering.py."""
+        self.model.handle  # noqa: B018 - raises once the model is closed (the C call reads it)
+        if lib.ds4n_dsv4_state_set_steer(self.handle, steer.handle if steer else None):
+            raise SteeringError("steering directions do not fit this model's layers and width")
+        self._steer = steer
 
     @property
     def handle(self) -> int:

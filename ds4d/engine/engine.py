@@ -45,6 +45,7 @@ from ds4d.engine.errors import ContextFullError, EngineError, ModelLoadError
 from ds4d.engine.family import NATIVE_KV, BatchedModel, Family, FamilyModel, FamilyState
 from ds4d.engine.fim import FimTokens, find_fim_tokens
 from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.steering import NativeSteer, Steering, SteeringError
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.engine.weight_memory import WEIGHT_MODES
 
@@ -157,6 +158,8 @@ class Engine:
         self.tokenizer = tokenizer
         self.chat_template: str | None = gf.chat_template
         self.lock = threading.Lock()
+        # what every new session is steered with (set_steering); None: nothing
+        self.steering: Steering | None = None
         self.kv_type = _resolve_kv_type(model, kv_type)
         pool.set_precision(precision)  # ValueError for an unknown one (open checks first)
         self.info = EngineInfo(
@@ -233,9 +236,28 @@ class Engine:
         return self.gguf.path
 
     def new_session(self, n_ctx: int) -> Session:
+        """A session of n_ctx positions, steered with the engine's steering."""
         if n_ctx < 1:
             raise EngineError(f"n_ctx must be at least 1, got {n_ctx}")
-        return Session(self, n_ctx)
+        session = Session(self, n_ctx)
+        if self.steering is not None:
+            session.set_steering(self.steering)
+        return session
+
+    def set_steering(self, steering: Steering | None) -> None:
+        """The steering of the sessions made from now on (steering.py); SteeringError when
+        its directions are not n_layer x n_embd of this model."""
+        if steering is not None and steering.dirs.shape != (self.info.n_layer, self.info.n_embd):
+            raise SteeringError(
+                f"steering of {steering.dirs.shape[0]} layers x {steering.dirs.shape[1]} does "
+                f"not fit this model ({self.info.n_layer} x {self.info.n_embd})"
+            )
+        self.steering = steering
+
+    @property
+    def steering_key(self) -> str:
+        """The engine steering's key ('' for none): part of every prefix cache's key."""
+        return self.steering.key if self.steering is not None else ""
 
     def eval_batch(self, steps: Sequence[tuple[Session, Sequence[int]]]) -> None:
         """Extends each session by its tokens; each session's logits become those after its
@@ -410,6 +432,53 @@ class Session:
         self._state: FamilyState = engine.model.new_state(self.n_ctx, engine.kv_type)
         self._tokens: list[int] = []
         self._logits: np.ndarray | None = None
+        self._steering: Steering | None = None
+
+    # -- steering -------------------------------------------------------------------------
+
+    @property
+    def steering(self) -> Steering | None:
+        return self._steering
+
+    @property
+    def steering_key(self) -> str:
+        """'' when unsteered: the KV held was computed under the steering of this key."""
+        return self._steering.key if self._steering is not None else ""
+
+    def set_steering(self, steering: Steering | None) -> None:
+        """Steers the evaluations from now on (None or an inactive steering: none). The KV
+        already held was computed under the previous steering, so when the effect changes
+        the session is emptied: a prefix is never reused under other steering."""
+        if steering is not None and not steering.active:
+            steering = None
+        new_key = steering.key if steering is not None else ""
+        if new_key != self.steering_key and self._tokens:
+            self.rewind(0)
+        with self.engine.lock:
+            self._state.set_steer(steering.native() if steering is not None else None)
+        self._steering = steering
+
+    def eval_capturing(self, tokens: Iterable[int]) -> np.ndarray:
+        """Evaluates tokens like eval and returns, per layer, the residual stream after that
+        layer at the last of them (n_layer x n_embd float32; DeepSeek V4: the layer's FFN
+        output), under the session's own steering: what `ds4d steer build` averages."""
+        info = self.engine.info
+        s = self._steering
+        capture = NativeSteer(
+            s.dirs if s is not None else np.zeros((info.n_layer, info.n_embd), np.float32),
+            s.attn_scale if s is not None else 0.0,
+            s.ffn_scale if s is not None else 0.0,
+            capture=True,
+        )
+        with self.engine.lock:
+            self._state.set_steer(capture)
+        try:
+            self.eval(tokens)
+            return capture.captured()
+        finally:
+            with self.engine.lock:
+                self._state.set_steer(s.native() if s is not None else None)
+            capture.close()
 
     # -- state ------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ds4d.engine import native
 from ds4d.engine.gguf_file import GGUFFile
+from ds4d.engine.steering import NativeSteer
 
 # The kv_type of a family that keeps its own KV format: DeepSeek V4's compressed cache has
 # a fixed layout, so it ignores the KV type sessions are asked for.
@@ -70,6 +71,11 @@ class FamilyState(Protocol):
         """Reads what write_kv(fp, n, start) wrote into positions [start, n), which the
         state then holds (it held exactly `start` before). EngineError if the payload does
         not fit; the state then holds `start` positions (a family without ranges: none)."""
+        ...
+
+    def set_steer(self, steer: NativeSteer | None) -> None:
+        """Steers the next evaluations (steering.py; None: none). SteeringError when the
+        directions do not fit the model."""
         ...
 
     def close(self) -> None: ...

@@ -45,7 +45,20 @@ class DecoderReference:
         self.n_rot = int(self.key("rope.dimension_count", self.head_dim))
         self.eps = float(self.key("attention.layer_norm_rms_epsilon"))
         self._cache: dict[str, np.ndarray] = {}
+        # directional steering (ds4d/engine/steering.py): (dirs n_layer x n_embd, attn
+        # scale, ffn scale) added to the residual stream after each layer's attention and
+        # FFN outputs; None: none
+        self.steer: tuple[np.ndarray, float, float] | None = None
         self.reset()
+
+    def steered(self, x: np.ndarray, il: int, after_ffn: bool) -> np.ndarray:
+        """The residual stream x after layer il's attention (or FFN) output was added,
+        plus that step's scale times the layer's steering direction."""
+        if self.steer is None:
+            return x
+        dirs, attn_scale, ffn_scale = self.steer
+        scale = ffn_scale if after_ffn else attn_scale
+        return x + scale * dirs[il].astype(self.dtype) if scale else x
 
     def key(self, name: str, default: object = None) -> object:
         """The metadata value `{arch}.{name}`: required unless a default is given."""

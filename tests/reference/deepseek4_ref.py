@@ -210,6 +210,16 @@ class DS4Reference:
     def __init__(self, layout: DS4Layout) -> None:
         self.p = layout.params
         self.w = Weights(layout)
+        # directional steering: (dirs n_layer x n_embd, attn scale, ffn scale) added to each
+        # sublayer's output before the hyper-connection mix; None: none
+        self.steer: tuple[np.ndarray, float, float] | None = None
+
+    def steered(self, o, il: int, after_ffn: bool):
+        if self.steer is None:
+            return o
+        dirs, attn_scale, ffn_scale = self.steer
+        scale = ffn_scale if after_ffn else attn_scale
+        return o + f32(scale) * dirs[il].astype(o.dtype) if scale else o
 
     def new_state(self) -> State:
         p = self.p
@@ -313,7 +323,7 @@ class DS4Reference:
             ]
         )
         o = w(b + "attn_output_b.weight") @ low
-        return self.hc_post(X, o, post, C)
+        return self.hc_post(X, self.steered(o, il, after_ffn=False), post, C)
 
     def compress(self, cp: Compressor, prefix: str, xn, pos: int, hd: int):
         """One compressor step; returns the pooled, normed, roped row when a block closes."""
@@ -381,7 +391,7 @@ class DS4Reference:
         g = np.minimum(w(b + "ffn_gate_shexp.weight") @ xf, clamp)
         u = np.clip(w(b + "ffn_up_shexp.weight") @ xf, -clamp, clamp)
         out += w(b + "ffn_down_shexp.weight") @ (silu(g) * u)
-        return self.hc_post(X, out, post, C)
+        return self.hc_post(X, self.steered(out, il, after_ffn=True), post, C)
 
     def head(self, X):
         p, w = self.p, self.w

@@ -112,7 +112,7 @@ class DenseReference(DecoderReference):
             post = self.opt(p + "post_attention_norm.weight")
             if post is not None:
                 o = self.rms_norm(o, post)
-            x = x + o
+            x = self.steered(x + o, il, after_ffn=False)
             h = self.rms_norm(x, self.w(p + "ffn_norm.weight"))
             if self.gf.has_tensor(p + "ffn_gate.weight"):
                 g = h @ self.w(p + "ffn_gate.weight").T
@@ -128,7 +128,7 @@ class DenseReference(DecoderReference):
             post = self.opt(p + "post_ffw_norm.weight")
             if post is not None:
                 f = self.rms_norm(f, post)
-            x = x + f
+            x = self.steered(x + f, il, after_ffn=True)
         logits = self.logits(x, len(tokens))
         if self.softcap > 0:
             logits = self.softcap * np.tanh(logits / self.softcap)

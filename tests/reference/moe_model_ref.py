@@ -83,7 +83,8 @@ class MoEModelReference(DecoderReference):
                 k = self.rms_norm(k, self.w(p + "attn_k_norm.weight"))
             q, k = self.rope(q, pos) / math.sqrt(self.head_dim), self.rope(k, pos)
             window = self.window if self.oss and il % 2 == 0 else 0
-            x = x + self.attend(il, p, q, k, v, pos, window)
+            x = self.steered(x + self.attend(il, p, q, k, v, pos, window), il, after_ffn=False)
             norm = "post_attention_norm" if self.oss else "ffn_norm"
-            x = x + self.moe(p, self.rms_norm(x, self.w(p + f"{norm}.weight")))
+            f = self.moe(p, self.rms_norm(x, self.w(p + f"{norm}.weight")))
+            x = self.steered(x + f, il, after_ffn=True)
         return self.logits(x, len(tokens))
