@@ -179,7 +179,9 @@ def test_completion_and_chat_slots_do_not_evict_each_other(engine, compute):
         readings = [Reading() for _ in range(6)]
         async with trio.open_nursery() as nursery:  # two agents hold both chat slots...
             for i in range(2):
-                req = request(prompt(300, 1 + i, compute), 20)
+                # long answers: however the worker threads are scheduled, neither agent
+                # can end before the other has its slot; they are cancelled below
+                req = request(prompt(300, 1 + i, compute), 4000)
                 nursery.start_soon(read, server, req, compute, readings[i])
             while server.busy < 2:
                 await trio.sleep(0.001)  # virtual time: until both have their slot
@@ -187,6 +189,9 @@ def test_completion_and_chat_slots_do_not_evict_each_other(engine, compute):
             await read(server, request(prompt(50, 5, compute), 2, "completion"), compute,
                        readings[2])  # fmt: skip
             assert readings[2].slot == 2 and server.busy == 2
+            nursery.cancel_scope.cancel()
+        while server.busy:  # the cancellations take effect at the loop's next step
+            await trio.sleep(0.001)
         held["before"] = tokens()
         # a third conversation takes a chat slot (the least recently used), not slot 2
         await read(server, request(prompt(300, 7, compute), 2), compute, readings[3])
