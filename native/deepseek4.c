@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h" /* ds4n_f32_to_f16 */
+#include "quants.h"    /* ds4n_f16_to_f32 */
 #include "steer.h"
 
 #define NEG_INF (-1e30f)
@@ -49,45 +51,14 @@ struct ds4n_dsv4_state {
 
 /* ---- numeric primitives ---------------------------------------------------------- */
 
-static uint16_t f32_to_f16(float f) {
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffff;
-    if (a >= 0x7f800000) return (uint16_t)(sign | 0x7c00 | (a > 0x7f800000 ? 0x200 : 0));
-    if (a >= 0x477ff000) return (uint16_t)(sign | 0x7c00); /* rounds past 65504 */
-    if (a < 0x38800000) {                                  /* half subnormal: units of 2^-24 */
-        float v;
-        memcpy(&v, &a, 4);
-        return (uint16_t)(sign | (uint32_t)nearbyintf(v * 16777216.0f));
-    }
-    uint32_t h = ((a >> 23) - 112) << 10 | (a & 0x7fffff) >> 13, rem = a & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
-    return (uint16_t)(sign | h);
-}
-
-static float f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff, bits;
-    if (e == 0x1f) {
-        bits = sign | 0x7f800000u | (m << 13);
-    } else if (e) {
-        bits = sign | ((e + 112) << 23) | (m << 13);
-    } else if (!m) {
-        bits = sign;
-    } else {
-        e = 113;
-        while (!(m & 0x400)) { m <<= 1; e--; }
-        bits = sign | (e << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
+/* The shared conversions (attention.h, quants.h): bitwise ds4's for every value but NaN,
+ * whose payload bits may differ. */
 static void f16_round(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) x[i] = f16_to_f32(f32_to_f16(x[i]));
+    for (int64_t i = 0; i < n; i++) x[i] = ds4n_f16_to_f32(ds4n_f32_to_f16(x[i]));
 }
 
-/* sum of squares in double, scale in float, as ds4 does */
+/* sum of squares in double, scale in float, as ds4 does (decoder.h's ds4n_rms_norm takes the
+ * scale in double: other roundings, so it is not used here) */
 static void rmsnorm(const float *x, const float *w, int64_t n, float eps, float *y) {
     double ss = 0;
     for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
@@ -162,7 +133,9 @@ static void indexer_qat(float *x, int64_t n) {
     block_sim(x, n, 32, 6.0f, 7.052966104933725e-38f, fp4_values, 8);
 }
 
-/* cos/sin of the n_rot/2 rotary pairs at pos; YaRN blend on compressed layers */
+/* cos/sin of the n_rot/2 rotary pairs at pos; YaRN blend on compressed layers. Not
+ * decoder.h's ds4n_rope: that keeps each pair's rate as a float and its YaRN ramp in float,
+ * ds4 both in double (other angles), and it has no inverse rotation. */
 static void rope_angles(const ds4n_dsv4_params *p, int64_t pos, int compressed, float *c, float *s) {
     int half = p->n_rot / 2;
     double base = compressed ? p->compress_rope_base : p->rope_base, low = 0, high = 0;
@@ -803,6 +776,8 @@ static int attention(const ds4n_dsv4_model *m, ds4n_dsv4_state *st, ds4n_pool *p
 static float softplusf(float x) { return x > 20 ? x : x < -20 ? expf(x) : log1pf(expf(x)); }
 static float siluf(float x) { return x * sigmoidf(x); }
 
+/* Clamped, and weighted before the down projection. Not attention.h's ds4n_swiglu (silu as
+ * g / (1 + exp(-g)), SIMD kernels) nor moe.h's activations: other roundings. */
 static void swiglu(const float *g, const float *u, float wgt, float clamp, int64_t n, float *mid) {
     for (int64_t i = 0; i < n; i++) {
         float gv = fminf(g[i], clamp), uv = fminf(fmaxf(u[i], -clamp), clamp);
@@ -847,7 +822,9 @@ static void ffn(const ds4n_dsv4_model *m, ds4n_pool *pool, struct scratch *s, in
         float scale = p->expert_weight_scale;
         for (int64_t k = 0; k < K; k++) wt[k] = wt[k] / fmaxf(sum, 6.103515625e-5f) * scale;
     }
-    /* routed experts, grouped by expert so each expert's rows are read once per chunk */
+    /* routed experts, grouped by expert so each expert's rows are read once per chunk (moe.h's
+     * ds4n_moe_forward has neither this gating, sqrt(softplus) with hash layers, nor this
+     * clamped, pre-weighted activation) */
     struct tensor tg = w[DSV4_GATE_EXPS], tu = w[DSV4_UP_EXPS], td = w[DSV4_DOWN_EXPS];
     int64_t gu_bytes = ff * row_bytes(tg.type, E), dn_bytes = E * row_bytes(td.type, ff);
     for (int64_t e = 0; e < nE; e++) {

@@ -1,5 +1,7 @@
 """DSML, DeepSeek V4's tool-call syntax: rendering calls into a prompt, parsing them out
-of generated text incrementally, and tracking where sampling must be greedy.
+of generated text incrementally (one more `Syntax` of the shared call parser in
+`ds4d.chat.toolsyntax`, whose blocks are streamed), and tracking where sampling must be
+greedy.
 
     <｜DSML｜tool_calls>
     <｜DSML｜invoke name="NAME">
@@ -20,15 +22,20 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ds4d.chat.stream import new_tool_call_id, partial_suffix_len
-from ds4d.chat.types import (
-    Event,
-    TextDelta,
-    ToolCall,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
+from ds4d.chat.stream import partial_suffix_len
+from ds4d.chat.toolsyntax import (
+    ArgsText,
+    BlockStream,
+    CallClosed,
+    CallOpened,
+    CallParser,
+    CallPart,
+    Malformed,
+    ParsedCall,
+    Syntax,
+    check_tool,
 )
+from ds4d.chat.types import Tool, ToolCall
 
 DSML = "｜DSML｜"
 # Tag-name prefixes of the three dialects, in the order ds4 prefers them.
@@ -180,19 +187,10 @@ def _find_start(text: str) -> tuple[int, str] | None:
     return best
 
 
-def _partial_start_len(text: str) -> int:
-    return max(partial_suffix_len(text, marker) for _, marker in _STARTS)
-
-
-class _Malformed(Exception):
-    pass
-
-
 @dataclass
 class _Container:
     """An invoke's arguments, or the object of a loose nested parameter."""
 
-    index: int
     name: str
     members: list[tuple[str, str]] = field(default_factory=list)  # (key, JSON value)
 
@@ -205,73 +203,75 @@ class _Leaf:
     emitted: bool = False  # non-string: something besides whitespace was streamed
 
 
-class DSMLToolParser:
-    """Answer text in, events out: the text before a tool block, then per invoke a
-    ToolCallStart, argument fragments whose concatenation is the arguments JSON, and a
-    ToolCallEnd with the compact arguments.
+class DSMLSyntax(Syntax):
+    """DSML as a syntax of the shared call parser: blocks are streamed (each invoke is
+    announced when its tag is read, and its arguments JSON is streamed as the
+    parameters arrive), and a malformed block comes back as text, as ds4 returns
+    invalid tool calls as text. Forced calls are written by `deepseek4_forced`."""
 
-    However the text is split into pieces, the events carry the same text. Trailing
-    whitespace and a possible partial start marker are held back, because whitespace
-    before a block is syntax, not content. Text after a block's end tag passes through as
-    text. A malformed block is never lost: what was not parsed comes out as text (all of
-    it if no call was announced from it), as ds4 returns invalid tool calls as text.
-    """
+    name = "dsml"
+    openers = tuple(marker for _, marker in _STARTS)
+    json_markup = "<"
+    malformed_as_text = True
+    space = _WS
 
-    def __init__(self, id_prefix: str = "call_") -> None:
-        self.id_prefix = id_prefix
-        self.count = 0
-        self.calls: list[tuple[str, str, str]] = []  # (id, name, arguments)
-        self.raw_blocks: list[str] = []  # exact text of each complete block
-        # call id -> the exact block it came from, for the tool memory (exact replay)
-        self.replay: dict[str, str] = {}
-        self.started = False  # a block start marker was seen
-        self.ended = False  # ...and a block end tag
-        self.malformed = False
+    def block_stream(self, opener: str, before: str, tools: Sequence[Tool]) -> BlockStream:
+        prefix = next(p for p, marker in _STARTS if marker == opener)
+        # The replayable block includes the blank line ds4's canonical form starts with.
+        lead = "\n\n" if before.endswith("\n\n") else ""
+        return DSMLBlock(_TAGS[prefix], lead, tools)
+
+    def parse_block(self, block: str, opener: str, tools: Sequence[Tool]) -> list[ParsedCall]:
+        stream = self.block_stream(opener, "", tools)
+        parts = stream.feed(block[len(opener) :], final=True)
+        if stream.malformed is not None or not stream.done:
+            raise Malformed(stream.malformed or "the call block is not closed")
+        return [
+            ParsedCall(opened.name, closed.arguments, block)
+            for opened, closed in zip(
+                [p for p in parts if isinstance(p, CallOpened)],
+                [p for p in parts if isinstance(p, CallClosed)],
+                strict=True,
+            )
+        ]
+
+
+class DSMLBlock(BlockStream):
+    """One DSML block read as it arrives, after its start tag: per invoke a CallOpened,
+    argument fragments whose concatenation is the arguments JSON, and a CallClosed with
+    the compact arguments. However the text is split into pieces, the parts carry the
+    same text: a partial tag or entity waits for the rest."""
+
+    def __init__(self, tags: dict[str, str], lead: str, tools: Sequence[Tool]) -> None:
+        self.tags = tags
+        self.tools = tools
         self._buf = ""
-        self._tags: dict[str, str] | None = None  # inside a block: its dialect's tags
-        self._raw: list[str] = []  # the current block's text so far
-        self._block_calls = 0
+        self._raw: list[str] = [lead + tags["start"]]  # the block's text read so far
         self._invoke: _Container | None = None
         self._object: _Container | None = None  # a loose nested parameter's object
         self._leaf: _Leaf | None = None
-        self._failed = False  # after a malformed block everything is text
 
     @property
-    def tool_calls(self) -> list[ToolCall]:
-        return [ToolCall(i, n, a) for i, n, a in self.calls]
+    def text(self) -> str:
+        return "".join(self._raw) + ("" if self.done else self._buf)
 
-    def feed(self, piece: str) -> list[Event]:
+    @property
+    def rest(self) -> str:
+        return self._buf
+
+    def feed(self, piece: str, final: bool = False) -> list[CallPart]:
         self._buf += piece
-        return self._run(final=False)
-
-    def flush(self) -> list[Event]:
-        out = self._run(final=True)
-        if self._tags is not None:  # generation stopped inside the block
-            self._fail(out)
-        text, self._buf = self._buf, ""
-        if text and not (self.count and not text.strip(_WS)):
-            out.append(TextDelta(text))
-        return out
-
-    def _run(self, final: bool) -> list[Event]:
-        out: list[Event] = []
+        out: list[CallPart] = []
         try:
-            while self._step(out, final):
+            while not self.done and self._step(out, final):
                 pass
-        except _Malformed:
-            self._fail(out)
+        except Malformed as e:
+            self.malformed = str(e)
         return out
 
     # -- one step consumes some input, or returns False to wait for more --------------
 
-    def _step(self, out: list[Event], final: bool) -> bool:
-        if self._failed:
-            if self._buf:
-                out.append(TextDelta(self._buf))
-                self._buf = ""
-            return False
-        if self._tags is None:
-            return self._text_step(out, final)
+    def _step(self, out: list[CallPart], final: bool) -> bool:
         if self._leaf is not None:
             return self._leaf_step(out, final)
         self._consume(len(self._buf) - len(self._buf.lstrip(_WS)))
@@ -283,61 +283,24 @@ class DSMLToolParser:
             return self._invoke_step(out)
         return self._block_step(out)
 
-    def _text_step(self, out: list[Event], final: bool) -> bool:
-        found = _find_start(self._buf)
-        if found is None:
-            if not final:
-                keep = _partial_start_len(self._buf)
-                body = self._buf[: len(self._buf) - keep].rstrip(_WS)
-                if body:
-                    out.append(TextDelta(body))
-                self._buf = self._buf[len(body) :]
-            return False
-        pos, prefix = found
-        before = self._buf[:pos]
-        if before.rstrip(_WS):
-            out.append(TextDelta(before.rstrip(_WS)))
-        self._tags = _TAGS[prefix]
-        start = self._tags["start"]
-        # The replayable block includes the blank line ds4's canonical form starts with.
-        self._raw = ["\n\n" + start if before.endswith("\n\n") else start]
-        self._buf = self._buf[pos + len(start) :]
-        self._block_calls = 0
-        self.started = True
-        return True
-
-    def _block_step(self, out: list[Event]) -> bool:
-        tags = self._tags
-        assert tags is not None
+    def _block_step(self, out: list[CallPart]) -> bool:
+        tags = self.tags
         if self._buf.startswith(tags["end"]):
             self._consume(len(tags["end"]))
-            raw = "".join(self._raw)
-            self.raw_blocks.append(raw)
-            for call_id, _, _ in self.calls[self.count - self._block_calls :]:
-                self.replay[call_id] = raw
-            self.ended = True
-            self._tags, self._raw = None, []
-            return True
+            self.done = True
+            return False
         if not self._buf.startswith(tags["invoke"]):
             return self._wait(tags["end"], tags["invoke"])
         tag = self._tag()
         if tag is None:
             return False
-        name = _attr(tag, "name")
-        if not name:
-            raise _Malformed
-        call_id = new_tool_call_id(self.id_prefix)
-        self._invoke = _Container(self.count, name)
-        self.calls.append((call_id, name, ""))
-        self.count += 1
-        self._block_calls += 1
-        out.append(ToolCallStart(self._invoke.index, call_id, name))
-        out.append(ToolCallArgsDelta(self._invoke.index, "{"))
+        name = check_tool(_attr(tag, "name"), self.tools)
+        self._invoke = _Container(name)
+        out += [CallOpened(name), ArgsText("{")]
         return True
 
-    def _invoke_step(self, out: list[Event]) -> bool:
-        tags = self._tags
-        assert tags is not None
+    def _invoke_step(self, out: list[CallPart]) -> bool:
+        tags = self.tags
         if self._buf.startswith(tags["invoke_end"]):
             self._consume(len(tags["invoke_end"]))
             self._end_invoke(out)
@@ -346,9 +309,8 @@ class DSMLToolParser:
             return self._open_param(out)
         return self._wait(tags["invoke_end"], tags["param"])
 
-    def _object_step(self, out: list[Event]) -> bool:
-        tags = self._tags
-        assert tags is not None
+    def _object_step(self, out: list[CallPart]) -> bool:
+        tags = self.tags
         if self._buf.startswith(tags["param"]):
             return self._open_param(out)
         # The object ends at anything that is not an inner parameter; its own closing
@@ -360,16 +322,16 @@ class DSMLToolParser:
         self._close_object(out)
         return True
 
-    def _open_param(self, out: list[Event]) -> bool:
-        tags = self._tags
-        assert tags is not None and self._invoke is not None
+    def _open_param(self, out: list[CallPart]) -> bool:
+        tags = self.tags
+        assert self._invoke is not None
         end = self._buf.find(">")
         if end < 0:
             return False
         tag = self._buf[: end + 1]
         key = _attr(tag, "name")
         if key is None:
-            raise _Malformed
+            raise Malformed("a parameter without a name")
         flag = _attr(tag, "string")
         container = self._object or self._invoke
         if flag is None and self._object is None:
@@ -381,21 +343,20 @@ class DSMLToolParser:
             if rest.startswith(tags["param"]):
                 self._consume(end + 1)
                 self._emit_key(out, container, key, "{")
-                self._object = _Container(self._invoke.index, key)
+                self._object = _Container(key)
                 return True
         self._consume(end + 1)
         self._leaf = _Leaf(key, flag != "false")
         self._emit_key(out, container, key, '"' if self._leaf.is_string else "")
         return True
 
-    def _emit_key(self, out: list[Event], container: _Container, key: str, opener: str) -> None:
+    def _emit_key(self, out: list[CallPart], container: _Container, key: str, opener: str) -> None:
         sep = "," if container.members else ""
-        frag = sep + json.dumps(key, ensure_ascii=False) + ":" + opener
-        out.append(ToolCallArgsDelta(container.index, frag))
+        out.append(ArgsText(sep + json.dumps(key, ensure_ascii=False) + ":" + opener))
 
-    def _leaf_step(self, out: list[Event], final: bool) -> bool:
-        leaf, tags, inv = self._leaf, self._tags, self._invoke
-        assert leaf is not None and tags is not None and inv is not None
+    def _leaf_step(self, out: list[CallPart], final: bool) -> bool:
+        leaf, tags = self._leaf, self.tags
+        assert leaf is not None
         end_tag = tags["param_end"]
         i = self._buf.find(end_tag)
         if i >= 0:
@@ -414,43 +375,39 @@ class DSMLToolParser:
                 frag = body
                 leaf.emitted = leaf.emitted or bool(body.strip(_WS))
             if frag:
-                out.append(ToolCallArgsDelta(inv.index, frag))
+                out.append(ArgsText(frag))
         if i < 0:
             return False
         self._consume(len(end_tag))
         self._close_leaf(out)
         return True
 
-    def _close_leaf(self, out: list[Event]) -> None:
+    def _close_leaf(self, out: list[CallPart]) -> None:
         leaf, inv = self._leaf, self._invoke
         assert leaf is not None and inv is not None
         value = "".join(leaf.raw)
         if leaf.is_string:
             json_value = json.dumps(entity_decode(value), ensure_ascii=False)
-            out.append(ToolCallArgsDelta(inv.index, '"'))
+            out.append(ArgsText('"'))
         else:
             json_value = minify_json(value) or "null"
             if not leaf.emitted:
-                out.append(ToolCallArgsDelta(inv.index, "null"))
+                out.append(ArgsText("null"))
         (self._object or inv).members.append((leaf.key, json_value))
         self._leaf = None
 
-    def _close_object(self, out: list[Event]) -> None:
+    def _close_object(self, out: list[CallPart]) -> None:
         obj, inv = self._object, self._invoke
         assert obj is not None and inv is not None
         pairs = ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {v}" for k, v in obj.members)
         inv.members.append((obj.name, "{" + pairs + "}"))
-        out.append(ToolCallArgsDelta(inv.index, "}"))
+        out.append(ArgsText("}"))
         self._object = None
 
-    def _end_invoke(self, out: list[Event]) -> None:
+    def _end_invoke(self, out: list[CallPart]) -> None:
         inv = self._invoke
         assert inv is not None
-        out.append(ToolCallArgsDelta(inv.index, "}"))
-        arguments = compact_arguments(inv.members)
-        call_id, name, _ = self.calls[inv.index]
-        self.calls[inv.index] = (call_id, name, arguments)
-        out.append(ToolCallEnd(inv.index, arguments))
+        out += [ArgsText("}"), CallClosed(compact_arguments(inv.members))]
         self._invoke = None
 
     def _consume(self, n: int) -> str:
@@ -466,29 +423,33 @@ class DSMLToolParser:
     def _wait(self, *expected: str) -> bool:
         if any(e.startswith(self._buf) for e in expected):
             return False  # a tag still arriving
-        raise _Malformed
+        raise Malformed(f"unexpected text {self._buf[:40]!r} in the call block")
 
-    def _fail(self, out: list[Event]) -> None:
-        """Close what was announced (every ToolCallStart gets its ToolCallEnd), then
-        return the unparsed text as text."""
-        self.malformed = True
-        self._failed = True
+    def abort(self) -> list[CallPart]:
+        out: list[CallPart] = []
         if self._invoke is not None:
             if self._leaf is not None:
                 if self._leaf.is_string:
-                    out.append(ToolCallArgsDelta(self._invoke.index, '"'))
+                    out.append(ArgsText('"'))
                 elif not self._leaf.emitted:
-                    out.append(ToolCallArgsDelta(self._invoke.index, "null"))
+                    out.append(ArgsText("null"))
                 self._leaf = None
             if self._object is not None:
-                out.append(ToolCallArgsDelta(self._invoke.index, "}"))
+                out.append(ArgsText("}"))
                 self._object = None
             self._end_invoke(out)
-        text = self._buf if self._block_calls else "".join(self._raw) + self._buf
-        self._buf = ""
-        self._tags, self._raw = None, []
-        if text:
-            out.append(TextDelta(text))
+        return out
+
+
+class DSMLToolParser(CallParser):
+    """Answer text in, events out, for DSML: the shared call parser with `DSMLSyntax`
+    (the text before a tool block, then per invoke a ToolCallStart, argument fragments
+    whose concatenation is the arguments JSON, and a ToolCallEnd with the compact
+    arguments; a malformed block comes back as text). `replay` maps each call id to the
+    exact block it came from, for the tool memory (exact replay)."""
+
+    def __init__(self, id_prefix: str = "call_") -> None:
+        super().__init__(DSMLSyntax(), (), id_prefix)
 
 
 def _partial_entity_len(text: str) -> int:

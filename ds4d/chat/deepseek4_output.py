@@ -144,12 +144,6 @@ class DS4Decode(TemplateDecode):
             return dataclasses.replace(params, **THINKING_SAMPLING)  # type: ignore[type-var]
         return params
 
-    @property
-    def replay(self) -> dict[str, str]:
-        """Call id -> the exact block it was sampled in: what the tool memory keeps."""
-        tools = self.parser.tools
-        return dict(tools.replay) if isinstance(tools, DSMLToolParser) else {}
-
     def feed(self, text: str) -> list[Event]:
         if self.tracker is not None:
             self.tracker.feed(text)

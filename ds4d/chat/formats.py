@@ -135,13 +135,15 @@ class TemplateDecode:
     @property
     def replay(self) -> dict[str, str]:
         """Call id -> the record the tool memory keeps for it (`toolsyntax.replay_record`:
-        the arguments and the text the model sampled)."""
+        the arguments and the text the model sampled; for a streamed syntax such as
+        DeepSeek V4's DSML, the exact block the call was sampled in)."""
         calls = self._calls()
         return dict(calls.replay) if calls is not None else {}
 
     @property
     def malformed(self) -> str | None:
-        """Why a call block was dropped (one line), if one was."""
+        """Why a call block was not read as calls (one line), if one was: dropped, or
+        returned as text where the syntax says so (DSML)."""
         calls = self._calls()
         return calls.malformed if calls is not None else None
 

@@ -130,7 +130,7 @@ class ThinkSplitter:
 
 class ToolParser(Protocol):
     """The last stage: answer text in, text and tool-call events out (a syntax's
-    CallParser, HarmonyParser, DeepSeek V4's DSMLToolParser)."""
+    CallParser, DeepSeek V4's DSML among them, or HarmonyParser)."""
 
     count: int  # calls announced so far
 

@@ -33,6 +33,16 @@ match the KV), and it never goes to the text channel. A marker of the tool's own
 (`Syntax.enders`: the template's tool-result wrapper) ends the reply before it: the
 model has begun playing the tool, and neither the marker nor what follows is text.
 
+**Streamed blocks.** A syntax whose calls should reach the client as they are written
+(DeepSeek V4's DSML) gives a `BlockStream` per block (`Syntax.block_stream`) instead of
+parsing it whole: the stream reads the block piece by piece and says when a call opens,
+each argument fragment as it is read, and when the call closes; the parser turns those
+into the same three events, with the ids and indexes it gives every call. A streamed
+block is replayed whole: each of its calls' replay record is the block's exact text.
+A syntax may also keep a malformed block as text (`Syntax.malformed_as_text`, as ds4
+does for DSML): what was not read as calls comes out as text, and so does the rest of
+the answer.
+
 **Replay.** The tool memory keeps, per call id, a record of the call's compact
 arguments and the exact text the model sampled for it (`replay_record`). When a later
 request brings the call back, the chat format renders the client's history through the
@@ -53,6 +63,7 @@ from ds4d.chat.types import (
     Event,
     TextDelta,
     Tool,
+    ToolCall,
     ToolCallArgsDelta,
     ToolCallEnd,
     ToolCallStart,
@@ -72,6 +83,59 @@ class ParsedCall:
 
 class Malformed(ValueError):
     """A call block that cannot be turned into calls of declared tools."""
+
+
+@dataclass(frozen=True)
+class CallOpened:
+    """A streamed block opened a call of the tool `name`."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ArgsText:
+    """The next fragment of the open call's arguments JSON."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class CallClosed:
+    """The open call is complete; `arguments` is its compact arguments JSON."""
+
+    arguments: str
+
+
+CallPart = CallOpened | ArgsText | CallClosed
+
+
+class BlockStream:
+    """One call block read as it is generated (see "Streamed blocks" above). It is
+    made after the block's opening marker and fed the text that follows."""
+
+    done = False  # the block's closing marker was read
+    malformed: str | None = None  # why the block cannot be read as calls (then `abort`)
+
+    def feed(self, piece: str, final: bool = False) -> list[CallPart]:
+        """Reads on, up to the block's end (`final`: no more text will come, hold
+        nothing back)."""
+        raise NotImplementedError
+
+    @property
+    def text(self) -> str:
+        """The block's text so far, read or not (once `done`, the whole block and
+        nothing after it); its replay record."""
+        raise NotImplementedError
+
+    @property
+    def rest(self) -> str:
+        """Text fed but not read: after `done`, what followed the block."""
+        raise NotImplementedError
+
+    def abort(self) -> list[CallPart]:
+        """Once malformed: the parts that close the call left open (every opened call
+        gets its CallClosed)."""
+        raise NotImplementedError
 
 
 def compact(args: Any) -> str:
@@ -186,6 +250,16 @@ class Syntax:
     # What may never appear inside a constrained JSON string (a closing marker could
     # otherwise be spelled inside a value).
     json_markup = ""
+    # A malformed block comes out as text (and so does the rest of the answer) instead
+    # of being dropped.
+    malformed_as_text = False
+    # The whitespace that is layout around a block (held, and not text); None: any.
+    space: str | None = None
+
+    def block_stream(self, opener: str, before: str, tools: Sequence[Tool]) -> BlockStream | None:
+        """A stream reading the block `opener` opens (`before`: the answer's text before
+        it), for a syntax whose calls stream; None: the block is parsed whole."""
+        return None
 
     def block_end(self, block: str, opener: str) -> int | None:
         """Index just past the end of the block (`block` starts with `opener`), or None
@@ -251,17 +325,28 @@ class CallParser:
         self.count = 0
         self.calls: list[tuple[str, str, str]] = []  # (id, name, arguments)
         self.replay: dict[str, str] = {}  # call id -> replay record
-        self.malformed: str | None = None  # why the last dropped block was dropped
+        self.raw_blocks: list[str] = []  # the exact text of each block closed by its marker
+        self.malformed: str | None = None  # why the last malformed block was not calls
         self.opened = 0  # blocks opened so far (the decode constrains each new one)
+        self.ended = False  # a block was closed by its closing marker
         self.returned = False  # the reply ended at one of the syntax's `enders`
         self._buf = ""
         self._opener: str | None = None  # inside a block: the marker that opened it
         self._end: Callable[[str], int | None] = lambda block: None  # ...and its end
+        self._stream: BlockStream | None = None  # ...or the stream reading it
+        self._block_first = 0  # index of the open block's first call
         self._at_start = True  # nothing but whitespace seen yet
+        self._as_text = False  # a malformed block was kept as text: so is the rest
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return [ToolCall(i, n, a) for i, n, a in self.calls]
 
     @property
     def block_text(self) -> str:
         """The open block's text so far ("" outside a block)."""
+        if self._stream is not None:
+            return self._stream.text
         return self._buf if self._opener is not None else ""
 
     # -- streaming ------------------------------------------------------------------------
@@ -269,18 +354,26 @@ class CallParser:
     def feed(self, piece: str) -> list[Event]:
         if self.returned:
             return []
+        if self._as_text:
+            return [TextDelta(piece)] if piece else []
         self._buf += piece
         out: list[Event] = []
+        space = self.syntax.space
         while self._buf:
+            if self._stream is not None:
+                buf, self._buf = self._buf, ""
+                if not self._read_stream(out, buf):
+                    break
+                continue
             if self._opener is not None:
                 end = self._end(self._buf)
                 if end is None:
                     break
                 block, self._buf = self._buf[:end], self._buf[end:]
-                out += self._close(block)
+                out += self._close(block, closed=True)
                 continue
             if self._at_start:
-                head = self._buf.lstrip()
+                head = self._buf.lstrip(space)
                 if not head:
                     break
                 opener = self.syntax.reply_start(head)
@@ -294,7 +387,7 @@ class CallParser:
             j, stray = self._first(self.syntax.stray)
             k, ender = self._first(self.syntax.enders)
             if ender and all(m is None or k < at for at, m in ((i, opener), (j, stray))):
-                self._emit_text(out, self._buf[:k].rstrip())
+                self._emit_text(out, self._buf[:k].rstrip(space))
                 self._buf = ""
                 self.returned = True
                 break
@@ -304,13 +397,13 @@ class CallParser:
                 self._buf = self._buf[:j] + self._buf[j + len(stray) :]
                 continue
             if opener is not None:
-                self._emit_text(out, self._buf[:i].rstrip())
+                self._emit_text(out, self._buf[:i].rstrip(space))
                 self._open(opener, i)
                 continue
             markers = (*self.syntax.openers, *self.syntax.stray, *self.syntax.enders)
             keep = held_suffix_len(self._buf, markers, self.syntax.stray)
             head = self._buf[: len(self._buf) - keep]
-            body = head.rstrip()  # whitespace before a block is syntax: held
+            body = head.rstrip(space)  # whitespace before a block is syntax: held
             self._emit_text(out, body)
             self._buf = self._buf[len(body) :]
             break
@@ -318,15 +411,22 @@ class CallParser:
 
     def flush(self) -> list[Event]:
         out: list[Event] = []
+        if self._stream is not None:
+            buf, self._buf = self._buf, ""
+            if not self._read_stream(out, buf, final=True):
+                if self._stream is not None:
+                    self._stream_malformed(out, "the reply ended inside the call block")
+                return out
         if self._opener is not None:
             block, self._buf = self._buf, ""
             return self._close(block)
-        if self._at_start and self._buf.strip():
+        space = self.syntax.space
+        if self._at_start and self._buf.strip(space):
             self._at_start = False  # an undecided reply start that never became a call
         buf, self._buf = self._buf, ""
         for marker in self.syntax.stray:
             buf = buf.replace(marker, "")
-        if self.count and not buf.strip():
+        if self.count and not buf.strip(space):
             return out
         self._emit_text(out, buf)
         return out
@@ -346,24 +446,85 @@ class CallParser:
             out.append(TextDelta(text))
 
     def _open(self, opener: str, at: int) -> None:
-        self._buf = self._buf[at:]
+        self._stream = self.syntax.block_stream(opener, self._buf[:at], self.tools)
+        # A stream is fed what follows the opening marker; a whole block keeps it.
+        self._buf = self._buf[at + len(opener) :] if self._stream is not None else self._buf[at:]
         self._opener = opener
         self._end = self.syntax.end_finder(opener)
+        self._block_first = self.count
         self._at_start = False
         self.opened += 1
 
-    def _close(self, block: str) -> list[Event]:
+    def _read_stream(self, out: list[Event], piece: str, final: bool = False) -> bool:
+        """Feeds the open block's stream; True once the block is closed (its rest back in
+        the buffer), False while it waits for more text or after it was malformed."""
+        stream = self._stream
+        assert stream is not None
+        self._announce(out, stream.feed(piece, final))
+        if stream.malformed is not None:
+            self._stream_malformed(out, stream.malformed)
+            return False
+        if not stream.done:
+            return False
+        block, self._buf = stream.text, stream.rest
+        self.raw_blocks.append(block)
+        for call_id, _, _ in self.calls[self._block_first :]:
+            self.replay[call_id] = block
+        self._stream, self._opener = None, None
+        self.ended = True
+        return True
+
+    def _stream_malformed(self, out: list[Event], why: str) -> None:
+        """Closes the call left open; the unread text is kept as text (all of the block
+        when none of its calls was announced) or dropped, as the syntax says."""
+        stream = self._stream
+        assert stream is not None
+        text = stream.rest if self.count > self._block_first else stream.text
+        self._announce(out, stream.abort())
+        self._stream, self._opener = None, None
+        self._malformed(out, why, text)
+
+    def _malformed(self, out: list[Event], why: str, text: str) -> None:
+        if self.syntax.malformed_as_text:
+            self.malformed = f"tool call returned as text: {why}"
+            self._as_text = True
+            text, self._buf = text + self._buf, ""
+            if text:
+                out.append(TextDelta(text))
+        else:
+            self.malformed = f"tool call dropped: {why}"
+
+    def _announce(self, out: list[Event], parts: list[CallPart]) -> None:
+        """A stream's parts as events, with this parser's ids and indexes."""
+        for part in parts:
+            if isinstance(part, CallOpened):
+                call_id = new_tool_call_id(self.id_prefix)
+                self.calls.append((call_id, part.name, ""))
+                out.append(ToolCallStart(self.count, call_id, part.name))
+                self.count += 1
+            elif isinstance(part, ArgsText):
+                out.append(ToolCallArgsDelta(self.count - 1, part.text))
+            else:
+                call_id, name, _ = self.calls[-1]
+                self.calls[-1] = (call_id, name, part.arguments)
+                out.append(ToolCallEnd(self.count - 1, part.arguments))
+
+    def _close(self, block: str, closed: bool = False) -> list[Event]:
+        """Parses a whole block (`closed`: by its closing marker, not the reply's end)."""
         opener, self._opener = self._opener or "", None
+        out: list[Event] = []
         if not block.strip():
-            return []
+            return out
         try:
             calls = self.syntax.parse_block(block, opener, self.tools)
             if not calls:
                 raise Malformed("the call block holds no call")
         except Malformed as e:
-            self.malformed = f"tool call dropped: {e}"
-            return []
-        out: list[Event] = []
+            self._malformed(out, str(e), block)
+            return out
+        if closed:
+            self.raw_blocks.append(block)
+            self.ended = True
         for call in calls:
             call_id = new_tool_call_id(self.id_prefix)
             index = self.count

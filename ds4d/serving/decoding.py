@@ -196,7 +196,7 @@ class Decoding:
         for call_id, text in self.parser.replay.items():  # e.g. a DS4 call's DSML, as sampled
             self.sink.remember_tool_call(self.session, call_id, text)
         malformed = self.parser.malformed
-        if malformed:  # the markup was dropped, never sent as text
+        if malformed:  # dropped, or sent as text where the syntax does so (DSML)
             self.record.malformed_call = malformed
         reason = "tool_calls" if self.parser.tool_calls else self.reason
         return events, Finish(reason, stop_sequence=self.parser.stop_sequence)
