@@ -514,23 +514,53 @@ DS4N_INLINE __m256 q6_group16(__m256 acc, const __m256 ca[4], const __m256 cb[4]
     return acc;
 }
 
+/* The super-block's 256 codes, offset removed, as signed bytes in value order, built 32 at a
+ * time with byte operations (about six per 32 codes, where q6_codes8 spends about five per
+ * 8), for rows_q6 to widen 8 at a time. */
+DS4N_INLINE void q6_bytes(const block_q6_K *b, int8_t out[QK_K]) {
+    const __m256i m03 = _mm256_set1_epi8(0x03), m0f = _mm256_set1_epi8(0x0f);
+    const __m256i m30 = _mm256_set1_epi8(0x30), k32 = _mm256_set1_epi8(32);
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = load32(b->ql + 64 * h), l1 = load32(b->ql + 64 * h + 32);
+        const __m256i q = load32(b->qh + 32 * h), q2 = _mm256_srli_epi16(q, 2);
+        /* group r: a nibble of l0 (r even) or l1 (r odd), bits 2r, 2r+1 of q as bits 4, 5 */
+        const __m256i g[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, m0f), _mm256_slli_epi16(_mm256_and_si256(q, m03), 4)),
+            _mm256_or_si256(_mm256_and_si256(l1, m0f), _mm256_slli_epi16(_mm256_and_si256(q2, m03), 4)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m0f), _mm256_and_si256(q, m30)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m0f), _mm256_and_si256(q2, m30)),
+        };
+        for (int r = 0; r < 4; r++)
+            _mm256_storeu_si256((__m256i *)(out + 128 * h + 32 * r), _mm256_sub_epi8(g[r], k32));
+    }
+}
+
 DS4N_INLINE void rows_q6(const void *w, int64_t row_stride, const float *x, const float *xsum,
                          int64_t n, float *y, const int R) {
     __m256 acc[DS4N_MV_ROWS];
     _Alignas(32) float sc[DS4N_MV_ROWS][16];
+    _Alignas(32) int8_t codes[DS4N_MV_ROWS][QK_K];
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     const uint8_t *p = w;
     for (int64_t i = 0; i < n / QK_K; i++, p += sizeof(block_q6_K), x += QK_K) {
-        for (int r = 0; r < R; r++) q6_scales((const block_q6_K *)(p + r * row_stride), sc[r]);
+        for (int r = 0; r < R; r++) {
+            const block_q6_K *b = (const block_q6_K *)(p + r * row_stride);
+            q6_scales(b, sc[r]);
+            q6_bytes(b, codes[r]);
+        }
+        /* q6_group16's order and arithmetic, on the same code values */
         for (int h = 0; h < 2; h++)
             for (int v = 0; v < 2; v++)
-                for (int r = 0; r < R; r++) {
-                    const block_q6_K *b = (const block_q6_K *)(p + r * row_stride);
-                    __m256 ca[4], cb[4];
-                    q6_codes8(b, h, 2 * v, ca);
-                    q6_codes8(b, h, 2 * v + 1, cb);
-                    acc[r] = q6_group16(acc[r], ca, cb, sc[r], x, h, v);
-                }
+                for (int r = 0; r < R; r++)
+                    for (int g = 0; g < 4; g++) {
+                        const int o = 128 * h + 32 * g + 16 * v;
+                        __m256 s = _mm256_mul_ps(i8x8(load8((const uint8_t *)codes[r] + o)),
+                                                 _mm256_loadu_ps(x + o));
+                        s = _mm256_fmadd_ps(i8x8(load8((const uint8_t *)codes[r] + o + 8)),
+                                            _mm256_loadu_ps(x + o + 8), s);
+                        acc[r] = _mm256_fmadd_ps(
+                            _mm256_broadcast_ss(&sc[r][2 * (4 * h + g) + v]), s, acc[r]);
+                    }
     }
     for (int r = 0; r < R; r++) y[r] = ds4n_hsum_avx2(acc[r]);
 }
