@@ -259,15 +259,6 @@ DS4N_INLINE __m512 k45_scale_mins(const uint8_t *blk) {
  * the same 32 bytes, widened once, made floats as legacy_codes does. */
 DS4N_INLINE void k45_pair(const uint8_t *qs, const uint8_t *qh, int j, v16 q[4]) {
     const __m512i b0 = u8x16(qs + 32 * j), b1 = u8x16(qs + 32 * j + 16);
-    if (!qh) { /* Q4_K: each nibble looks itself up in the floats 0..15, one lane permute per
-                * 16 codes (it reads the low 4 bits of each lane: the low nibbles need no mask) */
-        const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        q[0] = _mm512_permutexvar_ps(b0, levels);
-        q[1] = _mm512_permutexvar_ps(b1, levels);
-        q[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(b0, 4), levels);
-        q[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), levels);
-        return;
-    }
     const __m512i m_lo = _mm512_set1_epi32(0x0f), m_hi = _mm512_set1_epi32(0xf0);
     const __m512i e_lo = _mm512_set1_epi32(LO_BASE), e_hi = _mm512_set1_epi32(HI_BASE);
     __m512i v[4] = {_mm512_ternarylogic_epi32(b0, m_lo, e_lo, AND_OR),

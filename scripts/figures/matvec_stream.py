@@ -7,8 +7,9 @@ figure is what one core's kernel reaches against DRAM. Best of N; GB/s of weight
 
 With --lib, each library (the first is this checkout's unless given) is measured in its own
 subprocess (DS4D_NATIVE_LIB), interleaved round by round, for an A/B of two builds at the
-SIMD level DS4N_SIMD selects. Wall time of a single-thread call (the call is the whole
-matvec; nothing else runs in it).
+SIMD level DS4N_SIMD selects. Timed in the calling thread's CPU time (the pool of one runs
+the matvec in that thread): on a shared machine it is far steadier than wall time, though
+other processes still compete for the memory bandwidth and the caches.
 """
 
 from __future__ import annotations
@@ -71,9 +72,9 @@ def measure(types: list[str], mb: int, rounds: int, K: int) -> dict[str, float]:
             native.matmul(pool, qtype, raw, rows, K, x, y)  # warm: pages in, code loaded
             best = 1e9
             for _ in range(rounds):
-                t = time.perf_counter()
+                t = time.thread_time()
                 native.matmul(pool, qtype, raw, rows, K, x, y)
-                best = min(best, time.perf_counter() - t)
+                best = min(best, time.thread_time() - t)
             out[qtype] = raw.nbytes / best / 1e9
     return out
 
