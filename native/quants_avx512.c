@@ -368,51 +368,55 @@ DS4N_INLINE __m512 q6_scales(const block_q6_K *b) {
     return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(b->scales))));
 }
 
-/* Codes 16u..16u+16 of the four 32-groups r of half h, offset removed, as legacy_codes makes
- * floats: group r's low four bits are nibble r/2 of ql byte (r%2)*32 + l, its top two bits
- * bits 2r, 2r+1 of qh byte l, shifted beside them (by 4 or 2: one shift serves two groups). */
-DS4N_INLINE void q6_quad(const block_q6_K *b, int h, int u, v16 q[4]) {
-    const __m512i l0 = u8x16(b->ql + 64 * h + 16 * u), l1 = u8x16(b->ql + 64 * h + 32 + 16 * u);
-    const __m512i c = u8x16(b->qh + 32 * h + 16 * u);
-    const __m512i c4 = _mm512_slli_epi32(c, 4), c2 = _mm512_slli_epi32(c, 2);
-    const __m512i n_lo = _mm512_set1_epi32(0x0f), n_hi = _mm512_set1_epi32(0xf0);
-    const __m512i k_lo = _mm512_set1_epi32(0x3f), k_hi = _mm512_set1_epi32(0x3f0);
-    const __m512i e_lo = _mm512_set1_epi32(LO_BASE), e_hi = _mm512_set1_epi32(HI_BASE);
-    const __m512i v[4] = {
-        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l0, c4, n_lo, SELECT), k_lo, e_lo,
-                                  AND_OR),
-        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l1, c2, n_lo, SELECT), k_lo, e_lo,
-                                  AND_OR),
-        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l0, c4, n_hi, SELECT), k_hi, e_hi,
-                                  AND_OR),
-        _mm512_ternarylogic_epi32(_mm512_ternarylogic_epi32(l1, c2, n_hi, SELECT), k_hi, e_hi,
-                                  AND_OR),
-    };
-    for (int r = 0; r < 4; r++)
-        q[r] = _mm512_sub_ps(_mm512_castsi512_ps(v[r]),
-                             _mm512_set1_ps(r < 2 ? 8388608.0f + 32.0f : 524288.0f + 32.0f));
+/* The super-block's 256 codes, offset removed, as signed bytes in value order: each half's
+ * 64 ql bytes and 32 qh bytes (beside themselves shifted by 2, so bits 0..1 and 4..5 of each
+ * byte hold the top bits of the codes in both of its nibbles) made into 128 codes with six
+ * 512-bit byte operations (unpacking each 16 codes in 32-bit lanes took about four). */
+DS4N_INLINE void q6_bytes(const block_q6_K *b, int8_t out[QK_K]) {
+    const __m512i m33 = _mm512_set1_epi8(0x33), m0f = _mm512_set1_epi8(0x0f);
+    const __m512i k32 = _mm512_set1_epi8(32);
+    for (int h = 0; h < 2; h++) {
+        const __m512i ql = _mm512_loadu_si512(b->ql + 64 * h);
+        const __m256i qh = load32(b->qh + 32 * h);
+        const __m512i top = _mm512_and_si512(
+            _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1), m33);
+        /* groups 0, 1 of the half: low nibbles, top bits 0..1 moved to 4..5 */
+        const __m512i lo = _mm512_ternarylogic_epi32(ql, _mm512_slli_epi16(top, 4), m0f, SELECT);
+        /* groups 2, 3: high nibbles, top bits already at 4..5 */
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(ql, 4), top, m0f, SELECT);
+        _mm512_storeu_si512(out + 128 * h, _mm512_sub_epi8(lo, k32));
+        _mm512_storeu_si512(out + 128 * h + 64, _mm512_sub_epi8(hi, k32));
+    }
+}
+
+/* 16 codes of q6_bytes as floats. */
+static inline __m512 q6_16(const int8_t *codes) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(load16(codes)));
 }
 
 DS4N_INLINE void rows_q6(const void *w, int64_t row_stride, const float *x, const float *xsum,
                          int64_t n, float *y, const int R) {
     __m512 acc[DS4N_MV_ROWS];
     _Alignas(64) float sc[DS4N_MV_ROWS][16];
+    _Alignas(64) int8_t codes[DS4N_MV_ROWS][QK_K];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     const uint8_t *p = w;
     for (int64_t i = 0; i < n / QK_K; i++, p += sizeof(block_q6_K), x += QK_K) {
-        for (int r = 0; r < R; r++)
-            k45_park(sc[r], q6_scales((const block_q6_K *)(p + r * row_stride)));
+        for (int r = 0; r < R; r++) {
+            const block_q6_K *b = (const block_q6_K *)(p + r * row_stride);
+            k45_park(sc[r], q6_scales(b));
+            q6_bytes(b, codes[r]);
+        }
+        /* 16-groups in the order 2(4h + g) + u for h, u, g (cols_q6's, and the sums' before) */
         for (int h = 0; h < 2; h++)
             for (int u = 0; u < 2; u++)
-                for (int r = 0; r < R; r++) {
-                    v16 q[4];
-                    q6_quad((const block_q6_K *)(p + r * row_stride), h, u, q);
-                    for (int g = 0; g < 4; g++) /* 16-group 2(4h + g) + u */
+                for (int r = 0; r < R; r++)
+                    for (int g = 0; g < 4; g++) {
+                        const int o = 128 * h + 32 * g + 16 * u;
                         acc[r] = _mm512_fmadd_ps(
                             _mm512_set1_ps(sc[r][2 * (4 * h + g) + u]),
-                            _mm512_mul_ps(q[g], _mm512_loadu_ps(x + 128 * h + 32 * g + 16 * u)),
-                            acc[r]);
-                }
+                            _mm512_mul_ps(q6_16(codes[r] + o), _mm512_loadu_ps(x + o)), acc[r]);
+                    }
     }
     for (int r = 0; r < R; r++) y[r] = ds4n_hsum_avx512(acc[r]);
 }
@@ -426,10 +430,12 @@ DS4N_INLINE void cols_q6(const void *w, const float *x, int64_t ldx, const float
     const block_q6_K *b = w;
     for (int64_t i = 0; i < n / QK_K; i++) {
         k45_park(sc, q6_scales(&b[i]));
+        _Alignas(64) int8_t codes[QK_K];
+        q6_bytes(&b[i], codes);
         for (int h = 0; h < 2; h++)
             for (int u = 0; u < 2; u++) {
                 v16 q[4];
-                q6_quad(&b[i], h, u, q);
+                for (int g = 0; g < 4; g++) q[g] = q6_16(codes + 128 * h + 32 * g + 16 * u);
                 for (int t = 0; t < T; t++)
                     for (int g = 0; g < 4; g++) {
                         const float *xt = x + t * ldx + i * QK_K + 128 * h + 32 * g + 16 * u;
