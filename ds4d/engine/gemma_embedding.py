@@ -47,7 +47,8 @@ class Projection:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         out = native.matmul(None, self.type, self.raw, self.rows, self.cols,
                             np.ascontiguousarray(x, dtype=np.float32))  # fmt: skip
-        return out[0]
+        row: np.ndarray = out[0]
+        return row
 
 
 class GemmaEmbeddingModel(Gemma3Model):
