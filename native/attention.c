@@ -163,10 +163,10 @@ void ds4n_attn_scalar(const ds4n_attn_job *j, float *scratch) {
     for (int r = 0; r < R; r++) {
         const int t = r / j->n_group, g = r % j->n_group;
         const int64_t pos = j->pos0 + t;
-        const int64_t see = j->keys_end > 0 ? j->keys_end : pos + 1;
+        const int64_t see = ds4n_attn_keys_hi(j, pos);
         const int64_t kend = j->k1 < see ? j->k1 : see;
         int64_t kstart = j->k0;
-        if (j->keys_end <= 0 && j->window > 0 && pos - j->window + 1 > kstart)
+        if (j->window > 0 && pos - j->window + 1 > kstart)
             kstart = pos - j->window + 1;
         const float *q = j->q + t * j->q_stride + (int64_t)g * hd;
         float *o = O + (int64_t)r * hd;

@@ -75,10 +75,13 @@ typedef struct ds4n_attn_job {
     const void *v;     /* V rows of this (layer, kv head) */
     int kv_type;       /* DS4N_KV_*: the element type of k and v (0: float32) */
     int64_t k0, k1;    /* keys visited: [k0, min(k1, pos+1)) for a query at position pos */
-    int64_t window;    /* > 0: a sliding window, keys [pos-window+1, pos] only; 0: all */
+    /* > 0: a sliding window, the keys less than `window` positions from the query: causal,
+     * keys [pos-window+1, pos]; not causal, [pos-window+1, pos+window-1] (a symmetric
+     * window, EmbeddingGemma's). 0: all. */
+    int64_t window;
     /* > 0: not causal (an encoder's bidirectional attention): every query sees the keys
      * [k0, min(k1, keys_end)) whatever its position (keys_end: one past the sequence's last
-     * position); the window is then ignored. 0: causal. */
+     * position), within its window if there is one. 0: causal. */
     int64_t keys_end;
     /* Optional attention sinks: sinks[g] is an extra logit of query head g in the softmax
      * denominator (no value). Applied only when the job normalizes (m == NULL); a split-key
@@ -88,6 +91,13 @@ typedef struct ds4n_attn_job {
      * r = t*n_group + g) the running max and sum, for ds4n_attn_merge. */
     float *m, *l;
 } ds4n_attn_job;
+
+/* One past the last key a query at pos sees (before k1): pos + 1 when causal, else the
+ * sequence's end, or the end of its symmetric window when that comes first. */
+static inline int64_t ds4n_attn_keys_hi(const ds4n_attn_job *j, int64_t pos) {
+    if (j->keys_end <= 0) return pos + 1;
+    return j->window > 0 && pos + j->window < j->keys_end ? pos + j->window : j->keys_end;
+}
 
 /* The factor that turns an unnormalized output row (running max m, running sum l) into
  * the softmax average: 1/l, or with a sink logit 1/(l + exp(sink - m)), computed without

@@ -35,11 +35,10 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
-    /* One past the last key any query sees: the last query's position, or (not causal)
-     * the sequence's end for every query. */
-    const int bidir = j->keys_end > 0;
-    const int64_t window = bidir ? 0 : j->window;
-    const int64_t last = bidir ? j->keys_end : j->pos0 + j->n_tok;
+    /* One past the last key any query sees: the last query's (ds4n_attn_keys_hi grows with
+     * the position, causal or not). */
+    const int64_t window = j->window;
+    const int64_t last = ds4n_attn_keys_hi(j, j->pos0 + j->n_tok - 1);
     const int64_t kend = j->k1 < last ? j->k1 : last;
     /* A window: no query sees keys below the first query's window (k0 and the start stay
      * multiples of DS4N_KT, the K tile size). */
@@ -56,7 +55,7 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
         for (int r0 = 0; r0 < Rp; r0 += rg) {
             /* The group's last real row sees the most keys, its first the lowest ones. */
             const int rlast = (r0 + rg < R ? r0 + rg : R) - 1;
-            int64_t gend = bidir ? kend : j->pos0 + rlast / G + 1;
+            int64_t gend = ds4n_attn_keys_hi(j, j->pos0 + rlast / G);
             if (gend > kend) gend = kend;
             if (gend > kb + DS4N_KBLOCK) gend = kb + DS4N_KBLOCK;
             const int nk = (int)(gend - kb);
@@ -79,7 +78,7 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
                         S + (int64_t)r0 * DS4N_KBLOCK + tt * DS4N_KT, rg, kvt);
             }
             for (int r = r0; r < r0 + rg; r++) {
-                int64_t rend = r >= R ? 0 : bidir ? kend : j->pos0 + r / G + 1;
+                int64_t rend = r >= R ? 0 : ds4n_attn_keys_hi(j, j->pos0 + r / G);
                 if (rend > gend) rend = gend;
                 int64_t rlo = window > 0 && r < R ? j->pos0 + r / G - window + 1 : kb;
                 if (rlo < kb + skip) rlo = kb + skip;

@@ -1,4 +1,4 @@
-/* The BERT encoder forward pass (see bert.h). */
+/* The BERT encoder forward passes, bert and nomic-bert (see bert.h). */
 #include "bert.h"
 
 #include <math.h>
@@ -112,5 +112,85 @@ ds4n_dec_model *ds4n_bert_new(const ds4n_bert_hparams *hp, const void *const *te
     if (!m) return NULL;
     m->hp = *hp;
     m->base.bidirectional = 1;
+    return &m->base;
+}
+
+/* ---- nomic-bert ------------------------------------------------------------------------ */
+
+typedef struct nomic_bert {
+    ds4n_dec_model base; /* first: the model is freed through it */
+    ds4n_nomic_bert_hparams hp;
+    ds4n_rope rope;
+} nomic_bert;
+
+static int nomic_layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool) {
+    const nomic_bert *m = (const nomic_bert *)base;
+    const ds4n_dec_shape *hp = &base->shape;
+    const ds4n_dec_weights *wt = &base->wt;
+    const int E = hp->n_embd;
+    const int64_t T = b->n_rows;
+    const float eps = hp->rms_eps;
+    if (wt->w[DS4N_NOMIC_TOKEN_TYPES]) { /* token type 0 on every row */
+        float *type0 = b->tmp;
+        embed_row(wt->type[DS4N_NOMIC_TOKEN_TYPES], wt->w[DS4N_NOMIC_TOKEN_TYPES], 0, E, type0);
+        for (int64_t r = 0; r < T; r++)
+            for (int k = 0; k < E; k++) b->x[r * E + k] += type0[k];
+    }
+    layer_norm(b->x, wt->w[DS4N_NOMIC_EMBD_NORM], wt->w[DS4N_NOMIC_EMBD_NORM_B], b->x, T, E,
+               eps);
+    for (int il = 0; il < hp->n_layer; il++) {
+        const void *const *lw = ds4n_dec_layer_w(wt, il);
+        const int32_t *lt = ds4n_dec_layer_wt(wt, il);
+        const ds4n_attn_layer al = {
+            .wqkv = lw[DS4N_NOMIC_WQKV], .tqkv = lt[DS4N_NOMIC_WQKV],
+            .wq = lw[DS4N_NOMIC_WQ], .tq = lt[DS4N_NOMIC_WQ],
+            .wk = lw[DS4N_NOMIC_WK], .tk = lt[DS4N_NOMIC_WK],
+            .wv = lw[DS4N_NOMIC_WV], .tv = lt[DS4N_NOMIC_WV],
+            .wo = lw[DS4N_NOMIC_WO], .to = lt[DS4N_NOMIC_WO],
+            .rope = &m->rope, .q_scale = 1.0f / sqrtf((float)hp->head_dim),
+        };
+        ds4n_attention(&base->dims, &al, il, b, pool, b->x, b->tmp);
+        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        layer_norm(b->x, lw[DS4N_NOMIC_ATTN_NORM], lw[DS4N_NOMIC_ATTN_NORM_B], b->x, T, E, eps);
+        const ds4n_ffn_layer fl = {
+            .gate = lw[DS4N_NOMIC_W_GATE], .tgate = lt[DS4N_NOMIC_W_GATE],
+            .up = lw[DS4N_NOMIC_W_UP], .tup = lt[DS4N_NOMIC_W_UP],
+            .down = lw[DS4N_NOMIC_W_DOWN], .tdown = lt[DS4N_NOMIC_W_DOWN],
+            .act = DS4N_ACT_SILU,
+        };
+        ds4n_ffn(&base->dims, &fl, b, pool, b->x, b->tmp);
+        ds4n_dec_add_rows(b->x, b->tmp, T * E);
+        layer_norm(b->x, lw[DS4N_NOMIC_OUT_NORM], lw[DS4N_NOMIC_OUT_NORM_B], b->x, T, E, eps);
+    }
+    return DS4N_OK;
+}
+
+ds4n_dec_model *ds4n_nomic_bert_new(const ds4n_nomic_bert_hparams *hp,
+                                    const void *const *tensors, const int32_t *types) {
+    if (hp->shape.n_ff <= 0 || hp->shape.n_head_kv != hp->shape.n_head ||
+        hp->n_token_types < 0 || !(hp->shape.rms_eps >= 0.0f) ||
+        (hp->n_token_types > 0) != (tensors[DS4N_NOMIC_TOKEN_TYPES] != NULL))
+        return NULL;
+    if (!tensors[DS4N_DEC_TOKEN_EMBD] || !tensors[DS4N_NOMIC_EMBD_NORM] ||
+        !tensors[DS4N_NOMIC_EMBD_NORM_B])
+        return NULL;
+    for (int il = 0; il < hp->shape.n_layer; il++) {
+        const void *const *lw = tensors + DS4N_NOMIC_N_GLOBAL + (int64_t)il * DS4N_NOMIC_N_PER_LAYER;
+        const int split = lw[DS4N_NOMIC_WQ] && lw[DS4N_NOMIC_WK] && lw[DS4N_NOMIC_WV];
+        const int any_split = lw[DS4N_NOMIC_WQ] || lw[DS4N_NOMIC_WK] || lw[DS4N_NOMIC_WV];
+        if (lw[DS4N_NOMIC_WQKV] ? any_split : !split) return NULL;
+        for (int s = DS4N_NOMIC_WO; s < DS4N_NOMIC_N_PER_LAYER; s++)
+            if (!lw[s]) return NULL;
+    }
+    nomic_bert *m = ds4n_dec_model_new(sizeof *m, &hp->shape, DS4N_NOMIC_N_GLOBAL,
+                                       DS4N_NOMIC_N_PER_LAYER, tensors, types, nomic_layers);
+    if (!m) return NULL;
+    m->hp = *hp;
+    m->base.bidirectional = 1;
+    const ds4n_rope_params rp = ds4n_dec_rope_params(&hp->shape, DS4N_ROPE_NEOX, NULL, NULL);
+    if (ds4n_rope_init(&m->rope, &rp) != 0) {
+        ds4n_dec_model_free(&m->base);
+        return NULL;
+    }
     return &m->base;
 }

@@ -45,6 +45,34 @@ enum {
 ds4n_dec_model *ds4n_bert_new(const ds4n_bert_hparams *hp, const void *const *tensors,
                               const int32_t *types);
 
+/* nomic-bert (nomic-embed-text v1 / v1.5, GGUF architecture "nomic-bert"): BERT's post-norm
+ * encoder with rotary positions instead of a position table and a SwiGLU FFN, no biases:
+ * the token embedding plus token type 0 (when the file has the table) LayerNorm'd, then per
+ * layer bidirectional attention (NEOX RoPE at shape.rope_base over n_rot dims, a fused or
+ * split QKV), residual and LayerNorm, down(silu(gate) * up), residual and LayerNorm. */
+typedef struct ds4n_nomic_bert_hparams {
+    ds4n_dec_shape shape;  /* rms_eps carries the LayerNorm epsilon; n_head_kv == n_head */
+    int32_t n_token_types; /* rows of the token-type embedding; 0: the file has none */
+} ds4n_nomic_bert_hparams;
+
+enum {
+    DS4N_NOMIC_TOKEN_TYPES = DS4N_DEC_N_GLOBAL, /* n_embd x n_token_types, or absent */
+    DS4N_NOMIC_EMBD_NORM, DS4N_NOMIC_EMBD_NORM_B,
+    DS4N_NOMIC_N_GLOBAL
+};
+/* Per layer: WQKV, or WQ, WK and WV (the other slot or slots absent). */
+enum {
+    DS4N_NOMIC_WQKV, DS4N_NOMIC_WQ, DS4N_NOMIC_WK, DS4N_NOMIC_WV, DS4N_NOMIC_WO,
+    DS4N_NOMIC_ATTN_NORM, DS4N_NOMIC_ATTN_NORM_B,
+    DS4N_NOMIC_W_GATE, DS4N_NOMIC_W_UP, DS4N_NOMIC_W_DOWN,
+    DS4N_NOMIC_OUT_NORM, DS4N_NOMIC_OUT_NORM_B,
+    DS4N_NOMIC_N_PER_LAYER
+};
+
+/* As ds4n_bert_new (also NULL when a layer has neither a fused nor a split QKV, or both). */
+ds4n_dec_model *ds4n_nomic_bert_new(const ds4n_nomic_bert_hparams *hp,
+                                    const void *const *tensors, const int32_t *types);
+
 #ifdef __cplusplus
 }
 #endif

@@ -160,7 +160,7 @@ static void plan_attention(attn_seq *c, int nth) {
     c->split_len = INT64_MAX;
     c->kstart = 0;
     /* A window: the keys of the first query's window onward, from a key-block boundary. */
-    if (!c->bidir && c->w->window > 0 && c->pos0 - c->w->window + 1 > 0)
+    if (c->w->window > 0 && c->pos0 - c->w->window + 1 > 0)
         c->kstart = (c->pos0 - c->w->window + 1) / DS4N_KBLOCK * DS4N_KBLOCK;
     const int64_t n_keys = c->pos0 + c->T - c->kstart;
     const int base = c->n_qblocks * d->n_head_kv;

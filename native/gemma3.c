@@ -56,7 +56,7 @@ static int layers(const ds4n_dec_model *base, ds4n_dec_batch *b, ds4n_pool *pool
 ds4n_dec_model *ds4n_gemma3_new(const ds4n_gemma3_hparams *hp, const void *const *tensors,
                                 const int32_t *types) {
     if (hp->shape.n_ff <= 0 || hp->window < 0 || hp->swa_pattern <= 0 ||
-        !(hp->softcap >= 0.0f))
+        !(hp->softcap >= 0.0f) || (hp->bidirectional != 0 && hp->bidirectional != 1))
         return NULL;
     gemma3 *m = ds4n_dec_model_new(sizeof *m, &hp->shape, DS4N_GEMMA3_N_GLOBAL,
                                    DS4N_GEMMA3_N_PER_LAYER, tensors, types, layers);
@@ -64,6 +64,7 @@ ds4n_dec_model *ds4n_gemma3_new(const ds4n_gemma3_hparams *hp, const void *const
     m->hp = *hp;
     m->base.embd_scale = sqrtf((float)hp->shape.n_embd);
     m->base.softcap = hp->softcap;
+    m->base.bidirectional = hp->bidirectional;
     const ds4n_rope_params global = {.n_rot = hp->shape.n_rot, .mode = DS4N_ROPE_NEOX,
                                      .base = hp->shape.rope_base, .freq_scale = hp->rope_scale};
     const ds4n_rope_params local = {.n_rot = hp->shape.n_rot, .mode = DS4N_ROPE_NEOX,

@@ -4,7 +4,10 @@
  * soft-capping when the file declares it. Layers alternate: in every swa_pattern layers the
  * last is global (full causal attention, rope_base, scaled by rope_scale) and the others local
  * (sliding window, rope_base_local, unscaled). The GGUF converter already folded Gemma's
- * "weight + 1" into every norm weight. */
+ * "weight + 1" into every norm weight.
+ * EmbeddingGemma (GGUF architecture "gemma-embedding") is the same forward pass with
+ * bidirectional attention: every layer sees the whole sequence, a local layer the keys
+ * less than `window` positions away on either side (attention.h). */
 #ifndef DS4N_GEMMA3_H
 #define DS4N_GEMMA3_H
 
@@ -24,6 +27,7 @@ typedef struct ds4n_gemma3_hparams {
     float softcap;               /* final logits: softcap * tanh(l / softcap); 0: none */
     int32_t window;              /* 0: every layer global */
     int32_t swa_pattern;         /* layer il is local when il % swa_pattern < swa_pattern-1 */
+    int32_t bidirectional;       /* 1: not causal (EmbeddingGemma); 0: causal */
 } ds4n_gemma3_hparams;
 
 enum { DS4N_GEMMA3_N_GLOBAL = DS4N_DEC_N_GLOBAL };

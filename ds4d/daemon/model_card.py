@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ds4d.chat.render import template_supports_tools
+from ds4d.engine.embedding import declared_pooling
+from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.fim import find_fim_tokens
 from ds4d.engine.gguf_file import GGUFFile
 
@@ -33,15 +35,20 @@ class ModelCard:
     context_length: int
     chat_template: str
     fim: tuple[str, str, str] | None  # the FIM tokens its vocabulary holds
+    embedding: bool  # the file declares a pooling: a model made to embed, not to generate
     metadata: dict[str, Any]
     digest: str  # stands for the file (path, size, mtime): Ollama clients key on it
     modified: float  # the file's mtime
 
     @property
     def capabilities(self) -> list[str]:
-        """What the model really has: `completion` always; `tools` when its template
-        renders tools; `thinking` when the template has a thinking switch or block;
-        `insert` when its vocabulary has fill-in-the-middle tokens."""
+        """What the model really has. An embedding model (its file declares a pooling, as
+        Ollama decides it): `embedding` alone, since the generation routes refuse it.
+        Another: `completion`; `tools` when its template renders tools; `thinking` when the
+        template has a thinking switch or block; `insert` when its vocabulary has
+        fill-in-the-middle tokens."""
+        if self.embedding:
+            return ["embedding"]
         caps = ["completion"]
         template = self.chat_template
         if template_supports_tools(template):
@@ -118,6 +125,10 @@ def read_card(path: Path) -> ModelCard:
         found = find_fim_tokens(gf.get, _TokenList(tokens))
         if found.pre is not None and found.suf is not None and found.mid is not None:
             fim = (str(tokens[found.pre]), str(tokens[found.suf]), str(tokens[found.mid]))
+    try:  # the engine's own reading: what it embeds with is what the card says
+        embedding = declared_pooling(gf) is not None
+    except ModelLoadError:  # a reranker's pooling, or none llama.cpp defines: not loadable
+        embedding = False
     ctx = gf.get(f"{arch}.context_length")
     digest = hashlib.sha256(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()
     return ModelCard(
@@ -130,6 +141,7 @@ def read_card(path: Path) -> ModelCard:
         context_length=int(ctx) if isinstance(ctx, int) else 0,
         chat_template=gf.chat_template or "",
         fim=fim,
+        embedding=embedding,
         metadata=metadata,
         digest=digest,
         modified=stat.st_mtime,

@@ -274,6 +274,10 @@ class DecoderModel:
         """Whether the native model's attention is not causal (an encoder)."""
         return bool(lib.ds4n_dec_model_bidirectional(self.handle))
 
+    def project_pooled(self, pooled: np.ndarray) -> np.ndarray:
+        """No projection after the pooling (a family that has one overrides this)."""
+        return pooled
+
     def embed_batch(self, states: Sequence[FamilyState], tokens: Sequence[np.ndarray],
                     hidden: np.ndarray) -> None:  # fmt: skip
         """One forward pass appending tokens[i] (int32, at least one) to states[i]; hidden

@@ -12,6 +12,8 @@ vector:
 The pooling comes from the GGUF's `<arch>.pooling_type` (llama.cpp's numbers, written by
 its converter from the sentence-transformers Pooling module), or an override (`--pooling`)
 for a model that declares none. A reranker's `rank` pooling (a classifier head) is refused.
+A model with projections after its pooling (EmbeddingGemma's sentence-transformers Dense
+layers, when its GGUF carries them) applies them to the pooled vector, as llama.cpp does.
 Vectors are L2-normalised, as the sentence-transformers Normalize module of these models,
 llama.cpp's server and Ollama do.
 
@@ -163,6 +165,7 @@ def embed_tokens(
                 s.close()
         row = 0
         for i, t in zip(call, group, strict=True):
-            out[i] = l2_normalize(pool(hidden[row : row + len(t)], pooling))
+            pooled = pool(hidden[row : row + len(t)], pooling)
+            out[i] = l2_normalize(model.project_pooled(pooled))
             row += len(t)
     return out

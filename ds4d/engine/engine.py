@@ -60,6 +60,8 @@ FAMILIES = {
     "qwen3moe": "ds4d.engine.qwen3moe",
     "gpt-oss": "ds4d.engine.gptoss",
     "bert": "ds4d.engine.bert",
+    "gemma-embedding": "ds4d.engine.gemma_embedding",
+    "nomic-bert": "ds4d.engine.nomic_bert",
 }
 
 # Tokens per forward call during prefill: large enough for the matrix-matrix kernels to
@@ -126,10 +128,23 @@ class EngineInfo:
 
 
 if TYPE_CHECKING:  # mypy checks every family module against the Family Protocol
-    from ds4d.engine import bert, deepseek4, gemma3, gptoss, llama, phi3, qwen2, qwen3, qwen3moe
+    from ds4d.engine import (
+        bert,
+        deepseek4,
+        gemma3,
+        gemma_embedding,
+        gptoss,
+        llama,
+        nomic_bert,
+        phi3,
+        qwen2,
+        qwen3,
+        qwen3moe,
+    )
 
     _FAMILY_MODULES: tuple[Family, ...] = (
-        llama, deepseek4, qwen2, qwen3, gemma3, phi3, qwen3moe, gptoss, bert
+        llama, deepseek4, qwen2, qwen3, gemma3, phi3, qwen3moe, gptoss, bert, gemma_embedding,
+        nomic_bert,
     )  # fmt: skip
 
 

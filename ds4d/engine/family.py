@@ -143,3 +143,9 @@ class EmbeddingModel(FamilyModel, Protocol):
         counts x n_embd float32) receives every new row's final hidden state, each row
         bitwise what it is when its state is evaluated alone."""
         ...
+
+    def project_pooled(self, pooled: np.ndarray) -> np.ndarray:
+        """A pooled vector (n_embd float32) through the projections the model applies after
+        its pooling (EmbeddingGemma's dense layers), before normalisation; most models have
+        none and return it as it is."""
+        ...

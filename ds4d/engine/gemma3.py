@@ -40,22 +40,28 @@ class HParamsC(ctypes.Structure):
         *[(n, ctypes.c_float) for n in ("rope_scale", "rope_base_local", "q_scale", "softcap")],
         ("window", ctypes.c_int32),
         ("swa_pattern", ctypes.c_int32),
+        ("bidirectional", ctypes.c_int32),
     ]  # fmt: skip
 
 
 class Gemma3Model(DecoderModel):
     family = FAMILY
     prefix = "gemma3"
+    # Causal attention; EmbeddingGemma's subclass (gemma_embedding.py) attends both ways.
+    encoder = False
 
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
-        sh = DenseShape(gf, FAMILY)
+        sh = DenseShape(gf, self.family)
         super().__init__(gf, pool, sh)
         hp = sh.hp
         scaling = RopeScaling(hp, sh.n_ctx_train, ("none", "linear"))
         window = int(hp("attention.sliding_window", 0))
-        pattern = gf.get("gemma3.attention.sliding_window_pattern", DEFAULT_SWA_PATTERN)
+        pattern = gf.get(f"{gf.architecture}.attention.sliding_window_pattern",
+                         DEFAULT_SWA_PATTERN)  # fmt: skip
         if isinstance(pattern, (list, tuple)):
-            raise ModelLoadError("gemma3: a per-layer sliding_window_pattern is not supported")
+            raise ModelLoadError(
+                f"{self.family}: a per-layer sliding_window_pattern is not supported"
+            )
         pattern = int(pattern)
         base_local = float(hp("rope.freq_base_swa", DEFAULT_LOCAL_BASE))
         softcap = float(hp("final_logit_softcapping", 0.0))
@@ -67,12 +73,18 @@ class Gemma3Model(DecoderModel):
             q_scale = 1.0 / math.sqrt(sh.head_dim)
         if window < 0 or pattern <= 0 or softcap < 0 or base_local <= 0:
             raise ModelLoadError(
-                f"unsupported gemma3 attention: window {window}, pattern {pattern},"
+                f"unsupported {self.family} attention: window {window}, pattern {pattern},"
                 f" local rope base {base_local}, soft-cap {softcap}"
             )
+        if self.encoder and window > 0:
+            # The file's window W spans both sides: a key at most W // 2 positions away, as
+            # transformers (a distance below W // 2 + 1) and llama.cpp (symmetric) read it;
+            # the native window is "a distance below it".
+            window = window // 2 + 1
         params = HParamsC(
             sh.c_shape(), rope_scale=scaling.freq_scale, rope_base_local=base_local,
             q_scale=q_scale, softcap=softcap, window=window, swa_pattern=pattern,
+            bidirectional=int(self.encoder),
         )  # fmt: skip
         self.open_native(LAYER_SLOTS, sh.tensor_shapes(), OPTIONAL, params)
 

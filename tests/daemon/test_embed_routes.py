@@ -7,6 +7,9 @@ embeddings), and by plain HTTP for the error shapes.
                form, base64, dimensions, truncation, concurrent requests; refused on chat.
   qwen3        a generation model: refused on the embedding routes without --pooling; with
                --pooling mean it embeds while a chat slot keeps its prefix.
+  embed-*      every embedding family of the kit (BERT, EmbeddingGemma, ...) served: each
+               input's vector against its reference through both SDKs, and /api/show
+               saying `embedding`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pytest
 
 from tests.e2e.daemon_process import Daemon, running_daemon
 from tests.engine.test_embedding import MAX_COSINE_DISTANCE, cosine_distance, references
-from tests.helpers.kit import kit_model
+from tests.helpers.kit import embed_kit_families, kit_model
 
 CTX = 192  # the embedding daemon's context: the kit's longest input (273 tokens) exceeds it
 
@@ -218,3 +221,22 @@ def test_a_chat_slot_keeps_its_prefix_while_embeddings_run(tmp_path: Path) -> No
         assert second.usage is not None and second.usage.prompt_tokens_details is not None
         cached = second.usage.prompt_tokens_details.cached_tokens or 0
         assert cached >= first.usage.prompt_tokens - 1
+
+
+@pytest.mark.parametrize("family", embed_kit_families())
+def test_every_kit_embedding_family_is_served_end_to_end(tmp_path: Path, family: str) -> None:
+    refs = references(family)
+    texts = [t for t, _ids, _v in refs.values()]
+    with running_daemon(tmp_path, "--model", str(kit_model(family)), "--ctx", "512",
+                        "--slots", "1", "--threads", "2") as d:  # fmt: skip
+        got = oai(d).embeddings.create(model=family, input=texts)
+        assert got.usage.prompt_tokens == sum(len(ids) for _t, ids, _v in refs.values())
+        client = ollama.Client(host=d.url)
+        embedded = client.embed(model=family, input=texts)
+        for (name, (_t, _ids, ref)), e, o in zip(refs.items(), got.data, embedded.embeddings,
+                                                 strict=True):  # fmt: skip
+            vec = np.asarray(e.embedding, np.float32)
+            assert vec.shape == ref.shape
+            assert cosine_distance(vec, ref) < MAX_COSINE_DISTANCE, f"{family} {name}"
+            assert np.array_equal(np.asarray(o, np.float32), vec), f"{family} {name}"
+        assert client.show(family).capabilities == ["embedding"]

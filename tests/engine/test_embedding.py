@@ -4,13 +4,14 @@ sentence-transformers float32 references, and its batching."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ds4d.engine import Engine, native
 from ds4d.engine.embedding import plan_calls
-from ds4d.engine.errors import EngineError
+from ds4d.engine.errors import EngineError, ModelLoadError
 from tests.helpers.kit import KIT_DIR, embed_kit_families, kit_manifest, kit_model
 from tests.native.test_kernels import LEVELS
 
@@ -40,7 +41,9 @@ def kit(request: pytest.FixtureRequest) -> Iterator[tuple[str, Engine]]:
 
 
 def test_the_kit_has_the_embedding_families() -> None:
-    assert embed_kit_families() == ["embed-bert", "embed-bert-cls", "embed-qwen3"]
+    assert embed_kit_families() == [
+        "embed-bert", "embed-bert-cls", "embed-gemma", "embed-nomic", "embed-qwen3"
+    ]  # fmt: skip
 
 
 def test_kit_tokens_are_the_reference_tokenizers(kit: tuple[str, Engine]) -> None:
@@ -116,3 +119,35 @@ def test_bad_embedding_inputs_are_refused(kit: tuple[str, Engine]) -> None:
         engine.embed([[engine.info.n_vocab]])
     with pytest.raises(EngineError, match="unknown pooling"):
         Engine.open(kit_model("qwen3"), threads=1, pooling="max")
+
+
+def renamed_tensor_copy(family: str, tmp: Path, old: bytes, new: bytes) -> Path:
+    """The kit GGUF with one tensor name of its index replaced by another of the same
+    length (the tensor is then absent under its own name)."""
+    assert len(old) == len(new)
+    raw = kit_model(family).read_bytes()
+    assert raw.count(old) == 1, old
+    out = tmp / f"{family}-renamed.gguf"
+    out.write_bytes(raw.replace(old, new))
+    return out
+
+
+def test_embedding_gemma_applies_both_dense_layers_or_none(tmp_path: Path) -> None:
+    refs = references("embed-gemma")
+    lists = [ids.tolist() for _t, ids, _v in refs.values()]
+    one = renamed_tensor_copy("embed-gemma", tmp_path, b"dense_3.weight", b"dense_9.weight")
+    with pytest.raises(ModelLoadError, match="without the other dense layer"):
+        Engine.open(one, threads=1)
+    none = renamed_tensor_copy("embed-gemma", tmp_path, b"dense_2.weight", b"dense_9.weight")
+    none.write_bytes(none.read_bytes().replace(b"dense_3.weight", b"dense_8.weight"))
+    with Engine.open(none, threads=1) as engine:  # the model without its projections
+        vectors = engine.embed(lists)
+    for (name, (_t, _ids, ref)), vec in zip(refs.items(), vectors, strict=True):
+        assert cosine_distance(vec, ref) > 1e-3, name
+
+
+def test_nomic_bert_layer_without_its_qkv_is_refused(tmp_path: Path) -> None:
+    bad = renamed_tensor_copy("embed-nomic", tmp_path, b"blk.1.attn_qkv.weight",
+                              b"blk.1.attn_xyz.weight")  # fmt: skip
+    with pytest.raises(ModelLoadError, match="layer 1 needs attn_qkv or attn_q/k/v"):
+        Engine.open(bad, threads=1)

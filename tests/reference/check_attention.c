@@ -61,6 +61,10 @@ static void naive(const ds4n_attn_job *j, int r, double *out) {
     const int hd = j->head_dim, t = r / j->n_group, g = r % j->n_group;
     const long pos = j->pos0 + t;
     long lo = j->k0, hi = j->k1 < pos + 1 ? j->k1 : pos + 1;
+    if (j->keys_end > 0) { /* not causal: up to the end, or to the symmetric window's */
+        hi = j->k1 < j->keys_end ? j->k1 : j->keys_end;
+        if (j->window > 0 && pos + j->window < hi) hi = pos + j->window;
+    }
     if (j->window > 0 && pos - j->window + 1 > lo) lo = pos - j->window + 1;
     const float *q = j->q + t * j->q_stride + g * hd;
     double mx = j->sinks ? j->sinks[g] : -INFINITY, sum = 0.0;
@@ -86,24 +90,40 @@ static void naive(const ds4n_attn_job *j, int r, double *out) {
 static float check_set(const struct simd_set *set, int hd, void *const *kt, void *const *vt) {
     float *scratch = malloc(sizeof(float) * ds4n_attn_scratch_floats(64, hd));
     float worst = 0.0f, worst_type[3] = {0};
-    /* window > 0: a sliding window; sinks: per-head sink logits (normalized jobs only). */
-    const struct { int n_tok, G; long pos0, k0, k1; int split; long window; int sinks; } cases[] = {
-        {1, 3, 0, 0, 1L << 40, 0, 0, 0},     {1, 3, 300, 0, 1L << 40, 0, 0, 0},
-        {16, 3, 0, 0, 1L << 40, 0, 0, 0},    {16, 3, 200, 0, 1L << 40, 0, 0, 0},
-        {5, 3, 77, 0, 1L << 40, 0, 0, 0},    {1, 3, 400, 128, 256, 1, 0, 0},
-        {1, 1, 333, 0, 1L << 40, 0, 0, 0},   {6, 8, 100, 0, 1L << 40, 0, 0, 0},
-        {48, 1, 400, 0, 1L << 40, 0, 0, 0},  {2, 3, 250, 192, 1L << 40, 1, 0, 0},
-        {3, 2, 90, 64, 128, 1, 0, 0},
+    /* window > 0: a sliding window; sinks: per-head sink logits (normalized jobs only);
+     * keys_end > 0: not causal, the keys up to it (symmetric within a window). */
+    const struct {
+        int n_tok, G;
+        long pos0, k0, k1;
+        int split;
+        long window;
+        int sinks;
+        long keys_end;
+    } cases[] = {
+        {1, 3, 0, 0, 1L << 40, 0, 0, 0, 0},     {1, 3, 300, 0, 1L << 40, 0, 0, 0, 0},
+        {16, 3, 0, 0, 1L << 40, 0, 0, 0, 0},    {16, 3, 200, 0, 1L << 40, 0, 0, 0, 0},
+        {5, 3, 77, 0, 1L << 40, 0, 0, 0, 0},    {1, 3, 400, 128, 256, 1, 0, 0, 0},
+        {1, 1, 333, 0, 1L << 40, 0, 0, 0, 0},   {6, 8, 100, 0, 1L << 40, 0, 0, 0, 0},
+        {48, 1, 400, 0, 1L << 40, 0, 0, 0, 0},  {2, 3, 250, 192, 1L << 40, 1, 0, 0, 0},
+        {3, 2, 90, 64, 128, 1, 0, 0, 0},
         /* windows narrower and wider than a key block, across block and tile edges */
-        {1, 3, 300, 0, 1L << 40, 0, 37, 0},  {16, 3, 200, 0, 1L << 40, 0, 37, 0},
-        {48, 1, 400, 0, 1L << 40, 0, 100, 0}, {6, 8, 100, 0, 1L << 40, 0, 16, 1},
-        {5, 3, 77, 0, 1L << 40, 0, 200, 1},  {2, 3, 250, 192, 1L << 40, 1, 50, 0},
-        {1, 2, 450, 384, 1L << 40, 1, 100, 0}, {16, 2, 3, 0, 1L << 40, 0, 4, 1},
+        {1, 3, 300, 0, 1L << 40, 0, 37, 0, 0},  {16, 3, 200, 0, 1L << 40, 0, 37, 0, 0},
+        {48, 1, 400, 0, 1L << 40, 0, 100, 0, 0}, {6, 8, 100, 0, 1L << 40, 0, 16, 1, 0},
+        {5, 3, 77, 0, 1L << 40, 0, 200, 1, 0},  {2, 3, 250, 192, 1L << 40, 1, 50, 0, 0},
+        {1, 2, 450, 384, 1L << 40, 1, 100, 0, 0}, {16, 2, 3, 0, 1L << 40, 0, 4, 1, 0},
         /* 4 query heads per kv head (groups of 4 rows), alone, split and windowed */
-        {1, 4, 300, 0, 1L << 40, 0, 0, 0},   {2, 4, 250, 192, 1L << 40, 1, 0, 0},
-        {1, 4, 450, 384, 1L << 40, 1, 100, 0}, {4, 4, 200, 0, 1L << 40, 0, 37, 1},
+        {1, 4, 300, 0, 1L << 40, 0, 0, 0, 0},   {2, 4, 250, 192, 1L << 40, 1, 0, 0, 0},
+        {1, 4, 450, 384, 1L << 40, 1, 100, 0, 0}, {4, 4, 200, 0, 1L << 40, 0, 37, 1, 0},
         /* sinks alone, one far above the scores (the output shrinks toward 0) */
-        {1, 3, 300, 0, 1L << 40, 0, 0, 1},   {16, 3, 0, 0, 1L << 40, 0, 0, 1},
+        {1, 3, 300, 0, 1L << 40, 0, 0, 1, 0},   {16, 3, 0, 0, 1L << 40, 0, 0, 1, 0},
+        /* not causal: every key of the sequence, or a symmetric window across block and
+         * tile edges, alone, split and grouped */
+        {16, 3, 0, 0, 1L << 40, 0, 0, 0, 300},  {5, 3, 77, 0, 1L << 40, 0, 0, 0, 82},
+        {48, 1, 0, 0, 1L << 40, 0, 0, 0, 48},   {16, 3, 0, 0, 1L << 40, 0, 37, 0, 300},
+        {5, 3, 77, 0, 1L << 40, 0, 37, 0, 400}, {48, 1, 400, 0, 1L << 40, 0, 100, 0, 500},
+        {6, 8, 100, 0, 1L << 40, 0, 16, 1, 130}, {4, 4, 200, 0, 1L << 40, 0, 37, 0, 260},
+        {2, 3, 250, 192, 1L << 40, 1, 50, 0, 420}, {3, 2, 90, 64, 256, 1, 0, 0, 300},
+        {16, 2, 3, 0, 1L << 40, 0, 4, 1, 19},   {1, 4, 450, 384, 1L << 40, 1, 100, 0, 512},
     };
     const float sink_logits[8] = {0.5f, -1.0f, 8.0f, 0.0f, 2.0f, -3.0f, 1.0f, 30.0f};
     for (int kvt = DS4N_KV_F32; kvt <= DS4N_KV_Q8_0; kvt++) {
@@ -120,7 +140,7 @@ static float check_set(const struct simd_set *set, int hd, void *const *kt, void
                                .n_group = cases[c].G, .head_dim = hd, .pos0 = cases[c].pos0,
                                .k = kt[kvt], .v = vt[kvt], .kv_type = kvt,
                                .k0 = cases[c].k0, .k1 = cases[c].k1,
-                               .window = cases[c].window,
+                               .window = cases[c].window, .keys_end = cases[c].keys_end,
                                .sinks = cases[c].sinks ? sink_logits : NULL};
             if (cases[c].split) { j.m = m1; j.l = l1; }
             ds4n_attn_scalar(&j, scratch);
