@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ds4d.chat.constrain import Allow, Force, VocabIndex
+from ds4d.chat.constrain import Allow, Force, Step, VocabIndex
 from ds4d.chat.formats import TemplateDecode
 from ds4d.chat.types import (
     ChatRequest,
@@ -77,6 +77,8 @@ class Decoding:
         room: int,
         vocab: VocabIndex | None = None,
         forced: CallConstraint | None = None,
+        answer: Step | None = None,
+        answer_after_reasoning: bool = False,
     ) -> None:
         self.request = request
         self.session = session
@@ -88,6 +90,16 @@ class Decoding:
         self.room = room
         self.vocab = vocab
         self.constraint = forced
+        # What a finished constraint ends the generation with: a tool call's block, or
+        # a structured answer's JSON value (then the answer is complete: "stop").
+        self._constraint_end: FinishReason = "tool_calls"
+        # A structured answer that starts once the model closes its thinking block.
+        self._answer: Step | None = None
+        if answer is not None and forced is None:
+            if answer_after_reasoning:
+                self._answer = answer
+            else:
+                self._start_answer(answer)
         budget = request.max_tokens if request.max_tokens is not None else math.inf
         if forced is not None:
             # A forced call is completed past any max_tokens (it is bounded by its schema
@@ -144,7 +156,7 @@ class Decoding:
             events += self._emit(self.parser.feed(text))
             self.constraint.advance("")
             if self.constraint.done:
-                return events + self._end("tool_calls")
+                return events + self._end(self._constraint_end)
         else:
             if token in self.eog and self.constraint is None:
                 return events + self._end("stop")
@@ -155,7 +167,11 @@ class Decoding:
                 return events + self._end("stop")
             if self.parser.tool_block_closed:
                 return events + self._end("tool_calls")
-            if self.constraint is None and self.parser.call_opened and self.vocab is not None:
+            if self._answer is not None and not self.parser.in_reasoning:
+                # the thinking block is closed: the answer is the JSON from here on
+                self._start_answer(self._answer)
+                self._answer = None
+            elif self.constraint is None and self.parser.call_opened and self.vocab is not None:
                 # The model opened a call on its own: the rest is constrained to a valid
                 # call of a declared tool, as a forced call is (bounded by its schema).
                 steps = self.parser.constrain_call(self.vocab)
@@ -168,11 +184,17 @@ class Decoding:
             elif self.constraint is not None:
                 self.constraint.advance(self._vocab_text(token))
                 if self.constraint.done:
-                    return events + self._end("tool_calls")
+                    return events + self._end(self._constraint_end)
         self.record.generated_tokens = self.generated
         if self.generated >= self.budget:
             return events + self._end("length")
         return events
+
+    def _start_answer(self, answer: Step) -> None:
+        """Constrain the rest to the structured answer; its end ends the generation (its
+        budget stays the client's: a cut-off answer finishes with "length")."""
+        self.constraint = CallConstraint(answer)
+        self._constraint_end = "stop"
 
     def _end(self, reason: FinishReason) -> list[Event]:
         self.reason = reason
