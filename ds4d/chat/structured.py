@@ -33,7 +33,7 @@ import numpy as np
 from ds4d.chat.constrain import Allow, Force, VocabIndex, choose
 from ds4d.chat.types import OutputFormat
 
-MAX_STRING_TOKENS = 96
+MAX_STRING_TOKENS = 128
 MAX_NUMBER_TOKENS = 12
 MAX_ITEMS = 64
 MAX_MEMBERS = 16
@@ -52,6 +52,11 @@ REFUSED = (
     "dependentRequired", "dependentSchemas", "dependencies", "if", "then", "else", "not",
     "$dynamicRef", "$recursiveRef",
 )  # fmt: skip
+# Keywords that describe without constraining: allowed beside a `$ref`.
+ANNOTATIONS = {
+    "$ref", "$defs", "definitions", "$schema", "$id", "$comment", "title", "description",
+    "default", "examples", "deprecated", "readOnly", "writeOnly",
+}  # fmt: skip
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 KINDS = ("object", "array", "string", "number", "boolean", "null")  # integer: a number
 
@@ -87,7 +92,7 @@ def _check(schema: Any, root: Any, refs: tuple[str, ...], where: str) -> None:
             raise _Unsupported(f"{where} uses '{key}', which constrained decoding cannot honour")
     if "$ref" in schema:
         ref = schema["$ref"]
-        if set(schema) - {"$ref", "title", "description", "default", "examples"}:
+        if set(schema) - ANNOTATIONS:
             raise _Unsupported(f"{where}: '$ref' beside other keywords is not supported")
         if ref in refs:
             raise _Unsupported(f"{where}: recursive '$ref' {ref!r} is not supported")
@@ -241,6 +246,8 @@ class JsonVocab:
             if t and "\ufffd" not in t and _BODY.fullmatch(t) and not self.markup.intersection(t)
         ]
         self.string_body = np.array(body, dtype=np.int64)
+        self.quote = self.ids('"')
+        self.string_step = union(self.string_body, self.quote)  # a body token or the end
         self.minus = self.ids("-")
         self.dot = self.ids(".")
 
@@ -407,13 +414,11 @@ class _Writer:
     def string(self, started: str) -> Value:
         if started != '"':
             yield Force('"')
-        body, quote = self.jv.string_body, self.jv.ids('"')
-        if not quote.size or not body.size:
+        if not self.jv.quote.size or not self.jv.string_body.size:
             yield Force('"')
             return ""
-        either = union(body, quote)
         for _ in range(MAX_STRING_TOKENS):
-            if (yield Allow(either)) == '"':
+            if (yield Allow(self.jv.string_step)) == '"':
                 return ""
         yield Force('"')
         return ""
