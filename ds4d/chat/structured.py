@@ -437,7 +437,10 @@ class _Writer:
             more = [vocab.digits if whole != "0" or fraction else np.empty(0, np.int64), closers]
             if not integer and not fraction:
                 more.append(jv.dot)
-            t = yield Allow(union(*more))
+            allowed = union(*more)
+            if not allowed.size:  # "0" with nothing after it (a value on its own)
+                return ""
+            t = yield Allow(allowed)
             if t == ".":
                 fraction = True
                 text += t + (yield Allow(vocab.digits))

@@ -71,6 +71,9 @@ SCHEMAS: dict[str, dict[str, Any] | None] = {
     "pydantic": PYDANTIC,
     "numbers": {"type": "array", "items": {"type": "number"}, "maxItems": 4},
     "counts": {"type": "object", "additionalProperties": {"type": "integer"}},
+    "integer_alone": {"type": "integer"},
+    "number_or_null_alone": {"type": ["number", "null"]},
+    "empty_object": {"type": "object", "additionalProperties": False},
     "mixed": {
         "type": "object",
         "properties": {
