@@ -103,6 +103,11 @@ def _check(schema: Any, root: Any, refs: tuple[str, ...], where: str) -> None:
         values = schema["enum"] if "enum" in schema else [schema["const"]]
         if not isinstance(values, list) or not values:
             raise _Unsupported(f"{where}.enum must be a non-empty array")
+        try:
+            json.dumps(values, allow_nan=False)
+        except ValueError:
+            key = "enum" if "enum" in schema else "const"
+            raise _Unsupported(f"{where}.{key} holds a number JSON cannot write") from None
         return
     kind = schema.get("type")
     if kind is not None:

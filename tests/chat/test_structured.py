@@ -186,6 +186,7 @@ def test_optional_properties_enums_branches_and_array_lengths_all_vary() -> None
         ({"type": "array", "minItems": 3, "maxItems": 2}, "minItems"),
         ({"type": "text"}, "not a JSON schema type"),
         ({"enum": []}, "enum"),
+        ({"const": float("nan")}, "const"),
         ([1], "JSON schema object"),
     ],
 )
