@@ -119,6 +119,7 @@ class Decoding:
         self.ending = False  # no more sampling: the pending tokens are evaluated, then done
         self.done = False
         self._forcing: list[int] = []
+        self._forced_cut = False  # the forced text was cut at the token budget
         self._call_ids: dict[int, str] = {}
         self._first = True
         if self.budget <= 0:  # max_tokens 0: nothing to sample
@@ -136,6 +137,10 @@ class Decoding:
             # turn renders this call back, and its tokens must be these.
             held = self.pending or list(self.session.tokens[-1:])
             self._forcing = self._encode_after(held[-1] if held else None, current.text)
+            room = self.budget - self.generated
+            if len(self._forcing) > room:  # a structured answer's budget ends inside it
+                self._forcing = self._forcing[: int(room)]
+                self._forced_cut = True
             return DecodeStep(self.pending + self._forcing, False, self.params, None)
         allowed = current.ids if isinstance(current, Allow) else None
         return DecodeStep(self.pending, True, self.parser.sampling(self.params), allowed)
@@ -151,8 +156,13 @@ class Decoding:
         if token is None:  # a forced piece of a call
             assert self.constraint is not None and isinstance(self.constraint.current, Force)
             text = self.constraint.current.text
+            if self._forced_cut:  # only the tokens the budget left were written
+                text = self.tok.decode(self._forcing)
             self.generated += len(self._forcing)
             self._forcing = []
+            if self._forced_cut:
+                self.record.generated_tokens = self.generated
+                return events + self._emit(self.parser.feed(text)) + self._end("length")
             events += self._emit(self.parser.feed(text))
             self.constraint.advance("")
             if self.constraint.done:

@@ -72,10 +72,10 @@ def jv(engine: Any) -> JsonVocab:
 
 def run(
     engine: Any, fmt: TemplateChatFormat, jv: JsonVocab, req: ChatRequest, played: list[int]
-) -> tuple[str, str, Finish, list[bool]]:
+) -> tuple[str, str, Finish, list[bool], int]:
     """Decode `req` to its end: the tokens `played` first (while the step leaves the
     choice free), then the model's own samples. Returns (reasoning, text, finish, and per
-    sampled step whether it was constrained)."""
+    sampled step whether it was constrained, and the tokens generated)."""
     assert req.output_format is not None
     start = fmt.structured_start(req)
     answer = json_output(jv, req.output_format)
@@ -105,12 +105,13 @@ def run(
                     token = sample(session.compute_logits(), step.params, rng, step.allowed)
             events += d.after(token)
         tail, finish = d.finish()
+        generated = d.generated
     for ev in events + tail:
         if isinstance(ev, ReasoningDelta):
             reasoning += ev.text
         elif isinstance(ev, TextDelta):
             text += ev.text
-    return reasoning, text, finish, constrained
+    return reasoning, text, finish, constrained, generated
 
 
 def request(thinking: bool, seed: int, max_tokens: int | None = None) -> ChatRequest:
@@ -127,7 +128,7 @@ def test_thinking_is_free_then_the_answer_is_the_json(engine, fmt, jv) -> None:
     assert fmt.structured_start(request(True, 0)).prefix is None  # the prompt opens it
     for seed in range(3):
         thought = engine.tokenizer.encode("Paris is mild. </think>", special=True)
-        reasoning, text, finish, constrained = run(engine, fmt, jv, request(True, seed), thought)
+        reasoning, text, finish, constrained, _ = run(engine, fmt, jv, request(True, seed), thought)
         assert reasoning.strip() == "Paris is mild."
         jsonschema.validate(json.loads(text), SCHEMA)
         assert finish.reason == "stop"
@@ -139,7 +140,7 @@ def test_thinking_off_constrains_from_the_first_token(engine, fmt, jv) -> None:
     assert fmt.structured_start(request(False, 0)).prefix == ""
     answers = set()
     for seed in range(3):
-        reasoning, text, finish, constrained = run(engine, fmt, jv, request(False, seed), [])
+        reasoning, text, finish, constrained, _ = run(engine, fmt, jv, request(False, seed), [])
         assert reasoning == "" and all(constrained) and finish.reason == "stop"
         jsonschema.validate(json.loads(text), SCHEMA)
         answers.add(text)
@@ -147,7 +148,9 @@ def test_thinking_off_constrains_from_the_first_token(engine, fmt, jv) -> None:
 
 
 def test_max_tokens_cuts_the_json_with_length(engine, fmt, jv) -> None:
-    reasoning, text, finish, _ = run(engine, fmt, jv, request(False, 1, max_tokens=3), [])
-    assert finish.reason == "length"
-    with pytest.raises(ValueError):
-        json.loads(text)
+    """The budget counts forced tokens too, and ends inside a forced piece if it must."""
+    for limit in (1, 3, 9):
+        _, text, finish, _, generated = run(engine, fmt, jv, request(False, 1, limit), [])
+        assert finish.reason == "length" and generated == limit, (limit, text)
+        with pytest.raises(ValueError):
+            json.loads(text)
