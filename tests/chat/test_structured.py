@@ -124,7 +124,7 @@ def test_random_picks_always_parse_and_validate(name: str) -> None:
     schema = SCHEMAS[name]
     assert schema is None or unsupported(schema) is None
     jv = JsonVocab(VocabIndex(VOCAB))
-    for seed in range(300):
+    for seed in range(200):
         text = run_constraint(json_output(jv, OutputFormat(schema)), VOCAB, random.Random(seed))
         check(text, schema)
 
@@ -148,7 +148,7 @@ def test_optional_properties_enums_branches_and_array_lengths_all_vary() -> None
     jv = JsonVocab(VocabIndex(VOCAB))
     keys: set[str] = set()
     roles, lengths, nick_kinds = set(), set(), set()
-    for seed in range(300):
+    for seed in range(200):
         text = run_constraint(json_output(jv, OutputFormat(PERSON)), VOCAB, random.Random(seed))
         v = check(text, PERSON)
         keys |= set(v)
@@ -235,6 +235,7 @@ def kit_engine() -> Iterator[Any]:
 
 
 MODEL_SCHEMAS = ["any_object", "person", "pydantic", "mixed"]
+SEEDS = (0, 1)  # seconds each; the embedded model rambles for tens of seconds on some
 
 
 @pytest.mark.parametrize("which", ["embedded", "kit-qwen3"])
@@ -244,11 +245,11 @@ def test_real_models_at_temperature_1_write_valid_json(which: str, request: Any)
     jv = JsonVocab(vocab)
     texts = set()
     for name in MODEL_SCHEMAS:
-        for seed in range(3):
+        for seed in SEEDS:
             text = generate(engine, vocab, jv, SCHEMAS[name], seed)
             check(text, SCHEMAS[name])
             texts.add(text)
-    assert len(texts) == len(MODEL_SCHEMAS) * 3  # the seeds' picks differ
+    assert len(texts) == len(MODEL_SCHEMAS) * len(SEEDS)  # the seeds' picks differ
 
 
 def test_string_bound_closes_a_string_a_model_never_ends() -> None:
