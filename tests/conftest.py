@@ -96,6 +96,8 @@ RUN_FIRST: list[str] = [
     "tests/engine/test_kv_types.py",
     "tests/e2e/test_e2e_clients.py",
     "tests/e2e/test_e2e_force_tool_choice.py",
+    "tests/chat/test_structured.py",  # real models sampled under a schema
+    "tests/e2e/test_e2e_structured.py",
     "tests/e2e/test_e2e_fair_prefill.py",
     "tests/tools/test_bench_serve.py",
     "tests/api/test_http_fuzz.py",

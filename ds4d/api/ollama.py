@@ -31,6 +31,7 @@ from ds4d.api.common import (
     stop_list,
 )
 from ds4d.api.openai_chat import parse_tools
+from ds4d.api.output_format import ollama_format
 from ds4d.chat.fim import InfillInput, supersede_key
 from ds4d.chat.types import (
     ChatRequest,
@@ -188,15 +189,6 @@ def think_switch(value: Any) -> tuple[bool | None, str | None]:
     raise bad('\'think\' must be true, false, "low", "medium" or "high"', "think")
 
 
-def _refuse_format(body: dict[str, Any]) -> None:
-    fmt = body.get("format")
-    if fmt not in (None, ""):
-        raise bad(
-            "'format' (JSON or schema-constrained output) is not supported by ds4d yet",
-            "format",
-        )
-
-
 def _refuse_images(images: Any, where: str) -> None:
     if images:
         raise bad(f"'{where}': this model reads text only; images are not supported", where)
@@ -271,7 +263,7 @@ def _messages(value: Any) -> list[Message]:
 def parse_chat(body: Any, defaults: Sampling) -> OllamaRequest:
     """POST /api/chat."""
     body = request_object(body)
-    _refuse_format(body)
+    output_format = ollama_format(body)
     options, sampling = _options(body, defaults)
     messages = _messages(body.get("messages"))
     thinking, effort = think_switch(body.get("think"))
@@ -285,6 +277,7 @@ def parse_chat(body: Any, defaults: Sampling) -> OllamaRequest:
         reasoning_effort=effort,
         model=model_name(body),
         stream=field_of(body, "stream", bool, True),  # Ollama streams unless told not to
+        output_format=output_format,
     )
     return OllamaRequest(
         req,
@@ -298,7 +291,7 @@ def parse_generate(body: Any, defaults: Sampling) -> OllamaRequest:
     """POST /api/generate: a prompt through the chat template (or `raw`), or with a
     `suffix` the fill-in-the-middle path."""
     body = request_object(body)
-    _refuse_format(body)
+    output_format = ollama_format(body)
     _refuse_images(body.get("images"), "images")
     if body.get("context"):
         raise bad("'context' (token history of an earlier reply) is not supported", "context")
@@ -322,7 +315,10 @@ def parse_generate(body: Any, defaults: Sampling) -> OllamaRequest:
         model=model_name(body),
         stream=field_of(body, "stream", bool, True),
         raw_prompt=prompt if raw else None,
+        output_format=output_format,
     )
+    if suffix is not None and output_format is not None:
+        raise bad("'format' cannot be combined with 'suffix' (fill in the middle)", "format")
     if suffix is not None:  # an editor's inline completion: fill in the middle
         req.fim = InfillInput(prompt, suffix)
         req.raw_prompt = prompt  # its output is plain text, not a chat turn

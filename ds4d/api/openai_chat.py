@@ -23,6 +23,7 @@ from ds4d.api.common import (
     template_kwargs_of,
     thinking_switch,
 )
+from ds4d.api.output_format import openai_response_format
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -161,6 +162,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         template_kwargs=template_kwargs,
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
+        output_format=openai_response_format(body),
     )
     req.include_usage = field_of(
         stream_options, "include_usage", bool, False, where="stream_options"

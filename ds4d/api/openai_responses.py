@@ -23,6 +23,7 @@ from ds4d.api.common import (
 )
 from ds4d.api.openai_chat import error_body
 from ds4d.api.openai_chat import parse_tool_choice as _chat_tool_choice
+from ds4d.api.output_format import responses_text_format
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -183,6 +184,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         tool_namespaces=namespaces,
         tools_json=body.get("tools") or [],
         tool_choice_json=body["tool_choice"] if body.get("tool_choice") is not None else "auto",
+        output_format=responses_text_format(body),
     )
     req.client_limit = req.max_tokens is not None
     return req

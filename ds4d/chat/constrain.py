@@ -69,6 +69,7 @@ class VocabIndex:
         the backslash and control characters (a syntax whose closing tag could otherwise
         be spelled inside a value)."""
         self.texts = texts
+        self.markup = markup
         self.by_text: dict[str, list[int]] = {}
         string_safe: list[int] = []
         digits: list[str] = []
@@ -152,10 +153,10 @@ def required_keys(schema: dict[str, Any]) -> list[str]:
     return [k for k in props if k in required] + [k for k in required if k not in props]
 
 
-def choose(vocab: VocabIndex, options: list[str]) -> Choice:
+def choose(vocab: VocabIndex, options: list[str], done: str = "") -> Choice:
     """One of `options`, spelled token by token; once one is left it is forced outright.
-    An option that is a prefix of another ends the choice as soon as it is spelled."""
-    done = ""
+    An option that is a prefix of another ends the choice as soon as it is spelled.
+    `done`: what the model already wrote of it."""
     while True:
         if done in options:
             return done

@@ -17,7 +17,7 @@ from ds4d.chat.deepseek4 import (
 )
 from ds4d.chat.deepseek4_dsml import DSMLToolParser, DSMLTracker
 from ds4d.chat.deepseek4_forced import DSMLVocab, forced_dsml_call
-from ds4d.chat.formats import TemplateDecode
+from ds4d.chat.formats import StructuredStart, TemplateDecode
 from ds4d.chat.stream import OutputParser, partial_suffix_len
 from ds4d.chat.types import ChatRequest, Event
 from ds4d.engine.ds4_tokenizer import THINK_CLOSE, THINK_OPEN
@@ -191,6 +191,13 @@ class DS4ChatFormat:
 
     def decode(self, request: ChatRequest) -> DS4Decode:
         return DS4Decode(request, self.mode(request))
+
+    def structured_start(self, request: ChatRequest) -> StructuredStart:
+        """A JSON answer starts after the thinking block of a thinking mode (its prompt
+        opens it), else at the first token; with tools in play `<` stays out of strings
+        (DSML markup)."""
+        thinking = request.raw_prompt is None and self.mode(request).thinking
+        return StructuredStart(None if thinking else "", "<" if request.tools_active else "")
 
     def forced_call(self, vocab: VocabIndex, request: ChatRequest) -> Step:
         """The constraint that writes a forced (required / named) call as a DSML block."""

@@ -4,12 +4,14 @@
     text = fmt.render(request)                 # the prompt text
     special = fmt.tokenize_special(request)    # parse special-token text in it?
     fmt.forced_call(vocab, request)            # tool_choice required / named
+    fmt.structured_start(request)              # where a JSON answer (a format) begins
     decode = fmt.decode(request)               # per generation:
         params = decode.sampling(params)       #   before each sampled token
         events = decode.feed(text)             #   its decoded text
         decode.stopped / decode.tool_block_closed  -> end the generation
         if decode.call_opened:                 #   the model opened a call on its own:
             step = decode.constrain_call(vocab)  #   constrain the rest (None: cannot)
+        decode.in_reasoning                    #   inside the thinking block
         events = decode.flush()                #   at the end
         decode.replay, decode.malformed        #   tool memory records; a dropped call
 
@@ -30,7 +32,7 @@ from ds4d.chat.editlimits import EditLimits
 from ds4d.chat.render import Template, render_request, template_supports_tools
 from ds4d.chat.stream import OutputParser
 from ds4d.chat.toolsyntax import CallParser, Syntax, prefixed, read_replay_record
-from ds4d.chat.toolsyntax_harmony import HarmonyParser, HarmonySyntax
+from ds4d.chat.toolsyntax_harmony import CHANNEL, MESSAGE, HarmonyParser, HarmonySyntax
 from ds4d.chat.toolsyntax_hermes import HermesSyntax
 from ds4d.chat.toolsyntax_llama import LlamaSyntax
 from ds4d.chat.toolsyntax_mistral import MistralSyntax
@@ -65,6 +67,21 @@ class ChatFormat(Protocol):
     def forced_call(self, vocab: VocabIndex, request: ChatRequest) -> Step:
         """The constraint writing the call a required / named tool_choice forces."""
         ...
+
+    def structured_start(self, request: ChatRequest) -> StructuredStart:
+        """Where the JSON of a structured answer (`request.output_format`) begins."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class StructuredStart:
+    """Where a structured (JSON) answer begins. `prefix`: text forced before the JSON
+    (a channel header), or None when the prompt opened the thinking block: the model
+    thinks unconstrained and the JSON starts once it closes the block. `markup`:
+    characters no JSON string may hold (they could spell the syntax's markup)."""
+
+    prefix: str | None = ""
+    markup: str = ""
 
 
 # A plain ChatML template for GGUFs that carry none.
@@ -164,6 +181,12 @@ class TemplateDecode:
             return None
         return self.syntax.constrain_open(vocab, self.tools, calls.block_text + self.parser.held)
 
+    @property
+    def in_reasoning(self) -> bool:
+        """Inside the thinking block (a structured answer starts after it)."""
+        think = self.parser.think
+        return think is not None and think.in_reasoning
+
     def sampling(self, params: P) -> P:
         return params
 
@@ -241,6 +264,19 @@ class TemplateChatFormat:
         if not isinstance(self.syntax, HarmonySyntax) and self.opens_reasoning(request.thinking):
             return prefixed("</think>\n\n", step)
         return step
+
+    def structured_start(self, request: ChatRequest) -> StructuredStart:
+        """A JSON answer: in harmony's final channel (no analysis first: the channel
+        header is forced); after the thinking block the prompt opened, if it did; else
+        from the first token (a model that would open its thinking block itself answers
+        without one). With tools in play `<` stays out of strings: no call markup."""
+        harmony = request.raw_prompt is None and isinstance(self.syntax, HarmonySyntax)
+        markup = "<" if harmony or request.tools_active else ""
+        if harmony:
+            return StructuredStart(f"{CHANNEL}final{MESSAGE}", markup)
+        if request.raw_prompt is None and self.opens_reasoning(request.thinking):
+            return StructuredStart(None, markup)
+        return StructuredStart("", markup)
 
     def opens_reasoning(self, thinking: bool | None) -> bool:
         """Does the generation prompt end inside `<think>` (R1-distill style templates)?

@@ -69,6 +69,7 @@ class Splitter(Protocol):
     or "text". A family with its own thinking convention brings its own."""
 
     buf: str  # text held back: it could still become a tag
+    in_reasoning: bool  # inside the thinking block
 
     def feed(self, piece: str) -> list[tuple[str, str]]: ...
 

@@ -61,6 +61,15 @@ class Sampling:
     infill: bool = False  # llama.cpp's infill rule (ds4d.engine.sampler: code completion)
 
 
+@dataclass(frozen=True)
+class OutputFormat:
+    """Structured output: the answer is JSON (Ollama's `format`, OpenAI's
+    `response_format`, the Responses API's `text.format`), any object when `schema` is
+    None, else a value of that JSON schema (checked by ds4d.chat.structured.unsupported)."""
+
+    schema: dict[str, Any] | None = None
+
+
 # How urgently a request wants the engine. The engine loop serves a waiting "completion"
 # (an editor's inline completion: someone is watching the cursor) before "chat" (agents,
 # chat clients), and both before "background" (warm-ups, restores nobody waits on).
@@ -107,6 +116,8 @@ class ChatRequest:
     n_indent: int = 0
     t_max_predict_ms: int = 0
     response_fields: list[str] = field(default_factory=list)  # llama.cpp's: only these paths
+    # The answer constrained to JSON (ds4d.chat.structured), after any thinking.
+    output_format: OutputFormat | None = None
 
     @property
     def tools_active(self) -> bool:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ds4d.chat.constrain import Allow, Force, VocabIndex
+from ds4d.chat.constrain import Allow, Force, Step, VocabIndex
 from ds4d.chat.formats import TemplateDecode
 from ds4d.chat.types import (
     ChatRequest,
@@ -77,6 +77,8 @@ class Decoding:
         room: int,
         vocab: VocabIndex | None = None,
         forced: CallConstraint | None = None,
+        answer: Step | None = None,
+        answer_after_reasoning: bool = False,
     ) -> None:
         self.request = request
         self.session = session
@@ -88,6 +90,16 @@ class Decoding:
         self.room = room
         self.vocab = vocab
         self.constraint = forced
+        # What a finished constraint ends the generation with: a tool call's block, or
+        # a structured answer's JSON value (then the answer is complete: "stop").
+        self._constraint_end: FinishReason = "tool_calls"
+        # A structured answer that starts once the model closes its thinking block.
+        self._answer: Step | None = None
+        if answer is not None and forced is None:
+            if answer_after_reasoning:
+                self._answer = answer
+            else:
+                self._start_answer(answer)
         budget = request.max_tokens if request.max_tokens is not None else math.inf
         if forced is not None:
             # A forced call is completed past any max_tokens (it is bounded by its schema
@@ -107,6 +119,7 @@ class Decoding:
         self.ending = False  # no more sampling: the pending tokens are evaluated, then done
         self.done = False
         self._forcing: list[int] = []
+        self._forced_cut = False  # the forced text was cut at the token budget
         self._call_ids: dict[int, str] = {}
         self._first = True
         if self.budget <= 0:  # max_tokens 0: nothing to sample
@@ -124,6 +137,10 @@ class Decoding:
             # turn renders this call back, and its tokens must be these.
             held = self.pending or list(self.session.tokens[-1:])
             self._forcing = self._encode_after(held[-1] if held else None, current.text)
+            room = self.budget - self.generated
+            if len(self._forcing) > room:  # a structured answer's budget ends inside it
+                self._forcing = self._forcing[: int(room)]
+                self._forced_cut = True
             return DecodeStep(self.pending + self._forcing, False, self.params, None)
         allowed = current.ids if isinstance(current, Allow) else None
         return DecodeStep(self.pending, True, self.parser.sampling(self.params), allowed)
@@ -139,12 +156,17 @@ class Decoding:
         if token is None:  # a forced piece of a call
             assert self.constraint is not None and isinstance(self.constraint.current, Force)
             text = self.constraint.current.text
+            if self._forced_cut:  # only the tokens the budget left were written
+                text = self.tok.decode(self._forcing)
             self.generated += len(self._forcing)
             self._forcing = []
+            if self._forced_cut:
+                self.record.generated_tokens = self.generated
+                return events + self._emit(self.parser.feed(text)) + self._end("length")
             events += self._emit(self.parser.feed(text))
             self.constraint.advance("")
             if self.constraint.done:
-                return events + self._end("tool_calls")
+                return events + self._end(self._constraint_end)
         else:
             if token in self.eog and self.constraint is None:
                 return events + self._end("stop")
@@ -155,7 +177,11 @@ class Decoding:
                 return events + self._end("stop")
             if self.parser.tool_block_closed:
                 return events + self._end("tool_calls")
-            if self.constraint is None and self.parser.call_opened and self.vocab is not None:
+            if self._answer is not None and not self.parser.in_reasoning:
+                # the thinking block is closed: the answer is the JSON from here on
+                self._start_answer(self._answer)
+                self._answer = None
+            elif self.constraint is None and self.parser.call_opened and self.vocab is not None:
                 # The model opened a call on its own: the rest is constrained to a valid
                 # call of a declared tool, as a forced call is (bounded by its schema).
                 steps = self.parser.constrain_call(self.vocab)
@@ -168,11 +194,17 @@ class Decoding:
             elif self.constraint is not None:
                 self.constraint.advance(self._vocab_text(token))
                 if self.constraint.done:
-                    return events + self._end("tool_calls")
+                    return events + self._end(self._constraint_end)
         self.record.generated_tokens = self.generated
         if self.generated >= self.budget:
             return events + self._end("length")
         return events
+
+    def _start_answer(self, answer: Step) -> None:
+        """Constrain the rest to the structured answer; its end ends the generation (its
+        budget stays the client's: a cut-off answer finishes with "length")."""
+        self.constraint = CallConstraint(answer)
+        self._constraint_end = "stop"
 
     def _end(self, reason: FinishReason) -> list[Event]:
         self.reason = reason

@@ -126,7 +126,8 @@ class ModelServer:
         req = prepared.request
         return Decoding(req, session, self.engine.tokenizer, self.chat_format.decode(req),
                         prepared.record, self._sink, arrived=prepared.arrived, room=room,
-                        vocab=prepared.vocab, forced=prepared.forced)  # fmt: skip
+                        vocab=prepared.vocab, forced=prepared.forced, answer=prepared.answer,
+                        answer_after_reasoning=prepared.answer_after_reasoning)  # fmt: skip
 
     def prefill_chunk(self) -> None:
         self.metrics.count_prefill_chunk()

@@ -9,9 +9,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-from ds4d.chat.constrain import VocabIndex
+from ds4d.chat.constrain import Step, VocabIndex
 from ds4d.chat.errors import ContextExceeded, PromptRefused
 from ds4d.chat.formats import ChatFormat
+from ds4d.chat.structured import JsonVocab, json_output
+from ds4d.chat.toolsyntax import prefixed
 from ds4d.chat.types import ChatRequest
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.serving.constraint import CallConstraint
@@ -30,6 +32,10 @@ class Prepared:
     record: GenerationRecord  # what the log line, /metrics and the trace report
     vocab: VocabIndex | None = None  # for a tool-call constraint (tools declared)
     forced: CallConstraint | None = None  # the constraint of a forced tool call
+    # A structured answer (request.output_format): its JSON steps, and whether they wait
+    # for the model to close the thinking block the prompt opened.
+    answer: Step | None = None
+    answer_after_reasoning: bool = False
     arrived: float = field(default_factory=time.perf_counter)
 
 
@@ -44,6 +50,7 @@ class PromptPreparer:
         self.ctx = ctx
         self.state = state
         self._vocab: VocabIndex | None = None
+        self._json_vocabs: dict[str, JsonVocab] = {}
         self._longest_token: int | None = None  # bytes of the vocabulary's longest token
 
     def render(self, req: ChatRequest) -> str:
@@ -80,6 +87,14 @@ class PromptPreparer:
                     # a format may index the vocabulary for its syntax the first time
                     steps = self.chat_format.forced_call(vocab, req)
                     prepared.forced = CallConstraint(steps)
+            if req.output_format is not None and prepared.forced is None:
+                start = self.chat_format.structured_start(req)
+                answer = json_output(self.json_vocab(start.markup), req.output_format)
+                if start.prefix is None:
+                    prepared.answer_after_reasoning = True
+                elif start.prefix:
+                    answer = prefixed(start.prefix, answer)
+                prepared.answer = answer
             return prepared
 
         try:
@@ -154,3 +169,11 @@ class PromptPreparer:
         if self._vocab is None:
             self._vocab = VocabIndex.from_tokenizer(self.tok, self.n_vocab)
         return self._vocab
+
+    def json_vocab(self, markup: str) -> JsonVocab:
+        """The token classes of structured answers whose strings exclude `markup`
+        (blocking the first time for each)."""
+        if markup not in self._json_vocabs:
+            vocab = self.vocab()
+            self._json_vocabs[markup] = JsonVocab(vocab.with_markup(markup) if markup else vocab)
+        return self._json_vocabs[markup]

@@ -314,6 +314,45 @@ params = st.one_of(
     st.just({"type": "object", "properties": {"p": {"type": "string"}}}),
     junk,
 )
+# Structured output: schemas the constraint honours, ones it refuses, and junk.
+leaf_schema = st.sampled_from(
+    [{"type": "string"}, {"type": "integer"}, {"type": "number"}, {"type": "boolean"},
+     {"type": "null"}, {"enum": ["a", 1, None]}, {}, {"type": ["string", "null"]},
+     {"type": "string", "pattern": "^a"}, {"type": "string", "format": "date"},
+     {"$ref": "#/$defs/missing"}, {"type": "nope"}, {"anyOf": [{"type": "string"}] * 2}]
+)  # fmt: skip
+json_schema = st.recursive(
+    leaf_schema,
+    lambda c: st.one_of(
+        st.fixed_dictionaries(
+            {"type": st.just("object"), "properties": st.dictionaries(text_s, c, max_size=3)},
+            optional={"required": st.lists(text_s, max_size=3),
+                      "additionalProperties": st.one_of(st.booleans(), c)},
+        ),
+        st.fixed_dictionaries(
+            {"type": st.just("array"), "items": c},
+            optional={"minItems": st.integers(-1, 3), "maxItems": st.integers(-1, 3)},
+        ),
+        st.fixed_dictionaries({"anyOf": st.lists(c, min_size=1, max_size=3)}),
+    ),
+    max_leaves=6,
+)  # fmt: skip
+ollama_format = st.one_of(st.sampled_from(["", "json", None, "xml"]), maybe(json_schema))
+response_format = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "xml"])}),
+    st.fixed_dictionaries(
+        {"type": st.just("json_schema"),
+         "json_schema": maybe(st.fixed_dictionaries(
+             {"name": maybe(text_s)}, optional=opt(schema=json_schema, strict=st.booleans())))}
+    ),
+)  # fmt: skip
+text_format = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object"])}),
+    st.fixed_dictionaries(
+        {"type": st.just("json_schema"), "name": maybe(text_s)},
+        optional=opt(schema=json_schema, strict=st.booleans()),
+    ),
+)
 fn_tool = st.fixed_dictionaries(
     {
         "type": st.just("function"),
@@ -362,6 +401,7 @@ chat_body = st.fixed_dictionaries(
         stop=st.one_of(text_s, st.lists(text_s, max_size=3)),
         n=st.integers(0, 2),
         reasoning_effort=st.sampled_from(["none", "low", "high", "x"]),
+        response_format=response_format,
         **sampling,
     ),
 )
@@ -450,6 +490,7 @@ responses_body = st.fixed_dictionaries(
             {"effort": maybe(st.sampled_from(["none", "low", "high"]))}
         ),
         previous_response_id=st.none(),
+        text=st.fixed_dictionaries({}, optional=opt(format=text_format)),
         **sampling,
     ),
 )
@@ -518,7 +559,7 @@ ollama_common = opt(
     options=ollama_options,
     keep_alive=st.sampled_from(["5m", -1, "1h30m", "x", 300, None]),
     think=st.sampled_from([True, False, "low", "high", "max"]),
-    format=st.sampled_from(["", "json", None]),
+    format=ollama_format,
 )
 ollama_message = st.fixed_dictionaries(
     {

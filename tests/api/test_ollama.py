@@ -119,7 +119,9 @@ def test_generate_prompt_system_raw_suffix_and_empty_prompt() -> None:
 
 @pytest.mark.parametrize(
     ("body", "word"),
-    [({"prompt": "x", "images": ["aGk="]}, "images"), ({"prompt": "x", "format": "json"}, "format"),
+    [({"prompt": "x", "images": ["aGk="]}, "images"), ({"prompt": "x", "format": "xml"}, "format"),
+     ({"prompt": "x", "suffix": "y", "format": "json"}, "format"),
+     ({"prompt": "x", "format": {"type": "string", "pattern": "a"}}, "pattern"),
      ({"prompt": "x", "context": [1, 2]}, "context"), ({"prompt": "x", "template": "{{ .P }}"},
      "template"), ({"prompt": 3}, "prompt")],
 )  # fmt: skip
