@@ -113,31 +113,39 @@ def test_streamed_infill_ends_with_the_full_object(daemon):
 def test_keystrokes_reuse_exactly_the_shared_prefix(daemon):
     """llama.vim's pattern: a warm-up (n_predict 0), then a request per keystroke; with
     one slot every prompt evaluates only the tokens from its first difference with the
-    one before (no more, no fewer), and a warm-up repeated costs nothing."""
+    closest state seen before (no more, no fewer), a state seen before (a warm-up
+    repeated, a backspace, the cursor back where it was) nothing at all."""
     cursor = SOURCE.index("    return out")
     typed = "    # done\n"
-    text = SOURCE[:cursor] + SOURCE[cursor:]
     states = []
     for i in range(len(typed) + 1):
         text = SOURCE[:cursor] + typed[:i] + SOURCE[cursor:]
         states.append((text, cursor + i))
-    states += [states[-2], states[-3], states[4]]  # backspaces, then a jump back
-    previous: list[int] | None = None
+    up = SOURCE.index("    out = {}")
+    states += [states[-2], states[-3], states[4],  # backspaces, then a jump back
+               (states[6][0], up), states[6], states[7]]  # the cursor up, down, and on  # fmt: skip
     warm = at_cursor(SOURCE, cursor, n_predict=0)
     infill(daemon, **warm)
     again = infill(daemon, **warm)
     assert again["timings"]["cache_n"] == again["tokens_cached"] == len(expected_ids(warm, 0))
-    previous = expected_ids(warm, 0)
+    assert again["timings"]["prompt_n"] == 0
+    seen = [expected_ids(warm, 0)]
+    returns = 0
     for text, at in states:
         body = at_cursor(text, at, n_predict=0)
         ids = expected_ids(body, 0)
         reply = infill(daemon, **body)
         assert reply["tokens_evaluated"] == len(ids)
-        assert reply["timings"]["cache_n"] == common_prefix(previous, ids), text[at - 5 : at + 5]
-        assert reply["timings"]["prompt_n"] == len(ids) - common_prefix(previous, ids)
-        previous = ids
+        if ids in seen:
+            shared, returns = len(ids), returns + 1
+        else:
+            shared = min(max(common_prefix(s, ids) for s in seen), len(ids) - 1)
+        assert reply["timings"]["cache_n"] == shared, text[at - 5 : at + 5]
+        assert reply["timings"]["prompt_n"] == len(ids) - shared
+        seen.append(ids)
+    assert returns == 6
     # the extra context and the file up to the cursor's line were never evaluated again
-    assert common_prefix(previous, expected_ids(warm, 0)) > len(vocab()[0].encode(SOURCE[:300]))
+    assert common_prefix(seen[-1], seen[0]) > len(vocab()[0].encode(SOURCE[:300]))
 
 
 def test_completions_with_suffix_fill_in_the_middle(daemon):
