@@ -107,6 +107,9 @@ class ChatRequest:
     n_indent: int = 0
     t_max_predict_ms: int = 0
     response_fields: list[str] = field(default_factory=list)  # llama.cpp's: only these paths
+    # Several candidate completions of the one prompt (llama.cpp's n_cmpl), generated one
+    # after another: the prompt is evaluated once, the later ones start from its KV.
+    candidates: int = 1
 
     @property
     def tools_active(self) -> bool:

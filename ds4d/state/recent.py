@@ -11,8 +11,10 @@ first, then rewound to `start`). When the live session is about to drop rows an 
 stands on, those rows are kept first as an entry of their own (a bridge), so moving the
 cursor up and back down finds the way back.
 
-Entries are bounded in bytes (`budget_bytes`), the oldest dropped first; an entry larger
-than a quarter of the budget is not kept (it would push out the recent ones it is for).
+Entries are bounded in bytes (`budget_bytes`), the oldest dropped first; of a state larger
+than a quarter of the budget (it would push out the recent ones it is for) only its last
+token is kept (its row and logits: the same prompt again costs nothing while the session
+holds the rest).
 Everything here runs where the session's evaluations are serialized (the engine thread),
 except `route`, which only reads the entries (the slot is the caller's meanwhile).
 """
@@ -55,7 +57,7 @@ class Route:
     session rewound to its `start`), and how much of the prompt the last one holds."""
 
     chain: tuple[Remembered, ...]
-    shared: int  # prompt tokens the restored state holds (its common prefix with them)
+    shared: int  # prompt tokens kept from the restored state (all: it is the prompt's)
 
     @property
     def target(self) -> Remembered:
@@ -86,11 +88,15 @@ class RecentStates:
         live = list(live)
         best: Route | None = None
         floor = common_prefix(live, prompt)
+        if floor == len(prompt) < len(live):
+            floor -= 1  # the rewind would lose the logits: the last token evaluated again
         reach: dict[int, tuple[Remembered, ...] | None] = {}
         for e in sorted(self._entries, key=lambda e: -len(e.tokens)):
             if e.steering_key != steering_key:
                 continue
             shared = common_prefix(e.tokens, prompt)
+            if not shared == len(e.tokens) == len(prompt):
+                shared = min(shared, len(prompt) - 1)  # logits only from an evaluation
             if shared <= floor or (best is not None and shared <= best.shared):
                 continue
             chain = self._reach(e, live, reach)
@@ -137,6 +143,12 @@ class RecentStates:
         same = [e for e in self._entries if e.tokens == tokens and e.steering_key == key]
         if any(e.start <= start for e in same):
             return False  # kept already, on a base at least as short
+        if session.snapshot_kv_bytes(start) > self.budget_bytes // 4:
+            # too long to keep whole: keep its last token's row and logits, which a session
+            # still holding the rest (the same prompt again, another candidate) needs
+            start = len(tokens) - 1
+            if (start and not session.supports_delta) or any(e.start <= start for e in same):
+                return False
         snap = session.snapshot(start)
         if snap.nbytes > self.budget_bytes // 4:
             return False

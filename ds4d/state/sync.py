@@ -287,8 +287,11 @@ class SlotSync:
         done = self.session.n_tokens
         total = len(self._tokens)
         if done >= total:
-            if self.recent is not None and self.evaluating and not self.remembered:
-                return Remember(self.recent, self.cached_at_eval)
+            if self.recent is not None and not self.remembered and done == total > 0:
+                # kept from where this request began evaluating (a prompt it did not
+                # evaluate at all: its last token, should it not be kept yet)
+                start = self.cached_at_eval if self.evaluating else total - 1
+                return Remember(self.recent, start)
             self._stage = "done"
             return None
         limit = next((p for p, _ in self._stops if p > done), total)

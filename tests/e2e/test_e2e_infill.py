@@ -159,12 +159,43 @@ def test_completions_with_suffix_fill_in_the_middle(daemon):
     assert plain.usage.prompt_tokens == len(vocab()[0].encode(prefix))
 
 
+def test_several_candidates_share_the_prompts_evaluation(daemon):
+    """n_cmpl: llama-server's array of final objects, each with its index; the prompt is
+    evaluated once, and candidate i is the one a single request with seed + i gives."""
+    body = at_cursor(SOURCE, SOURCE.index("    return out"), n_predict=6, temperature=1.5,
+                     top_k=0, top_p=1.0, min_p=0.0, seed=1234)  # fmt: skip
+    ids = expected_ids(body, 6)
+    infill(daemon, **at_cursor(SOURCE, 7, n_predict=0))  # the slot elsewhere first
+    replies = infill(daemon, **body, n_cmpl=3)
+    assert isinstance(replies, list) and [r["index"] for r in replies] == [0, 1, 2]
+    assert all(r["stop"] is True and r["tokens_evaluated"] == len(ids) for r in replies)
+    assert replies[0]["timings"]["prompt_n"] > 0
+    assert [r["timings"]["prompt_n"] for r in replies[1:]] == [0, 0]
+    assert [r["timings"]["cache_n"] for r in replies[1:]] == [len(ids), len(ids)]
+    for i, r in enumerate(replies):
+        infill(daemon, **at_cursor(SOURCE, 7, n_predict=0))
+        alone = infill(daemon, **{**body, "seed": 1234 + i})
+        assert alone["content"] == r["content"]
+    assert len({r["content"] for r in replies}) > 1  # sampled hot: not all the same
+    with httpx.stream("POST", f"{daemon.url}/infill", json={**body, "n_cmpl": 2, "stream": True},
+                      timeout=120) as s:  # fmt: skip
+        assert s.status_code == 200
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    finals = [e for e in events if e["stop"]]
+    assert [e["index"] for e in finals] == [0, 1]
+    assert [e["index"] for e in events] == sorted(e["index"] for e in events)
+    for i in (0, 1):
+        text = "".join(e["content"] for e in events if e["index"] == i and not e["stop"])
+        assert text == replies[i]["content"]
+
+
 def test_bad_infill_fields_are_400s_in_llama_cpp_shape(daemon):
     for body, param in (
         ({"input_suffix": ""}, "input_prefix"),
         ({"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}, "text"),
         ({"input_prefix": "", "input_suffix": "", "samplers": ["nope"]}, "sampler"),
-        ({"input_prefix": "", "input_suffix": "", "n_cmpl": 2}, "n_cmpl"),
+        ({"input_prefix": "", "input_suffix": "", "n_cmpl": 17}, "n_cmpl"),
+        ({"input_prefix": "", "input_suffix": "", "n_cmpl": 0}, "n_cmpl"),
     ):
         r = httpx.post(f"{daemon.url}/infill", json=body, timeout=30)
         assert r.status_code == 400, body

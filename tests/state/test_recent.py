@@ -138,3 +138,21 @@ def test_the_budget_bounds_the_bytes_and_drops_the_oldest(engine):
     sync(session, none, typed(1))
     sync(session, none, typed(2))
     assert none.nbytes == 0 and len(none) == 0
+
+
+def test_the_same_prompt_after_a_generation_costs_nothing_even_when_too_long_to_keep(engine):
+    """Another candidate (n_cmpl) or a repeated request: the session holds the prompt and
+    what was generated after it; of a state too long to keep whole, its last token is
+    kept, so the prompt comes back with its exact logits and nothing evaluated."""
+    cold, size = keystroke_bytes(engine)
+    session = engine.new_session(1024)
+    recent = RecentStates(2 * size)  # far too small for the cold state
+    assert sync(session, recent, typed(3)) == len(typed(3))
+    first = session.last_logits.copy()
+    session.eval([int(np.argmax(first)), 5, 6])  # generated
+    assert sync(session, recent, typed(3)) == 0
+    assert np.array_equal(session.last_logits, first)
+    without = engine.new_session(1024)
+    sync(without, None, typed(3))
+    without.eval([7, 8])
+    assert sync(without, None, typed(3)) == 1
