@@ -127,10 +127,10 @@ class RecentStates:
 
     # -- changing (the engine thread) --------------------------------------------------------
 
-    def remember(self, session: Session, start: int) -> bool:
+    def remember(self, session: Session, start: int, tail: bool = True) -> bool:
         """Keep the state `session` holds now, as a delta after its first `start` tokens
         (its evaluation must have left the next-token logits: a snapshot never evaluates
-        here). Whether it was kept."""
+        here); `tail`: when that is too long, keep its last token. Whether it was kept."""
         if (
             self.budget_bytes == 0
             or session.n_tokens <= start
@@ -144,6 +144,8 @@ class RecentStates:
         if any(e.start <= start for e in same):
             return False  # kept already, on a base at least as short
         if session.snapshot_kv_bytes(start) > self.budget_bytes // 4:
+            if not tail:
+                return False
             # too long to keep whole: keep its last token's row and logits, which a session
             # still holding the rest (the same prompt again, another candidate) needs
             start = len(tokens) - 1
@@ -172,7 +174,7 @@ class RecentStates:
             self._reach(e, live, now) is not None and self._reach(e, live[:n], after) is None
             for e in self._entries
         )  # fmt: skip
-        return needed and self.remember(session, n)
+        return needed and self.remember(session, n, tail=False)
 
     def restore(self, session: Session, route: Route) -> bool:
         """Load the route's entries into `session` (blocking); whether it now holds the
