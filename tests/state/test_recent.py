@@ -116,6 +116,7 @@ def test_a_restored_state_is_bitwise_the_state_first_computed(engine):
     # and it goes on exactly as a fresh evaluation of the same prompt does
     fresh = engine.new_session(1024)
     fresh.eval(typed(4))
+    assert np.array_equal(session.last_logits, fresh.last_logits)
     for _ in range(4):
         a, b = int(np.argmax(session.compute_logits())), int(np.argmax(fresh.compute_logits()))
         assert a == b
