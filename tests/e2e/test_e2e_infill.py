@@ -162,14 +162,14 @@ def test_completions_with_suffix_fill_in_the_middle(daemon):
 def test_several_candidates_share_the_prompts_evaluation(daemon):
     """n_cmpl: llama-server's array of final objects, each with its index; the prompt is
     evaluated once, and candidate i is the one a single request with seed + i gives."""
-    body = at_cursor(SOURCE, SOURCE.index("    return out"), n_predict=6, temperature=1.5,
+    body = at_cursor(SOURCE, SOURCE.index("    return out"), n_predict=6, temperature=1.5, prompt="n = ",
                      top_k=0, top_p=1.0, min_p=0.0, seed=1234)  # fmt: skip
     ids = expected_ids(body, 6)
     infill(daemon, **at_cursor(SOURCE, 7, n_predict=0))  # the slot elsewhere first
     replies = infill(daemon, **body, n_cmpl=3)
     assert isinstance(replies, list) and [r["index"] for r in replies] == [0, 1, 2]
     assert all(r["stop"] is True and r["tokens_evaluated"] == len(ids) for r in replies)
-    assert replies[0]["timings"]["prompt_n"] > 0
+    assert replies[0]["timings"]["prompt_n"] > 0  # a prompt not seen before
     assert [r["timings"]["prompt_n"] for r in replies[1:]] == [0, 0]
     assert [r["timings"]["cache_n"] for r in replies[1:]] == [len(ids), len(ids)]
     for i, r in enumerate(replies):
