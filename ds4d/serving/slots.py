@@ -15,7 +15,6 @@ from ds4d.chat.types import Priority
 from ds4d.state.matching import common_prefix
 from ds4d.state.slots import Slot
 
-
 # a completion goes on from a slot it shares at least this much with (see best_idle)
 COMPLETION_SHARED_TOKENS = 256
 
