@@ -7,6 +7,12 @@ daemon assembles the model's fill-in-the-middle prompt from it (ds4d.chat.fim). 
 has llama.cpp's fields, so the plugins' status lines (tokens reused, timings) work.
 `n_predict: 0` only brings the prompt into the KV (the plugins' warm-up).
 
+`n_cmpl` > 1 asks for several candidates: they are generated one after another from the
+prompt's KV (evaluated once; ds4d.state.recent keeps its state for the next candidate),
+each with its own seed (the request's `seed` plus its index, when it gives one), and
+answered as llama-server answers several results: a JSON array of final objects, each
+with its `index` (streamed: each candidate's pieces and final object carry its index).
+
 Not implemented, accepted for compatibility: `t_max_prompt_ms` (llama.cpp does not
 implement it either), `cache_prompt` (ds4d always keeps a prompt's KV; false is accepted
 and changes nothing). Samplers run in ds4d's fixed order (top_k, top_p, min_p,
@@ -33,7 +39,7 @@ from ds4d.api.common import (
 from ds4d.chat.fim import ExtraChunk, InfillInput, supersede_key
 from ds4d.chat.types import ChatRequest, Event, Finish, Sampling, TextDelta, Usage
 
-__all__ = ["error_body", "parse", "response", "Stream"]
+__all__ = ["candidate", "error_body", "parse", "response", "Stream"]
 
 # llama.cpp's sampler names (common/sampling.cpp), with their alternative spellings.
 SAMPLER_NAMES = frozenset(
@@ -43,7 +49,9 @@ SAMPLER_NAMES = frozenset(
         "penalties", "temperature", "temp", "adaptive_p",
     }
 )  # fmt: skip
-N_CMPL_MAX = 1  # several candidates per request: not yet
+# several candidates: at most this many (llama-server allows as many as it has slots; here
+# they run one after another, so this only bounds one request's work)
+N_CMPL_MAX = 16
 
 
 def error_body(err: ApiError) -> dict[str, Any]:
@@ -71,9 +79,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
     unknown = [n for n in names if n not in SAMPLER_NAMES]
     if unknown:
         raise bad(f"unknown sampler {unknown[0]!r} in 'samplers'", "samplers")
-    n_cmpl = number(body, "n_cmpl", 1, 64, 1, integer=True)
-    if n_cmpl > N_CMPL_MAX:
-        raise bad("only n_cmpl=1 is supported", "n_cmpl")
+    n_cmpl = number(body, "n_cmpl", 1, N_CMPL_MAX, 1, integer=True)
     fields = body.get("response_fields")
     response_fields = stop_list(fields, "response_fields") if fields is not None else []
     field_of(body, "cache_prompt", bool, True)
@@ -94,7 +100,16 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         n_indent=number(body, "n_indent", 0, 1 << 16, 0, integer=True),
         t_max_predict_ms=number(body, "t_max_predict_ms", 0, 1 << 31, 0, integer=True),
         response_fields=response_fields,
+        candidates=n_cmpl,
     )
+
+
+def candidate(req: ChatRequest, index: int) -> ChatRequest:
+    """The request for the `index`-th of several candidates: the same prompt and settings,
+    its own seed (the request's plus the index) so that sampled candidates differ."""
+    seed = req.sampling.seed
+    sampling = dataclasses.replace(req.sampling, seed=None if seed is None else seed + index)
+    return dataclasses.replace(req, sampling=sampling, candidates=1)
 
 
 def _stop_type(finish: Finish) -> str:
@@ -125,11 +140,11 @@ def _timings(usage: Usage, prompt_s: float, predict_s: float) -> dict[str, Any]:
 
 
 def _final(req: ChatRequest, text: str, usage: Usage, finish: Finish, model: str,
-           prompt_s: float, predict_s: float) -> dict[str, Any]:  # fmt: skip
+           prompt_s: float, predict_s: float, index: int) -> dict[str, Any]:  # fmt: skip
     cut = req.fim_prompt.cut if req.fim_prompt is not None else None
     s = req.sampling
     body: dict[str, Any] = {
-        "index": 0,
+        "index": index,
         "content": text,
         "tokens": [],
         "id_slot": -1,
@@ -183,18 +198,21 @@ def _pick(paths: list[str], body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
+def response(req: ChatRequest, c: Completion, model: str, index: int = 0) -> dict[str, Any]:
+    """The final object (of the `index`-th candidate)."""
     prompt_s, predict_s = c.phase_seconds()
-    return _final(req, c.reasoning + c.text, c.usage, c.finish, model, prompt_s, predict_s)
+    return _final(req, c.reasoning + c.text, c.usage, c.finish, model, prompt_s, predict_s,
+                  index)  # fmt: skip
 
 
 class Stream:
     """llama.cpp's non-OpenAI stream: one `data:` object per piece of text (`stop`:
     false), then the final object with every field (`stop`: true); no [DONE]."""
 
-    def __init__(self, req: ChatRequest, model: str) -> None:
+    def __init__(self, req: ChatRequest, model: str, index: int = 0) -> None:
         self.req = req
         self.model = model
+        self.index = index  # of the candidate (n_cmpl)
         self.times = Completion()  # the phases' clock and the text so far
 
     def open(self) -> list[str]:
@@ -210,7 +228,7 @@ class Stream:
             return [
                 sse(
                     {
-                        "index": 0,
+                        "index": self.index,
                         "content": ev.text,
                         "tokens": [],
                         "stop": False,
@@ -221,7 +239,8 @@ class Stream:
                 )
             ]
         if isinstance(ev, Finish):
-            return [sse(response(self.req, self.times, self.model) | {"content": ""})]
+            final = response(self.req, self.times, self.model, self.index)
+            return [sse(final | {"content": ""})]
         return []
 
     def error(self, err: ApiError) -> list[str]:

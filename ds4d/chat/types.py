@@ -118,6 +118,9 @@ class ChatRequest:
     response_fields: list[str] = field(default_factory=list)  # llama.cpp's: only these paths
     # The answer constrained to JSON (ds4d.chat.structured), after any thinking.
     output_format: OutputFormat | None = None
+    # Several candidate completions of the one prompt (llama.cpp's n_cmpl), generated one
+    # after another: the prompt is evaluated once, the later ones start from its KV.
+    candidates: int = 1
 
     @property
     def tools_active(self) -> bool:

@@ -155,6 +155,15 @@ class Config:
         hi=63,
         metavar="N",
     )
+    completion_states_mb: int = _key(
+        256,
+        "memory (MB) each slot keeps for recent completion states, so a state an editor "
+        "returns to (a backspace, an undo, the cursor moving back) is never evaluated "
+        "again; 0 = keep none",
+        lo=0,
+        hi=1 << 20,
+        metavar="MB",
+    )
     threads: int = _key(
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N"
     )

@@ -25,6 +25,7 @@ from ds4d.engine.engine import Engine
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.model import ModelServer
 from ds4d.serving.slots import SlotPool
+from ds4d.state.recent import RecentStates
 from ds4d.state.service import StateService
 from ds4d.state.slots import Slot
 from ds4d.state.trace import TraceWriter
@@ -73,7 +74,8 @@ class ServedModel:
         return self.server.state
 
     def memory_bytes(self) -> int:
-        kv = sum(s.session.kv_bytes for s in self.pool.slots)
+        kv = sum(s.session.kv_bytes + (s.recent.nbytes if s.recent else 0)
+                 for s in self.pool.slots)  # fmt: skip
         disk = self.state.disk
         pending = disk.writer.pending_bytes if disk is not None and disk.writer else 0
         return self.file_bytes + kv + pending
@@ -162,7 +164,8 @@ async def open_served(
     for i in range(cfg.slots):
         sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
         log.info("%s: slot %d/%d ready", spec.name, i + 1, cfg.slots)
-    slots = [Slot(i, s, ctx) for i, s in enumerate(sessions)]
+    states = cfg.completion_states_mb << 20
+    slots = [Slot(i, s, ctx, recent=RecentStates(states)) for i, s in enumerate(sessions)]
     state_cfg = cfg
     if kv_namespace is not None and cfg.kv_disk:
         state_cfg = dataclasses.replace(cfg, kv_disk_dir=str(kv_dir(cfg) / kv_namespace))

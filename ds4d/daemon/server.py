@@ -708,6 +708,8 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
         protocol, param = PROTOCOLS[kind]
         try:
             req = await _parsed(protocol.parse)
+            if req.candidates > 1:
+                return await _candidates(req, kind, param)
             gen = await prepare_generation(daemon, req, kind, param)
             model_name = req.model or gen.served.name
             if not req.stream:
@@ -724,6 +726,28 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
         daemon.metrics.requests[(kind, "200")] += 1
         return _sse_response(protocol.Stream(req, model_name), gen)
 
+    async def _relay(encoder: EventStream, gen: Generation) -> AsyncIterator[bytes]:
+        """The generation's events in the stream's framing, submitted when this is first
+        iterated and cancelled when it is left before the end."""
+        try:
+            async with gen.events() as events:
+                while True:
+                    chunks = None
+                    with trio.move_on_after(daemon.config.keepalive_s):
+                        try:
+                            ev = await events.receive()
+                        except trio.EndOfChannel:
+                            return
+                        chunks = encoder.feed(ev)
+                    if chunks is None:  # nothing for a while (long prefill, queue)
+                        yield encoder.keepalive().encode()
+                        continue
+                    for chunk in chunks:
+                        yield chunk.encode()
+        except Overloaded:  # the queue filled since the request was admitted
+            for chunk in encoder.feed(Finish("error", "all slots are busy; retry later")):
+                yield chunk.encode()
+
     def _sse_response(encoder: EventStream, gen: Generation) -> Response:
         """The stream's body submits the request when the client starts reading it, and
         cancels it when the client goes away: a body never read never runs anything."""
@@ -731,30 +755,54 @@ def _add_generation_routes(app: QuartTrio, daemon: Daemon) -> None:
         async def body() -> AsyncIterator[bytes]:
             for chunk in encoder.open():
                 yield chunk.encode()
-            try:
-                async with gen.events() as events:
-                    while True:
-                        chunks = None
-                        with trio.move_on_after(daemon.config.keepalive_s):
-                            try:
-                                ev = await events.receive()
-                            except trio.EndOfChannel:
-                                return
-                            chunks = encoder.feed(ev)
-                        if chunks is None:  # nothing for a while (long prefill, queue)
-                            yield encoder.keepalive().encode()
-                            continue
-                        for chunk in chunks:
-                            yield chunk.encode()
-            except Overloaded:  # the queue filled since the request was admitted
-                for chunk in encoder.feed(Finish("error", "all slots are busy; retry later")):
-                    yield chunk.encode()
+            async for data in _relay(encoder, gen):
+                yield data
 
-        resp = Response(body(), content_type="text/event-stream")
+        return _event_stream(body())
+
+    def _event_stream(body: AsyncIterator[bytes]) -> Response:
+        resp = Response(body, content_type="text/event-stream")
         resp.headers["Cache-Control"] = "no-cache"
         resp.headers["X-Accel-Buffering"] = "no"
         resp.timeout = None
         return resp
+
+    async def _candidates(req: ChatRequest, kind: str, param: str) -> Response:
+        """/infill's n_cmpl: the candidates one after another on the same prompt (its KV
+        evaluated once, each later one restored from it), each prepared when its turn
+        comes; one that ends in an error (superseded by the editor's next request) ends
+        the answer. Refusals of the first are the route's; of a later one, its end."""
+        reqs = [infill.candidate(req, i) for i in range(req.candidates)]
+        first = await prepare_generation(daemon, reqs[0], kind, param)
+        model_name = req.model or first.served.name
+        if not req.stream:
+            bodies = []
+            for i, r in enumerate(reqs):
+                gen = first if i == 0 else await prepare_generation(daemon, r, kind, param)
+                completion = await gen.collect()
+                bodies.append(infill.response(r, completion, model_name, i))
+                if completion.finish.reason == "error":
+                    break
+            daemon.metrics.requests[(kind, "200")] += 1
+            return Response(json.dumps(bodies), content_type="application/json")
+
+        async def body() -> AsyncIterator[bytes]:
+            for i, r in enumerate(reqs):
+                encoder = infill.Stream(r, model_name, i)
+                try:
+                    gen = first if i == 0 else await prepare_generation(daemon, r, kind, param)
+                except (ApiError, Refused) as refused:
+                    err = refused if isinstance(refused, ApiError) else refusal_error(refused)
+                    for piece in encoder.error(err):
+                        yield piece.encode()
+                    return
+                async for data in _relay(encoder, gen):
+                    yield data
+                if encoder.times.finish.reason == "error":
+                    return
+
+        daemon.metrics.requests[(kind, "200")] += 1
+        return _event_stream(body())
 
     @app.post("/v1/chat/completions")
     async def chat() -> Response:

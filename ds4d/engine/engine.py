@@ -606,6 +606,10 @@ class Session:
         """Whether snapshot(start > 0) works: the family's KV rows can be taken by range."""
         return bool(getattr(self._state, "supports_ranges", False))
 
+    def snapshot_kv_bytes(self, start: int = 0) -> int:
+        """The bytes of KV rows snapshot(start) would copy."""
+        return int(self._state.kv_payload_bytes(len(self._tokens), start))
+
     def snapshot(self, start: int = 0) -> SessionSnapshot:
         """A copy of the payload (of the rows after the first `start` tokens when start > 0,
         a delta) taken now: a memcpy of the KV rows, so the session may be reused as soon as

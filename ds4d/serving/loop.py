@@ -60,7 +60,7 @@ from ds4d.state.sync import (
     EvalChunk,
     KVCalls,
     SlotSync,
-    make_plan,
+    plan_with_recent,
     run_call,
 )
 
@@ -274,10 +274,12 @@ class EngineLoop:
         try:
             # an editor's completion keeps any shared prefix (kv-cache-min-tokens is for
             # agents' conversations): every token it re-reads is a keystroke's wait
-            min_reuse = 1 if p.request.priority == "completion" else None
-            plan = await trio.to_thread.run_sync(
-                make_plan, self.kv, session, p.text, p.tokens, min_reuse
-            )
+            completion = p.request.priority == "completion"
+            recent = work.slot.recent if completion else None
+            plan, route = await trio.to_thread.run_sync(
+                plan_with_recent, self.kv, session, p.text, p.tokens, recent,
+                1 if completion else None,
+            )  # fmt: skip
         except Exception:
             log.exception("matching plan failed")
             self._fail(work)
@@ -287,7 +289,7 @@ class EngineLoop:
             self._finalize(work, None)
         else:
             work.sync = SlotSync(session, p.text, p.tokens, plan, self.kv,
-                                 tool_call_ids(p.request))  # fmt: skip
+                                 tool_call_ids(p.request), recent, route)  # fmt: skip
             work.phase = Phase.PREFILL
         self._wake.set()
 

@@ -15,6 +15,9 @@ from ds4d.chat.types import Priority
 from ds4d.state.matching import common_prefix
 from ds4d.state.slots import Slot
 
+# a completion goes on from a slot it shares at least this much with (see best_idle)
+COMPLETION_SHARED_TOKENS = 256
+
 
 class SlotPool:
     def __init__(self, slots: list[Slot], completion_slots: int = 0) -> None:
@@ -52,6 +55,11 @@ class SlotPool:
         # each other's state while other slots sit idle. Reuse a slot only when the match
         # keeps at least half of what it holds; else take the least recently used one.
         if best_len > 0 and 2 * best_len >= len(best.tokens):
+            return best
+        # An editor's completion whose context chunks are another's (a chunk arrived:
+        # the file after them is read again anyway) goes on from them: the FIM markers
+        # every completion shares are far fewer tokens than a chunk of a file.
+        if priority == "completion" and best_len >= COMPLETION_SHARED_TOKENS:
             return best
         return min(idle, key=lambda s: s.last_used)
 

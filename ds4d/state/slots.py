@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ds4d.engine.engine import Session
+from ds4d.state.recent import RecentStates
 
 
 @dataclass
@@ -20,6 +21,8 @@ class Slot:
     busy: bool = False
     last_used: float = field(default_factory=time.monotonic)
     requests: int = 0
+    # the slot's recent completion states (None: none kept)
+    recent: RecentStates | None = None
 
     @property
     def tokens(self) -> Sequence[int]:

@@ -6,7 +6,10 @@ typed engine calls.
 and then hands out one engine call at a time: save the long session the plan throws away
 (`Checkpoint(EVICT)`), load a disk checkpoint (`Load`), drop what the prompt does not
 share (`Rewind`), prefill a chunk (`EvalChunk`, one C call: at most PREFILL_CHUNK
-tokens), and pause at the save policy's stops to write checkpoints (`Checkpoint`).
+tokens), and pause at the save policy's stops to write checkpoints (`Checkpoint`). An
+editor's completion also goes through its slot's recent states (ds4d.state.recent):
+back to one that shares more with the prompt than the live session (`Restore`), and the
+state it computed kept once its prompt is in (`Remember`).
 
 Whoever drives it runs each call through an `EngineCalls` (here `KVCalls`, the engine
 and the KV state) and reports the outcome with `took`: the daemon's engine loop
@@ -25,7 +28,8 @@ from ds4d.engine.engine import PREFILL_CHUNK, Session
 from ds4d.state.diskcache import DiskMatch
 from ds4d.state.kvfile import Reason
 from ds4d.state.kvstate import KVState
-from ds4d.state.matching import MIN_REUSE_TOKENS, Plan, plan_sync
+from ds4d.state.matching import MIN_REUSE_TOKENS, Plan, common_prefix, plan_sync
+from ds4d.state.recent import RecentStates, Route
 from ds4d.state.trace import CacheSource
 
 
@@ -38,9 +42,11 @@ class EvalChunk:
 
 @dataclass(frozen=True)
 class Rewind:
-    """Keep the first `n` tokens."""
+    """Keep the first `n` tokens (with `recent`: first keep as a bridge the rows a recent
+    state stands on)."""
 
     n: int
+    recent: RecentStates | None = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,24 @@ class Checkpoint:
     reason: Reason
 
 
-EngineCall = EvalChunk | Rewind | Load | Checkpoint
+@dataclass(frozen=True)
+class Restore:
+    """Bring the session to a recent state (the live rows a recent state stands on kept
+    first as a bridge)."""
+
+    recent: RecentStates
+    route: Route
+
+
+@dataclass(frozen=True)
+class Remember:
+    """Keep the state the session now holds among the recent ones (a delta after `start`)."""
+
+    recent: RecentStates
+    start: int
+
+
+EngineCall = EvalChunk | Rewind | Load | Checkpoint | Restore | Remember
 
 
 class EngineCalls(Protocol):
@@ -66,7 +89,7 @@ class EngineCalls(Protocol):
 
     def eval_chunk(self, session: Session, tokens: Sequence[int]) -> None: ...
 
-    def rewind(self, session: Session, n: int) -> None: ...
+    def rewind(self, session: Session, n: int, recent: RecentStates | None = None) -> None: ...
 
     def load(self, session: Session, match: DiskMatch, prompt_text: str) -> list[int] | None:
         """The effective prompt tokens, or None when the checkpoint cannot be used."""
@@ -74,6 +97,14 @@ class EngineCalls(Protocol):
 
     def checkpoint(self, session: Session, reason: Reason) -> bool:
         """Whether a checkpoint was written or queued."""
+        ...
+
+    def restore(self, session: Session, recent: RecentStates, route: Route) -> bool:
+        """Whether the session now holds the route's state (else a prefix of what it held)."""
+        ...
+
+    def remember(self, session: Session, recent: RecentStates, start: int) -> bool:
+        """Whether the state was kept."""
         ...
 
 
@@ -87,7 +118,9 @@ class KVCalls:
     def eval_chunk(self, session: Session, tokens: Sequence[int]) -> None:
         session.eval(tokens)
 
-    def rewind(self, session: Session, n: int) -> None:
+    def rewind(self, session: Session, n: int, recent: RecentStates | None = None) -> None:
+        if recent is not None:
+            recent.keep_before_rewind(session, n)
         session.rewind(n)
 
     def load(self, session: Session, match: DiskMatch, prompt_text: str) -> list[int] | None:
@@ -100,6 +133,13 @@ class KVCalls:
             return self.kv.save_evict(session)
         return self.kv.checkpoint(session, reason)
 
+    def restore(self, session: Session, recent: RecentStates, route: Route) -> bool:
+        recent.keep_before_rewind(session, route.chain[0].start)
+        return recent.restore(session, route)
+
+    def remember(self, session: Session, recent: RecentStates, start: int) -> bool:
+        return recent.remember(session, start)
+
 
 def run_call(calls: EngineCalls, session: Session, call: EngineCall) -> object:
     """One call of a sync, run (blocking)."""
@@ -107,10 +147,14 @@ def run_call(calls: EngineCalls, session: Session, call: EngineCall) -> object:
         calls.eval_chunk(session, call.tokens)
         return None
     if isinstance(call, Rewind):
-        calls.rewind(session, call.n)
+        calls.rewind(session, call.n, call.recent)
         return None
     if isinstance(call, Load):
         return calls.load(session, call.match, call.prompt_text)
+    if isinstance(call, Restore):
+        return calls.restore(session, call.recent, call.route)
+    if isinstance(call, Remember):
+        return calls.remember(session, call.recent, call.start)
     return calls.checkpoint(session, call.reason)
 
 
@@ -147,6 +191,23 @@ def make_plan(
     )
 
 
+def plan_with_recent(
+    kv: KVState | None,
+    session: Session,
+    prompt_text: str,
+    prompt_tokens: Sequence[int],
+    recent: RecentStates | None,
+    min_reuse: int | None = None,
+) -> tuple[Plan, Route | None]:
+    """The matching plan, and the way to a recent state that shares more with the prompt
+    than the plan keeps (None: there is none, or no recent states). Blocking."""
+    plan = make_plan(kv, session, prompt_text, prompt_tokens, min_reuse)
+    if recent is None or plan.tokens is None or plan.disk is not None:
+        return plan, None
+    route = recent.route(session.tokens, plan.tokens, session.steering_key)
+    return plan, route if route is not None and route.shared > plan.keep else None
+
+
 class SlotSync:
     """One session's way to a prompt, one engine call at a time (see the module doc).
 
@@ -161,13 +222,21 @@ class SlotSync:
         plan: Plan,
         kv: KVState | None = None,
         tool_ids: Iterable[str] = (),
+        recent: RecentStates | None = None,
+        route: Route | None = None,
     ) -> None:
+        """`recent`: the slot's recent completion states, to keep this one among them;
+        `route`: the way to one of them that shares more with the prompt than the plan
+        keeps (RecentStates.route, found with the plan)."""
         self.session = session
         self.text = prompt_text
         self.prompt = list(prompt_tokens)
         self.plan = plan
         self.kv = kv
         self.tool_ids = list(tool_ids)
+        self.recent = recent
+        self.route = route if recent is not None and plan.disk is None else None
+        self.remembered = False
         self.source: CacheSource = plan.source
         self.reused = plan.keep
         self.disk_file: str | None = None
@@ -207,14 +276,22 @@ class SlotSync:
         if self._stage == "load":
             assert self.plan.disk is not None
             return Load(self.plan.disk, self.text)
+        if self._stage == "restore":
+            assert self.recent is not None and self.route is not None
+            return Restore(self.recent, self.route)
         if self._stage == "rewind":
-            return Rewind(self.reused)
+            return Rewind(self.reused, self.recent)
         if self._pending_stops:
             return Checkpoint(self._pending_stops[0])
         assert self._tokens is not None
         done = self.session.n_tokens
         total = len(self._tokens)
         if done >= total:
+            if self.recent is not None and not self.remembered and done == total > 0:
+                # kept from where this request began evaluating (a prompt it did not
+                # evaluate at all: its last token, should it not be kept yet)
+                start = self.cached_at_eval if self.evaluating else total - 1
+                return Remember(self.recent, start)
             self._stage = "done"
             return None
         limit = next((p for p, _ in self._stops if p > done), total)
@@ -246,6 +323,22 @@ class SlotSync:
                 self._stage = "prefill"
             self._stops = self._stops_from(self.session.n_tokens)
             return
+        if isinstance(call, Remember):
+            self.remembered = True
+            return
+        if isinstance(call, Restore):
+            # restored or not, go on from what the session now holds
+            assert self._tokens is not None
+            held = self.session.tokens
+            common = common_prefix(held, self._tokens)
+            exact = (common == len(held) == len(self._tokens)
+                     and self.session.last_logits is not None)  # fmt: skip
+            self.reused = common if exact else min(common, len(self._tokens) - 1)
+            if outcome:
+                self.source = "memory-token"
+            self._stage = "rewind" if self.reused < len(held) else "prefill"
+            self._stops = self._stops_from(self.session.n_tokens)
+            return
         if isinstance(call, Rewind):
             self._stage = "prefill"
             self._stops = self._stops_from(self.session.n_tokens)
@@ -264,6 +357,8 @@ class SlotSync:
             self.kv.begin(self.session, self.plan.source, self.tool_ids)
         if self.plan.disk is not None and self.kv is not None:
             self._stage = "load"
+        elif self.route is not None and self.route.shared > self.plan.keep:
+            self._stage = "restore"
         elif self.plan.keep < self.session.n_tokens:
             self._stage = "rewind"
         else:

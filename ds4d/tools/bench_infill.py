@@ -202,13 +202,18 @@ def replay(label: str, url: str, requests: list[Request], rnd: int, timeout: flo
         final, ttft, total = client.infill(req.body)
         prompt = int(final.get("tokens_evaluated", 0))
         reused = int(final.get("timings", {}).get("cache_n", 0))  # prompt tokens reused
-        rows.append({
+        row = {
             "label": label, "round": rnd, "index": i, "kind": req.kind,
             "prompt_tokens": prompt, "reused_tokens": reused,
             "evaluated_tokens": int(final.get("timings", {}).get("prompt_n", prompt - reused)),
             "predicted_tokens": int(final.get("tokens_predicted", 0)),
             "ttft_s": round(ttft, 6), "total_s": round(total, 6),
-        })  # fmt: skip
+        }  # fmt: skip
+        rows.append(row)
+        # as it goes: a long replay shows its progress, and a stopped one what it measured
+        print(f"{label} r{rnd} #{i} {req.kind}: prompt {prompt}, reused {reused}, evaluated "
+              f"{row['evaluated_tokens']}, ttft {1000 * ttft:.0f} ms, total {1000 * total:.0f} ms",
+              flush=True)  # fmt: skip
     return rows
 
 
@@ -232,6 +237,15 @@ def write_plot(path: Path, rows: list[dict[str, Any]]) -> None:
     fig.savefig(path, dpi=120)
 
 
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
 def run(args: argparse.Namespace) -> int:
     servers = []
     for s in args.server:
@@ -246,7 +260,10 @@ def run(args: argparse.Namespace) -> int:
         order = servers if rnd % 2 == 0 else servers[::-1]
         requests = session(args, f"round {rnd}")
         for label, url in order:
-            rows += replay(label, url, requests, rnd, args.timeout)
+            mine = replay(label, url, requests, rnd, args.timeout)
+            rows += mine
+            if args.csv:  # each server's rows once its replay is over
+                write_csv(args.csv, mine)
     print(f"{'label':<24} {'round':>5} {'req':>4} {'prompt':>7} {'reused':>7} {'eval':>6} "
           f"{'ttft_p50':>9} {'ttft_p95':>9} {'total_p50':>9}")  # fmt: skip
     for label, _ in servers:
@@ -260,13 +277,6 @@ def run(args: argparse.Namespace) -> int:
                   f"{sum(r['evaluated_tokens'] for r in mine):>6} "
                   f"{1000 * percentile(ttft, 0.5):>7.1f}ms {1000 * percentile(ttft, 0.95):>7.1f}ms "
                   f"{1000 * percentile([r['total_s'] for r in keys], 0.5):>7.1f}ms")  # fmt: skip
-    if args.csv:
-        new = not args.csv.exists()
-        with args.csv.open("a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-            if new:
-                w.writeheader()
-            w.writerows(rows)
     if args.plot:
         write_plot(args.plot, rows)
     return 0

@@ -431,7 +431,7 @@ infill_body = st.fixed_dictionaries(
         samplers=st.lists(st.sampled_from(["top_k", "top_p", "infill", "temperature", "x"])),
         stop=st.lists(text_s, max_size=2),
         stream=st.booleans(),
-        n_cmpl=st.integers(0, 3),
+        n_cmpl=st.sampled_from([0, 1, 2, 3, 17]),
         id_slot=st.integers(-2, 3),
         response_fields=st.lists(st.sampled_from(["content", "timings/prompt_n", "x/y"])),
         **sampling,

@@ -113,31 +113,39 @@ def test_streamed_infill_ends_with_the_full_object(daemon):
 def test_keystrokes_reuse_exactly_the_shared_prefix(daemon):
     """llama.vim's pattern: a warm-up (n_predict 0), then a request per keystroke; with
     one slot every prompt evaluates only the tokens from its first difference with the
-    one before (no more, no fewer), and a warm-up repeated costs nothing."""
+    closest state seen before (no more, no fewer), a state seen before (a warm-up
+    repeated, a backspace, the cursor back where it was) nothing at all."""
     cursor = SOURCE.index("    return out")
     typed = "    # done\n"
-    text = SOURCE[:cursor] + SOURCE[cursor:]
     states = []
     for i in range(len(typed) + 1):
         text = SOURCE[:cursor] + typed[:i] + SOURCE[cursor:]
         states.append((text, cursor + i))
-    states += [states[-2], states[-3], states[4]]  # backspaces, then a jump back
-    previous: list[int] | None = None
+    up = SOURCE.index("    out = {}")
+    states += [states[-2], states[-3], states[4],  # backspaces, then a jump back
+               (states[6][0], up), states[6], states[7]]  # the cursor up, down, and on  # fmt: skip
     warm = at_cursor(SOURCE, cursor, n_predict=0)
     infill(daemon, **warm)
     again = infill(daemon, **warm)
     assert again["timings"]["cache_n"] == again["tokens_cached"] == len(expected_ids(warm, 0))
-    previous = expected_ids(warm, 0)
+    assert again["timings"]["prompt_n"] == 0
+    seen = [expected_ids(warm, 0)]
+    returns = 0
     for text, at in states:
         body = at_cursor(text, at, n_predict=0)
         ids = expected_ids(body, 0)
         reply = infill(daemon, **body)
         assert reply["tokens_evaluated"] == len(ids)
-        assert reply["timings"]["cache_n"] == common_prefix(previous, ids), text[at - 5 : at + 5]
-        assert reply["timings"]["prompt_n"] == len(ids) - common_prefix(previous, ids)
-        previous = ids
+        if ids in seen:
+            shared, returns = len(ids), returns + 1
+        else:
+            shared = min(max(common_prefix(s, ids) for s in seen), len(ids) - 1)
+        assert reply["timings"]["cache_n"] == shared, text[at - 5 : at + 5]
+        assert reply["timings"]["prompt_n"] == len(ids) - shared
+        seen.append(ids)
+    assert returns == 6
     # the extra context and the file up to the cursor's line were never evaluated again
-    assert common_prefix(previous, expected_ids(warm, 0)) > len(vocab()[0].encode(SOURCE[:300]))
+    assert common_prefix(seen[-1], seen[0]) > len(vocab()[0].encode(SOURCE[:300]))
 
 
 def test_completions_with_suffix_fill_in_the_middle(daemon):
@@ -151,12 +159,43 @@ def test_completions_with_suffix_fill_in_the_middle(daemon):
     assert plain.usage.prompt_tokens == len(vocab()[0].encode(prefix))
 
 
+def test_several_candidates_share_the_prompts_evaluation(daemon):
+    """n_cmpl: llama-server's array of final objects, each with its index; the prompt is
+    evaluated once, and candidate i is the one a single request with seed + i gives."""
+    body = at_cursor(SOURCE, SOURCE.index("    return out"), n_predict=6, temperature=1.5, prompt="n = ",
+                     top_k=0, top_p=1.0, min_p=0.0, seed=1234)  # fmt: skip
+    ids = expected_ids(body, 6)
+    infill(daemon, **at_cursor(SOURCE, 7, n_predict=0))  # the slot elsewhere first
+    replies = infill(daemon, **body, n_cmpl=3)
+    assert isinstance(replies, list) and [r["index"] for r in replies] == [0, 1, 2]
+    assert all(r["stop"] is True and r["tokens_evaluated"] == len(ids) for r in replies)
+    assert replies[0]["timings"]["prompt_n"] > 0  # a prompt not seen before
+    assert [r["timings"]["prompt_n"] for r in replies[1:]] == [0, 0]
+    assert [r["timings"]["cache_n"] for r in replies[1:]] == [len(ids), len(ids)]
+    for i, r in enumerate(replies):
+        infill(daemon, **at_cursor(SOURCE, 7, n_predict=0))
+        alone = infill(daemon, **{**body, "seed": 1234 + i})
+        assert alone["content"] == r["content"]
+    assert len({r["content"] for r in replies}) > 1  # sampled hot: not all the same
+    with httpx.stream("POST", f"{daemon.url}/infill", json={**body, "n_cmpl": 2, "stream": True},
+                      timeout=120) as s:  # fmt: skip
+        assert s.status_code == 200
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: ")]
+    finals = [e for e in events if e["stop"]]
+    assert [e["index"] for e in finals] == [0, 1]
+    assert [e["index"] for e in events] == sorted(e["index"] for e in events)
+    for i in (0, 1):
+        text = "".join(e["content"] for e in events if e["index"] == i and not e["stop"])
+        assert text == replies[i]["content"]
+
+
 def test_bad_infill_fields_are_400s_in_llama_cpp_shape(daemon):
     for body, param in (
         ({"input_suffix": ""}, "input_prefix"),
         ({"input_prefix": "", "input_suffix": "", "input_extra": [{"filename": "a"}]}, "text"),
         ({"input_prefix": "", "input_suffix": "", "samplers": ["nope"]}, "sampler"),
-        ({"input_prefix": "", "input_suffix": "", "n_cmpl": 2}, "n_cmpl"),
+        ({"input_prefix": "", "input_suffix": "", "n_cmpl": 17}, "n_cmpl"),
+        ({"input_prefix": "", "input_suffix": "", "n_cmpl": 0}, "n_cmpl"),
     ):
         r = httpx.post(f"{daemon.url}/infill", json=body, timeout=30)
         assert r.status_code == 400, body

@@ -54,3 +54,22 @@ def test_completion_slots_are_a_class_of_their_own(engine):
     assert pool.take([9]) is None
     with pytest.raises(ValueError):
         SlotPool(slots, completion_slots=3)  # nothing left for the rest
+
+
+def test_a_completion_goes_on_from_the_context_chunks_it_shares(engine):
+    """llama.vim's ring of chunks grew: the warm-up shares the chunks (not half the slot:
+    the file followed them) and goes on from them; a chat prompt sharing as much would
+    not claim the slot, nor a completion sharing only the FIM markers' few tokens."""
+    chunks, file = list(range(100, 400)), list(range(1000, 1400))
+    slots = [Slot(i, engine.new_session(1024), 1024) for i in range(2)]
+    pool = SlotPool(slots)
+    slots[0].session.eval(chunks + file)
+    slots[0].last_used, slots[1].last_used = 10.0, 5.0  # slot 1: empty and older
+    warm = chunks + list(range(500, 520))
+    assert pool.take(warm, "completion").index == 0
+    pool.release(slots[0])
+    slots[0].last_used = 10.0
+    assert pool.take(warm).index == 1
+    pool.release(slots[1])
+    slots[1].last_used = 5.0
+    assert pool.take(chunks[:8] + file, "completion").index == 1
