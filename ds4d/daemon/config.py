@@ -162,7 +162,7 @@ class Config:
         "speculative decoding: lookup drafts the tokens that followed the last few "
         "generated ones where they occurred before (the prompt, the output) and verifies "
         "them in one pass; greedy and seeded outputs stay token for token the same. off: "
-        "one pass per token. A request opts out with \"speculative\": false",
+        'one pass per token. A request opts out with "speculative": false',
         choices=SPECULATIVE_MODES,
         metavar="off|lookup",
     )

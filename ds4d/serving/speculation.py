@@ -33,16 +33,19 @@ Why nothing changes:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
+
 from ds4d.chat.types import Event
 from ds4d.engine.engine import Session
-from ds4d.engine.sampler import sample
+from ds4d.engine.sampler import SamplingParams, sample
 from ds4d.serving.lookup import DraftLength, PromptLookup
 
 if TYPE_CHECKING:
-    from ds4d.serving.decoding import Decoding, DecodeStep
+    from ds4d.serving.decoding import DecodeStep, Decoding
 
 SpeculativeMode = Literal["off", "lookup"]
 MODES: tuple[SpeculativeMode, ...] = ("off", "lookup")
@@ -81,33 +84,56 @@ class Speculation:
         self.length.observe(drafted, accepted)
 
 
+# The draw at a drafted position: (logits, params, the request's generator, the allowed ids,
+# the drafted token) -> the token generated there. The draft is kept when it equals it.
+Draw = Callable[[np.ndarray, SamplingParams, np.random.Generator, np.ndarray | None, int], int]
+
+
+def exact_draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+               allowed: np.ndarray | None, drafted: int) -> int:  # fmt: skip
+    """The point-mass rule: the token is sampled as a plain step samples it, whatever
+    was drafted (see the module's docstring for why that is the acceptance rule)."""
+    return sample(logits, params, rng, allowed)
+
+
 @dataclass
 class Verified:
     events: list[Event]
     drafted: int
     accepted: int
+    keep: int  # of the chunk's tokens, how many the session keeps
 
 
-def verify(decoding: Decoding, session: Session, step: DecodeStep, draft: list[int]) -> Verified:
+def verify(decoding: Decoding, session: Session, step: DecodeStep, draft: list[int],
+           draw: Draw = exact_draw) -> Verified:  # fmt: skip
     """Evaluates the step's pending token and `draft` in one chunk and generates from it,
     as token-by-token steps would (engine thread). The session keeps the accepted tokens."""
-    assert step.sample and len(step.tokens) == 1 and draft
     chunk = step.tokens + draft
-    if len(chunk) > VERIFY_ROWS:
-        raise ValueError(f"a verification chunk of {len(chunk)} tokens > {VERIFY_ROWS}")
+    if not (step.sample and len(step.tokens) == 1 and draft and len(chunk) <= VERIFY_ROWS):
+        raise ValueError(f"not a verification step: {len(chunk)} tokens, sample {step.sample}")
     n0 = session.n_tokens
     rows = session.eval_all_logits(chunk)
+    verified = accept(decoding, step, chunk, rows, draw)
+    session.rewind(n0 + verified.keep)
+    return verified
+
+
+def accept(decoding: Decoding, step: DecodeStep, chunk: list[int], rows: np.ndarray,
+           draw: Draw = exact_draw) -> Verified:  # fmt: skip
+    """The tokens generated from a verification chunk's logits (`rows[i]`: after
+    `chunk[i]`), fed to the decoding's output pipeline; how many of the chunk to keep."""
     events: list[Event] = []
     params, allowed = step.params, step.allowed
     accepted = 0
-    i = 0  # rows[i]: the logits after chunk[i]
+    i = 0
     while True:
-        token = sample(rows[i], params, decoding.rng, allowed)
-        events += decoding.after(token)
         keep = i + 1  # chunk[:keep] stays in the session
+        drafted = chunk[keep] if keep < len(chunk) else -1
+        token = draw(rows[i], params, decoding.rng, allowed, drafted)
+        events += decoding.after(token)
         if decoding.done or decoding.pending != [token]:
             break  # nothing more to evaluate (an end-of-generation token is never kept)
-        if keep == len(chunk) or chunk[keep] != token:
+        if token != drafted:
             break  # the model's own token is pending: the next step evaluates it
         decoding.evaluated()  # the drafted token was right and is evaluated already
         accepted += 1
@@ -117,5 +143,4 @@ def verify(decoding: Decoding, session: Session, step: DecodeStep, draft: list[i
             break
         params, allowed = nxt
         i += 1
-    session.rewind(n0 + keep)
-    return Verified(events, len(draft), accepted)
+    return Verified(events, len(chunk) - 1, accepted, keep)
