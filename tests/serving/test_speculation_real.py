@@ -23,7 +23,7 @@ import trio
 from trio.testing import MockClock
 
 from ds4d.api import openai_chat
-from ds4d.chat.formats import chat_format_for
+from ds4d.chat.formats import ChatFormat, chat_format_for
 from ds4d.chat.types import (
     ChatRequest,
     Event,
@@ -158,12 +158,13 @@ def test_a_verification_chunk_is_bitwise_token_by_token_decode(engine, rows):
     assert chunk_equals_steps(engine, prompt, rows)
 
 
-def decoding_for(engine: Engine, session, sampling: Sampling = GREEDY) -> Decoding:
+def decoding_for(engine: Engine, session, sampling: Sampling = GREEDY,
+                 fmt: ChatFormat | None = None) -> Decoding:  # fmt: skip
     """A request's decode on a session that holds its prompt (as the loop builds one)."""
     req = ChatRequest(messages=[], raw_prompt="", max_tokens=64, sampling=sampling)
     sink = OutputSink(lambda r, e: None, lambda s, c, t: None, lambda s: None)
-    return Decoding(req, session, engine.tokenizer,
-                    chat_format_for(engine, session.n_ctx).decode(req),
+    fmt = fmt if fmt is not None else chat_format_for(engine, session.n_ctx)
+    return Decoding(req, session, engine.tokenizer, fmt.decode(req),
                     GenerationRecord("completions", 0), sink, arrived=0.0, room=64)  # fmt: skip
 
 
@@ -284,7 +285,8 @@ def test_continued_checkpoints_hold_only_accepted_tokens_at_the_same_lengths(eng
 
 def probabilities(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """The sampler's distribution for top_k at a temperature, computed here from scratch."""
-    top = np.argsort(-logits.astype(np.float64), kind="stable")[: params.top_k]
+    top = np.argpartition(-logits, params.top_k)[: params.top_k]
+    top = top[np.argsort(-logits[top], kind="stable")]
     p = np.zeros(logits.size)
     w = np.exp((logits[top] - logits[top[0]]) / params.temperature)
     p[top] = w / w.sum()
@@ -338,8 +340,9 @@ def test_the_acceptance_rule_samples_the_models_distribution(engine, draw: Draw,
     assert np.array_equal(probabilities(rows[0], params), p1)
     p2 = probabilities(rows[1], params)
     n, t1, t2 = 3000, Counter[int](), Counter[int]()
+    fmt = chat_format_for(engine, 256)
     for seed in range(n):
-        decoding = decoding_for(engine, session, dataclasses.replace(sampling, seed=seed))
+        decoding = decoding_for(engine, session, dataclasses.replace(sampling, seed=seed), fmt)
         decoding.pending = [first]
         accept(decoding, DecodeStep([first], True, params, None), chunk, rows, draw)
         out = decoding.output_ids
