@@ -33,8 +33,9 @@ def test_speculation_changes_no_text_and_is_counted(tmp_path):
             return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
 
         def messages(speculative: bool) -> str:
-            extra = {} if speculative else {"speculative": False}
-            msg = an.messages.create(model="m", max_tokens=TOKENS, temperature=0,
+            # this client version has no `temperature` argument: the body field
+            extra = {"temperature": 0} if speculative else {"temperature": 0, "speculative": False}
+            msg = an.messages.create(model="m", max_tokens=TOKENS,
                                      messages=[{"role": "user", "content": PROMPT}],
                                      extra_body=extra)  # fmt: skip
             return "".join(b.text for b in msg.content if b.type == "text")
