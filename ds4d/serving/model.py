@@ -83,6 +83,8 @@ class ModelServer:
         # the attention decoders' batched forward pass (docs/speculative.md), not for
         # DeepSeek V4's own, which therefore never drafts.
         self.speculative = speculative == "lookup" and isinstance(engine.model, BatchedModel)
+        if speculative == "lookup" and not self.speculative:
+            log.info("speculative decoding: off (not verified exact for this family)")
         self.ctx = ctx
         self.state = state
         self.metrics = metrics
