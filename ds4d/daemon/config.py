@@ -158,7 +158,7 @@ class Config:
         metavar="N",
     )
     speculative: str = _key(
-        "lookup",
+        "off",
         "speculative decoding: lookup drafts the tokens that followed the last few "
         "generated ones where they occurred before (the prompt, the output) and verifies "
         "them in one pass; greedy and seeded outputs stay token for token the same. off: "

@@ -1,5 +1,5 @@
-"""Speculative decoding on a real ds4d process (the embedded model, `speculative` at its
-default, lookup), driven by the real `openai` and `anthropic` clients: a request that
+"""Speculative decoding on a real ds4d process (the embedded model, `--speculative
+lookup`), driven by the real `openai` and `anthropic` clients: a request that
 copies its prompt gives the same text streamed with speculation as with the request's
 opt-out (`"speculative": false`), and /metrics counts the drafted and accepted tokens of
 the speculating requests only."""
@@ -21,7 +21,7 @@ ACCEPTED = "ds4d_speculative_accepted_tokens_total"
 
 
 def test_speculation_changes_no_text_and_is_counted(tmp_path):
-    with running_daemon(tmp_path, "--slots", "1", "--ctx", "2048") as d:
+    with running_daemon(tmp_path, "--speculative", "lookup", "--slots", "1", "--ctx", "2048") as d:
         oa = openai.OpenAI(base_url=f"{d.url}/v1", api_key="x")
         an = anthropic.Anthropic(base_url=d.url, api_key="x")
 
