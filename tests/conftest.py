@@ -83,6 +83,7 @@ RUN_FIRST: list[str] = [
     "tests/e2e/test_e2e_families.py",
     "tests/state/test_writer.py",
     "tests/serving/test_loop.py",
+    "tests/serving/test_speculation_real.py",
     "tests/engine/test_gemma3_real.py",
     "tests/native/test_check_neon.py",
     "tests/e2e/test_e2e_batching.py",

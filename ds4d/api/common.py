@@ -238,6 +238,7 @@ def sampling_of(
         top_k=number(obj, "top_k", 0, 1 << 31, defaults.top_k, integer=True),
         min_p=number(obj, "min_p", 0.0, 1.0, defaults.min_p),
         seed=number(obj, "seed", 0, SEED_MAX, None, integer=True),
+        speculative=field_of(obj, "speculative", bool, defaults.speculative),
     )
 
 

@@ -75,7 +75,7 @@ _NEUTRAL_OPTIONS: dict[str, float] = {
 # Parameters of the options above, meaningless while those are neutral.
 _DEPENDENT_OPTIONS = frozenset({"repeat_last_n", "mirostat_tau", "mirostat_eta",
                                 "penalize_newline"})  # fmt: skip
-_SAMPLING_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed"})
+_SAMPLING_OPTIONS = frozenset({"temperature", "top_k", "top_p", "min_p", "seed", "speculative"})
 
 
 @dataclass

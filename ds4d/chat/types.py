@@ -59,6 +59,9 @@ class Sampling:
     min_p: float = 0.05
     seed: int | None = None
     infill: bool = False  # llama.cpp's infill rule (ds4d.engine.sampler: code completion)
+    # Speculative decoding may draft for this request (the daemon's `speculative` mode
+    # decides whether it does): it changes no token, only how many passes they take.
+    speculative: bool = True
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ KV_TYPES = ("f32", "f16", "q8_0")
 KV_CHOICES = ("auto", *KV_TYPES)
 # Where the weights live (ds4d.engine.weight_memory.WEIGHT_MODES; a test keeps them in step).
 WEIGHT_MODES = ("auto", "mmap", "huge")
+# Speculative decoding (ds4d.serving.speculation.MODES; a test keeps them in step).
+SPECULATIVE_MODES = ("off", "lookup")
 # Matmul precisions (ds4d.engine.engine.PRECISIONS; a test keeps them in step).
 PRECISIONS = ("exact", "int2", "int3")
 
@@ -163,6 +165,15 @@ class Config:
         lo=0,
         hi=1 << 20,
         metavar="MB",
+    )
+    speculative: str = _key(
+        "off",
+        "speculative decoding: lookup drafts the tokens that followed the last few "
+        "generated ones where they occurred before (the prompt, the output) and verifies "
+        "them in one pass; greedy and seeded outputs stay token for token the same. off: "
+        'one pass per token. A request opts out with "speculative": false',
+        choices=SPECULATIVE_MODES,
+        metavar="off|lookup",
     )
     threads: int = _key(
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N"

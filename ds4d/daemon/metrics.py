@@ -72,6 +72,8 @@ class Metrics:
         self.prompt_tokens = 0
         self.cached_tokens: dict[str, int] = defaultdict(int)  # by cache source
         self.generated_tokens = 0
+        self.drafted_tokens = 0  # speculative decoding: tokens drafted and verified
+        self.accepted_tokens = 0
         self.prefilled_tokens = 0
         self.prefill_seconds = 0.0
         self.decode_seconds = 0.0
@@ -98,6 +100,8 @@ class Metrics:
             self.cached_tokens[record.cache_source] += record.cached_tokens
         self.prefilled_tokens += record.prefilled_tokens
         self.generated_tokens += record.generated_tokens
+        self.drafted_tokens += record.drafted_tokens
+        self.accepted_tokens += record.accepted_tokens
         self.prefill_seconds += record.prefill_s
         self.decode_seconds += record.decode_s
         self.finished[record.finish] += 1
@@ -192,6 +196,12 @@ class Metrics:
             )
         family("ds4d_generated_tokens_total", "counter", "tokens generated")
         lines.append(f"ds4d_generated_tokens_total {self.generated_tokens}")
+        family("ds4d_speculative_drafted_tokens_total", "counter",
+               "tokens drafted by speculative decoding and verified")  # fmt: skip
+        lines.append(f"ds4d_speculative_drafted_tokens_total {self.drafted_tokens}")
+        family("ds4d_speculative_accepted_tokens_total", "counter",
+               "drafted tokens the model's own sampling kept")  # fmt: skip
+        lines.append(f"ds4d_speculative_accepted_tokens_total {self.accepted_tokens}")
         family("ds4d_prefill_seconds_total", "counter", "time spent prefilling prompts")
         lines.append(f"ds4d_prefill_seconds_total {self.prefill_seconds:.6f}")
         family("ds4d_decode_seconds_total", "counter", "time spent generating tokens")

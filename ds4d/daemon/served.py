@@ -182,6 +182,7 @@ async def open_served(
         gate,
         metrics,
         completion_slots=cfg.completion_slots,
+        speculative=cfg.speculative,
         queue_size=cfg.queue_size,
         chunk_target_s=cfg.prefill_chunk_ms / 1000,
     )

@@ -37,6 +37,7 @@ from ds4d.engine.infill_sampling import infill_rule_for
 from ds4d.engine.sampler import SamplingParams, make_rng
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.serving.constraint import CallConstraint
+from ds4d.serving.speculation import Speculation
 from ds4d.state.trace import GenerationRecord
 
 
@@ -79,6 +80,7 @@ class Decoding:
         forced: CallConstraint | None = None,
         answer: Step | None = None,
         answer_after_reasoning: bool = False,
+        speculation: Speculation | None = None,
     ) -> None:
         self.request = request
         self.session = session
@@ -114,6 +116,9 @@ class Decoding:
         self.decoder = tokenizer.incremental_decoder()
         self.eog = tokenizer.eog_ids
         self.pending: list[int] = []  # sampled, not yet evaluated
+        self.output_ids: list[int] = []  # every token generated, sampled or forced
+        self.n_prompt = session.n_tokens  # what the session held when decoding began
+        self.speculation = speculation
         self.generated = 0
         self.reason: FinishReason = "length"
         self.ending = False  # no more sampling: the pending tokens are evaluated, then done
@@ -142,8 +147,27 @@ class Decoding:
                 self._forcing = self._forcing[: int(room)]
                 self._forced_cut = True
             return DecodeStep(self.pending + self._forcing, False, self.params, None)
-        allowed = current.ids if isinstance(current, Allow) else None
-        return DecodeStep(self.pending, True, self.parser.sampling(self.params), allowed)
+        params, allowed = self._sampling(current)
+        return DecodeStep(self.pending, True, params, allowed)
+
+    def sampling_next(self) -> tuple[SamplingParams, np.ndarray | None] | None:
+        """How the next token is sampled, or None when the next step samples nothing (the
+        generation is ending, or a call's markup is forced): speculation's verification
+        samples each drafted position as a step would."""
+        if self.ending:
+            return None
+        current = self.constraint.current if self.constraint is not None else None
+        return None if isinstance(current, Force) else self._sampling(current)
+
+    def _sampling(self, current: Allow | None) -> tuple[SamplingParams, np.ndarray | None]:
+        return self.parser.sampling(self.params), current.ids if current is not None else None
+
+    def evaluated(self) -> None:
+        """The pending token is in the session already (a verified draft token): the next
+        step has nothing to evaluate for it, and an ending generation is done."""
+        self.pending = []
+        if self.ending:
+            self.done = True
 
     def after(self, token: int | None) -> list[Event]:
         """The step was evaluated, and `token` sampled if it asked for one (engine thread):
@@ -159,6 +183,7 @@ class Decoding:
             if self._forced_cut:  # only the tokens the budget left were written
                 text = self.tok.decode(self._forcing)
             self.generated += len(self._forcing)
+            self.output_ids += self._forcing
             self._forcing = []
             if self._forced_cut:
                 self.record.generated_tokens = self.generated
@@ -172,6 +197,7 @@ class Decoding:
                 return events + self._end("stop")
             self.pending = [token]
             self.generated += 1
+            self.output_ids.append(token)
             events += self._emit(self.parser.feed(self.decoder.feed(token)))
             if self.parser.stopped:
                 return events + self._end("stop")

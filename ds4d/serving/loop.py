@@ -51,6 +51,7 @@ from ds4d.serving.decoding import DecodeStep, Decoding
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.prompt import Prepared
 from ds4d.serving.slots import SlotPool
+from ds4d.serving.speculation import verify
 from ds4d.state.kvstate import KVState
 from ds4d.state.service import tool_call_ids
 from ds4d.state.slots import Slot
@@ -416,7 +417,10 @@ class EngineLoop:
         return out
 
     def _decode(self, decodes: list[tuple[Work, DecodeStep]], out: _Outcome) -> None:
-        evals = [(w, s) for w, s in decodes if s.tokens]
+        # A request with drafts is verified in a call of its own (its chunk's every row of
+        # logits is needed); the others advance together in one batched call.
+        drafts = {w: d for w, s in decodes if (d := self._draft(w, s))}
+        evals = [(w, s) for w, s in decodes if s.tokens and w not in drafts]
         if evals:
             before = [self._session(w).n_tokens for w, _ in evals]
             try:
@@ -440,19 +444,53 @@ class EngineLoop:
             decoding = w.decoding
             assert decoding is not None
             try:
-                token = None
-                if s.sample:
+                spec = decoding.speculation
+                if w in drafts:
+                    assert spec is not None
                     session = self._session(w)
-                    if s.tokens and self.kv is not None:
-                        self.kv.after_token(session)  # a continued checkpoint at a frontier
-                    token = sample(session.compute_logits(), s.params, decoding.rng, s.allowed)
-                events = decoding.after(token)
+                    verified = verify(decoding, session, s, drafts[w])
+                    spec.observe(verified.drafted, verified.accepted)
+                    decoding.record.drafted_tokens += verified.drafted
+                    decoding.record.accepted_tokens += verified.accepted
+                    if self.kv is not None:
+                        self.kv.after_token(session)  # the session holds accepted tokens only
+                    events = verified.events
+                else:
+                    token = None
+                    if s.sample:
+                        session = self._session(w)
+                        if s.tokens and self.kv is not None:
+                            self.kv.after_token(session)  # a continued checkpoint at a frontier
+                        token = sample(session.compute_logits(), s.params, decoding.rng, s.allowed)
+                        if spec is not None:
+                            spec.observe(0, 0)
+                    events = decoding.after(token)
                 if decoding.done:
                     more, out.finished[w] = decoding.finish()
                     events += more
                 out.events[w] = events
             except Exception as e:
                 out.failed[w] = e
+
+    def _draft(self, work: Work, step: DecodeStep) -> list[int]:
+        """The tokens a speculating request drafts after its pending one (engine thread):
+        never more than it may still generate, than its context holds, nor past the next
+        continued checkpoint (only accepted tokens are ever saved, at the same lengths)."""
+        decoding = work.decoding
+        assert decoding is not None
+        if decoding.speculation is None or not step.sample or len(step.tokens) != 1:
+            return []
+        session = self._session(work)
+        after = session.n_tokens + 1  # with the pending token
+        limit = min(decoding.budget - decoding.generated, session.n_ctx - after)
+        frontier = self.kv.next_frontier(session) if self.kv is not None else None
+        if frontier is not None:
+            limit = min(limit, frontier - after)
+        draft = decoding.speculation.draft(decoding, int(limit))
+        if draft and step.allowed is not None and not (step.allowed == draft[0]).any():
+            return []  # the constraint cuts the draft at its first token (later ones are
+            # checked as they are sampled: a token it does not allow is never drawn)
+        return draft
 
     def _session(self, work: Work) -> Session:
         assert work.slot is not None

@@ -26,12 +26,14 @@ from ds4d.chat.errors import ContextExceeded
 from ds4d.chat.formats import ChatFormat
 from ds4d.chat.types import ChatRequest, Event
 from ds4d.engine.engine import Engine, Session
+from ds4d.engine.family import BatchedModel
 from ds4d.serving.chunking import ChunkSizer
 from ds4d.serving.decoding import Decoding, OutputSink
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.loop import EngineLoop
 from ds4d.serving.prompt import Prepared, PromptPreparer
 from ds4d.serving.slots import SlotPool
+from ds4d.serving.speculation import MODES, Speculation
 from ds4d.state.service import StateService
 from ds4d.state.slots import Slot
 from ds4d.state.trace import GenerationRecord
@@ -67,12 +69,22 @@ class ModelServer:
         metrics: ServingMetrics,
         *,
         completion_slots: int = 0,
+        speculative: str = "off",
         queue_size: int = 16,
         chunk_target_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        """`clock` times engine work (chunk sizes, the decode credit)."""
+        """`clock` times engine work (chunk sizes, the decode credit); `speculative` is a
+        mode of ds4d.serving.speculation.MODES."""
+        if speculative not in MODES:
+            raise ValueError(f"speculative must be one of {', '.join(MODES)}, got {speculative!r}")
         self.engine = engine
+        # Verification needs a chunk's logits bitwise token-by-token decode's: measured for
+        # the attention decoders' batched forward pass (docs/speculative.md), not for
+        # DeepSeek V4's own, which therefore never drafts.
+        self.speculative = speculative == "lookup" and isinstance(engine.model, BatchedModel)
+        if speculative == "lookup" and not self.speculative:
+            log.info("speculative decoding: off (not verified exact for this family)")
         self.ctx = ctx
         self.state = state
         self.metrics = metrics
@@ -124,10 +136,12 @@ class ModelServer:
 
     def decoding(self, prepared: Prepared, session: Session, room: int) -> Decoding:
         req = prepared.request
+        spec = Speculation() if self.speculative and req.sampling.speculative else None
         return Decoding(req, session, self.engine.tokenizer, self.chat_format.decode(req),
                         prepared.record, self._sink, arrived=prepared.arrived, room=room,
                         vocab=prepared.vocab, forced=prepared.forced, answer=prepared.answer,
-                        answer_after_reasoning=prepared.answer_after_reasoning)  # fmt: skip
+                        answer_after_reasoning=prepared.answer_after_reasoning,
+                        speculation=spec)  # fmt: skip
 
     def prefill_chunk(self) -> None:
         self.metrics.count_prefill_chunk()
@@ -157,6 +171,10 @@ class ModelServer:
             r.decode_s,
             r.finish,
         )
+        if r.drafted_tokens:
+            log.info("slot %d: speculation drafted %d tokens, accepted %d (%.0f%%)", slot.index,
+                     r.drafted_tokens, r.accepted_tokens,
+                     100 * r.accepted_tokens / r.drafted_tokens)  # fmt: skip
 
     def dropped(self, prepared: Prepared) -> None:
         if prepared.request.priority == "completion":

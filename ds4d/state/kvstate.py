@@ -322,6 +322,14 @@ class KVState:
         """Decode-loop hook: a continued checkpoint when the session reaches a frontier."""
         return self.disk is not None and self.checkpoint(session, Reason.CONTINUED)
 
+    def next_frontier(self, session: Session) -> int | None:
+        """The length at which the decode loop's next continued checkpoint falls (None
+        when none will): a step that adds several tokens at once must stop there, not
+        step over it."""
+        if self.disk is None:
+            return None
+        return self.policy.next_continued(session.n_tokens)
+
     def remember_tool_call(self, session: Session, call_id: str, sampled_text: str) -> None:
         """A call the model just made: its exact text, for replay in later turns."""
         self.tool_memory.remember(call_id, sampled_text)

@@ -170,6 +170,9 @@ class StateService:
             extra["ttft_s"] = record.ttft_s
         if record.miss_reason:
             extra["miss_reason"] = record.miss_reason
+        if record.drafted_tokens:
+            extra["drafted_tokens"] = record.drafted_tokens
+            extra["accepted_tokens"] = record.accepted_tokens
         self.trace.write(
             TraceRecord(
                 api=record.api,

@@ -47,6 +47,8 @@ class GenerationRecord:
     prefilled_tokens: int = 0
     prefill_s: float = 0.0
     generated_tokens: int = 0
+    drafted_tokens: int = 0  # speculation: tokens drafted and verified
+    accepted_tokens: int = 0  # of them, kept (each one a decode step saved)
     decode_s: float = 0.0
     finish: str = "error"  # a Finish reason, or "cancelled"
     ttft_s: float | None = None  # arrival to the first generated text or call

@@ -307,6 +307,7 @@ sampling = opt(
     top_k=st.integers(-1, 50),
     min_p=small_num,
     seed=st.integers(-(2**65), 2**65),
+    speculative=st.booleans(),
 )
 few_tokens = st.integers(-1, 3)
 params = st.one_of(

@@ -178,3 +178,11 @@ def test_non_streaming_bodies() -> None:
     assert body["message"]["tool_calls"][0]["function"]["arguments"] == {}
     gen = ollama.generate_response(c, "m", NOW, ollama.Timings())
     assert gen["response"] == "hi" and gen["thinking"] == "r" and gen["eval_count"] == 2
+
+
+def test_speculative_is_an_option() -> None:
+    p = chat(messages=[{"role": "user", "content": "x"}], options={"speculative": False})
+    assert p.request.sampling.speculative is False
+    with pytest.raises(ApiError) as e:
+        chat(messages=[{"role": "user", "content": "x"}], options={"speculative": 1})
+    assert e.value.status == 400 and "speculative" in e.value.message

@@ -232,3 +232,13 @@ def test_completions_parse_and_shapes():
     s = openai_completions.Stream(req, "m")
     chunks = _data(s.open() + s.feed(TextDelta("a")) + s.feed(Finish("stop")))
     assert chunks[0]["choices"][0]["text"] == "a" and chunks[-1] == "[DONE]"
+
+
+def test_speculative_opt_out_is_a_boolean():
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    assert openai_chat.parse(body, Sampling()).sampling.speculative is True
+    off = openai_chat.parse({**body, "speculative": False}, Sampling())
+    assert off.sampling.speculative is False
+    with pytest.raises(ApiError) as e:
+        openai_chat.parse({**body, "speculative": "no"}, Sampling())
+    assert e.value.status == 400 and "speculative" in e.value.message

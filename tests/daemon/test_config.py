@@ -470,3 +470,11 @@ def test_help_shows_the_kv_cache_defaults_as_fitted_to_the_context():
         assert p.min_tokens == max(16, min(512, ctx // 16))
         assert p.cold_max_tokens == min(30000, ctx)
         assert p.continued_interval_tokens == min(10000, max(align, ctx // 4))
+
+
+def test_the_speculative_modes_are_serving_s():
+    from ds4d.daemon.config import SPECULATIVE_MODES
+    from ds4d.serving.speculation import MODES
+
+    assert SPECULATIVE_MODES == MODES
+    assert Config().speculative in MODES

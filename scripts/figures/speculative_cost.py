@@ -1,0 +1,61 @@
+"""What a speculative verification costs: the time of one forward call over a chunk of
+1..8 tokens with every position's logits (`Session.eval_all_logits`, what verification
+runs) against one plain decode step, at a given context depth, on any GGUF.
+
+With every drafted token accepted, a chunk of n tokens yields n tokens for the price of
+one call, so n x t(1) / t(n) is the best speed-up; a chunk whose drafts all fail yields
+one token for t(n) / t(1) times a step's cost. The figures hold whatever the model's
+weights: a random-weight model of a published shape costs what the real one does.
+
+Usage: .venv/bin/python scripts/figures/speculative_cost.py [--model PATH] [--depth 512]
+       [--reps 20] [--threads 2]
+A measuring tool, not a test: it prints figures (with the load average), asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from ds4d.engine import Engine
+from ds4d.engine.default_model import default_model_path
+from ds4d.serving.speculation import VERIFY_ROWS
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="")
+    ap.add_argument("--depth", type=int, default=512)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    path = args.model or default_model_path()
+    with Engine.open(path, threads=args.threads) as engine:
+        session = engine.new_session(args.depth + VERIFY_ROWS + 8)
+        words = ("the quick brown fox jumps over the lazy dog " * (args.depth // 4 + 1)).strip()
+        prompt = engine.tokenizer.encode(words)[: args.depth]
+        session.eval(prompt)
+        chunk = prompt[:VERIFY_ROWS]
+        base = None
+        print(f"{os.path.basename(str(path))}, depth {args.depth}, {args.threads} threads, "
+              f"median of {args.reps}, load {os.getloadavg()[0]:.2f}")  # fmt: skip
+        for n in range(1, VERIFY_ROWS + 1):
+            times = []
+            for _ in range(args.reps):
+                t0 = time.perf_counter()
+                if n == 1:
+                    session.eval(chunk[:1])
+                else:
+                    session.eval_all_logits(chunk[:n])
+                times.append(time.perf_counter() - t0)
+                session.rewind(args.depth)
+            t = statistics.median(times)
+            base = base or t
+            print(f"chunk {n}: {t * 1000:.2f} ms  ({t / base:.2f}x a step; all accepted: "
+                  f"{n * base / t:.2f}x tokens/s)", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
