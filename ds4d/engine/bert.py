@@ -27,6 +27,24 @@ LAYER_SLOTS = (
 OPTIONAL = {"output_norm.weight", "output.weight"}  # an encoder has neither
 
 
+def post_norm_shapes(n_embd: int, n_token_types: int) -> dict[str, tuple[int, ...]]:
+    """The tensors every post-norm encoder (bert, nomic-bert) adds to a decoder's: the
+    token-type table and the three LayerNorms (embeddings, after attention, after FFN)."""
+    E = n_embd
+    return {
+        "token_types.weight": (E, n_token_types),
+        "token_embd_norm.weight": (E,), "token_embd_norm.bias": (E,),
+        "attn_output_norm.weight": (E,), "attn_output_norm.bias": (E,),
+        "layer_output_norm.weight": (E,), "layer_output_norm.bias": (E,),
+    }  # fmt: skip
+
+
+def refuse_causal(gf: GGUFFile, family: str) -> None:
+    """The encoder families run bidirectional attention only."""
+    if gf.get(f"{gf.architecture}.attention.causal", False) is True:
+        raise ModelLoadError(f"a causal {family} model is not supported (encoders only)")
+
+
 class HParamsC(ctypes.Structure):
     """struct ds4n_bert_hparams."""
 
@@ -72,13 +90,9 @@ class EncoderShape(DenseShape):
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         E, F = self.n_embd, self.n_ff
         shapes = super().tensor_shapes()
-        shapes.update({
-            "token_types.weight": (E, self.n_token_types), "position_embd.weight": (E, self.n_pos),
-            "token_embd_norm.weight": (E,), "token_embd_norm.bias": (E,),
-            "attn_output_norm.weight": (E,), "attn_output_norm.bias": (E,),
-            "ffn_up.bias": (F,), "ffn_down.bias": (E,),
-            "layer_output_norm.weight": (E,), "layer_output_norm.bias": (E,),
-        })  # fmt: skip
+        shapes.update(post_norm_shapes(E, self.n_token_types))
+        shapes.update({"position_embd.weight": (E, self.n_pos), "ffn_up.bias": (F,),
+                       "ffn_down.bias": (E,)})  # fmt: skip
         return shapes
 
 
@@ -87,8 +101,7 @@ class BertModel(DecoderModel):
     prefix = "bert"
 
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
-        if gf.get(f"{gf.architecture}.attention.causal", False) is True:
-            raise ModelLoadError("a causal bert model is not supported (encoders only)")
+        refuse_causal(gf, self.family)
         sh = EncoderShape(gf, self.family)
         super().__init__(gf, pool, sh)
         params = HParamsC(sh.c_shape(), sh.n_pos, sh.n_token_types)

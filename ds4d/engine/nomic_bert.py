@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 
 from ds4d.engine import native
+from ds4d.engine.bert import post_norm_shapes, refuse_causal
 from ds4d.engine.decoder import DecoderModel, DenseShape, HParams, ShapeC
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.gguf_file import GGUFFile
@@ -79,14 +80,8 @@ class RotaryEncoderShape(DenseShape):
             )
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        E = self.n_embd
         shapes = super().tensor_shapes()
-        shapes.update({
-            "token_types.weight": (E, self.n_token_types),
-            "token_embd_norm.weight": (E,), "token_embd_norm.bias": (E,),
-            "attn_output_norm.weight": (E,), "attn_output_norm.bias": (E,),
-            "layer_output_norm.weight": (E,), "layer_output_norm.bias": (E,),
-        })  # fmt: skip
+        shapes.update(post_norm_shapes(self.n_embd, self.n_token_types))
         return shapes
 
 
@@ -95,8 +90,7 @@ class NomicBertModel(DecoderModel):
     prefix = "nomic_bert"
 
     def __init__(self, gf: GGUFFile, pool: native.Pool) -> None:
-        if gf.get(f"{gf.architecture}.attention.causal", False) is True:
-            raise ModelLoadError(f"a causal {FAMILY} model is not supported (encoders only)")
+        refuse_causal(gf, self.family)
         sh = RotaryEncoderShape(gf, self.family)
         super().__init__(gf, pool, sh)
         for il in range(sh.n_layer):
