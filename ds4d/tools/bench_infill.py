@@ -14,8 +14,11 @@ a warm-up request (`n_predict: 0`), and the first request is a warm-up too.
 Generation is fixed (--n-predict, greedy, no stop rules): random-weight models are fine
 for latency. Time to first token is measured by the client, from sending the request to
 the first streamed piece of text (a request whose first piece is empty or that generates
-nothing counts its whole time). Servers run interleaved (A B, then B A, ...) for --rounds
-rounds; each round starts cold for every server (a round tag leads the first chunk).
+nothing counts its whole time). Servers run interleaved request by request (request i goes
+to A, B, C, request i+1 to B, C, A, ...), so a machine whose load changes during a long
+replay slows every server alike; `--interleave server` runs one server's whole replay,
+then the next's. There are --rounds rounds; each starts cold for every server (a round
+tag leads the first chunk).
 
 The client is plain http.client, a connection per request.
 """
@@ -60,6 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keystrokes", type=int, default=100)
     p.add_argument("--n-predict", type=int, default=8)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--interleave", choices=("request", "server"), default="request",
+                   help="take turns per request (default) or per whole replay")  # fmt: skip
     p.add_argument("--csv", type=Path, help="append per-request rows here")
     p.add_argument("--plot", type=Path, help="PNG of time to first token per request")
     p.add_argument("--timeout", type=float, default=600)
@@ -194,26 +199,43 @@ def percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
-def replay(label: str, url: str, requests: list[Request], rnd: int, timeout: float
-           ) -> list[dict[str, Any]]:  # fmt: skip
-    client = Client(url, timeout)
-    rows = []
+def measure(label: str, client: Client, req: Request, rnd: int, i: int) -> dict[str, Any]:
+    final, ttft, total = client.infill(req.body)
+    prompt = int(final.get("tokens_evaluated", 0))
+    reused = int(final.get("timings", {}).get("cache_n", 0))  # prompt tokens reused
+    row = {
+        "label": label, "round": rnd, "index": i, "kind": req.kind,
+        "prompt_tokens": prompt, "reused_tokens": reused,
+        "evaluated_tokens": int(final.get("timings", {}).get("prompt_n", prompt - reused)),
+        "predicted_tokens": int(final.get("tokens_predicted", 0)),
+        "ttft_s": round(ttft, 6), "total_s": round(total, 6),
+    }  # fmt: skip
+    # as it goes: a long replay shows its progress, and a stopped one what it measured
+    print(f"{label} r{rnd} #{i} {req.kind}: prompt {prompt}, reused {reused}, evaluated "
+          f"{row['evaluated_tokens']}, ttft {1000 * ttft:.0f} ms, total {1000 * total:.0f} ms",
+          flush=True)  # fmt: skip
+    return row
+
+
+def replay_round(servers: list[tuple[str, str]], requests: list[Request], rnd: int,
+                 args: argparse.Namespace) -> list[dict[str, Any]]:  # fmt: skip
+    """One round on every server; rows in the order they were measured."""
+    clients = [(label, Client(url, args.timeout)) for label, url in servers]
+    rows: list[dict[str, Any]] = []
+    if args.interleave == "server":
+        order = clients if rnd % 2 == 0 else clients[::-1]
+        for label, client in order:
+            mine = [measure(label, client, req, rnd, i) for i, req in enumerate(requests)]
+            rows += mine
+            if args.csv:  # each server's rows once its replay is over
+                write_csv(args.csv, mine)
+        return rows
     for i, req in enumerate(requests):
-        final, ttft, total = client.infill(req.body)
-        prompt = int(final.get("tokens_evaluated", 0))
-        reused = int(final.get("timings", {}).get("cache_n", 0))  # prompt tokens reused
-        row = {
-            "label": label, "round": rnd, "index": i, "kind": req.kind,
-            "prompt_tokens": prompt, "reused_tokens": reused,
-            "evaluated_tokens": int(final.get("timings", {}).get("prompt_n", prompt - reused)),
-            "predicted_tokens": int(final.get("tokens_predicted", 0)),
-            "ttft_s": round(ttft, 6), "total_s": round(total, 6),
-        }  # fmt: skip
-        rows.append(row)
-        # as it goes: a long replay shows its progress, and a stopped one what it measured
-        print(f"{label} r{rnd} #{i} {req.kind}: prompt {prompt}, reused {reused}, evaluated "
-              f"{row['evaluated_tokens']}, ttft {1000 * ttft:.0f} ms, total {1000 * total:.0f} ms",
-              flush=True)  # fmt: skip
+        k = (i + rnd) % len(clients)  # who goes first rotates
+        step = [measure(label, client, req, rnd, i) for label, client in clients[k:] + clients[:k]]
+        rows += step
+        if args.csv:  # as it goes: a stopped replay keeps what it measured
+            write_csv(args.csv, step)
     return rows
 
 
@@ -257,13 +279,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
     rows: list[dict[str, Any]] = []
     for rnd in range(args.rounds):
-        order = servers if rnd % 2 == 0 else servers[::-1]
-        requests = session(args, f"round {rnd}")
-        for label, url in order:
-            mine = replay(label, url, requests, rnd, args.timeout)
-            rows += mine
-            if args.csv:  # each server's rows once its replay is over
-                write_csv(args.csv, mine)
+        rows += replay_round(servers, session(args, f"round {rnd}"), rnd, args)
     print(f"{'label':<24} {'round':>5} {'req':>4} {'prompt':>7} {'reused':>7} {'eval':>6} "
           f"{'ttft_p50':>9} {'ttft_p95':>9} {'total_p50':>9}")  # fmt: skip
     for label, _ in servers:
