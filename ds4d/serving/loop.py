@@ -466,6 +466,7 @@ class EngineLoop:
                             spec.observe(0, 0)
                     events = decoding.after(token)
                 if decoding.done:
+                    decoding.drop_undelivered()
                     more, out.finished[w] = decoding.finish()
                     events += more
                 out.events[w] = events
