@@ -53,7 +53,13 @@ def state_from_config(
         + (f"/steer-{engine.steering_key}" if engine.steering_key else ""),
         steering_key=engine.steering_key,
         ctx=ctx,
-        kv_dir=kv_dir(config) if config.kv_disk else None,
+        # each start steering's checkpoints in a directory of their own: a restart under
+        # other control vectors neither reads nor quarantines them
+        kv_dir=(
+            kv_dir(config) / (f"steer-{engine.steering_key}" if engine.steering_key else "")
+            if config.kv_disk
+            else None
+        ),
         space_mb=config.kv_disk_space_mb,
         write_budget_mb=config.kv_disk_write_budget,
         policy=policy,
