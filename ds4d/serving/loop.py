@@ -183,7 +183,7 @@ class EngineLoop:
         self._resting: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         # the steering of requests that do not choose their own (set_steering)
-        self.steering: Steering | None = engine.steering
+        self.current_steering: Steering | None = engine.steering
 
     # -- messages (from request tasks, on the trio thread) ---------------------------------
 
@@ -205,7 +205,7 @@ class EngineLoop:
         send, recv = trio.open_memory_channel[Event](math.inf)
         send.send_nowait(Usage(len(prepared.tokens), 0))
         self._seq += 1
-        steering = prepared.steering if prepared.steered else self.steering
+        steering = prepared.steering if prepared.steered else self.current_steering
         work = Work(prepared, send, self._seq, steering)
         key = prepared.request.supersede_key
         if key is not None:
@@ -222,7 +222,7 @@ class EngineLoop:
         """The steering of the requests submitted from now on that do not choose their
         own (None: unsteered). Those already submitted keep the one they were submitted
         under; no session changes here (see the module doc)."""
-        self.steering = steering
+        self.current_steering = steering
 
     def cancel(self, work: Work) -> None:
         """The request is no longer wanted (its client went away, it was superseded): it

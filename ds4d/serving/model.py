@@ -97,9 +97,9 @@ class ModelServer:
         self.metrics = metrics
         self.chat_format = chat_format
         self.pool = SlotPool(slots, completion_slots)
-        self.vectors = vectors if vectors is not None else SteeringVectors({})
+        self.steering_vectors = vectors if vectors is not None else SteeringVectors({})
         self.prompts = PromptPreparer(engine.tokenizer, engine.info.n_vocab, chat_format, ctx,
-                                      state, self.vectors)  # fmt: skip
+                                      state, self.steering_vectors)  # fmt: skip
         sizer = ChunkSizer() if chunk_target_s is None else ChunkSizer(target_s=chunk_target_s)
         self.loop = EngineLoop(engine, self.pool, gate, self, kv=state.kv, sizer=sizer,
                                queue_size=queue_size, clock=clock)  # fmt: skip
@@ -143,13 +143,13 @@ class ModelServer:
 
     def steering(self) -> dict[str, Any]:
         """The current steering (None when unsteered) and the vectors a request may name."""
-        current = self.loop.steering
+        current = self.loop.current_steering
         shown: dict[str, Any] | None = None
         if current is not None:
             shown = {**(self._steering_about or {}), "attn": current.attn_scale,
                      "ffn": current.ffn_scale, "layers_steered": current.describe()["layers"],
                      "key": current.key}  # fmt: skip
-        return {"steering": shown, "vectors": self.vectors.names}
+        return {"steering": shown, "vectors": self.steering_vectors.names}
 
     @property
     def busy(self) -> int:

@@ -53,7 +53,7 @@ class PromptPreparer:
         """`vectors`: the named control vectors a request may choose (none: a request
         naming one is refused)."""
         self.tok = tokenizer
-        self.vectors = vectors if vectors is not None else SteeringVectors({})
+        self.steering_vectors = vectors if vectors is not None else SteeringVectors({})
         self.n_vocab = n_vocab
         self.chat_format = chat_format
         self.ctx = ctx
@@ -91,7 +91,7 @@ class PromptPreparer:
             self._refuse_if_too_long(ids, param)
             prepared = Prepared(req, text, ids, GenerationRecord(api, len(ids)))
             if req.steering is not None:
-                prepared.steering = self.vectors.resolve(req.steering)
+                prepared.steering = self.steering_vectors.resolve(req.steering)
                 prepared.steered = True
             if req.tools_active:
                 vocab = prepared.vocab = self.vocab()

@@ -2,10 +2,11 @@
 
 A prompt goes to the idle slot whose tokens share the longest prefix with it, else to the
 least recently used one; only a slot whose KV was computed under the prompt's steering
-shares anything with it (another steering's KV is dropped when the slot is taken). Slots come in two classes: completion-priority requests (an
-editor's inline completions) use their own few slots (`completion_slots`) and everything
-else the rest, so a completion never throws away an agent's KV and an agent never throws
-away the completion's. With no completion slots, every request uses every slot."""
+shares anything with it (another steering's KV is dropped when the slot is taken). Slots
+come in two classes: completion-priority requests (an editor's inline completions) use
+their own few slots (`completion_slots`) and everything else the rest, so a completion
+never throws away an agent's KV and an agent never throws away the completion's. With no
+completion slots, every request uses every slot."""
 
 from __future__ import annotations
 

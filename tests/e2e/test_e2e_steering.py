@@ -41,14 +41,19 @@ def vector(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def ds4ctl(tmp: Path, *args: str) -> Any:
-    """The real ds4ctl against the daemon started in `tmp`; its JSON result."""
-    out = subprocess.run(
+def run_ds4ctl(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The real ds4ctl against the daemon started in `tmp`."""
+    return subprocess.run(
         [sys.executable, "-c", "import sys; from ds4ctl.cli import main; sys.exit(main(sys.argv[1:]))",
-         "--json", *args],
+         *args],
         env=dict(os.environ, XDG_RUNTIME_DIR=str(runtime_dir(tmp))),
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
+
+
+def ds4ctl(tmp: Path, *args: str) -> Any:
+    """ds4ctl's JSON result."""
+    out = run_ds4ctl(tmp, "--json", *args)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -87,12 +92,15 @@ def test_ds4ctl_steer_set_changes_the_next_answer_and_off_restores_it(tmp_path, 
         assert s["files"] == [{"path": str(vector), "scale": 1.0}]
         assert (s["layer_range"], s["attn"], s["ffn"], s["set_by"]) == ([4, 12], 0.0, 1.0, "ds4ctl")
         assert s["key"] and ds4ctl(tmp_path, "steer", "show")[0]["steering"] == s
+        text = run_ds4ctl(tmp_path, "steer", "show").stdout
+        assert f"{vector} x1, layers 4..12, attn 0, ffn 1 (set by ds4ctl, key {s['key']})" in text
         steered, cached = ask(d)
         assert steered != plain and cached == 0  # the unsteered KV was not reused
         again, cached = ask(d)
         assert again == steered and cached > 0  # the same steering reuses its own KV
 
         assert ds4ctl(tmp_path, "steer", "off")["steering"] is None
+        assert run_ds4ctl(tmp_path, "steer", "show").stdout.endswith(": unsteered\n")
         unsteered, cached = ask(d)
         assert unsteered == plain and cached == 0
         # scale 0 is no steering at all: the unsteered KV is kept
@@ -107,12 +115,7 @@ def test_bad_steer_set_is_refused_and_changes_nothing(tmp_path, vector):
             ([str(tmp_path / "missing.gguf")], "cannot read control vector"),
             ([str(vector), "1", "--control-vector-layer-range", "9", "3"], "layer range"),
         ):
-            out = subprocess.run(
-                [sys.executable, "-c", "import sys; from ds4ctl.cli import main; sys.exit(main(sys.argv[1:]))",
-                 "steer", "set", *args],
-                env=dict(os.environ, XDG_RUNTIME_DIR=str(runtime_dir(tmp_path))),
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
+            out = run_ds4ctl(tmp_path, "steer", "set", *args)
             assert out.returncode == 1 and why in out.stderr, (args, out.stderr)
         with pytest.raises(Exception, match="must be a finite number"):
             call(socket_of(tmp_path), "steer.set", {"files": [[str(vector), "nan"]]})
