@@ -289,7 +289,8 @@ class EngineLoop:
 
     async def _plan(self, work: Work) -> None:
         """The matching plan, on a worker outside the engine: the slot is the request's,
-        so its session holds still while the plan reads it."""
+        so its session holds still while it takes the request's steering and the plan
+        reads it."""
         assert work.slot is not None
         p = work.prepared
         session = work.slot.session

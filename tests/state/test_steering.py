@@ -11,6 +11,7 @@ import pytest
 from ds4d.engine.steering import Steering
 from ds4d.state.diskcache import DiskCache
 from ds4d.state.kvstate import KVState
+from ds4d.state.recent import RecentStates
 from ds4d.state.savepolicy import SavePolicy
 from ds4d.state.sync import steer_session, sync_session
 from tests.state.test_kvstate import CTX, TALK_A, TALK_B
@@ -75,3 +76,19 @@ def test_a_steering_change_saves_the_slot_its_cache_holds_then_drops_it(engine, 
         assert len(kv.disk.entries()) == 1  # its KV was not this cache's to keep
         # what was saved comes back for the unsteered
         assert sync_session(kv, s, TALK_A, tok.encode(TALK_A)).source == "disk-text"
+
+
+def test_a_completion_slot_changing_steering_never_restores_across_it(engine, steering):
+    """An editor's recent states are kept per steering: after the slot ran another
+    steering, the old state is evaluated afresh under the new one, and found again, with
+    nothing evaluated, under its own."""
+    from tests.state.test_recent import sync, typed
+
+    session, recent = engine.new_session(1024), RecentStates(256 << 20)
+    sync(session, recent, typed(3))
+    sync(session, recent, typed(4))
+    steer_session(session, steering, None)
+    assert session.n_tokens == 0 and session.steering_key == steering.key
+    assert sync(session, recent, typed(4)) == len(typed(4))  # none of those is steered
+    steer_session(session, None, None)
+    assert sync(session, recent, typed(4)) == 0  # back: the unsteered state as it was
