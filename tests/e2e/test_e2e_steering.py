@@ -21,9 +21,10 @@ import ollama
 import openai
 import pytest
 
-from ds4d.daemon.admin_protocol import call
+from ds4d.daemon.admin_protocol import AdminError, call
 from ds4d.engine.steering import write_control_vector
 from tests.e2e.daemon_process import Daemon, running_daemon, runtime_dir, traces
+from tests.helpers.polling import wait_until
 
 PROMPT = "What is a rainbow?"
 MAX_TOKENS = 40
@@ -117,7 +118,7 @@ def test_bad_steer_set_is_refused_and_changes_nothing(tmp_path, vector):
         ):
             out = run_ds4ctl(tmp_path, "steer", "set", *args)
             assert out.returncode == 1 and why in out.stderr, (args, out.stderr)
-        with pytest.raises(Exception, match="must be a finite number"):
+        with pytest.raises(AdminError, match="must be a finite number"):
             call(socket_of(tmp_path), "steer.set", {"files": [[str(vector), "nan"]]})
         assert ds4ctl(tmp_path, "steer", "show")[0]["steering"] is None
         ask(d)
@@ -246,8 +247,12 @@ def test_disk_checkpoints_never_cross_steering_across_restarts(tmp_path, vector,
                               "--steering-vector", f"up={vector}", *args)  # fmt: skip
 
     def asked(d: Daemon, steering: Any = None) -> tuple[str, str]:
+        """The answer, and where its prompt's KV came from (its trace record, written as
+        the request ends: it may land just after the response)."""
+        seen = len(traces(trace))
         text, _ = ask(d, steering, prompt, max_tokens=16)
-        return text, traces(trace)[-1]["cache_source"]
+        records = wait_until(lambda: traces(trace)[seen:], 10, "no trace record")
+        return text, records[-1]["cache_source"]
 
     def steered_files() -> list[Path]:
         return sorted(p for p in kv.glob("steer-*/*.kv"))
