@@ -27,6 +27,8 @@ from tests.e2e.daemon_process import Daemon, running_daemon, runtime_dir, traces
 from tests.helpers.polling import wait_until
 
 PROMPT = "What is a rainbow?"
+# long enough for its KV to be reused (kv_cache_min_tokens is 64 at --ctx 1024)
+SYSTEM = "You are a helpful assistant who answers questions about nature and weather. " * 6
 MAX_TOKENS = 40
 
 
@@ -67,11 +69,15 @@ def oa(d: Daemon) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{d.url}/v1", api_key="none", max_retries=0, timeout=300)
 
 
+def messages(prompt: str) -> list[Any]:
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
+
+
 def ask(d: Daemon, steering: Any = None, prompt: str = PROMPT,
         max_tokens: int = MAX_TOKENS) -> tuple[str, int]:  # fmt: skip
     """(text, cached prompt tokens) of a greedy chat request, with its own steering."""
     r = oa(d).chat.completions.create(
-        model="ds4d", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens,
+        model="ds4d", max_tokens=max_tokens, messages=messages(prompt),
         temperature=0, extra_body={"steering": steering} if steering is not None else None,
     )  # fmt: skip
     assert r.usage is not None and r.usage.prompt_tokens_details is not None
@@ -138,7 +144,7 @@ def test_a_running_request_keeps_the_steering_it_started_with(tmp_path, vector):
 
         pieces: list[str] = []
         stream = oa(d).chat.completions.create(
-            model="ds4d", messages=[{"role": "user", "content": long}], max_tokens=200,
+            model="ds4d", messages=messages(long), max_tokens=200,
             temperature=0, stream=True,
         )  # fmt: skip
         busy_when_set = None
@@ -193,12 +199,13 @@ def test_per_request_steering_does_not_leak_into_a_concurrent_request(tmp_path, 
 
         a = anthropic.Anthropic(base_url=d.url, api_key="none", max_retries=0, timeout=300)
         m = a.messages.create(
-            model="ds4d", max_tokens=MAX_TOKENS, temperature=0,
-            messages=[{"role": "user", "content": PROMPT}], extra_body={"steering": "up"},
+            model="ds4d", max_tokens=MAX_TOKENS, system=SYSTEM,
+            messages=[{"role": "user", "content": PROMPT}],
+            extra_body={"temperature": 0, "steering": "up"},  # this SDK sends no temperature
         )  # fmt: skip
         assert m.content[0].text == steered  # type: ignore[union-attr]
         o = ollama.Client(host=d.url, timeout=300).chat(
-            model="ds4d", messages=[{"role": "user", "content": PROMPT}],
+            model="ds4d", messages=messages(PROMPT),
             options={"temperature": 0, "num_predict": MAX_TOKENS, "steering": "up"},
         )  # fmt: skip
         assert o.message.content == steered
