@@ -30,6 +30,7 @@ PROMPT = "What is a rainbow?"
 # long enough for its KV to be reused (kv_cache_min_tokens is 64 at --ctx 1024)
 SYSTEM = "You are a helpful assistant who answers questions about nature and weather. " * 6
 MAX_TOKENS = 40
+LONG_TOKENS = 100  # a story still being written when the steering changes
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +136,16 @@ def test_a_running_request_keeps_the_steering_it_started_with(tmp_path, vector):
     finishes exactly as it would have unsteered."""
     long = "Write a long story about a lighthouse keeper and the sea."
     with running_daemon(tmp_path, "--slots", "1", "--ctx", "1024") as d:
-        reference, _ = ask(d, prompt=long, max_tokens=200)
+        reference, _ = ask(d, prompt=long, max_tokens=LONG_TOKENS)
         ds4ctl(tmp_path, "steer", "set", str(vector), "1")
-        steered_ref, _ = ask(d, prompt=long, max_tokens=200)
+        steered_ref, _ = ask(d, prompt=long, max_tokens=LONG_TOKENS)
         assert steered_ref != reference
         ds4ctl(tmp_path, "steer", "off")
         ask(d, prompt="hi", max_tokens=1)  # the slot leaves the steered KV behind
 
         pieces: list[str] = []
         stream = oa(d).chat.completions.create(
-            model="ds4d", messages=messages(long), max_tokens=200,
+            model="ds4d", messages=messages(long), max_tokens=LONG_TOKENS,
             temperature=0, stream=True,
         )  # fmt: skip
         busy_when_set = None
@@ -157,7 +158,7 @@ def test_a_running_request_keeps_the_steering_it_started_with(tmp_path, vector):
         assert busy_when_set  # it was still generating when the steering changed
         assert "".join(pieces) == reference
         # and the next request runs steered
-        assert ask(d, prompt=long, max_tokens=200)[0] == steered_ref
+        assert ask(d, prompt=long, max_tokens=LONG_TOKENS)[0] == steered_ref
 
 
 def test_per_request_steering_does_not_leak_into_a_concurrent_request(tmp_path, vector):
