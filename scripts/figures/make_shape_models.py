@@ -456,17 +456,17 @@ def check_against(made: Path, direct: Path) -> None:
     from collections import Counter
 
     a, b = describe(made), describe(direct)
-    for label, d in ((made.name, a), (direct.name, b)):
+    for label, d in ((made, a), (direct, b)):
         hist = sorted(Counter(t for t, _ in d.values()).items())
         print(f"{label}: {len(d)} tensors, " + ", ".join(f"{k} {v}" for k, v in hist))
     bad = [n for n in sorted(a.keys() | b.keys()) if a.get(n) != b.get(n)]
     for n in bad[:20]:
         print(f"  differs: {n}: {a.get(n)} against {b.get(n)}")
     if bad:
-        raise SystemExit(f"{made.name}: {len(bad)} tensors differ from {direct.name}")
+        raise SystemExit(f"{made}: {len(bad)} tensors differ from {direct}")
     if list(a) != list(b):
-        raise SystemExit(f"{made.name}: the same tensors as {direct.name}, in another order")
-    print(f"{made.name}: every tensor's name, type and shape match {direct.name}, in order")
+        raise SystemExit(f"{made}: the same tensors as {direct}, in another order")
+    print(f"{made}: every tensor's name, type and shape match {direct}, in order")
 
 
 def make_layered(name: str, s: Shape, args: argparse.Namespace, work: Path) -> None:
