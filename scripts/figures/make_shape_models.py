@@ -39,6 +39,13 @@ Whole-depth (--full), while other work held the machine at load 20-24:
   smollm2-1.7b        F16 3.42 GB in 246 s; Q4_K_M 1.06 GB in 1463 s, Q4_0 0.99 GB in
                       215 s, Q8_0 1.82 GB in 270 s, Q6_K 1.41 GB in 603 s
   llama-3.2-3b        F16 6.43 GB in 584 s; Q4_K_M 2.02 GB in 2365 s
+Shallow (the default), at load 5-10:
+  qwen2.5-coder-1.5b  F16 0.66 GB in 38 s; Q4_K_M quantized in 37 s, assembled in 29 s
+                      (0.99 GB, the whole-depth file's tensors, types and size exactly)
+  qwen3-8b            F16 3.27 GB in 96 s; Q4_K_M quantized in 272 s, assembled in 51 s
+                      (5.03 GB)
+  qwen3-30b-a3b       F16 3.74 GB in 172 s; Q4_K_M quantized in 400 s, assembled in 49 s
+                      (18.56 GB; bench only)
 A development tool: llama.cpp is never a ds4d dependency.
 """
 
