@@ -89,17 +89,24 @@ def bandwidth(threads: int) -> float:
 
 def weight_bytes(model: str) -> int:
     """Bytes of tensor data a decode step reads: every tensor of the file but the token
-    embedding table, of which a step reads one row (unless it doubles as the output head)."""
+    embedding table, of which a step reads one row (unless it doubles as the output head),
+    and of a MoE's expert tensors (*_exps) only the share of the experts a token uses."""
     from gguf import GGUFReader
 
     reader = GGUFReader(model)
     names = {t.name for t in reader.tensors}
-    total = 0
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    used = reader.fields.get(f"{arch}.expert_used_count")
+    count = reader.fields.get(f"{arch}.expert_count")
+    share = 1.0
+    if used is not None and count is not None:
+        share = int(used.parts[-1][0]) / int(count.parts[-1][0])
+    total = 0.0
     for t in reader.tensors:
         if t.name == "token_embd.weight" and "output.weight" in names:
             continue
-        total += int(t.n_bytes)
-    return total
+        total += int(t.n_bytes) * (share if "_exps." in t.name else 1.0)
+    return int(total)
 
 
 @dataclass
