@@ -11,6 +11,10 @@ rows of the context, so the bound at N is bandwidth / (weight bytes + the sessio
 N prompt rows and the generated ones), the bandwidth measured by `ds4d bench --bandwidth` over the same threads; both engines keep
 f16 KV by default, so one bound serves both.
 
+The machine may be shared: every run records the 1-minute load average as it starts (which
+includes the previous run's own threads), and each table row gives the range of those
+loads over its runs, so a reader sees how quiet the machine was.
+
     .venv/bin/python scripts/figures/decode_figure.py --peer-python PEER/bin/python \
         --peer-script scripts/figures/llamacpp_speed.py [--model A.gguf B.gguf ...] [--ctx 512 4096 16384] \
         [--rounds 3] [--gen-tokens 64] [--threads 2] [--csv decode.csv] \
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import re
 import subprocess
 import sys
@@ -47,6 +52,7 @@ class Run:
     prefill_tps: float
     decode_tps: float
     kv_bytes: int
+    load: float = 0.0  # the 1-minute load average as the run started
 
 
 def ds4d_bench(model: str, ctx: int, gen: int, threads: int, rnd: int) -> Run:
@@ -83,17 +89,24 @@ def bandwidth(threads: int) -> float:
 
 def weight_bytes(model: str) -> int:
     """Bytes of tensor data a decode step reads: every tensor of the file but the token
-    embedding table, of which a step reads one row (unless it doubles as the output head)."""
+    embedding table, of which a step reads one row (unless it doubles as the output head),
+    and of a MoE's expert tensors (*_exps) only the share of the experts a token uses."""
     from gguf import GGUFReader
 
     reader = GGUFReader(model)
     names = {t.name for t in reader.tensors}
-    total = 0
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    used = reader.fields.get(f"{arch}.expert_used_count")
+    count = reader.fields.get(f"{arch}.expert_count")
+    share = 1.0
+    if used is not None and count is not None:
+        share = int(used.parts[-1][0]) / int(count.parts[-1][0])
+    total = 0.0
     for t in reader.tensors:
         if t.name == "token_embd.weight" and "output.weight" in names:
             continue
-        total += int(t.n_bytes)
-    return total
+        total += int(t.n_bytes) * (share if "_exps." in t.name else 1.0)
+    return int(total)
 
 
 @dataclass
@@ -105,6 +118,7 @@ class Row:
     pre_ours: float  # best prefill t/s of each engine
     pre_peer: float
     bound: float  # decode t/s at the read-bandwidth bound
+    loads: tuple[float, float]  # the lowest and highest load average its runs started at
 
 
 def best_rows(runs: list[Run], models: list[str], ctxs: list[int], bw: float) -> list[Row]:
@@ -118,22 +132,24 @@ def best_rows(runs: list[Run], models: list[str], ctxs: list[int], bw: float) ->
             rows.append(Row(model, ctx, ours, peer,
                             max(r.prefill_tps for r in mine if r.engine == "ds4d"),
                             max(r.prefill_tps for r in mine if r.engine == "llama.cpp"),
-                            bw / (weights + ours.kv_bytes)))  # fmt: skip
+                            bw / (weights + ours.kv_bytes),
+                            (min(r.load for r in mine), max(r.load for r in mine))))  # fmt: skip
     return rows
 
 
 def markdown(rows: list[Row]) -> str:
     lines = [
         "| model | context | ds4d prefill | llama.cpp prefill | ratio | ds4d decode | "
-        "llama.cpp decode | ratio | bound | ds4d / bound | llama.cpp / bound |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "llama.cpp decode | ratio | bound | ds4d / bound | llama.cpp / bound | load average |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         o, p = r.ours.decode_tps, r.peer.decode_tps
         lines.append(
             f"| {Path(r.model).stem} | {r.ctx} | {r.pre_ours:.1f} | {r.pre_peer:.1f} | "
             f"{r.pre_ours / r.pre_peer:.2f}× | {o:.1f} | {p:.1f} | {o / p:.2f}× | "
-            f"{r.bound:.1f} | {o / r.bound:.0%} | {p / r.bound:.0%} |"
+            f"{r.bound:.1f} | {o / r.bound:.0%} | {p / r.bound:.0%} | "
+            f"{r.loads[0]:.1f}–{r.loads[1]:.1f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -187,22 +203,30 @@ def main() -> None:
         from ds4d.engine.default_model import default_model_path
 
         models = [str(default_model_path())]
+    # The bound: the better of a measure before and after the rounds (another user of the
+    # memory bus lowers it, nothing raises it).
+    bws = [bandwidth(args.threads)]
+    print(f"read bandwidth {bws[0] / 1e9:.1f} GB/s, load {os.getloadavg()[0]:.2f}", flush=True)
     runs: list[Run] = []
     for rnd in range(args.rounds):
         for model in models:
             for ctx in args.ctx:
                 for engine in ("ds4d", "llama.cpp") if rnd % 2 == 0 else ("llama.cpp", "ds4d"):
+                    load = os.getloadavg()[0]
                     if engine == "ds4d":
                         run = ds4d_bench(model, ctx, args.gen_tokens, args.threads, rnd)
                     else:
                         run = llamacpp(args.peer_python, args.peer_script, model, ctx,
                                        args.gen_tokens, args.threads, rnd)  # fmt: skip
+                    run.load = load
                     runs.append(run)
                     print(f"round {rnd} {Path(model).stem} ctx {ctx:>6} {engine:>9}: prefill "
-                          f"{run.prefill_tps:7.1f} decode {run.decode_tps:7.1f} t/s",
-                          flush=True)  # fmt: skip
-    bw = bandwidth(args.threads)
-    print(f"\nread bandwidth {bw / 1e9:.1f} GB/s ({args.threads} threads)")
+                          f"{run.prefill_tps:7.1f} decode {run.decode_tps:7.1f} t/s, load "
+                          f"{load:.2f}", flush=True)  # fmt: skip
+    bws.append(bandwidth(args.threads))
+    bw = max(bws)
+    print(f"\nread bandwidth {bws[1] / 1e9:.1f} GB/s, load {os.getloadavg()[0]:.2f}; bound from "
+          f"{bw / 1e9:.1f} GB/s ({args.threads} threads)")  # fmt: skip
     rows = best_rows(runs, models, args.ctx, bw)
     table = markdown(rows)
     print(table)
@@ -212,11 +236,12 @@ def main() -> None:
         with args.csv.open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["model", "engine", "ctx", "round", "prefill_tps", "decode_tps",
-                        "bound_tps", "bandwidth_gbs"])  # fmt: skip
+                        "bound_tps", "bandwidth_gbs", "load"])  # fmt: skip
             for r in runs:
                 bound = next(x.bound for x in rows if x.model == r.model and x.ctx == r.ctx)
                 w.writerow([Path(r.model).name, r.engine, r.ctx, r.round, f"{r.prefill_tps:.2f}",
-                            f"{r.decode_tps:.2f}", f"{bound:.2f}", f"{bw / 1e9:.2f}"])  # fmt: skip
+                            f"{r.decode_tps:.2f}", f"{bound:.2f}", f"{bw / 1e9:.2f}",
+                            f"{r.load:.2f}"])  # fmt: skip
     if args.plot:
         plot(rows, args.plot, f"ds4d and llama.cpp, {args.threads} threads, best of "
              f"{args.rounds}, read bound {bw / 1e9:.1f} GB/s")  # fmt: skip

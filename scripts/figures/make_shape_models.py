@@ -15,19 +15,37 @@ ids are also written under the tokenizer.ggml.fim_*_token_id keys as llama.cpp r
 Weights are seeded per tensor (the shape's seed and the tensor name), so a rerun writes the
 same F16 file: norm weights 1 + N(0, 0.02), every other tensor N(0, 0.02) (projections,
 embeddings, biases, the MoE router), which keeps activations finite through every layer in
-both engines. The F16 file is written tensor by tensor (one tensor in memory at a time) to
---work (default OUT/.f16), quantized to each type, and deleted. The MoE, too large for an
-F16 intermediate on a shared disk, is written as Q8_0 (numpy, slow) and requantized.
+both engines.
 
-Measured on the 2-core Zen 4 VM while other work held it at load 20-24 (a quiet machine is
-several times faster; docs/benchmarks-real-sizes.md lists every file):
+Quantizing a whole F16 model on 2 cores takes long (the 3B took 40 min) and an 8B or 30B
+F16 file hardly fits on disk, yet speed depends only on each tensor's type, shape and
+bytes, never on the values. So by default (--distinct-layers 2) the script writes a
+shallow F16 model of the same shape, with the embeddings, head and only that many layers,
+quantizes it, and assembles the full-depth file from it: every layer of the full model
+gets its own copy of the quantized tensors of one shallow layer (layers repeat, but each
+is distinct bytes in the file, so no cache serves one layer's weights to another). The
+type mix is the full model's: Q4_K_M (Q5_K_M) gives attn_v and ffn_down Q6_K in the
+layers llama.cpp's use_more_bits picks by layer index and count (src/llama-quant.cpp), so
+the shallow file's even layers are quantized with those tensors forced to Q6_K
+(--tensor-type) and its odd layers with them forced to Q4_K (Q5_K), and each full layer
+copies a shallow layer of its kind. --check DIRECT.gguf compares every tensor's name,
+type and shape with a directly quantized file of the same shape. --full quantizes the
+whole-depth F16 file instead (the MoE's whole-depth source is Q8_0, written by numpy and
+requantized, as an F16 one would not fit).
+
+Measured on the 2-core Zen 4 VM (docs/benchmarks-real-sizes.md lists every file and time).
+Whole-depth (--full), while other work held the machine at load 20-24:
   qwen2.5-coder-1.5b  F16 3.09 GB in 180 s; Q4_K_M 0.99 GB in 880 s
   smollm2-1.7b        F16 3.42 GB in 246 s; Q4_K_M 1.06 GB in 1463 s, Q4_0 0.99 GB in
                       215 s, Q8_0 1.82 GB in 270 s, Q6_K 1.41 GB in 603 s
   llama-3.2-3b        F16 6.43 GB in 584 s; Q4_K_M 2.02 GB in 2365 s
-  qwen3-8b            F16 16.4 GB, Q4_K_M about 5 GB expected (not generated yet)
-  qwen3-30b-a3b       Q8_0 about 32 GB, Q4_K_M about 18 GB expected (bench only; not
-                      generated yet)
+Shallow (the default), at load 5-10:
+  qwen2.5-coder-1.5b  F16 0.66 GB in 38 s; Q4_K_M quantized in 37 s, assembled in 29 s
+                      (0.99 GB, the whole-depth file's tensors, types and size exactly)
+  qwen3-8b            F16 3.27 GB in 96 s; Q4_K_M quantized in 272 s, assembled in 51 s
+                      (5.03 GB)
+  qwen3-30b-a3b       F16 3.74 GB in 172 s; Q4_K_M quantized in 400 s, assembled in 49 s
+                      (18.56 GB; bench only)
 A development tool: llama.cpp is never a ds4d dependency.
 """
 
@@ -316,14 +334,203 @@ def write_source(name: str, s: Shape, path: Path, q8: bool) -> None:
     w.close()
 
 
-def quantize(tool: Path, src: Path, dst: Path, qtype: str, threads: int, requant: bool) -> None:
+# -- quantizing a shallow model, assembling the full depth ------------------------------------
+
+# The mixes whose type for a layer's attn_v and ffn_down depends on the layer: (the type
+# of the other layers, the type of the ones use_more_bits picks), per llama.cpp's
+# llama_tensor_get_type_impl for these architectures (not Falcon, not 8-expert MoEs).
+MIXES: dict[str, tuple[str, str]] = {"Q4_K_M": ("Q4_K", "Q6_K"), "Q5_K_M": ("Q5_K", "Q6_K")}
+# Types that give every layer the same types (only the output head / tied embedding differs,
+# and it is quantized for real in the shallow model).
+UNIFORM = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q6_K")
+# The tensors of a layer the mixes give more bits (the MoE's *_exps match by prefix).
+MIXED_TENSORS = ("attn_v", "ffn_down")
+
+
+def use_more_bits(i_layer: int, n_layers: int) -> bool:
+    """llama.cpp's rule for the layers that get more bits in a _M mix: the first and last
+    eighth and every third layer between."""
+    return (
+        i_layer < n_layers // 8
+        or i_layer >= 7 * n_layers // 8
+        or (i_layer - n_layers // 8) % 3 == 2
+    )
+
+
+def shallow_kind(j: int, qtype: str) -> bool:
+    """Whether shallow layer j holds the more-bits variant (even layers do, for a mix)."""
+    return qtype in MIXES and j % 2 == 0
+
+
+def source_layers(s: Shape, distinct: int, qtype: str) -> list[int]:
+    """For every layer of the full model, the shallow layer whose tensors it copies: one of
+    the same kind, taking the candidates in turn."""
+    kinds: dict[bool, list[int]] = {}
+    for j in range(distinct):
+        kinds.setdefault(shallow_kind(j, qtype), []).append(j)
+    used = {k: 0 for k in kinds}
+    out = []
+    for i in range(s.layers):
+        kind = qtype in MIXES and use_more_bits(i, s.layers)
+        out.append(kinds[kind][used[kind] % len(kinds[kind])])
+        used[kind] += 1
+    return out
+
+
+def tensor_type_overrides(distinct: int, qtype: str) -> list[str]:
+    """llama-quantize arguments forcing each shallow layer's mixed tensors to its kind."""
+    if qtype not in MIXES:
+        return []
+    argv = []
+    for j in range(distinct):
+        typ = MIXES[qtype][1 if shallow_kind(j, qtype) else 0]
+        for t in MIXED_TENSORS:
+            argv += ["--tensor-type", rf"blk\.{j}\.{t}={typ.lower()}"]
+    return argv
+
+
+def quantize(tool: Path, src: Path, dst: Path, qtype: str, threads: int, requant: bool,
+             extra: list[str] | None = None) -> None:  # fmt: skip
     while not tool.is_file():  # the peer build may still be running
         time.sleep(30)
     part = dst.with_suffix(".gguf.part")
-    argv = [str(tool), *(["--allow-requantize"] if requant else []), str(src), str(part),
-            qtype, str(threads)]  # fmt: skip
+    argv = [str(tool), *(["--allow-requantize"] if requant else []), *(extra or []), str(src),
+            str(part), qtype, str(threads)]  # fmt: skip
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     os.replace(part, dst)  # readers never see half a file
+
+
+def assemble(shallow: Path, dst: Path, s: Shape, sources: list[int]) -> None:
+    """The full-depth file: the shallow file's metadata with the full layer count, its
+    non-layer tensors, and for full layer i a copy of shallow layer sources[i]'s tensors
+    (quantized bytes copied as they are, one tensor at a time through the mapping)."""
+    import gguf
+
+    r = gguf.GGUFReader(shallow)
+    by_name = {t.name: t for t in r.tensors}
+    w = gguf.GGUFWriter(dst, arch=s.arch)
+    for f in r.fields.values():
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue  # the writer writes its own header and architecture
+        if f.name == f"{s.arch}.block_count":
+            w.add_uint32(f.name, s.layers)
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(f.name, f.contents(), f.types[0], sub_type=sub)
+    # The shallow file's tensor order (llama-quantize's), with its layers' run replaced by
+    # the full depth, each layer's tensors in shallow layer 0's order.
+    want = {t.name: t.shape for t in tensors(s)}
+    rests = [t.name.split(".", 2)[2] for t in r.tensors if t.name.startswith("blk.0.")]
+    order: list[str] = []
+    for t in r.tensors:
+        if not t.name.startswith("blk."):
+            order.append(t.name)
+        elif t.name == f"blk.0.{rests[0]}":
+            order += [f"blk.{i}.{rest}" for i in range(s.layers) for rest in rests]
+    if sorted(order) != sorted(want):
+        raise SystemExit(f"{shallow.name}: its tensors are not the shape's")
+    plan = []
+    for name in order:
+        src_name = name
+        if name.startswith("blk."):
+            layer, rest = name.removeprefix("blk.").split(".", 1)
+            src_name = f"blk.{sources[int(layer)]}.{rest}"
+        src = by_name[src_name]
+        plan.append((name, src))
+        shape = tuple(int(d) for d in reversed(src.shape))  # numpy order
+        if shape != want[name]:
+            raise SystemExit(f"{src.name}: shape {shape}, the full model wants {want[name]}")
+        w.add_tensor_info(name, shape, np.dtype(np.float32), int(src.n_bytes),
+                          src.tensor_type)  # fmt: skip
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for _, src in plan:
+        w.write_tensor_data(np.asarray(src.data).view(np.uint8).reshape(-1))
+    w.close()
+
+
+def describe(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    import gguf
+
+    return {t.name: (t.tensor_type.name, tuple(int(d) for d in t.shape))
+            for t in gguf.GGUFReader(path).tensors}  # fmt: skip
+
+
+def check_against(made: Path, direct: Path) -> None:
+    """Every tensor of `made` has the name, type and shape of `direct`'s (a file of the same
+    shape quantized whole); prints both type histograms."""
+    from collections import Counter
+
+    a, b = describe(made), describe(direct)
+    for label, d in ((made, a), (direct, b)):
+        hist = sorted(Counter(t for t, _ in d.values()).items())
+        print(f"{label}: {len(d)} tensors, " + ", ".join(f"{k} {v}" for k, v in hist))
+    bad = [n for n in sorted(a.keys() | b.keys()) if a.get(n) != b.get(n)]
+    for n in bad[:20]:
+        print(f"  differs: {n}: {a.get(n)} against {b.get(n)}")
+    if bad:
+        raise SystemExit(f"{made}: {len(bad)} tensors differ from {direct}")
+    if list(a) != list(b):
+        raise SystemExit(f"{made}: the same tensors as {direct}, in another order")
+    print(f"{made}: every tensor's name, type and shape match {direct}, in order")
+
+
+def make_layered(name: str, s: Shape, args: argparse.Namespace, work: Path) -> None:
+    from dataclasses import replace
+
+    distinct = args.distinct_layers
+    qtypes = args.types or s.types
+    for qtype in qtypes:
+        if qtype not in MIXES and qtype not in UNIFORM:
+            raise SystemExit(f"{qtype}: the layer rule of this type is not reproduced; use --full")
+        if qtype in MIXES and distinct < 2:
+            raise SystemExit(f"{qtype} needs --distinct-layers of at least 2 (one of each kind)")
+    shallow = replace(s, layers=min(distinct, s.layers))
+    src = work / f"{name}-{distinct}layers-F16.gguf"
+    t0 = time.monotonic()
+    if not src.is_file():
+        write_source(name, shallow, src.with_suffix(".part"), q8=False)
+        os.replace(src.with_suffix(".part"), src)
+    print(f"{name}: {src.name} {src.stat().st_size / 1e9:.2f} GB in {time.monotonic() - t0:.0f} s",
+          flush=True)  # fmt: skip
+    for qtype in qtypes:
+        small = work / f"{name}-{distinct}layers-{qtype}.gguf"
+        dst = args.out / f"{name}-{qtype}.gguf"
+        t1 = time.monotonic()
+        quantize(args.quantize, src, small, qtype, args.threads, requant=False,
+                 extra=tensor_type_overrides(shallow.layers, qtype))  # fmt: skip
+        t2 = time.monotonic()
+        part = dst.with_suffix(".gguf.part")
+        assemble(small, part, s, source_layers(s, shallow.layers, qtype))
+        os.replace(part, dst)
+        small.unlink()
+        print(f"{name}: {dst} {dst.stat().st_size / 1e9:.2f} GB: shallow {qtype} quantized in "
+              f"{t2 - t1:.0f} s, assembled in {time.monotonic() - t2:.0f} s", flush=True)  # fmt: skip
+    if not args.keep_source:
+        src.unlink()
+
+
+def make_full(name: str, s: Shape, args: argparse.Namespace, work: Path) -> None:
+    q8 = s.experts > 0
+    src = work / f"{name}-{'Q8_0' if q8 else 'F16'}.gguf"
+    t0 = time.monotonic()
+    if not src.is_file():
+        write_source(name, s, src.with_suffix(".part"), q8)
+        os.replace(src.with_suffix(".part"), src)
+    t1 = time.monotonic()
+    print(f"{name}: {src.name} {src.stat().st_size / 1e9:.2f} GB in {t1 - t0:.0f} s",
+          flush=True)  # fmt: skip
+    if args.source_only:
+        return
+    for qtype in args.types or s.types:
+        dst = args.out / f"{name}-{qtype}.gguf"
+        t2 = time.monotonic()
+        quantize(args.quantize, src, dst, qtype, args.threads, requant=q8)
+        print(f"{name}: {dst} {dst.stat().st_size / 1e9:.2f} GB, quantized in "
+              f"{time.monotonic() - t2:.0f} s", flush=True)  # fmt: skip
+    if not args.keep_source:
+        src.unlink()
 
 
 def main() -> None:
@@ -339,32 +546,25 @@ def main() -> None:
     )
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--types", nargs="+", help="override each shape's types")
+    ap.add_argument("--distinct-layers", type=int, default=2,
+                    help="layers of the shallow model the full depth is assembled from")  # fmt: skip
+    ap.add_argument("--full", action="store_true", help="quantize the whole-depth model")
     ap.add_argument("--keep-source", action="store_true", help="keep the F16/Q8_0 file")
-    ap.add_argument("--source-only", action="store_true", help="only write the F16/Q8_0 file")
+    ap.add_argument("--source-only", action="store_true",
+                    help="only write the whole-depth F16/Q8_0 file (with --full)")  # fmt: skip
+    ap.add_argument("--check", type=Path, nargs=2, metavar=("MADE", "DIRECT"),
+                    help="compare two files' tensor names, types and shapes, and exit")  # fmt: skip
     args = ap.parse_args()
+    if args.check:
+        check_against(*args.check)
+        return
     work = args.work or args.out / ".f16"
     work.mkdir(parents=True, exist_ok=True)
     for name in args.names or DEFAULT_SHAPES:
-        s = SHAPES[name]
-        q8 = s.experts > 0
-        src = work / f"{name}-{'Q8_0' if q8 else 'F16'}.gguf"
-        t0 = time.monotonic()
-        if not src.is_file():
-            write_source(name, s, src.with_suffix(".part"), q8)
-            os.replace(src.with_suffix(".part"), src)
-        t1 = time.monotonic()
-        print(f"{name}: {src.name} {src.stat().st_size / 1e9:.2f} GB in {t1 - t0:.0f} s",
-              flush=True)  # fmt: skip
-        if args.source_only:
-            continue
-        for qtype in args.types or s.types:
-            dst = args.out / f"{name}-{qtype}.gguf"
-            t2 = time.monotonic()
-            quantize(args.quantize, src, dst, qtype, args.threads, requant=q8)
-            print(f"{name}: {dst} {dst.stat().st_size / 1e9:.2f} GB, quantized in "
-                  f"{time.monotonic() - t2:.0f} s", flush=True)  # fmt: skip
-        if not args.keep_source:
-            src.unlink()
+        if args.full or args.source_only:
+            make_full(name, SHAPES[name], args, work)
+        else:
+            make_layered(name, SHAPES[name], args, work)
 
 
 if __name__ == "__main__":
