@@ -22,6 +22,7 @@ from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.models import ModelSpec
 from ds4d.daemon.state_config import state_from_config
 from ds4d.engine.engine import Engine
+from ds4d.serving.draft import DraftModel, check_same_vocabulary
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.model import ModelServer
 from ds4d.serving.slots import SlotPool
@@ -78,6 +79,9 @@ class ServedModel:
                  for s in self.pool.slots)  # fmt: skip
         disk = self.state.disk
         pending = disk.writer.pending_bytes if disk is not None and disk.writer else 0
+        draft = self.server.draft
+        if draft is not None:
+            kv += draft.engine.info.file_bytes + draft.kv_bytes
         return self.file_bytes + kv + pending
 
     async def unload(self) -> None:
@@ -97,6 +101,8 @@ class ServedModel:
                     disk.writer.close()
                 for session in sessions:
                     session.close()
+                if self.server.draft is not None:
+                    self.server.draft.close()
                 self.engine.close()
 
         await trio.to_thread.run_sync(work)
@@ -160,6 +166,11 @@ async def open_served(
         cfg.slots,
         ctx,
     )
+    draft = None
+    if cfg.speculative == "draft":
+        draft = await trio.to_thread.run_sync(lambda: _open_draft(engine, cfg, ctx))
+        log.info("draft model %s (%s, %s) loaded beside %s", draft.engine.info.name,
+                 draft.engine.info.architecture, draft.engine.info.quant, spec.name)  # fmt: skip
     sessions = []
     for i in range(cfg.slots):
         sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
@@ -183,6 +194,7 @@ async def open_served(
         metrics,
         completion_slots=cfg.completion_slots,
         speculative=cfg.speculative,
+        draft=draft,
         queue_size=cfg.queue_size,
         chunk_target_s=cfg.prefill_chunk_ms / 1000,
     )
@@ -200,6 +212,23 @@ async def open_served(
     log.info("model %s loaded in %.1fs; serving", spec.name, time.perf_counter() - t0)
     embeddings = EmbeddingService(engine, gate, ctx)
     return ServedModel(spec, server, embeddings, file_bytes, scope, done)
+
+
+def _open_draft(engine: Engine, cfg: Config, ctx: int) -> DraftModel:
+    """The config's draft model, for `engine`'s slots of `ctx` tokens; ModelLoadError
+    (and the target closed) when it cannot load or its vocabulary differs."""
+    try:
+        draft = Engine.open(Path(cfg.draft_model).expanduser(), cfg.threads or None,
+                            cfg.kv_type, weights=cfg.weights, precision=cfg.precision)  # fmt: skip
+        try:
+            check_same_vocabulary(engine, draft)
+        except BaseException:
+            draft.close()
+            raise
+    except BaseException:
+        engine.close()
+        raise
+    return DraftModel(draft, ctx)
 
 
 def _steer_engine(engine: Engine, cfg: Config) -> None:

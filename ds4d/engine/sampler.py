@@ -157,3 +157,41 @@ def _draw(weights: np.ndarray, u: float) -> int:
     if i >= block.size or block[i] == 0:  # rounding at the block's end
         i = int(np.flatnonzero(block)[-1])
     return int(starts[b]) + i
+
+
+def distribution(
+    logits: np.ndarray, params: SamplingParams, allowed: np.ndarray | None = None
+) -> np.ndarray | None:
+    """The probabilities ``sample`` draws from (float64, n_vocab, summing to 1): the same
+    filters in the same order (top_k with ties to the lower position, the top_p nucleus at
+    temperature 1, min_p, then the temperature). The weights are numpy's exponentials, a
+    few ulp from the native draw's. None for an infill rule, whose candidates this does
+    not rebuild. Speculative sampling's acceptance rule needs the whole distribution of
+    both the target and the draft (ds4d.serving.speculation)."""
+    logits = np.asarray(logits)
+    if logits.ndim != 1 or logits.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+    if params.infill is not None and allowed is None and not params.greedy:
+        return None
+    ids = _allowed_ids(allowed, logits.size)
+    values = (logits if ids is None else logits[ids]).astype(np.float32, copy=False)
+    out = np.zeros(logits.size, np.float64)
+    if params.greedy or np.isnan(values).any() or not np.isfinite(values.max()):
+        out[_token(ids, int(np.argmax(values)))] = 1.0
+        return out
+    # candidates as positions into `values`, best first (stable: ties to the lower position)
+    pos = np.argsort(-values, kind="stable")
+    if 0 < params.top_k < values.size:
+        pos = pos[: params.top_k]
+    best = values[pos[0]]
+    if params.top_p < 1:
+        w = np.exp((values[pos] - best).astype(np.float64))
+        mass = np.cumsum(w)
+        target = max(params.top_p, _F32_TINIEST) * mass[-1]
+        pos = pos[: min(int(np.searchsorted(mass, target, side="left")) + 1, pos.size)]
+    if params.min_p > 0:
+        pos = pos[values[pos] >= best + np.float32(math.log(params.min_p))]
+    temperature = min(params.temperature, _F32_MAX)
+    weights = np.exp((values[pos] - best).astype(np.float64) / temperature)
+    out[pos if ids is None else ids[pos]] = weights / weights.sum()
+    return out

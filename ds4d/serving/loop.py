@@ -448,7 +448,7 @@ class EngineLoop:
                 if w in drafts:
                     assert spec is not None
                     session = self._session(w)
-                    verified = verify(decoding, session, s, drafts[w])
+                    verified = verify(decoding, session, s, drafts[w], spec.draw())
                     spec.observe(verified.drafted, verified.accepted)
                     decoding.record.drafted_tokens += verified.drafted
                     decoding.record.accepted_tokens += verified.accepted
@@ -486,7 +486,7 @@ class EngineLoop:
         frontier = self.kv.next_frontier(session) if self.kv is not None else None
         if frontier is not None:
             limit = min(limit, frontier - after)
-        draft = decoding.speculation.draft(decoding, int(limit))
+        draft = decoding.speculation.draft(decoding, step, int(limit))
         if draft and step.allowed is not None and not (step.allowed == draft[0]).any():
             return []  # the constraint cuts the draft at its first token (later ones are
             # checked as they are sampled: a token it does not allow is never drawn)

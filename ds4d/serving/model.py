@@ -29,6 +29,7 @@ from ds4d.engine.engine import Engine, Session
 from ds4d.engine.family import BatchedModel
 from ds4d.serving.chunking import ChunkSizer
 from ds4d.serving.decoding import Decoding, OutputSink
+from ds4d.serving.draft import DraftModel
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.loop import EngineLoop
 from ds4d.serving.prompt import Prepared, PromptPreparer
@@ -70,21 +71,27 @@ class ModelServer:
         *,
         completion_slots: int = 0,
         speculative: str = "off",
+        draft: DraftModel | None = None,
         queue_size: int = 16,
         chunk_target_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         """`clock` times engine work (chunk sizes, the decode credit); `speculative` is a
-        mode of ds4d.serving.speculation.MODES."""
+        mode of ds4d.serving.speculation.MODES; "draft" drafts with `draft` (a model of
+        the same vocabulary: ds4d.serving.draft.check_same_vocabulary)."""
         if speculative not in MODES:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, got {speculative!r}")
+        if speculative == "draft" and draft is None:
+            raise ValueError('speculative "draft" needs a draft model')
         self.engine = engine
         # Verification needs a chunk's logits bitwise token-by-token decode's: measured for
         # the attention decoders' batched forward pass (docs/speculative.md), not for
         # DeepSeek V4's own, which therefore never drafts.
-        self.speculative = speculative == "lookup" and isinstance(engine.model, BatchedModel)
-        if speculative == "lookup" and not self.speculative:
+        exact = isinstance(engine.model, BatchedModel)
+        self.speculative = speculative != "off" and exact
+        if speculative != "off" and not exact:
             log.info("speculative decoding: off (not verified exact for this family)")
+        self.draft = draft if speculative == "draft" else None
         self.ctx = ctx
         self.state = state
         self.metrics = metrics
@@ -136,7 +143,9 @@ class ModelServer:
 
     def decoding(self, prepared: Prepared, session: Session, room: int) -> Decoding:
         req = prepared.request
-        spec = Speculation() if self.speculative and req.sampling.speculative else None
+        spec = None
+        if self.speculative and req.sampling.speculative:
+            spec = Speculation(model=self.draft, seed=req.sampling.seed)
         return Decoding(req, session, self.engine.tokenizer, self.chat_format.decode(req),
                         prepared.record, self._sink, arrived=prepared.arrived, room=room,
                         vocab=prepared.vocab, forced=prepared.forced, answer=prepared.answer,
