@@ -179,15 +179,25 @@ def distribution(
     if params.greedy or np.isnan(values).any() or not np.isfinite(values.max()):
         out[_token(ids, int(np.argmax(values)))] = 1.0
         return out
-    # candidates as positions into `values`, best first (stable: ties to the lower position)
-    pos = np.argsort(-values, kind="stable")
-    if 0 < params.top_k < values.size:
-        pos = pos[: params.top_k]
-    best = values[pos[0]]
+    # the candidates, as positions into `values`
+    k = params.top_k
+    if 0 < k < values.size:  # the k best, ties to the lower position
+        kth = np.partition(values, values.size - k)[values.size - k]
+        above = np.flatnonzero(values > kth)
+        pos = np.concatenate([above, np.flatnonzero(values == kth)[: k - above.size]])
+    else:
+        pos = np.arange(values.size)
+    best = values[pos].max()
     if params.top_p < 1:
+        # the smallest best-first prefix reaching top_p of the mass; it lies among the
+        # candidates weighing at least tau (those below weigh less than 1 - top_p together)
         w = np.exp((values[pos] - best).astype(np.float64))
-        mass = np.cumsum(w)
-        target = max(params.top_p, _F32_TINIEST) * mass[-1]
+        top_p = max(params.top_p, _F32_TINIEST)
+        target = top_p * w.sum()
+        near = w >= (1.0 - top_p) * w.sum() / pos.size
+        pos, w = pos[near], w[near]
+        order = np.lexsort((pos, -values[pos]))
+        pos, mass = pos[order], np.cumsum(w[order])
         pos = pos[: min(int(np.searchsorted(mass, target, side="left")) + 1, pos.size)]
     if params.min_p > 0:
         pos = pos[values[pos] >= best + np.float32(math.log(params.min_p))]

@@ -313,7 +313,7 @@ def chi_square_p(counts: Counter[int], p: np.ndarray, n: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def broken_draw(logits, params, rng, allowed, drafted):  # type: ignore[no-untyped-def]
+def broken_draw(i, logits, params, rng, allowed, drafted):  # type: ignore[no-untyped-def]
     """A wrong rule: keeps the draft with probability min(1, 2 p(d))."""
     p = probabilities(logits, params)
     if drafted >= 0 and rng.random() < min(1.0, 2 * p[drafted]):
