@@ -13,15 +13,17 @@ so that even a small model copies what it should:
   prose    a paragraph of a story to continue (drafts mostly fail: the cost of trying)
 
 ds4d runs as one server per speculative mode it has (`--speculative lookup`, and
-`--speculative draft --draft-model` when a draft model is given); "off" is the lookup
-server's request opt-out (`"speculative": false`). Every request of a workload starts from
-the same KV state: a one-token request of the same prompt just before, so the measured
-one reuses the whole prompt (a prompt prefilled to its end and one reused from the slot
-can give last-bit different logits, and a different greedy text). The decode rate is the
+`--speculative draft --draft-model` when a draft model is given), both running, the modes
+taking turns within each workload in an order that rotates with the round; "off" is the
+lookup server's request opt-out (`"speculative": false`). llama-server runs one mode at a
+time (its idle threads poll for work). Every request of a workload starts from the same
+KV state: a two-token request of the same prompt just before, so the measured one reuses
+the whole prompt (a prompt prefilled to its end and one reused from the slot can give
+last-bit different logits, and a different greedy text), and a draft model's session
+holds it already (its first drafting step evaluates the prompt: decode time otherwise). The decode rate is the
 server's own: ds4d's /metrics (generated tokens over decode seconds, drafted and accepted
 tokens), llama-server's response `timings` (predicted tokens over predicted ms,
-draft_n, draft_n_accepted). Modes take turns within each workload and round, in an order
-that rotates with the round, so a load that changes slows them alike.
+draft_n, draft_n_accepted).
 
 The rows are printed, with the CPU and the load average beside them; --csv and --plot
 write them. A measuring tool: it asserts nothing, but says when two greedy outputs of one
@@ -43,7 +45,7 @@ import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,39 +267,51 @@ def load() -> str:
 Client = Ds4dServer | LlamaServer
 
 
-def run_modes(clients: dict[str, Client], prompts: dict[str, str], args: argparse.Namespace,
-              server: str, model: str, draft: str) -> list[dict[str, Any]]:  # fmt: skip
-    """Every workload with every mode, --rounds times; the first mode ("off") is the base
-    of each speed-up."""
-    rows = []
-    cpu = cpu_name()
+Results = dict[tuple[str, int, str], Result]  # (workload, round, mode) -> what it did
+
+
+def measure(client: Client, prompt: str, tokens: int) -> Result:
+    # The same KV state for every mode: the prompt in the slot (and in a draft model's
+    # session: its first drafting step evaluates the prompt) from a short request first.
+    client.complete(prompt, 2)
+    return client.complete(prompt, tokens)
+
+
+def interleaved(clients: dict[str, Client], prompts: dict[str, str],
+                args: argparse.Namespace) -> Results:  # fmt: skip
+    """Every workload with every mode, --rounds times, the modes taking turns within each
+    workload in an order that rotates with the round."""
+    out: Results = {}
     modes = list(clients)
     for rnd in range(args.rounds):
         for workload, prompt in prompts.items():
-            order = modes[rnd % len(modes) :] + modes[: rnd % len(modes)]
-            got: dict[str, Result] = {}
-            for mode in order:
-                clients[mode].complete(prompt, 1)  # the same KV state for each
-                got[mode] = clients[mode].complete(prompt, args.tokens)
-            base = got[modes[0]]
-            base_rate = base.tokens / base.decode_s if base.decode_s else float("nan")
-            for mode in modes:
-                r = got[mode]
-                rate = r.tokens / r.decode_s if r.decode_s else float("nan")
-                row = {
-                    "server": server, "mode": mode, "workload": workload, "round": rnd,
-                    "tokens": r.tokens, "decode_s": f"{r.decode_s:.3f}", "tok_s": f"{rate:.2f}",
-                    "speedup": f"{rate / base_rate:.3f}",
-                    "drafted": r.drafted, "accepted": r.accepted,
-                    "acceptance": f"{r.accepted / r.drafted:.3f}" if r.drafted else "",
-                    "same_text": r.text == base.text, "load": load(), "cpu": cpu,
-                    "model": model, "draft_model": draft,
-                }  # fmt: skip
-                rows.append(row)
-                print(f"{server:9s} {workload:8s} round {rnd} {mode:7s} {rate:7.1f} tok/s "
-                      f"(x{rate / base_rate:.2f}) drafted {r.drafted:4d} accepted "
-                      f"{r.accepted:4d} {r.tokens:4d} tokens, same text as {modes[0]}: "
-                      f"{r.text == base.text}, load {row['load']}", flush=True)  # fmt: skip
+            for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:
+                out[workload, rnd, mode] = measure(clients[mode], prompt, args.tokens)
+    return out
+
+
+def rows_of(results: Results, modes: list[str], server: str, model: str,
+            draft: str) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per result; the first mode ("off") is the base of each speed-up."""
+    rows = []
+    cpu = cpu_name()
+    for workload, rnd, mode in sorted(results, key=lambda k: (k[1], k[0], modes.index(k[2]))):
+        r, base = results[workload, rnd, mode], results[workload, rnd, modes[0]]
+        rate = r.tokens / r.decode_s if r.decode_s else float("nan")
+        base_rate = base.tokens / base.decode_s if base.decode_s else float("nan")
+        row = {
+            "server": server, "mode": mode, "workload": workload, "round": rnd,
+            "tokens": r.tokens, "decode_s": f"{r.decode_s:.3f}", "tok_s": f"{rate:.2f}",
+            "speedup": f"{rate / base_rate:.3f}", "drafted": r.drafted, "accepted": r.accepted,
+            "acceptance": f"{r.accepted / r.drafted:.3f}" if r.drafted else "",
+            "same_text": r.text == base.text, "load": load(), "cpu": cpu, "model": model,
+            "draft_model": draft,
+        }  # fmt: skip
+        rows.append(row)
+        print(f"{server:9s} {workload:8s} round {rnd} {mode:7s} {rate:7.1f} tok/s "
+              f"(x{rate / base_rate:.2f}) drafted {r.drafted:4d} accepted {r.accepted:4d} "
+              f"{r.tokens:4d} tokens, same text as {modes[0]}: {r.text == base.text}",
+              flush=True)  # fmt: skip
     return rows
 
 
@@ -326,14 +340,22 @@ def run(args: argparse.Namespace) -> int:
         }
         if draft_url is not None:
             clients["draft"] = Ds4dServer(draft_url, True, args.timeout)
-        rows += run_modes(clients, prompts, args, "ds4d", model.name, draft)
+        results = interleaved(clients, prompts, args)
+    rows += rows_of(results, list(clients), "ds4d", model.name, draft)
+    print(f"load {load()}")
     if args.llama_server:
+        # One llama-server at a time: its idle threads poll for work, so servers running
+        # together would slow each other.
         specs: dict[str, list[str]] = {"off": [], "lookup": ["--spec-type", "ngram-simple"]}
         if args.draft_model:
             specs["draft"] = ["--spec-type", "draft-simple", "-md", str(args.draft_model)]
-        with _llama_servers(args, model, specs) as urls:
-            llama = {m: LlamaServer(u, args.timeout) for m, u in urls.items()}
-            rows += run_modes(dict(llama), prompts, args, "llama.cpp", model.name, draft)
+        results = {}
+        for mode, spec in specs.items():
+            with llama_server(args, model, spec) as url:
+                one = interleaved({mode: LlamaServer(url, args.timeout)}, prompts, args)
+            results.update(one)
+        rows += rows_of(results, list(specs), "llama.cpp", model.name, draft)
+        print(f"load {load()}")
     if args.csv:
         args.csv.parent.mkdir(parents=True, exist_ok=True)
         with args.csv.open("w", newline="") as f:
@@ -353,14 +375,6 @@ def _maybe_draft(args: argparse.Namespace) -> Iterator[str | None]:
         return
     with ds4d_server(args, "draft") as url:
         yield url
-
-
-@contextmanager
-def _llama_servers(args: argparse.Namespace, model: Path,
-                   specs: dict[str, list[str]]) -> Iterator[dict[str, str]]:  # fmt: skip
-    """One llama-server per mode, all running together (they take turns per request)."""
-    with ExitStack() as stack:
-        yield {m: stack.enter_context(llama_server(args, model, s)) for m, s in specs.items()}
 
 
 def write_plot(path: Path, rows: list[dict[str, Any]], model: str, draft: str) -> None:
