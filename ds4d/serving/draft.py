@@ -19,6 +19,8 @@ its step), so the draft's forward passes are serialized with every other engine 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ds4d.engine.engine import Engine, Session
@@ -51,11 +53,16 @@ def check_same_vocabulary(target: Engine, draft: Engine) -> None:
 
 class Proposal:
     """k drafted tokens and, for a sampled request, the distribution each was drawn from
-    (qs[i]: that of tokens[i]); qs is None for a greedy draft (point masses)."""
+    (qs[i]: that of tokens[i]); qs is None for a greedy draft (point masses). `passes`
+    single-token forward passes of the draft model took `pass_s` seconds (its catching up
+    with the target's tokens is not among them)."""
 
-    def __init__(self, tokens: list[int], qs: list[np.ndarray] | None) -> None:
+    def __init__(self, tokens: list[int], qs: list[np.ndarray] | None, passes: int = 0,
+                 pass_s: float = 0.0) -> None:  # fmt: skip
         self.tokens = tokens
         self.qs = qs
+        self.passes = passes
+        self.pass_s = pass_s
 
 
 class DraftModel:
@@ -79,10 +86,10 @@ class DraftModel:
             self._sessions[id(target)] = pair
         return pair[1]
 
-    def follow(self, target: Session, pending: int) -> Session:
+    def follow(self, target: Session, pending: int) -> tuple[Session, int]:
         """The draft session, holding the target's tokens and `pending`, with the logits
-        after it: the common prefix is kept, the rest evaluated (at least the last token,
-        whose logits are needed)."""
+        after it, and how many tokens were evaluated: the common prefix is kept, the rest
+        evaluated (at least the last token, whose logits are needed)."""
         session = self.session_for(target)
         want = target.tokens + [pending]
         have = session.tokens
@@ -95,20 +102,26 @@ class DraftModel:
                 common += 1
         session.rewind(common)
         session.eval(want[common:])
-        return session
+        return session, len(want) - common
 
     def propose(self, target: Session, pending: int, k: int, params: SamplingParams,
                 allowed: np.ndarray | None, rng: np.random.Generator) -> Proposal:  # fmt: skip
         """k tokens to follow `pending` in `target` (engine thread). Greedy parameters (or
         an infill rule, whose distribution is not rebuilt) draft the argmax; others draw
         from q, the draft's distribution under `params` (`allowed` at the first position)."""
-        session = self.follow(target, pending)
+        t0 = time.perf_counter()
+        session, caught_up = self.follow(target, pending)
+        passes, pass_s = 0, 0.0
+        if caught_up == 1:  # a single-token pass: its time is one draft step's
+            passes, pass_s = 1, time.perf_counter() - t0
         sampled = not params.greedy and params.infill is None
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         for i in range(k):
             if i:
+                t0 = time.perf_counter()
                 session.eval(tokens[-1:])
+                passes, pass_s = passes + 1, pass_s + time.perf_counter() - t0
             logits = session.last_logits
             assert logits is not None  # an eval just left them
             mask = allowed if i == 0 else None
@@ -122,7 +135,7 @@ class DraftModel:
                 tokens.append(int(ids[int(np.argmax(logits[ids]))]))
             else:
                 tokens.append(int(np.argmax(logits)))
-        return Proposal(tokens, qs if sampled else None)
+        return Proposal(tokens, qs if sampled else None, passes, pass_s)
 
     def close(self) -> None:
         for _, session in self._sessions.values():

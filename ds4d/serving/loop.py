@@ -52,6 +52,7 @@ from ds4d.serving.gate import ComputeGate
 from ds4d.serving.prompt import Prepared
 from ds4d.serving.slots import SlotPool
 from ds4d.serving.speculation import verify
+from ds4d.serving.stepcost import StepCost
 from ds4d.state.kvstate import KVState
 from ds4d.state.service import tool_call_ids
 from ds4d.state.slots import Slot
@@ -148,9 +149,12 @@ class EngineLoop:
         kv: KVState | None = None,
         calls: EngineCalls | None = None,
         sizer: ChunkSizer | None = None,
+        cost: StepCost | None = None,
         queue_size: int = 16,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """`cost` is told what plain steps of a lone session and verification chunks
+        take (speculation's draft length follows it: ds4d.serving.stepcost)."""
         self.engine = engine
         self.pool = pool
         self.gate = gate
@@ -158,6 +162,7 @@ class EngineLoop:
         self.kv = kv
         self.calls = calls if calls is not None else KVCalls(kv)
         self.sizer = sizer if sizer is not None else ChunkSizer()
+        self.cost = cost
         self.queue_size = queue_size
         self.clock = clock  # times engine work (chunk sizes, the decode credit)
         self._inbox: list[tuple[str, Work]] = []
@@ -424,7 +429,10 @@ class EngineLoop:
         if evals:
             before = [self._session(w).n_tokens for w, _ in evals]
             try:
+                t0 = self.clock()
                 self.engine.eval_batch([(self._session(w), s.tokens) for w, s in evals])
+                if self.cost is not None and len(evals) == 1 and len(evals[0][1].tokens) == 1:
+                    self.cost.observe_chunk(1, self.clock() - t0)  # a lone plain step
             except Exception:
                 # One session's bad step (context full, a bad token) must not fail the
                 # others: each session not yet advanced is evaluated on its own.
@@ -448,7 +456,10 @@ class EngineLoop:
                 if w in drafts:
                     assert spec is not None
                     session = self._session(w)
+                    t0 = self.clock()
                     verified = verify(decoding, session, s, drafts[w], spec.draw())
+                    if self.cost is not None:
+                        self.cost.observe_chunk(1 + len(drafts[w]), self.clock() - t0)
                     spec.observe(verified.drafted, verified.accepted)
                     decoding.record.drafted_tokens += verified.drafted
                     decoding.record.accepted_tokens += verified.accepted

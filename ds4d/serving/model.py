@@ -34,7 +34,8 @@ from ds4d.serving.gate import ComputeGate
 from ds4d.serving.loop import EngineLoop
 from ds4d.serving.prompt import Prepared, PromptPreparer
 from ds4d.serving.slots import SlotPool
-from ds4d.serving.speculation import MODES, Speculation
+from ds4d.serving.speculation import MODES, VERIFY_ROWS, Speculation
+from ds4d.serving.stepcost import StepCost
 from ds4d.state.service import StateService
 from ds4d.state.slots import Slot
 from ds4d.state.trace import GenerationRecord
@@ -100,8 +101,11 @@ class ModelServer:
         self.prompts = PromptPreparer(engine.tokenizer, engine.info.n_vocab, chat_format, ctx,
                                       state)  # fmt: skip
         sizer = ChunkSizer() if chunk_target_s is None else ChunkSizer(target_s=chunk_target_s)
+        # what a decode step and a verification chunk cost here: the draft length follows it
+        self.step_cost = StepCost(VERIFY_ROWS)
         self.loop = EngineLoop(engine, self.pool, gate, self, kv=state.kv, sizer=sizer,
-                               queue_size=queue_size, clock=clock)  # fmt: skip
+                               cost=self.step_cost, queue_size=queue_size,
+                               clock=clock)  # fmt: skip
         self._sink = OutputSink(state.record_output, state.remember_tool_call,
                                 metrics.observe_ttft)  # fmt: skip
 
@@ -145,7 +149,7 @@ class ModelServer:
         req = prepared.request
         spec = None
         if self.speculative and req.sampling.speculative:
-            spec = Speculation(model=self.draft, seed=req.sampling.seed)
+            spec = Speculation(model=self.draft, seed=req.sampling.seed, cost=self.step_cost)
         return Decoding(req, session, self.engine.tokenizer, self.chat_format.decode(req),
                         prepared.record, self._sink, arrived=prepared.arrived, room=room,
                         vocab=prepared.vocab, forced=prepared.forced, answer=prepared.answer,

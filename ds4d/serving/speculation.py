@@ -51,6 +51,7 @@ from ds4d.engine.engine import Session
 from ds4d.engine.sampler import SamplingParams, distribution, sample
 from ds4d.serving.draft import DraftModel
 from ds4d.serving.lookup import DraftLength, PromptLookup
+from ds4d.serving.stepcost import StepCost
 
 if TYPE_CHECKING:
     from ds4d.serving.decoding import DecodeStep, Decoding
@@ -70,10 +71,11 @@ class Speculation:
     generator of their own, derived from it (the request's own draws stay its own)."""
 
     def __init__(self, max_draft: int = MAX_DRAFT, model: DraftModel | None = None,
-                 seed: int | None = None) -> None:  # fmt: skip
+                 seed: int | None = None, cost: StepCost | None = None) -> None:  # fmt: skip
         self.max_draft = min(max_draft, MAX_DRAFT)
         self.length = DraftLength(self.max_draft)
         self.model = model
+        self.cost = cost  # the served model's measured step costs (None: the rate alone)
         self._rng = np.random.default_rng(None if seed is None else [seed, DRAFT_STREAM])
         self._qs: list[np.ndarray] | None = None  # the last draft's distributions
         self._lookup: PromptLookup | None = None
@@ -85,12 +87,15 @@ class Speculation:
         prompt is indexed, or the draft session synced, here), at most `limit`; [] for a
         plain step."""
         self._qs = None
-        k = min(self.length.next(), limit, self.max_draft)
+        k = min(self.length.next(self.cost, drafting=self.model is not None), limit,
+                self.max_draft)  # fmt: skip
         if k <= 0 or not decoding.pending:
             return []
         if self.model is not None:
             proposal = self.model.propose(decoding.session, decoding.pending[0], k,
                                           step.params, step.allowed, self._rng)  # fmt: skip
+            if self.cost is not None:
+                self.cost.observe_draft(proposal.passes, proposal.pass_s)
             self._qs = proposal.qs
             return proposal.tokens
         lookup = self._lookup
