@@ -20,16 +20,23 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import trio
+from trio.testing import MockClock
 
 from ds4d.chat.formats import chat_format_for
-from ds4d.chat.types import ChatRequest, Sampling
+from ds4d.chat.types import ChatRequest, Event, Sampling
+from ds4d.daemon.metrics import Metrics
 from ds4d.engine import Engine
 from ds4d.engine.errors import ModelLoadError
 from ds4d.engine.sampler import SamplingParams, distribution, make_rng, sample
 from ds4d.engine.steering import Steering
 from ds4d.serving.decoding import DecodeStep
 from ds4d.serving.draft import DraftModel, check_same_vocabulary
+from ds4d.serving.gate import ComputeGate
+from ds4d.serving.model import ModelServer
 from ds4d.serving.speculation import RatioDraw, accept
+from ds4d.state.service import StateService
+from ds4d.state.slots import Slot
 from tests.helpers.kit import kit_families, kit_model
 from tests.serving.test_speculation_real import (
     GREEDY,
@@ -98,25 +105,49 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
                 check_same_vocabulary(target, other)
 
 
-def test_embedded_model_greedy_with_a_draft_across_requests_on_one_slot(engine, model_path):
-    """Two requests in turn on one slot's session (the second reuses none of the first's
-    prompt after its first tokens): the draft session follows the slot through both, and
-    each generates what it generates without speculation."""
-    requests = [chat(REWRITE, max_tokens=64), chat("Write a haiku about rain.", max_tokens=40)]
+def one_slot(engine: Engine, mode: str, requests: list[ChatRequest],
+             draft: DraftModel | None = None) -> list[tuple[list[Event], list[int], list[int]]]:  # fmt: skip
+    """The requests one after another on one slot of one ModelServer: each one's events,
+    the slot's tokens after it, and the draft session's tokens after it."""
+    ctx = 2048
+    state = StateService.create(tokenizer=engine.tokenizer, fingerprint="t", ctx=ctx, kv_dir=None)
+    slot = Slot(0, engine.new_session(ctx), ctx)
+    server = ModelServer(engine, chat_format_for(engine, ctx), ctx, [slot], state,
+                         ComputeGate(), Metrics(), speculative=mode, draft=draft)  # fmt: skip
+    out: list[tuple[list[Event], list[int], list[int]]] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            for req in requests:
+                prepared = await server.prepare(req, "chat")
+                async with server.generate(prepared) as stream:
+                    events = [ev async for ev in stream]
+                held = draft.session_for(slot.session).tokens if draft is not None else []
+                out.append((events, slot.session.tokens, held))
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=MockClock(autojump_threshold=0.001))
+    slot.session.close()
+    return out
+
+
+def test_the_draft_session_follows_its_slot_across_requests(engine, model_path):
+    """Three requests in turn on one slot: a rewrite, another prompt (sharing only the
+    chat template's first tokens with it), then the rewrite again. The draft session
+    follows the slot: after each request it holds a prefix of the slot's tokens (never a
+    rejected draft), and every request generates what it generates without speculation."""
+    requests = [chat(REWRITE, max_tokens=64), chat("Write a haiku about rain.", max_tokens=40),
+                chat(REWRITE, max_tokens=48)]  # fmt: skip
+    off = one_slot(engine, "off", requests)
     draft = steered_draft(model_path, STEER_DEFAULT, 2048)
     try:
-        for req in requests:
-            (off,) = serve(engine, "off", [req])
-            (on,) = serve(engine, "draft", [req], draft=draft)
-            assert_same(off, on)
-            assert on.record.accepted_tokens > 0
-            (follower,) = [s for _, s in draft._sessions.values() if s.n_tokens]
-            # the draft session holds the target's accepted tokens (and at most a pending one)
-            held = follower.tokens
-            assert on.session_tokens[: len(held) - 1] == held[:-1]
-            draft._sessions.clear()
+        on = one_slot(engine, "draft", requests, draft)
     finally:
         draft.close()
+    for (events_off, tokens_off, _), (events_on, tokens_on, held) in zip(off, on, strict=True):
+        assert events_on == events_off and tokens_on == tokens_off
+        assert len(held) > 0 and tokens_on[: len(held)] == held
 
 
 def test_a_sampled_request_with_a_draft_model_keeps_drafts_and_finishes(engine, model_path):
