@@ -13,8 +13,11 @@ high acceptance rate does not pay, and then nothing is drafted.
 The times are running averages of what the engine loop observes (its own clock): plain
 steps of a lone decoding session, verification chunks by length, the draft model's
 single-token passes. Until a length is measured its cost is a prior, `PRIOR_SLOPE` of a
-step per extra token (the small-batch matvec's measured cost on the embedded model); an
-unmeasured draft pass costs nothing more than the prior says: `DRAFT_PRIOR` of a step.
+step per extra token (the small-batch matvec's measured cost on the embedded model); until
+a draft pass is measured it costs `DRAFT_PRIOR` of a step. A request that drafts from its
+first step takes no plain step: t(1) is then inferred from the shortest chunk measured,
+through the prior, so a draft model as slow as the target stops drafting at once and the
+plain steps that follow measure t(1) itself.
 """
 
 from __future__ import annotations
@@ -47,14 +50,22 @@ class StepCost:
         if n == 1:
             return 1.0
         if one is None or this is None:
-            return 1.0 + PRIOR_SLOPE * (n - 1)
+            return _prior(n)
         return this / one
+
+    def _step(self) -> float | None:
+        """t(1): measured, else inferred from the shortest chunk measured through the
+        prior (a request that always drafts takes no plain step to measure), else None."""
+        for n, seconds in enumerate(self._chunk):
+            if seconds is not None:
+                return seconds / _prior(n)
+        return None
 
     def draft_relative(self, drafting: bool) -> float:
         """t_d / t(1) (0 without a draft model)."""
         if not drafting:
             return 0.0
-        one = self._chunk[1]
+        one = self._step()
         if one is None or self._draft is None:
             return DRAFT_PRIOR
         return self._draft / one
@@ -71,6 +82,10 @@ class StepCost:
             if speed > best:
                 best_k, best = k, speed
         return best_k
+
+
+def _prior(n: int) -> float:
+    return 1.0 + PRIOR_SLOPE * (n - 1)
 
 
 def _average(old: float | None, new: float) -> float:

@@ -54,3 +54,17 @@ def test_the_draft_length_probes_when_no_length_pays():
     assert length.next(slow) == 2  # a probe, to notice when drafting starts to pay
     fast = measured(0.1)
     assert length.next(fast) == 7  # the optimistic start: the rate is 1
+
+
+def test_a_draft_model_as_slow_as_the_target_stops_before_a_plain_step_is_measured():
+    """Only verification chunks measured (a request that drafted from its first step):
+    t(1) comes from the shortest of them through the prior, and a draft pass costing a
+    step makes drafting stop."""
+    cost = StepCost(8)
+    cost.observe_chunk(8, 0.010 * (1 + 0.35 * 7))
+    cost.observe_draft(7, 7 * 0.010)
+    assert cost.best_length(0.999, 7, drafting=True) == 0
+    cheap = StepCost(8)
+    cheap.observe_chunk(8, 0.010 * (1 + 0.35 * 7))
+    cheap.observe_draft(7, 7 * 0.001)
+    assert cheap.best_length(0.95, 7, drafting=True) > 0
