@@ -286,7 +286,10 @@ def interleaved(clients: dict[str, Client], prompts: dict[str, str],
     for rnd in range(args.rounds):
         for workload, prompt in prompts.items():
             for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:
-                out[workload, rnd, mode] = measure(clients[mode], prompt, args.tokens)
+                r = out[workload, rnd, mode] = measure(clients[mode], prompt, args.tokens)
+                rate = r.tokens / r.decode_s if r.decode_s else float("nan")
+                print(f"  measured {workload} round {rnd} {mode}: {rate:.1f} tok/s, drafted "
+                      f"{r.drafted} accepted {r.accepted}, load {load()}", flush=True)  # fmt: skip
     return out
 
 
