@@ -53,9 +53,9 @@ def check_same_vocabulary(target: Engine, draft: Engine) -> None:
 
 class Proposal:
     """k drafted tokens and, for a sampled request, the distribution each was drawn from
-    (qs[i]: that of tokens[i]); qs is None for a greedy draft (point masses). `passes`
-    single-token forward passes of the draft model took `pass_s` seconds (its catching up
-    with the target's tokens is not among them)."""
+    (qs[i]: that of tokens[i]); qs is None for a greedy draft (point masses). Drafting
+    `passes` tokens took `pass_s` seconds (0 and 0.0 when the draft session had a new
+    prompt to evaluate first: not a step's usual cost)."""
 
     def __init__(self, tokens: list[int], qs: list[np.ndarray] | None, passes: int = 0,
                  pass_s: float = 0.0) -> None:  # fmt: skip
@@ -111,17 +111,12 @@ class DraftModel:
         from q, the draft's distribution under `params` (`allowed` at the first position)."""
         t0 = time.perf_counter()
         session, caught_up = self.follow(target, pending)
-        passes, pass_s = 0, 0.0
-        if caught_up == 1:  # a single-token pass: its time is one draft step's
-            passes, pass_s = 1, time.perf_counter() - t0
         sampled = not params.greedy and params.infill is None
         tokens: list[int] = []
         qs: list[np.ndarray] = []
         for i in range(k):
             if i:
-                t0 = time.perf_counter()
                 session.eval(tokens[-1:])
-                passes, pass_s = passes + 1, pass_s + time.perf_counter() - t0
             logits = session.last_logits
             assert logits is not None  # an eval just left them
             mask = allowed if i == 0 else None
@@ -135,7 +130,12 @@ class DraftModel:
                 tokens.append(int(ids[int(np.argmax(logits[ids]))]))
             else:
                 tokens.append(int(np.argmax(logits)))
-        return Proposal(tokens, qs if sampled else None, passes, pass_s)
+        # The cost of drafting, per drafted token, when the draft session only had to
+        # catch up with the last step (not a new prompt's prefill): every pass and what
+        # goes with it (the catching up, the sampling), as a step pays it.
+        steady = caught_up <= 2
+        return Proposal(tokens, qs if sampled else None, k if steady else 0,
+                        time.perf_counter() - t0 if steady else 0.0)  # fmt: skip
 
     def close(self) -> None:
         for _, session in self._sessions.values():

@@ -15,9 +15,11 @@ steps of a lone decoding session, verification chunks by length, the draft model
 single-token passes. Until a length is measured its cost is a prior, `PRIOR_SLOPE` of a
 step per extra token (the small-batch matvec's measured cost on the embedded model); until
 a draft pass is measured it costs `DRAFT_PRIOR` of a step. A request that drafts from its
-first step takes no plain step: t(1) is then inferred from the shortest chunk measured,
-through the prior, so a draft model as slow as the target stops drafting at once and the
-plain steps that follow measure t(1) itself.
+first step takes no plain step: t(1) is then inferred from the chunks measured, through
+the prior, so a draft model as slow as the target stops drafting at once and the plain
+steps that follow measure t(1) itself. A draft model's cost is what drafting took per
+drafted token, every pass and its bookkeeping, in steps where the draft session only
+caught up with the last step.
 """
 
 from __future__ import annotations
@@ -54,12 +56,14 @@ class StepCost:
         return this / one
 
     def _step(self) -> float | None:
-        """t(1): measured, else inferred from the shortest chunk measured through the
-        prior (a request that always drafts takes no plain step to measure), else None."""
-        for n, seconds in enumerate(self._chunk):
-            if seconds is not None:
-                return seconds / _prior(n)
-        return None
+        """t(1): measured, else inferred through the prior from the chunks measured (a
+        request that always drafts takes no plain step to measure), the smallest of those
+        guesses (a stray slow chunk, the first after a prefill, makes a guess too large,
+        and drafting look cheap), else None."""
+        if self._chunk[1] is not None:
+            return self._chunk[1]
+        guesses = [t / _prior(n) for n, t in enumerate(self._chunk) if t is not None]
+        return min(guesses) if guesses else None
 
     def draft_relative(self, drafting: bool) -> float:
         """t_d / t(1) (0 without a draft model)."""

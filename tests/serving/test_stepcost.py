@@ -64,6 +64,8 @@ def test_a_draft_model_as_slow_as_the_target_stops_before_a_plain_step_is_measur
     cost.observe_chunk(8, 0.010 * (1 + 0.35 * 7))
     cost.observe_draft(7, 7 * 0.010)
     assert cost.best_length(0.999, 7, drafting=True) == 0
+    cost.observe_chunk(2, 0.050)  # a stray slow chunk: t(1) is not guessed from it
+    assert cost.best_length(0.999, 7, drafting=True) == 0
     cheap = StepCost(8)
     cheap.observe_chunk(8, 0.010 * (1 + 0.35 * 7))
     cheap.observe_draft(7, 7 * 0.001)
