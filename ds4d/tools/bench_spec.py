@@ -34,12 +34,14 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import http.client
 import importlib.util
 import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -118,6 +120,7 @@ class Result:
     decode_s: float
     drafted: int
     accepted: int
+    load: str = ""  # the load average when it was measured
 
 
 def post(url: str, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -286,7 +289,8 @@ def interleaved(clients: dict[str, Client], prompts: dict[str, str],
     for rnd in range(args.rounds):
         for workload, prompt in prompts.items():
             for mode in modes[rnd % len(modes) :] + modes[: rnd % len(modes)]:
-                r = out[workload, rnd, mode] = measure(clients[mode], prompt, args.tokens)
+                r = measure(clients[mode], prompt, args.tokens)
+                r = out[workload, rnd, mode] = dataclasses.replace(r, load=load())
                 rate = r.tokens / r.decode_s if r.decode_s else float("nan")
                 print(f"  measured {workload} round {rnd} {mode}: {rate:.1f} tok/s, drafted "
                       f"{r.drafted} accepted {r.accepted}, load {load()}", flush=True)  # fmt: skip
@@ -307,7 +311,7 @@ def rows_of(results: Results, modes: list[str], server: str, model: str,
             "tokens": r.tokens, "decode_s": f"{r.decode_s:.3f}", "tok_s": f"{rate:.2f}",
             "speedup": f"{rate / base_rate:.3f}", "drafted": r.drafted, "accepted": r.accepted,
             "acceptance": f"{r.accepted / r.drafted:.3f}" if r.drafted else "",
-            "same_text": r.text == base.text, "load": load(), "cpu": cpu, "model": model,
+            "same_text": r.text == base.text, "load": r.load, "cpu": cpu, "model": model,
             "draft_model": draft,
         }  # fmt: skip
         rows.append(row)
@@ -395,7 +399,7 @@ def write_plot(path: Path, rows: list[dict[str, Any]], model: str, draft: str) -
         for w in workloads_:
             rates = [float(r["tok_s"]) for r in rows
                      if (r["server"], r["mode"], r["workload"]) == (server, mode, w)]  # fmt: skip
-            values.append(sorted(rates)[len(rates) // 2] if rates else 0.0)
+            values.append(statistics.median(rates) if rates else 0.0)
         xs = [j + i * width for j in range(len(workloads_))]
         bars = ax.bar(xs, values, width, label=f"{server} {mode}")
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
