@@ -121,8 +121,62 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_parser("ls", parents=[common], help="every model: state, memory, expiry")
     for action, text in (("load", "load a model now"), ("unload", "unload a model")):
         models.add_parser(action, parents=[common], help=text).add_argument("name")
+    _steer_parser(sub, common)
     sub.add_parser("stop", parents=[common], help="graceful shutdown")
     return parser
+
+
+def _steer_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    steer = sub.add_parser(
+        "steer", parents=[common], help="live steering: control vectors (docs/steering.md)"
+    ).add_subparsers(dest="action", metavar="ACTION", required=True)
+    show = steer.add_parser("show", parents=[common], help="each loaded model's steering")
+    set_ = steer.add_parser(
+        "set",
+        parents=[common],
+        help="steer the next requests with a control vector FILE times SCALE (default 1); "
+        "requests already running keep their steering",
+    )
+    set_.add_argument("file", help="control-vector GGUF (llama.cpp's format)")
+    set_.add_argument("scale", nargs="?", type=float, default=1.0)
+    set_.add_argument(
+        "--control-vector-scaled", nargs=2, action="append", default=[],
+        metavar=("FILE", "SCALE"), help="one more file, summed (repeatable)",
+    )  # fmt: skip
+    set_.add_argument(
+        "--control-vector-layer-range", nargs=2, type=int, metavar=("START", "END"),
+        help="apply to these layers only (inclusive; default every layer)",
+    )  # fmt: skip
+    set_.add_argument(
+        "--attn", "--directional-steering-attn", dest="attn", type=float, default=0.0,
+        metavar="F", help="scale added after each layer's attention output (default 0)",
+    )  # fmt: skip
+    set_.add_argument(
+        "--ffn", "--directional-steering-ffn", dest="ffn", type=float, default=1.0,
+        metavar="F", help="scale added after each layer's FFN output (default 1)",
+    )  # fmt: skip
+    off = steer.add_parser("off", parents=[common], help="the next requests unsteered")
+    for p in (show, set_, off):
+        p.add_argument("--model", metavar="NAME", help="this model (default: the default one; "
+                       "show: every loaded one)")  # fmt: skip
+
+
+def _steer_request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    params: dict[str, Any] = {"model": args.model} if args.model else {}
+    if args.action != "set":
+        return f"steer.{args.action}", params
+    files = [[args.file, args.scale]]
+    for path, scale in args.control_vector_scaled:
+        try:
+            files.append([path, float(scale)])
+        except ValueError:
+            raise SystemExit(f"ds4ctl: the scale of {path} is not a number: {scale!r}") from None
+    # paths as this shell sees them: the daemon may run elsewhere
+    files = [[str(Path(p).expanduser().absolute()), s] for p, s in files]
+    params.update(files=files, attn=args.attn, ffn=args.ffn)
+    if args.control_vector_layer_range:
+        params["layer_range"] = list(args.control_vector_layer_range)
+    return "steer.set", params
 
 
 def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -148,6 +202,8 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         return f"models.{action}", {"name": args.name}
     if cmd == "config" and action == "set":
         return "config.set", {"key": args.key, "value": args.value}
+    if cmd == "steer":
+        return _steer_request(args)
     return (f"{cmd}.{action}" if action else cmd), {}
 
 
@@ -243,9 +299,30 @@ def render(cmd: str, result: Any) -> str:
         return table(result, _MODEL_COLUMNS)
     if cmd in ("models.load", "models.unload"):
         return f"{result['name']}: {result['state']}"
+    if cmd == "steer.show":
+        return "\n".join(steering_lines(m) for m in result) or "(no model loaded)"
+    if cmd in ("steer.set", "steer.off"):
+        return steering_lines(result)
     if cmd == "stop":
         return "ds4d is stopping"
     return key_values(result)
+
+
+def steering_lines(shown: dict[str, Any]) -> str:
+    """One model's steering: what it is made of, and the vectors a request may name."""
+    s = shown.get("steering")
+    if not s:
+        line = f"{shown['model']}: unsteered"
+    else:
+        files = " + ".join(f"{f['path']} x{f['scale']:g}" for f in s.get("files") or [])
+        span = s.get("layer_range")
+        layers = f"layers {span[0]}..{span[1]}" if span else "every layer"
+        line = (f"{shown['model']}: {files}, {layers}, attn {s['attn']:g}, ffn {s['ffn']:g} "
+                f"(set by {s.get('set_by', '?')}, key {s['key'] or '-'})")  # fmt: skip
+    vectors = shown.get("vectors") or []
+    if vectors:
+        line += "\n  vectors a request may name: " + ", ".join(vectors)
+    return line
 
 
 def key_values(data: Any, prefix: str = "") -> str:

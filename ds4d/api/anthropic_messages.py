@@ -21,6 +21,7 @@ from ds4d.api.common import (
     request_object,
     sampling_of,
     sse,
+    steering_of,
     stop_list,
 )
 from ds4d.chat.types import (
@@ -232,6 +233,7 @@ def parse(body: Any, defaults: Sampling, *, count_only: bool = False) -> ChatReq
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
         tool_id_prefix="toolu_",
+        steering=steering_of(body.get("steering")),
     )
     mark = _last_cache_mark(body)
     if mark is not None:

@@ -24,6 +24,7 @@ from ds4d.chat.types import (
     Finish,
     ReasoningDelta,
     Sampling,
+    SteeringChoice,
     TextDelta,
     ToolCall,
     ToolCallEnd,
@@ -240,6 +241,50 @@ def sampling_of(
         seed=number(obj, "seed", 0, SEED_MAX, None, integer=True),
         speculative=field_of(obj, "speculative", bool, defaults.speculative),
     )
+
+
+STEERING_SCALE_MAX = 100.0  # |scale|, |attn|, |ffn|: far past where any model still talks
+STEERING_LAYER_MAX = 1 << 16
+_STEERING_KEYS = frozenset({"name", "scale", "attn", "ffn", "layers"})
+
+
+def steering_of(value: Any, key: str = "steering") -> SteeringChoice | None:
+    """The `steering` extension field (docs/steering.md): a vector's name as the config
+    declares it ("off": unsteered), or {"name", "scale", "attn", "ffn", "layers": [A, B]}.
+    Whether the name exists is the model's to say (a 400 too, when the prompt is
+    prepared); everything else is checked here."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict):
+        raise bad(f"'{key}' must be a vector's name or an object", key)
+    unknown = sorted(set(value) - _STEERING_KEYS)
+    if unknown:
+        raise bad(f"'{key}.{unknown[0]}' is not a steering field (name, scale, attn, ffn, "
+                  "layers)", f"{key}.{unknown[0]}")  # fmt: skip
+    name = field_of(value, "name", str, where=key, required=True)
+    if not name:
+        raise bad(f"'{key}.name' must not be empty", f"{key}.name")
+    scales: dict[str, float | None] = {}
+    for k in ("scale", "attn", "ffn"):
+        v = field_of(value, k, float, None, where=key)
+        if v is not None and not -STEERING_SCALE_MAX <= v <= STEERING_SCALE_MAX:
+            raise bad(f"'{key}.{k}' must be between {-STEERING_SCALE_MAX:g} and "
+                      f"{STEERING_SCALE_MAX:g}, got {v}", f"{key}.{k}")  # fmt: skip
+        scales[k] = None if v is None else float(v)
+    layers = value.get("layers")
+    span: tuple[int, int] | None = None
+    if layers is not None:
+        ok = (isinstance(layers, list) and len(layers) == 2
+              and all(isinstance(n, int) and not isinstance(n, bool) for n in layers))  # fmt: skip
+        if not ok or not 0 <= layers[0] <= layers[1] <= STEERING_LAYER_MAX:
+            raise bad(f"'{key}.layers' must be [first, last], 0 <= first <= last",
+                      f"{key}.layers")  # fmt: skip
+        span = (layers[0], layers[1])
+    scale = scales["scale"]
+    return SteeringChoice(name, 1.0 if scale is None else scale, scales["attn"], scales["ffn"],
+                          span)  # fmt: skip
 
 
 def stop_list(value: Any, key: str = "stop") -> list[str]:

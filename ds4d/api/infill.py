@@ -34,6 +34,7 @@ from ds4d.api.common import (
     request_object,
     sampling_of,
     sse,
+    steering_of,
     stop_list,
 )
 from ds4d.chat.fim import ExtraChunk, InfillInput, supersede_key
@@ -101,6 +102,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         t_max_predict_ms=number(body, "t_max_predict_ms", 0, 1 << 31, 0, integer=True),
         response_fields=response_fields,
         candidates=n_cmpl,
+        steering=steering_of(body.get("steering")),
     )
 
 

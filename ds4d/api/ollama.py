@@ -28,6 +28,7 @@ from ds4d.api.common import (
     objects_of,
     request_object,
     sampling_of,
+    steering_of,
     stop_list,
 )
 from ds4d.api.openai_chat import parse_tools
@@ -152,7 +153,7 @@ def _options(body: dict[str, Any], defaults: Sampling) -> tuple[dict[str, Any], 
                     f"options.{key}",
                 )
             continue
-        if key not in _SAMPLING_OPTIONS | {"num_predict", "num_ctx", "stop"}:
+        if key not in _SAMPLING_OPTIONS | {"num_predict", "num_ctx", "stop", "steering"}:
             raise bad(f"'options.{key}' is not an option ds4d knows", f"options.{key}")
     sampled = {k: v for k, v in options.items() if k in _SAMPLING_OPTIONS}
     seed = sampled.get("seed")
@@ -278,6 +279,7 @@ def parse_chat(body: Any, defaults: Sampling) -> OllamaRequest:
         model=model_name(body),
         stream=field_of(body, "stream", bool, True),  # Ollama streams unless told not to
         output_format=output_format,
+        steering=steering_of(options.get("steering"), "options.steering"),
     )
     return OllamaRequest(
         req,
@@ -316,6 +318,7 @@ def parse_generate(body: Any, defaults: Sampling) -> OllamaRequest:
         stream=field_of(body, "stream", bool, True),
         raw_prompt=prompt if raw else None,
         output_format=output_format,
+        steering=steering_of(options.get("steering"), "options.steering"),
     )
     if suffix is not None and output_format is not None:
         raise bad("'format' cannot be combined with 'suffix' (fill in the middle)", "format")

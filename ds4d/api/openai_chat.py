@@ -19,6 +19,7 @@ from ds4d.api.common import (
     request_object,
     sampling_of,
     sse,
+    steering_of,
     stop_list,
     template_kwargs_of,
     thinking_switch,
@@ -163,6 +164,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         model=field_of(body, "model", str, ""),
         stream=field_of(body, "stream", bool, False),
         output_format=openai_response_format(body),
+        steering=steering_of(body.get("steering")),
     )
     req.include_usage = field_of(
         stream_options, "include_usage", bool, False, where="stream_options"

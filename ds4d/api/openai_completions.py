@@ -16,6 +16,7 @@ from ds4d.api.common import (
     request_object,
     sampling_of,
     sse,
+    steering_of,
     stop_list,
 )
 from ds4d.api.openai_chat import error_body, usage_json
@@ -60,6 +61,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         fim=fim,
         priority="completion" if fim is not None else "chat",
         supersede_key=supersede_key(prompt) if fim is not None else None,
+        steering=steering_of(body.get("steering")),
     )
 
 

@@ -20,6 +20,7 @@ from ds4d.api.common import (
     request_object,
     sampling_of,
     sse,
+    steering_of,
 )
 from ds4d.api.openai_chat import error_body
 from ds4d.api.openai_chat import parse_tool_choice as _chat_tool_choice
@@ -185,6 +186,7 @@ def parse(body: Any, defaults: Sampling) -> ChatRequest:
         tools_json=body.get("tools") or [],
         tool_choice_json=body["tool_choice"] if body.get("tool_choice") is not None else "auto",
         output_format=responses_text_format(body),
+        steering=steering_of(body.get("steering")),
     )
     req.client_limit = req.max_tokens is not None
     return req

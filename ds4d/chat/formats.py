@@ -139,6 +139,15 @@ class TemplateDecode:
         return self.parser.stop_sequence
 
     @property
+    def cut_marker(self) -> str | None:
+        """The text that ended the reply inside the generated text and was not delivered
+        (a stop sequence, or a tool-result marker the model began writing), if one did."""
+        tools = self._calls()
+        if isinstance(tools, CallParser) and tools.returned:
+            return tools.ender
+        return self.parser.stop_sequence
+
+    @property
     def tool_calls(self) -> int:
         return self.parser.tool_calls
 

@@ -330,6 +330,7 @@ class CallParser:
         self.opened = 0  # blocks opened so far (the decode constrains each new one)
         self.ended = False  # a block was closed by its closing marker
         self.returned = False  # the reply ended at one of the syntax's `enders`
+        self.ender: str | None = None  # which one
         self._buf = ""
         self._opener: str | None = None  # inside a block: the marker that opened it
         self._end: Callable[[str], int | None] = lambda block: None  # ...and its end
@@ -390,6 +391,7 @@ class CallParser:
                 self._emit_text(out, self._buf[:k].rstrip(space))
                 self._buf = ""
                 self.returned = True
+                self.ender = ender
                 break
             if stray and (opener is None or j < i):
                 # A closing tag without a block: removed, and what it separated is read

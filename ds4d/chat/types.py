@@ -73,6 +73,24 @@ class OutputFormat:
     schema: dict[str, Any] | None = None
 
 
+# A request's `steering` naming this runs it unsteered, whatever the model's steering is.
+STEERING_OFF = "off"
+
+
+@dataclass(frozen=True)
+class SteeringChoice:
+    """A request's own steering (the `steering` extension field, docs/steering.md): a
+    control vector the daemon's config names (`steering_vectors`), times `scale`, with
+    these attention / FFN scales and layer range where given (else ffn 1, attn 0, every
+    layer, as llama.cpp applies a control vector); the name STEERING_OFF: none at all."""
+
+    name: str
+    scale: float = 1.0
+    attn: float | None = None
+    ffn: float | None = None
+    layers: tuple[int, int] | None = None  # first and last layer, inclusive
+
+
 # How urgently a request wants the engine. The engine loop serves a waiting "completion"
 # (an editor's inline completion: someone is watching the cursor) before "chat" (agents,
 # chat clients), and both before "background" (warm-ups, restores nobody waits on).
@@ -124,6 +142,8 @@ class ChatRequest:
     # Several candidate completions of the one prompt (llama.cpp's n_cmpl), generated one
     # after another: the prompt is evaluated once, the later ones start from its KV.
     candidates: int = 1
+    # Its own steering (None: the model's current one, docs/steering.md).
+    steering: SteeringChoice | None = None
 
     @property
     def tools_active(self) -> bool:

@@ -8,7 +8,8 @@ Wire protocol, version 1. Each request is one line, each reply one line:
 
 A connection may carry any number of requests. Commands: status, slots, cache.ls,
 cache.evict, cache.stats, trace.on, trace.off, trace.status, power, config.get,
-config.set, config.reload, stop.
+config.set, config.reload, models.ls, models.load, models.unload, steer.show, steer.set,
+steer.off, stop.
 
 Who may connect: the socket is 0600 inside a 0700 directory, and every peer's uid is
 checked against the daemon's own (and root's) with SO_PEERCRED (Linux) or LOCAL_PEERCRED
@@ -193,6 +194,15 @@ class DaemonView(Protocol):
     async def unload_named(self, name: str) -> dict[str, Any]:
         """Unload a model once no request holds it."""
 
+    def steering_show(self, model: str | None = None) -> list[dict[str, Any]]:
+        """Each loaded model's steering (or `model`'s): files, scales, layers, key."""
+
+    async def steering_set(self, model: str | None = None, **args: Any) -> dict[str, Any]:
+        """Steer the model's next requests (AdminError for bad files or arguments)."""
+
+    def steering_off(self, model: str | None = None) -> dict[str, Any]:
+        """The model's next requests unsteered."""
+
 
 class CacheView(Protocol):
     """The disk KV cache's admin surface (ds4d.state.service.CacheView, DiskCache).
@@ -258,6 +268,9 @@ class AdminCommands:
             "models.ls": self.models_ls,
             "models.load": self.models_load,
             "models.unload": self.models_unload,
+            "steer.show": self.steer_show,
+            "steer.set": self.steer_set,
+            "steer.off": self.steer_off,
         }
 
     @property
@@ -385,6 +398,26 @@ class AdminCommands:
 
     async def models_unload(self, name: str) -> dict[str, Any]:
         return await self.daemon.unload_named(name)
+
+    # Steering applies to the requests submitted after the reply; those running keep theirs.
+
+    def steer_show(self, model: str | None = None) -> list[dict[str, Any]]:
+        return self.daemon.steering_show(model)
+
+    async def steer_set(
+        self,
+        files: list[Any],
+        model: str | None = None,
+        layer_range: list[int] | None = None,
+        attn: float = 0.0,
+        ffn: float = 1.0,
+    ) -> dict[str, Any]:
+        return await self.daemon.steering_set(
+            model, files=files, layer_range=layer_range, attn=attn, ffn=ffn
+        )
+
+    def steer_off(self, model: str | None = None) -> dict[str, Any]:
+        return self.daemon.steering_off(model)
 
     async def stop(self) -> dict[str, Any]:
         await self.daemon.stop()

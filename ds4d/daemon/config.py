@@ -232,6 +232,14 @@ class Config:
         "output, as llama.cpp applies them)",
         metavar="F",
     )
+    steering_vectors: list[str] = _key(
+        [],
+        "control vectors a request may choose by name with its `steering` field, each "
+        "NAME=FILE[:SCALE] (a name given twice sums its files); read when a model loads "
+        "(see docs/steering.md)",
+        flags=("--steering-vector",),
+        metavar="NAME=FILE[:SCALE]",
+    )
 
     # --- HTTP --------------------------------------------------------------------------
     host: str = _key("127.0.0.1", "address the HTTP server binds", metavar="HOST")

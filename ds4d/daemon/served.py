@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -22,10 +23,12 @@ from ds4d.daemon.metrics import Metrics
 from ds4d.daemon.models import ModelSpec
 from ds4d.daemon.state_config import state_from_config
 from ds4d.engine.engine import Engine
+from ds4d.engine.steering import SteeringError, parse_layer_range, parse_scaled
 from ds4d.serving.draft import DraftModel, check_same_vocabulary
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.model import ModelServer
 from ds4d.serving.slots import SlotPool
+from ds4d.serving.steering import SteeringVectors, VectorSpec
 from ds4d.state.recent import RecentStates
 from ds4d.state.service import StateService
 from ds4d.state.slots import Slot
@@ -142,6 +145,11 @@ async def open_served(
         await trio.to_thread.run_sync(lambda: _steer_engine(engine, cfg))
         log.info("steering: %s", engine.steering.describe() if engine.steering else "none")
     info = engine.info
+    vectors = await trio.to_thread.run_sync(
+        lambda: SteeringVectors.load(vector_specs(cfg.steering_vectors), info.n_layer, info.n_embd)
+    )
+    if vectors.names:
+        log.info("steering vectors a request may choose: %s", ", ".join(vectors.names))
     ctx = cfg.ctx or info.n_ctx_train
     if info.rope_stretch:
         log.info("RoPE positions stretched with %s", info.rope_stretch)
@@ -197,6 +205,12 @@ async def open_served(
         draft=draft,
         queue_size=cfg.queue_size,
         chunk_target_s=cfg.prefill_chunk_ms / 1000,
+        vectors=vectors,
+        steering_about=steering_about(
+            [parse_scaled(s) for s in cfg.control_vectors],
+            parse_layer_range(cfg.control_vector_layer_range),
+            "config",
+        ),
     )
     scope, done = trio.CancelScope(), trio.Event()
 
@@ -212,6 +226,28 @@ async def open_served(
     log.info("model %s loaded in %.1fs; serving", spec.name, time.perf_counter() - t0)
     embeddings = EmbeddingService(engine, gate, ctx)
     return ServedModel(spec, server, embeddings, file_bytes, scope, done)
+
+
+def vector_specs(items: list[str]) -> list[VectorSpec]:
+    """`steering_vectors` entries, NAME=FILE[:SCALE], as (name, file, scale)."""
+    out: list[VectorSpec] = []
+    for item in items:
+        name, sep, spec = item.partition("=")
+        if not sep or not name.strip() or not spec:
+            raise SteeringError(f"steering_vectors: {item!r} is not NAME=FILE[:SCALE]")
+        path, scale = parse_scaled(spec)
+        out.append((name.strip(), str(Path(path).expanduser()), scale))
+    return out
+
+
+def steering_about(files: list[tuple[str, float]], layer_range: tuple[int, int] | None,
+                   origin: str) -> dict[str, Any]:  # fmt: skip
+    """What a steering was made from, as `ds4ctl steer show` reports it."""
+    return {
+        "files": [{"path": str(p), "scale": s} for p, s in files],
+        "layer_range": list(layer_range) if layer_range else None,
+        "set_by": origin,
+    }
 
 
 def _open_draft(engine: Engine, cfg: Config, ctx: int) -> DraftModel:
@@ -233,7 +269,7 @@ def _open_draft(engine: Engine, cfg: Config, ctx: int) -> DraftModel:
 
 def _steer_engine(engine: Engine, cfg: Config) -> None:
     """The config's control vectors as the steering of every slot (docs/steering.md)."""
-    from ds4d.engine.steering import load_control_vectors, parse_layer_range, parse_scaled
+    from ds4d.engine.steering import load_control_vectors
 
     steering = load_control_vectors(
         [parse_scaled(spec) for spec in cfg.control_vectors],

@@ -44,7 +44,7 @@ from ds4d.api.request_body import parse_json_body
 from ds4d.chat.errors import ContextExceeded, Overloaded, PromptRefused, Refused, Unavailable
 from ds4d.chat.fim import assemble_request
 from ds4d.chat.types import ChatRequest, Event, Finish, Sampling
-from ds4d.daemon import wire
+from ds4d.daemon import steer_control, wire
 from ds4d.daemon.admin_protocol import AdminError
 from ds4d.daemon.config import Config
 from ds4d.daemon.metrics import Gauge, GaugeValue, Metrics
@@ -348,6 +348,34 @@ class Daemon:
 
     def slots(self) -> list[dict[str, Any]]:
         return [s.describe() for s in self.pool.slots] if self.pool else []
+
+    def _loaded_named(self, name: str | None) -> ServedModel:
+        """The loaded model `name` (None: the default one), or an AdminError saying why not."""
+        if name is not None and not isinstance(name, str):
+            raise AdminError(f"a model is named by a string, not {name!r}")
+        try:
+            registry = _require_ready(self)
+            spec = registry.resolve(name) if name else registry.default
+        except Refused as e:
+            raise AdminError(e.message) from None
+        model = registry.resident(spec.name)
+        if model is None:
+            raise AdminError(f"model {spec.name!r} is not loaded (ds4ctl models load "
+                             f"{spec.name})")  # fmt: skip
+        return model
+
+    def steering_show(self, model: str | None = None) -> list[dict[str, Any]]:
+        """`ds4ctl steer show`: the steering of every loaded model (or of `model`)."""
+        models = [self._loaded_named(model)] if model else self.loaded()
+        return [steer_control.show(m) for m in models]
+
+    async def steering_set(self, model: str | None = None, **args: Any) -> dict[str, Any]:
+        """`ds4ctl steer set`: the steering of `model`'s next requests."""
+        return await steer_control.set_live(self._loaded_named(model), **args)
+
+    def steering_off(self, model: str | None = None) -> dict[str, Any]:
+        """`ds4ctl steer off`: `model`'s next requests unsteered."""
+        return steer_control.off(self._loaded_named(model))
 
     async def stop(self) -> None:
         self.shutdown.set()

@@ -46,12 +46,20 @@ def state_from_config(
         tokenizer=engine.tokenizer,
         # Checkpoints hold KV rows of one type: another --kv-type (or --precision, whose
         # rows differ in the last bits) is another cache; and rows computed under one
-        # steering: other control vectors are another cache.
+        # steering: the control vectors the daemon starts with are another cache, which
+        # a session steered otherwise (a request's own, `ds4ctl steer set`) keeps off.
         fingerprint=f"{engine.info.fingerprint}/kv-{engine.info.kv_type}"
         + ("" if engine.info.precision == "exact" else f"/{engine.info.precision}")
         + (f"/steer-{engine.steering_key}" if engine.steering_key else ""),
+        steering_key=engine.steering_key,
         ctx=ctx,
-        kv_dir=kv_dir(config) if config.kv_disk else None,
+        # each start steering's checkpoints in a directory of their own: a restart under
+        # other control vectors neither reads nor quarantines them
+        kv_dir=(
+            kv_dir(config) / (f"steer-{engine.steering_key}" if engine.steering_key else "")
+            if config.kv_disk
+            else None
+        ),
         space_mb=config.kv_disk_space_mb,
         write_budget_mb=config.kv_disk_write_budget,
         policy=policy,

@@ -127,6 +127,7 @@ class Decoding:
         self._forced_cut = False  # the forced text was cut at the token budget
         self._call_ids: dict[int, str] = {}
         self._first = True
+        self._keep: int | None = None  # the session's length once done (a cut reply)
         if self.budget <= 0:  # max_tokens 0: nothing to sample
             self.ending = self.done = True
 
@@ -236,9 +237,37 @@ class Decoding:
         self.reason = reason
         self.ending = True
         self.record.generated_tokens = self.generated
+        marker = self.parser.cut_marker if reason == "stop" else None
+        if marker:
+            self._drop_undelivered(marker)
         if not self.pending:  # else one more step keeps the KV complete: the next turn's
             self.done = True  # prompt holds this token
         return []
+
+    def _drop_undelivered(self, marker: str) -> None:
+        """The reply was cut at `marker` inside the generated text: the client never gets
+        it, so its next turn's prompt does not hold it. The KV is to keep only the tokens
+        whose text is a prefix of what was delivered (whitespace before the marker dropped
+        too: a template may trim it), so that the slot's state, and every checkpoint of
+        it, is a prefix of the conversation the client sends back. The session is rewound
+        by `drop_undelivered` once the step is over (a verification chunk rewinds it too)."""
+        raw = self.tok.decode(self.output_ids)
+        at = raw.rfind(marker)
+        if at < 0:  # the marker's text is not what the tokens spell (cannot happen)
+            return
+        delivered = raw[:at].rstrip()
+        keep = len(self.output_ids)
+        while keep and not (len(text := self.tok.decode(self.output_ids[:keep])) <= len(delivered)
+                            and delivered.startswith(text)):  # fmt: skip
+            keep -= 1
+        self.pending = []  # the token that completed the marker is not evaluated
+        self._keep = self.n_prompt + keep
+
+    def drop_undelivered(self) -> None:
+        """A finished generation cut inside its text: the KV after what was delivered is
+        dropped (engine thread)."""
+        if self._keep is not None and self.session.n_tokens > self._keep:
+            self.session.rewind(self._keep)
 
     # -- the end ----------------------------------------------------------------------------
 

@@ -28,6 +28,13 @@ cancellation takes effect at the next step, and a request's slot is never change
 step computes on it. A newer request with the same `supersede_key` cancels the older one.
 Blocking work outside the engine (the matching plan, the trace line) runs in tasks of the
 loop's own nursery, whose lifetime is the loop's.
+
+Steering (docs/steering.md): a request runs under its own steering if it chose one, else
+under the model's current one as it is when the request is submitted (`set_steering`
+changes it for the requests submitted after: those already queued or generating keep
+theirs). A slot's session takes the request's steering while the request is planned, when
+the slot is the request's and no step computes on it; a session whose steering changes
+drops its KV (saved to disk first when the disk cache holds its steering).
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from ds4d.chat.errors import Overloaded
 from ds4d.chat.types import Event, Finish, Priority, Usage
 from ds4d.engine.engine import Engine, Session
 from ds4d.engine.sampler import sample
+from ds4d.engine.steering import Steering
 from ds4d.serving.chunking import ChunkSizer
 from ds4d.serving.decoding import DecodeStep, Decoding
 from ds4d.serving.gate import ComputeGate
@@ -54,6 +62,8 @@ from ds4d.serving.slots import SlotPool
 from ds4d.serving.speculation import verify
 from ds4d.serving.stepcost import StepCost
 from ds4d.state.kvstate import KVState
+from ds4d.state.matching import Plan
+from ds4d.state.recent import Route
 from ds4d.state.service import tool_call_ids
 from ds4d.state.slots import Slot
 from ds4d.state.sync import (
@@ -64,6 +74,7 @@ from ds4d.state.sync import (
     SlotSync,
     plan_with_recent,
     run_call,
+    steer_session,
 )
 
 log = logging.getLogger("ds4d.loop")
@@ -88,6 +99,7 @@ class Work:
     prepared: Prepared
     send: trio.MemorySendChannel[Event]
     seq: int  # arrival order
+    steering: Steering | None = None  # what its slot's session runs it under
     phase: Phase = Phase.QUEUED
     slot: Slot | None = None
     sync: SlotSync | None = None
@@ -175,6 +187,8 @@ class EngineLoop:
         self._wake = trio.Event()
         self._resting: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
+        # the steering of requests that do not choose their own (set_steering)
+        self.current_steering: Steering | None = engine.steering
 
     # -- messages (from request tasks, on the trio thread) ---------------------------------
 
@@ -196,7 +210,8 @@ class EngineLoop:
         send, recv = trio.open_memory_channel[Event](math.inf)
         send.send_nowait(Usage(len(prepared.tokens), 0))
         self._seq += 1
-        work = Work(prepared, send, self._seq)
+        steering = prepared.steering if prepared.steered else self.current_steering
+        work = Work(prepared, send, self._seq, steering)
         key = prepared.request.supersede_key
         if key is not None:
             older = self._keys.get(key)
@@ -207,6 +222,12 @@ class EngineLoop:
         self._inbox.append(("submit", work))
         self._wake.set()
         return work, recv
+
+    def set_steering(self, steering: Steering | None) -> None:
+        """The steering of the requests submitted from now on that do not choose their
+        own (None: unsteered). Those already submitted keep the one they were submitted
+        under; no session changes here (see the module doc)."""
+        self.current_steering = steering
 
     def cancel(self, work: Work) -> None:
         """The request is no longer wanted (its client went away, it was superseded): it
@@ -259,7 +280,8 @@ class EngineLoop:
 
     def _assign_slots(self) -> None:
         for work in sorted(self._queue, key=lambda w: (RANK[w.priority], w.seq)):
-            slot = self.pool.take(work.prepared.tokens, work.priority)
+            key = work.steering.key if work.steering is not None else ""
+            slot = self.pool.take(work.prepared.tokens, work.priority, key)
             if slot is None:
                 continue
             self._queue.remove(work)
@@ -272,7 +294,8 @@ class EngineLoop:
 
     async def _plan(self, work: Work) -> None:
         """The matching plan, on a worker outside the engine: the slot is the request's,
-        so its session holds still while the plan reads it."""
+        so its session holds still while it takes the request's steering and the plan
+        reads it."""
         assert work.slot is not None
         p = work.prepared
         session = work.slot.session
@@ -282,10 +305,13 @@ class EngineLoop:
             # agents' conversations): every token it re-reads is a keystroke's wait
             completion = p.request.priority == "completion"
             recent = work.slot.recent if completion else None
-            plan, route = await trio.to_thread.run_sync(
-                plan_with_recent, self.kv, session, p.text, p.tokens, recent,
-                1 if completion else None,
-            )  # fmt: skip
+
+            def plan() -> tuple[Plan, Route | None]:
+                steer_session(session, work.steering, self.kv)
+                return plan_with_recent(self.kv, session, p.text, p.tokens, recent,
+                                        1 if completion else None)  # fmt: skip
+
+            plan_made, route = await trio.to_thread.run_sync(plan)
         except Exception:
             log.exception("matching plan failed")
             self._fail(work)
@@ -294,7 +320,7 @@ class EngineLoop:
         if work.cancelled:
             self._finalize(work, None)
         else:
-            work.sync = SlotSync(session, p.text, p.tokens, plan, self.kv,
+            work.sync = SlotSync(session, p.text, p.tokens, plan_made, self.kv,
                                  tool_call_ids(p.request), recent, route)  # fmt: skip
             work.phase = Phase.PREFILL
         self._wake.set()
@@ -477,6 +503,7 @@ class EngineLoop:
                             spec.observe(0, 0)
                     events = decoding.after(token)
                 if decoding.done:
+                    decoding.drop_undelivered()
                     more, out.finished[w] = decoding.finish()
                     events += more
                 out.events[w] = events

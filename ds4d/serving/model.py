@@ -7,6 +7,7 @@ behind a narrow surface.
     async with server.generate(prepared) as events:   # Overloaded when the queue is full
         async for event in events: ...            # leaving the block cancels the request
     server.count_tokens(request)                  # blocking
+    server.set_steering(steering, about)          # the next requests' steering
 
 Several models each get their own ModelServer; they share one ComputeGate, so their
 engines never compute at once.
@@ -18,7 +19,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -27,6 +28,7 @@ from ds4d.chat.formats import ChatFormat
 from ds4d.chat.types import ChatRequest, Event
 from ds4d.engine.engine import Engine, Session
 from ds4d.engine.family import BatchedModel
+from ds4d.engine.steering import Steering
 from ds4d.serving.chunking import ChunkSizer
 from ds4d.serving.decoding import Decoding, OutputSink
 from ds4d.serving.draft import DraftModel
@@ -35,6 +37,7 @@ from ds4d.serving.loop import EngineLoop
 from ds4d.serving.prompt import Prepared, PromptPreparer
 from ds4d.serving.slots import SlotPool
 from ds4d.serving.speculation import MODES, VERIFY_ROWS, Speculation
+from ds4d.serving.steering import SteeringVectors
 from ds4d.serving.stepcost import StepCost
 from ds4d.state.service import StateService
 from ds4d.state.slots import Slot
@@ -76,10 +79,15 @@ class ModelServer:
         queue_size: int = 16,
         chunk_target_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        vectors: SteeringVectors | None = None,
+        steering_about: dict[str, Any] | None = None,
     ) -> None:
         """`clock` times engine work (chunk sizes, the decode credit); `speculative` is a
         mode of ds4d.serving.speculation.MODES; "draft" drafts with `draft` (a model of
-        the same vocabulary: ds4d.serving.draft.check_same_vocabulary)."""
+        the same vocabulary: ds4d.serving.draft.check_same_vocabulary). `vectors`: the
+        named control vectors a request may choose; `steering_about`: what the engine's
+        steering (every request's that chooses none, until set_steering) was made from,
+        for `steering`."""
         if speculative not in MODES:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, got {speculative!r}")
         if speculative == "draft" and draft is None:
@@ -98,8 +106,9 @@ class ModelServer:
         self.metrics = metrics
         self.chat_format = chat_format
         self.pool = SlotPool(slots, completion_slots)
+        self.steering_vectors = vectors if vectors is not None else SteeringVectors({})
         self.prompts = PromptPreparer(engine.tokenizer, engine.info.n_vocab, chat_format, ctx,
-                                      state)  # fmt: skip
+                                      state, self.steering_vectors)  # fmt: skip
         sizer = ChunkSizer() if chunk_target_s is None else ChunkSizer(target_s=chunk_target_s)
         # what a decode step and a verification chunk cost here: the draft length follows it
         self.step_cost = StepCost(VERIFY_ROWS)
@@ -108,6 +117,7 @@ class ModelServer:
                                clock=clock)  # fmt: skip
         self._sink = OutputSink(state.record_output, state.remember_tool_call,
                                 metrics.observe_ttft)  # fmt: skip
+        self._steering_about = steering_about if engine.steering is not None else None
 
     # -- the daemon's surface --------------------------------------------------------------
 
@@ -134,6 +144,24 @@ class ModelServer:
         finally:
             self.loop.cancel(work)
             events.close()
+
+    def set_steering(self, steering: Steering | None, about: dict[str, Any] | None = None
+                     ) -> None:  # fmt: skip
+        """The steering of the requests submitted from now on that choose none (None:
+        unsteered; `about`: what it was made from, for `steering`). Requests already
+        submitted keep theirs (ds4d.serving.loop)."""
+        self.loop.set_steering(steering)
+        self._steering_about = about if steering is not None else None
+
+    def steering(self) -> dict[str, Any]:
+        """The current steering (None when unsteered) and the vectors a request may name."""
+        current = self.loop.current_steering
+        shown: dict[str, Any] | None = None
+        if current is not None:
+            shown = {**(self._steering_about or {}), "attn": current.attn_scale,
+                     "ffn": current.ffn_scale, "layers_steered": current.describe()["layers"],
+                     "key": current.key}  # fmt: skip
+        return {"steering": shown, "vectors": self.steering_vectors.names}
 
     @property
     def busy(self) -> int:

@@ -15,8 +15,10 @@ from ds4d.chat.formats import ChatFormat
 from ds4d.chat.structured import JsonVocab, json_output
 from ds4d.chat.toolsyntax import prefixed
 from ds4d.chat.types import ChatRequest
+from ds4d.engine.steering import Steering
 from ds4d.engine.tokenizer_api import ModelTokenizer
 from ds4d.serving.constraint import CallConstraint
+from ds4d.serving.steering import SteeringVectors
 from ds4d.state.matching import common_prefix
 from ds4d.state.service import StateService
 from ds4d.state.trace import GenerationRecord
@@ -36,15 +38,22 @@ class Prepared:
     # for the model to close the thinking block the prompt opened.
     answer: Step | None = None
     answer_after_reasoning: bool = False
+    # The request's own steering (`steered`; None then: unsteered), else the model's
+    # current one, taken when the loop accepts it (ds4d.serving.loop).
+    steering: Steering | None = None
+    steered: bool = False
     arrived: float = field(default_factory=time.perf_counter)
 
 
 class PromptPreparer:
     def __init__(
         self, tokenizer: ModelTokenizer, n_vocab: int, chat_format: ChatFormat, ctx: int,
-        state: StateService,
+        state: StateService, vectors: SteeringVectors | None = None,
     ) -> None:  # fmt: skip
+        """`vectors`: the named control vectors a request may choose (none: a request
+        naming one is refused)."""
         self.tok = tokenizer
+        self.steering_vectors = vectors if vectors is not None else SteeringVectors({})
         self.n_vocab = n_vocab
         self.chat_format = chat_format
         self.ctx = ctx
@@ -81,6 +90,9 @@ class PromptPreparer:
                     req.cache_prefix_tokens = self._shared_prefix(prefix, ids)
             self._refuse_if_too_long(ids, param)
             prepared = Prepared(req, text, ids, GenerationRecord(api, len(ids)))
+            if req.steering is not None:
+                prepared.steering = self.steering_vectors.resolve(req.steering)
+                prepared.steered = True
             if req.tools_active:
                 vocab = prepared.vocab = self.vocab()
                 if req.tool_choice.forced:

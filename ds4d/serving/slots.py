@@ -1,10 +1,12 @@
 """The slot pool of one model: which idle slot a prompt goes to, and the slot classes.
 
 A prompt goes to the idle slot whose tokens share the longest prefix with it, else to the
-least recently used one. Slots come in two classes: completion-priority requests (an
-editor's inline completions) use their own few slots (`completion_slots`) and everything
-else the rest, so a completion never throws away an agent's KV and an agent never throws
-away the completion's. With no completion slots, every request uses every slot."""
+least recently used one; only a slot whose KV was computed under the prompt's steering
+shares anything with it (another steering's KV is dropped when the slot is taken). Slots
+come in two classes: completion-priority requests (an editor's inline completions) use
+their own few slots (`completion_slots`) and everything else the rest, so a completion
+never throws away an agent's KV and an agent never throws away the completion's. With no
+completion slots, every request uses every slot."""
 
 from __future__ import annotations
 
@@ -44,11 +46,15 @@ class SlotPool:
     def idle(self, priority: Priority) -> int:
         return sum(not s.busy for s in self.slot_class(priority))
 
-    def best_idle(self, prompt: Sequence[int], priority: Priority = "chat") -> Slot | None:
+    def best_idle(self, prompt: Sequence[int], priority: Priority = "chat",
+                  steering_key: str = "") -> Slot | None:  # fmt: skip
         idle = [s for s in self.slot_class(priority) if not s.busy]
         if not idle:
             return None
-        shared = [(common_prefix(s.tokens, prompt), s) for s in idle]
+        shared = [
+            (common_prefix(s.tokens, prompt) if s.session.steering_key == steering_key else 0, s)
+            for s in idle
+        ]
         best_len, best = max(shared, key=lambda p: p[0])
         # Every prompt of a chat template shares its fixed preamble with every slot, so a
         # short shared head would send unrelated conversations onto one slot, destroying
@@ -63,9 +69,11 @@ class SlotPool:
             return best
         return min(idle, key=lambda s: s.last_used)
 
-    def take(self, prompt: Sequence[int], priority: Priority = "chat") -> Slot | None:
-        """The idle slot for this prompt, now busy; None when its class has none idle."""
-        slot = self.best_idle(prompt, priority)
+    def take(self, prompt: Sequence[int], priority: Priority = "chat",
+             steering_key: str = "") -> Slot | None:  # fmt: skip
+        """The idle slot for this prompt run under the steering of `steering_key` ('':
+        none), now busy; None when its class has none idle."""
+        slot = self.best_idle(prompt, priority, steering_key)
         if slot is not None:
             slot.busy = True
             slot.requests += 1

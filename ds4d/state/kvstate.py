@@ -13,6 +13,11 @@ the slot is free at once. A checkpoint extending the session's previous one (sam
 tokens up to it, checked by digest) is a delta of the new rows only; every
 `max_chain` links a full file starts a new chain.
 
+Steering: the disk cache holds KV computed under one steering, the one its fingerprint
+names (`steering_key`, '' for none: the daemon's at start). A session steered otherwise
+(a request's own steering, a live change) neither restores from it nor saves to it; its
+resident KV still serves the next turn under the same steering.
+
 Sessions are the engine's (ds4d.engine.engine.Session): tokens, eval, rewind, save, load,
 snapshot(start) and supports_delta. Every method that touches a session or the disk
 blocks: run it on a worker thread.
@@ -79,8 +84,12 @@ class KVState:
         tool_memory: ToolMemory | None = None,
         can_rewind: bool = True,
         max_chain: int = MAX_CHAIN,
+        steering_key: str = "",
     ) -> None:
+        """`steering_key`: the steering (Steering.key, '' for none) every checkpoint in
+        `disk` was computed under."""
         self.tokenizer = tokenizer
+        self.steering_key = steering_key
         self.n_ctx = n_ctx
         self.disk = disk
         self.policy = policy or SavePolicy.for_context(n_ctx)
@@ -91,6 +100,11 @@ class KVState:
         self.max_chain = max_chain
         self._lock = threading.Lock()
         self._state: weakref.WeakKeyDictionary[Session, _SessionState] = weakref.WeakKeyDictionary()
+
+    def uses_disk(self, session: Session) -> bool:
+        """Whether the disk cache may restore into this session and save it: there is one,
+        and it holds the steering the session runs under."""
+        return self.disk is not None and session.steering_key == self.steering_key
 
     def _st(self, session: Session) -> _SessionState:
         with self._lock:
@@ -149,7 +163,7 @@ class KVState:
             prompt_tokens,
             decode=self.decode,
             encode=lambda text: self.encode_after(live, text),
-            lookup=self.lookup,
+            lookup=self.lookup if self.uses_disk(session) else None,
             can_rewind=self.can_rewind,
             min_tokens=self.policy.min_tokens if min_tokens is None else min_tokens,
         )
@@ -261,7 +275,7 @@ class KVState:
         """Checkpoint the session as it is now. With the disk cache's writer (and
         `background`), only a copy is taken here and the file is written later. True when
         the save was written or queued."""
-        if self.disk is None:
+        if self.disk is None or not self.uses_disk(session):
             return False
         tokens = list(session.tokens)
         if len(tokens) < self.policy.min_tokens:
@@ -320,13 +334,13 @@ class KVState:
 
     def after_token(self, session: Session) -> bool:
         """Decode-loop hook: a continued checkpoint when the session reaches a frontier."""
-        return self.disk is not None and self.checkpoint(session, Reason.CONTINUED)
+        return self.uses_disk(session) and self.checkpoint(session, Reason.CONTINUED)
 
     def next_frontier(self, session: Session) -> int | None:
         """The length at which the decode loop's next continued checkpoint falls (None
         when none will): a step that adds several tokens at once must stop there, not
         step over it."""
-        if self.disk is None:
+        if not self.uses_disk(session):
             return None
         return self.policy.next_continued(session.n_tokens)
 

@@ -93,9 +93,12 @@ class StateService:
         trace_path: str | None = None,
         trace_content: bool = False,
         trace: TraceWriter | None = None,
+        steering_key: str = "",
     ) -> StateService:
         """`kv_dir` None turns the disk cache off; `policy` holds the kv-cache-* knobs
-        (None or missing = the default fitted to `ctx`). `write_budget_mb`: MiB written
+        (None or missing = the default fitted to `ctx`). `steering_key`: the steering
+        the disk cache's checkpoints are computed under ('' for none; the fingerprint
+        must name it too): sessions steered otherwise keep off the disk (kvstate.py). `write_budget_mb`: MiB written
         per 24 h (0 = unlimited, None = the disk cache's default); `background`: saves go
         through a writer thread."""
         pol = SavePolicy.for_context(ctx, **(policy or {}))
@@ -106,7 +109,8 @@ class StateService:
                              ctx=ctx, min_tokens=pol.min_tokens, daily_write_bytes=daily,
                              writer=CheckpointWriter() if background else None)  # fmt: skip
         memory = ToolMemory(tool_memory_max_ids if tool_replay else 0)
-        kv = KVState(tokenizer, ctx, disk=disk, policy=pol, tool_memory=memory)
+        kv = KVState(tokenizer, ctx, disk=disk, policy=pol, tool_memory=memory,
+                     steering_key=steering_key)  # fmt: skip
         if trace is None:  # else the writer the control plane switches at runtime
             trace = TraceWriter(trace_path or None, trace_content)
         return cls(kv, trace, normalize=normalize, tool_replay=tool_replay)

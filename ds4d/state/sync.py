@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ds4d.engine.engine import PREFILL_CHUNK, Session
+from ds4d.engine.steering import Steering
 from ds4d.state.diskcache import DiskMatch
 from ds4d.state.kvfile import Reason
 from ds4d.state.kvstate import KVState
@@ -189,6 +190,20 @@ def make_plan(
         encode=lambda text: [],
         min_tokens=MIN_REUSE_TOKENS if min_reuse is None else min_reuse,
     )
+
+
+def steer_session(session: Session, steering: Steering | None, kv: KVState | None) -> None:
+    """The session about to run a request under `steering` (None: unsteered), before its
+    plan is made. When that changes the steering's effect, the KV the session holds was
+    computed under the other one and is dropped (Session.set_steering), saved first as
+    an evict checkpoint when worth it and the disk cache holds that steering. Blocking:
+    run it where the session's evaluations are serialized (no step computes on it)."""
+    key = steering.key if steering is not None else ""
+    if key == session.steering_key:
+        return
+    if kv is not None and session.n_tokens:
+        kv.save_evict(session)
+    session.set_steering(steering)
 
 
 def plan_with_recent(
@@ -366,7 +381,7 @@ class SlotSync:
             self._stops = self._stops_from(self.session.n_tokens)
 
     def _stops_from(self, start: int) -> list[tuple[int, Reason]]:
-        if self.kv is None or self._tokens is None:
+        if self.kv is None or self._tokens is None or not self.kv.uses_disk(self.session):
             return []
         return self.kv.stops(start, len(self._tokens), self.reused)
 

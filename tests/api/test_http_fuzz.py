@@ -18,10 +18,12 @@ import time
 from dataclasses import dataclass
 
 import h11
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ds4d.engine.steering import write_control_vector
 from tests.e2e.daemon_process import running_daemon
 
 EXAMPLES = int(os.environ.get("DS4D_FUZZ_EXAMPLES", "25"))  # per route
@@ -67,6 +69,8 @@ ROUTES = [
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ds4d-fuzz")
+    vector = tmp / "v.gguf"  # a control vector requests may name ("steering": "v")
+    write_control_vector(vector, {4: np.ones(576, np.float32)}, "fuzz")
     with running_daemon(
         tmp,
         "--slots",
@@ -81,6 +85,8 @@ def daemon(tmp_path_factory):
         "4",
         "--pooling",
         "mean",
+        "--steering-vector",
+        f"v={vector}",
     ) as d:
         d.port = int(d.url.rsplit(":", 1)[1])
         yield d
@@ -301,6 +307,15 @@ def opt(**fields: st.SearchStrategy) -> dict[str, st.SearchStrategy]:
 
 
 small_num = st.one_of(st.floats(-1, 3), st.integers(-2, 3), st.just(0))
+steering_name = st.sampled_from(["v", "off", "nope", ""])
+steering = st.one_of(
+    steering_name,
+    st.fixed_dictionaries(
+        {"name": maybe(steering_name)},
+        optional=opt(scale=small_num, attn=small_num, ffn=st.floats(-200, 200),
+                     layers=st.lists(st.integers(-1, 40), max_size=3)),
+    ),
+)  # fmt: skip
 sampling = opt(
     temperature=small_num,
     top_p=small_num,
@@ -308,6 +323,7 @@ sampling = opt(
     min_p=small_num,
     seed=st.integers(-(2**65), 2**65),
     speculative=st.booleans(),
+    steering=steering,  # ds4d's extension (in Ollama's options, beside these)
 )
 few_tokens = st.integers(-1, 3)
 params = st.one_of(
