@@ -76,6 +76,7 @@ class ModelServer:
         completion_slots: int = 0,
         speculative: str = "off",
         draft: DraftModel | None = None,
+        cost_aware: bool = True,
         queue_size: int = 16,
         chunk_target_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -84,10 +85,12 @@ class ModelServer:
     ) -> None:
         """`clock` times engine work (chunk sizes, the decode credit); `speculative` is a
         mode of ds4d.serving.speculation.MODES; "draft" drafts with `draft` (a model of
-        the same vocabulary: ds4d.serving.draft.check_same_vocabulary). `vectors`: the
-        named control vectors a request may choose; `steering_about`: what the engine's
-        steering (every request's that chooses none, until set_steering) was made from,
-        for `steering`."""
+        the same vocabulary: ds4d.serving.draft.check_same_vocabulary); `cost_aware`: the
+        draft length weighs the measured step costs (ds4d.serving.stepcost), else the
+        acceptance rate alone (for tests whose drafts must not depend on timing).
+        `vectors`: the named control vectors a request may choose; `steering_about`: what
+        the engine's steering (every request's that chooses none, until set_steering) was
+        made from, for `steering`."""
         if speculative not in MODES:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, got {speculative!r}")
         if speculative == "draft" and draft is None:
@@ -110,8 +113,9 @@ class ModelServer:
         self.prompts = PromptPreparer(engine.tokenizer, engine.info.n_vocab, chat_format, ctx,
                                       state, self.steering_vectors)  # fmt: skip
         sizer = ChunkSizer() if chunk_target_s is None else ChunkSizer(target_s=chunk_target_s)
-        # what a decode step and a verification chunk cost here: the draft length follows it
-        self.step_cost = StepCost(VERIFY_ROWS)
+        # what a decode step and a verification chunk cost here: the draft length follows
+        # it (without: the acceptance rate alone, a choice that depends on no timing)
+        self.step_cost = StepCost(VERIFY_ROWS) if cost_aware else None
         self.loop = EngineLoop(engine, self.pool, gate, self, kv=state.kv, sizer=sizer,
                                cost=self.step_cost, queue_size=queue_size,
                                clock=clock)  # fmt: skip

@@ -113,7 +113,8 @@ def one_slot(engine: Engine, mode: str, requests: list[ChatRequest],
     state = StateService.create(tokenizer=engine.tokenizer, fingerprint="t", ctx=ctx, kv_dir=None)
     slot = Slot(0, engine.new_session(ctx), ctx)
     server = ModelServer(engine, chat_format_for(engine, ctx), ctx, [slot], state,
-                         ComputeGate(), Metrics(), speculative=mode, draft=draft)  # fmt: skip
+                         ComputeGate(), Metrics(), speculative=mode, draft=draft,
+                         cost_aware=False)  # fmt: skip
     out: list[tuple[list[Event], list[int], list[int]]] = []
 
     async def main() -> None:

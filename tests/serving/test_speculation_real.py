@@ -81,7 +81,8 @@ def serve(
                                 kv_dir=kv_dir, policy=policy)  # fmt: skip
     slots = [Slot(i, engine.new_session(ctx), ctx) for i in range(len(requests))]
     server = ModelServer(engine, chat_format_for(engine, ctx), ctx, slots, state,
-                         ComputeGate(), Metrics(), speculative=mode, draft=draft)  # fmt: skip
+                         ComputeGate(), Metrics(), speculative=mode, draft=draft,
+                         cost_aware=False)  # fmt: skip
     runs: list[Run | None] = [None] * len(requests)
 
     async def one(i: int) -> None:
