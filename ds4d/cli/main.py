@@ -41,6 +41,11 @@ NESTED: dict[tuple[str, str], tuple[str, str]] = {
         "an editing session replayed against running servers' /infill: "
         "tokens reused, time to first token",
     ),
+    ("bench", "spec"): (
+        "ds4d.tools.bench_spec",
+        "decode tokens/s with speculative decoding off, by prompt lookup and with a draft "
+        "model, on agent-shaped workloads (and llama.cpp's beside it)",
+    ),
     ("bench", "embed"): (
         "ds4d.tools.bench_embed",
         "embedding throughput on chunks of ds4d's source, against llama.cpp's llama-server",

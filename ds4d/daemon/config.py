@@ -37,7 +37,7 @@ KV_CHOICES = ("auto", *KV_TYPES)
 # Where the weights live (ds4d.engine.weight_memory.WEIGHT_MODES; a test keeps them in step).
 WEIGHT_MODES = ("auto", "mmap", "huge")
 # Speculative decoding (ds4d.serving.speculation.MODES; a test keeps them in step).
-SPECULATIVE_MODES = ("off", "lookup")
+SPECULATIVE_MODES = ("off", "lookup", "draft")
 # Matmul precisions (ds4d.engine.engine.PRECISIONS; a test keeps them in step).
 PRECISIONS = ("exact", "int2", "int3")
 
@@ -170,10 +170,18 @@ class Config:
         "off",
         "speculative decoding: lookup drafts the tokens that followed the last few "
         "generated ones where they occurred before (the prompt, the output) and verifies "
-        "them in one pass; greedy and seeded outputs stay token for token the same. off: "
+        "them in one pass; greedy and seeded outputs stay token for token the same. draft: "
+        "the draft model (--draft-model) proposes them; greedy outputs stay the same, "
+        "sampled ones the same in distribution. off: "
         'one pass per token. A request opts out with "speculative": false',
         choices=SPECULATIVE_MODES,
-        metavar="off|lookup",
+        metavar="off|lookup|draft",
+    )
+    draft_model: str = _key(
+        "",
+        "GGUF file of a small model of the same vocabulary as the served models (checked "
+        "at load), loaded beside each of them to draft tokens for --speculative draft",
+        metavar="FILE",
     )
     threads: int = _key(
         0, "compute threads; 0 = one per core", flags=("-t", "--threads"), lo=0, metavar="N"
@@ -715,6 +723,11 @@ def validate(config: Config, sources: Mapping[str, str] | None = None) -> None:
         raise ConfigError(
             f"kv_cache_cold_max_tokens={cold} ({src.get('kv_cache_cold_max_tokens', 'built-in')})"
             f": must be 0 or at least kv_cache_min_tokens ({low})"
+        )
+    if config.speculative == "draft" and not config.draft_model:
+        raise ConfigError(
+            f"speculative=draft ({src.get('speculative', 'built-in')}): needs draft_model, "
+            "the GGUF file of the draft model"
         )
     if any(not k or k != k.strip() for k in config.api_keys):
         raise ConfigError(

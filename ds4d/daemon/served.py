@@ -24,6 +24,7 @@ from ds4d.daemon.models import ModelSpec
 from ds4d.daemon.state_config import state_from_config
 from ds4d.engine.engine import Engine
 from ds4d.engine.steering import SteeringError, parse_layer_range, parse_scaled
+from ds4d.serving.draft import DraftModel, check_same_vocabulary
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.model import ModelServer
 from ds4d.serving.slots import SlotPool
@@ -81,6 +82,9 @@ class ServedModel:
                  for s in self.pool.slots)  # fmt: skip
         disk = self.state.disk
         pending = disk.writer.pending_bytes if disk is not None and disk.writer else 0
+        draft = self.server.draft
+        if draft is not None:
+            kv += draft.engine.info.file_bytes + draft.kv_bytes
         return self.file_bytes + kv + pending
 
     async def unload(self) -> None:
@@ -100,6 +104,8 @@ class ServedModel:
                     disk.writer.close()
                 for session in sessions:
                     session.close()
+                if self.server.draft is not None:
+                    self.server.draft.close()
                 self.engine.close()
 
         await trio.to_thread.run_sync(work)
@@ -168,6 +174,11 @@ async def open_served(
         cfg.slots,
         ctx,
     )
+    draft = None
+    if cfg.speculative == "draft":
+        draft = await trio.to_thread.run_sync(lambda: _open_draft(engine, cfg, ctx))
+        log.info("draft model %s (%s, %s) loaded beside %s", draft.engine.info.name,
+                 draft.engine.info.architecture, draft.engine.info.quant, spec.name)  # fmt: skip
     sessions = []
     for i in range(cfg.slots):
         sessions.append(await trio.to_thread.run_sync(engine.new_session, ctx))
@@ -191,6 +202,7 @@ async def open_served(
         metrics,
         completion_slots=cfg.completion_slots,
         speculative=cfg.speculative,
+        draft=draft,
         queue_size=cfg.queue_size,
         chunk_target_s=cfg.prefill_chunk_ms / 1000,
         vectors=vectors,
@@ -236,6 +248,23 @@ def steering_about(files: list[tuple[str, float]], layer_range: tuple[int, int] 
         "layer_range": list(layer_range) if layer_range else None,
         "set_by": origin,
     }
+
+
+def _open_draft(engine: Engine, cfg: Config, ctx: int) -> DraftModel:
+    """The config's draft model, for `engine`'s slots of `ctx` tokens; ModelLoadError
+    (and the target closed) when it cannot load or its vocabulary differs."""
+    try:
+        draft = Engine.open(Path(cfg.draft_model).expanduser(), cfg.threads or None,
+                            cfg.kv_type, weights=cfg.weights, precision=cfg.precision)  # fmt: skip
+        try:
+            check_same_vocabulary(engine, draft)
+        except BaseException:
+            draft.close()
+            raise
+    except BaseException:
+        engine.close()
+        raise
+    return DraftModel(draft, ctx)
 
 
 def _steer_engine(engine: Engine, cfg: Config) -> None:

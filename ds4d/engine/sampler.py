@@ -157,3 +157,51 @@ def _draw(weights: np.ndarray, u: float) -> int:
     if i >= block.size or block[i] == 0:  # rounding at the block's end
         i = int(np.flatnonzero(block)[-1])
     return int(starts[b]) + i
+
+
+def distribution(
+    logits: np.ndarray, params: SamplingParams, allowed: np.ndarray | None = None
+) -> np.ndarray | None:
+    """The probabilities ``sample`` draws from (float64, n_vocab, summing to 1): the same
+    filters in the same order (top_k with ties to the lower position, the top_p nucleus at
+    temperature 1, min_p, then the temperature). The weights are numpy's exponentials, a
+    few ulp from the native draw's. None for an infill rule, whose candidates this does
+    not rebuild. Speculative sampling's acceptance rule needs the whole distribution of
+    both the target and the draft (ds4d.serving.speculation)."""
+    logits = np.asarray(logits)
+    if logits.ndim != 1 or logits.size == 0:
+        raise ValueError(f"logits must be a non-empty 1-D array, got shape {logits.shape}")
+    if params.infill is not None and allowed is None and not params.greedy:
+        return None
+    ids = _allowed_ids(allowed, logits.size)
+    values = (logits if ids is None else logits[ids]).astype(np.float32, copy=False)
+    out = np.zeros(logits.size, np.float64)
+    if params.greedy or np.isnan(values).any() or not np.isfinite(values.max()):
+        out[_token(ids, int(np.argmax(values)))] = 1.0
+        return out
+    # the candidates, as positions into `values`
+    k = params.top_k
+    if 0 < k < values.size:  # the k best, ties to the lower position
+        kth = np.partition(values, values.size - k)[values.size - k]
+        above = np.flatnonzero(values > kth)
+        pos = np.concatenate([above, np.flatnonzero(values == kth)[: k - above.size]])
+    else:
+        pos = np.arange(values.size)
+    best = values[pos].max()
+    if params.top_p < 1:
+        # the smallest best-first prefix reaching top_p of the mass; it lies among the
+        # candidates weighing at least tau (those below weigh less than 1 - top_p together)
+        w = np.exp((values[pos] - best).astype(np.float64))
+        top_p = max(params.top_p, _F32_TINIEST)
+        target = top_p * w.sum()
+        near = w >= (1.0 - top_p) * w.sum() / pos.size
+        pos, w = pos[near], w[near]
+        order = np.lexsort((pos, -values[pos]))
+        pos, mass = pos[order], np.cumsum(w[order])
+        pos = pos[: min(int(np.searchsorted(mass, target, side="left")) + 1, pos.size)]
+    if params.min_p > 0:
+        pos = pos[values[pos] >= best + np.float32(math.log(params.min_p))]
+    temperature = min(params.temperature, _F32_MAX)
+    weights = np.exp((values[pos] - best).astype(np.float64) / temperature)
+    out[pos if ids is None else ids[pos]] = weights / weights.sum()
+    return out

@@ -7,9 +7,10 @@ good guess of what follows now. `PromptLookup` keeps, for every n-gram of the hi
 (n = MIN_NGRAM..MAX_NGRAM), where it last occurred with at least one token after it, and
 proposes the continuation of the longest n-gram the history ends with.
 
-`DraftLength` picks how many tokens to draft from the recent acceptance rate: a draft
-costs a little engine time even when it fails, so prose whose drafts keep failing drafts
-nothing (with a short probe now and then, to notice when copying starts).
+`DraftLength` picks how many tokens to draft from the recent acceptance rate (and, given
+the measured cost of a step, ds4d.serving.stepcost, the length that pays best at that
+rate): a draft costs engine time even when it fails, so prose whose drafts keep failing
+drafts nothing (with a short probe now and then, to notice when copying starts).
 
 Both are pure: the engine loop verifies the drafts (ds4d.serving.speculation).
 """
@@ -17,6 +18,10 @@ Both are pure: the engine loop verifies the drafts (ds4d.serving.speculation).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ds4d.serving.stepcost import StepCost
 
 MIN_NGRAM = 2  # a single token repeats too often by chance to be worth a draft
 MAX_NGRAM = 4
@@ -79,10 +84,17 @@ class DraftLength:
         self.rate = 1.0  # optimistic: the first match is tried in full
         self._idle = 0  # tokens generated since the last draft
 
-    def next(self) -> int:
+    def next(self, cost: StepCost | None = None, *, drafting: bool = False) -> int:
+        """With `cost`, the length that pays best at the current rate
+        (StepCost.best_length; `drafting`: a draft model's passes cost too), else one
+        from the rate alone; below a paying length, only the probes."""
         if self.max_draft == 0:
             return 0
-        if self.rate >= self.min_rate:
+        if cost is not None:
+            k = cost.best_length(self.rate, self.max_draft, drafting=drafting)
+            if k > 0:
+                return k
+        elif self.rate >= self.min_rate:
             # a run of accepted tokens is likely about rate / (1 - rate) long
             run = self.rate / max(1e-9, 1.0 - self.rate)
             return max(1, min(self.max_draft, round(run) + 1))

@@ -60,6 +60,7 @@ from ds4d.serving.gate import ComputeGate
 from ds4d.serving.prompt import Prepared
 from ds4d.serving.slots import SlotPool
 from ds4d.serving.speculation import verify
+from ds4d.serving.stepcost import StepCost
 from ds4d.state.kvstate import KVState
 from ds4d.state.matching import Plan
 from ds4d.state.recent import Route
@@ -160,9 +161,12 @@ class EngineLoop:
         kv: KVState | None = None,
         calls: EngineCalls | None = None,
         sizer: ChunkSizer | None = None,
+        cost: StepCost | None = None,
         queue_size: int = 16,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
+        """`cost` is told what plain steps of a lone session and verification chunks
+        take (speculation's draft length follows it: ds4d.serving.stepcost)."""
         self.engine = engine
         self.pool = pool
         self.gate = gate
@@ -170,6 +174,7 @@ class EngineLoop:
         self.kv = kv
         self.calls = calls if calls is not None else KVCalls(kv)
         self.sizer = sizer if sizer is not None else ChunkSizer()
+        self.cost = cost
         self.queue_size = queue_size
         self.clock = clock  # times engine work (chunk sizes, the decode credit)
         self._inbox: list[tuple[str, Work]] = []
@@ -450,7 +455,10 @@ class EngineLoop:
         if evals:
             before = [self._session(w).n_tokens for w, _ in evals]
             try:
+                t0 = self.clock()
                 self.engine.eval_batch([(self._session(w), s.tokens) for w, s in evals])
+                if self.cost is not None and len(evals) == 1 and len(evals[0][1].tokens) == 1:
+                    self.cost.observe_chunk(1, self.clock() - t0)  # a lone plain step
             except Exception:
                 # One session's bad step (context full, a bad token) must not fail the
                 # others: each session not yet advanced is evaluated on its own.
@@ -474,7 +482,10 @@ class EngineLoop:
                 if w in drafts:
                     assert spec is not None
                     session = self._session(w)
-                    verified = verify(decoding, session, s, drafts[w])
+                    t0 = self.clock()
+                    verified = verify(decoding, session, s, drafts[w], spec.draw())
+                    if self.cost is not None:
+                        self.cost.observe_chunk(1 + len(drafts[w]), self.clock() - t0)
                     spec.observe(verified.drafted, verified.accepted)
                     decoding.record.drafted_tokens += verified.drafted
                     decoding.record.accepted_tokens += verified.accepted
@@ -513,7 +524,7 @@ class EngineLoop:
         frontier = self.kv.next_frontier(session) if self.kv is not None else None
         if frontier is not None:
             limit = min(limit, frontier - after)
-        draft = decoding.speculation.draft(decoding, int(limit))
+        draft = decoding.speculation.draft(decoding, step, int(limit))
         if draft and step.allowed is not None and not (step.allowed == draft[0]).any():
             return []  # the constraint cuts the draft at its first token (later ones are
             # checked as they are sampled: a token it does not allow is never drawn)

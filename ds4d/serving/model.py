@@ -31,12 +31,14 @@ from ds4d.engine.family import BatchedModel
 from ds4d.engine.steering import Steering
 from ds4d.serving.chunking import ChunkSizer
 from ds4d.serving.decoding import Decoding, OutputSink
+from ds4d.serving.draft import DraftModel
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.loop import EngineLoop
 from ds4d.serving.prompt import Prepared, PromptPreparer
 from ds4d.serving.slots import SlotPool
-from ds4d.serving.speculation import MODES, Speculation
+from ds4d.serving.speculation import MODES, VERIFY_ROWS, Speculation
 from ds4d.serving.steering import SteeringVectors
+from ds4d.serving.stepcost import StepCost
 from ds4d.state.service import StateService
 from ds4d.state.slots import Slot
 from ds4d.state.trace import GenerationRecord
@@ -73,6 +75,8 @@ class ModelServer:
         *,
         completion_slots: int = 0,
         speculative: str = "off",
+        draft: DraftModel | None = None,
+        cost_aware: bool = True,
         queue_size: int = 16,
         chunk_target_s: float | None = None,
         clock: Callable[[], float] = time.perf_counter,
@@ -80,18 +84,26 @@ class ModelServer:
         steering_about: dict[str, Any] | None = None,
     ) -> None:
         """`clock` times engine work (chunk sizes, the decode credit); `speculative` is a
-        mode of ds4d.serving.speculation.MODES. `vectors`: the named control vectors a
-        request may choose; `steering_about`: what the engine's steering (every request's
-        that chooses none, until set_steering) was made from, for `steering`."""
+        mode of ds4d.serving.speculation.MODES; "draft" drafts with `draft` (a model of
+        the same vocabulary: ds4d.serving.draft.check_same_vocabulary); `cost_aware`: the
+        draft length weighs the measured step costs (ds4d.serving.stepcost), else the
+        acceptance rate alone (for tests whose drafts must not depend on timing).
+        `vectors`: the named control vectors a request may choose; `steering_about`: what
+        the engine's steering (every request's that chooses none, until set_steering) was
+        made from, for `steering`."""
         if speculative not in MODES:
             raise ValueError(f"speculative must be one of {', '.join(MODES)}, got {speculative!r}")
+        if speculative == "draft" and draft is None:
+            raise ValueError('speculative "draft" needs a draft model')
         self.engine = engine
         # Verification needs a chunk's logits bitwise token-by-token decode's: measured for
         # the attention decoders' batched forward pass (docs/speculative.md), not for
         # DeepSeek V4's own, which therefore never drafts.
-        self.speculative = speculative == "lookup" and isinstance(engine.model, BatchedModel)
-        if speculative == "lookup" and not self.speculative:
+        exact = isinstance(engine.model, BatchedModel)
+        self.speculative = speculative != "off" and exact
+        if speculative != "off" and not exact:
             log.info("speculative decoding: off (not verified exact for this family)")
+        self.draft = draft if speculative == "draft" else None
         self.ctx = ctx
         self.state = state
         self.metrics = metrics
@@ -101,8 +113,12 @@ class ModelServer:
         self.prompts = PromptPreparer(engine.tokenizer, engine.info.n_vocab, chat_format, ctx,
                                       state, self.steering_vectors)  # fmt: skip
         sizer = ChunkSizer() if chunk_target_s is None else ChunkSizer(target_s=chunk_target_s)
+        # what a decode step and a verification chunk cost here: the draft length follows
+        # it (without: the acceptance rate alone, a choice that depends on no timing)
+        self.step_cost = StepCost(VERIFY_ROWS) if cost_aware else None
         self.loop = EngineLoop(engine, self.pool, gate, self, kv=state.kv, sizer=sizer,
-                               queue_size=queue_size, clock=clock)  # fmt: skip
+                               cost=self.step_cost, queue_size=queue_size,
+                               clock=clock)  # fmt: skip
         self._sink = OutputSink(state.record_output, state.remember_tool_call,
                                 metrics.observe_ttft)  # fmt: skip
         self._steering_about = steering_about if engine.steering is not None else None
@@ -163,7 +179,9 @@ class ModelServer:
 
     def decoding(self, prepared: Prepared, session: Session, room: int) -> Decoding:
         req = prepared.request
-        spec = Speculation() if self.speculative and req.sampling.speculative else None
+        spec = None
+        if self.speculative and req.sampling.speculative:
+            spec = Speculation(model=self.draft, seed=req.sampling.seed, cost=self.step_cost)
         return Decoding(req, session, self.engine.tokenizer, self.chat_format.decode(req),
                         prepared.record, self._sink, arrived=prepared.arrived, room=room,
                         vocab=prepared.vocab, forced=prepared.forced, answer=prepared.answer,

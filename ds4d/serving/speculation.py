@@ -1,7 +1,8 @@
-"""Speculative decoding that changes no output: prompt-lookup drafts verified in one pass.
+"""Speculative decoding that changes no output: drafts verified in one pass.
 
-At a decode step a request with speculation on drafts up to k tokens (ds4d.serving.lookup)
-after its pending token and evaluates them as one chunk with `Session.eval_all_logits`:
+At a decode step a request with speculation on drafts up to k tokens after its pending
+token, from the text it has seen (prompt lookup: ds4d.serving.lookup) or from a small
+model of the same vocabulary (ds4d.serving.draft), and evaluates them as one chunk with `Session.eval_all_logits`:
 row i holds the logits after the chunk's token i. Then, position by position, the token
 is sampled from that row exactly as a plain step would sample it (the same sampler, the
 request's own generator, the constraint's allowed ids at that point) and fed to the
@@ -29,6 +30,12 @@ Why nothing changes:
   it), a drafted token outside the constraint's allowed ids is simply never sampled, and
   the session is rewound to the accepted tokens before any checkpoint is taken; a chunk
   never steps over a continued-checkpoint frontier, so the same checkpoints are written.
+- A draft model's sampled draft is not a point mass: its tokens are drawn from the draft's
+  distribution q, and `RatioDraw` applies the standard rule (keep d with probability
+  min(1, p(d) / q(d)), else draw from max(0, p - q) renormalised), whose output is
+  distributed as p exactly. It draws differently from a plain step, so a seeded request's
+  tokens are then the same in distribution, not token for token; a greedy request's
+  draft is the draft's argmax, a point mass, and its tokens stay identical.
 """
 
 from __future__ import annotations
@@ -41,14 +48,16 @@ import numpy as np
 
 from ds4d.chat.types import Event
 from ds4d.engine.engine import Session
-from ds4d.engine.sampler import SamplingParams, sample
+from ds4d.engine.sampler import SamplingParams, distribution, sample
+from ds4d.serving.draft import DraftModel
 from ds4d.serving.lookup import DraftLength, PromptLookup
+from ds4d.serving.stepcost import StepCost
 
 if TYPE_CHECKING:
     from ds4d.serving.decoding import DecodeStep, Decoding
 
-SpeculativeMode = Literal["off", "lookup"]
-MODES: tuple[SpeculativeMode, ...] = ("off", "lookup")
+SpeculativeMode = Literal["off", "lookup", "draft"]
+MODES: tuple[SpeculativeMode, ...] = ("off", "lookup", "draft")
 
 # Rows of one verification chunk (the pending token and the drafts): DS4N_DEC_SMALL_T in
 # native/decoder.h, the most rows whose logits are bitwise token-by-token decode's.
@@ -57,26 +66,48 @@ MAX_DRAFT = VERIFY_ROWS - 1
 
 
 class Speculation:
-    """One request's drafts: its prompt lookup and draft length, and what they did."""
+    """One request's drafts: its prompt lookup or draft model, its draft length, and what
+    they did. `seed` is the request's: a draft model's sampled drafts are drawn from a
+    generator of their own, derived from it (the request's own draws stay its own)."""
 
-    def __init__(self, max_draft: int = MAX_DRAFT) -> None:
+    def __init__(self, max_draft: int = MAX_DRAFT, model: DraftModel | None = None,
+                 seed: int | None = None, cost: StepCost | None = None) -> None:  # fmt: skip
         self.max_draft = min(max_draft, MAX_DRAFT)
         self.length = DraftLength(self.max_draft)
+        self.model = model
+        self.cost = cost  # the served model's measured step costs (None: the rate alone)
+        self._rng = np.random.default_rng(None if seed is None else [seed, DRAFT_STREAM])
+        self._qs: list[np.ndarray] | None = None  # the last draft's distributions
         self._lookup: PromptLookup | None = None
         self.drafted = 0
         self.accepted = 0
 
-    def draft(self, decoding: Decoding, limit: int) -> list[int]:
+    def draft(self, decoding: Decoding, step: DecodeStep, limit: int) -> list[int]:
         """The tokens to verify after the decoding's pending token (engine thread: the
-        prompt is indexed on first use), at most `limit`; [] for a plain step."""
-        k = min(self.length.next(), limit, self.max_draft)
+        prompt is indexed, or the draft session synced, here), at most `limit`; [] for a
+        plain step."""
+        self._qs = None
+        k = min(self.length.next(self.cost, drafting=self.model is not None), limit,
+                self.max_draft)  # fmt: skip
         if k <= 0 or not decoding.pending:
             return []
+        if self.model is not None:
+            proposal = self.model.propose(decoding.session, decoding.pending[0], k,
+                                          step.params, step.allowed, self._rng)  # fmt: skip
+            if self.cost is not None:
+                self.cost.observe_draft(proposal.passes, proposal.pass_s)
+            self._qs = proposal.qs
+            return proposal.tokens
         lookup = self._lookup
         if lookup is None:
             lookup = self._lookup = PromptLookup(decoding.session.tokens[: decoding.n_prompt])
         lookup.extend(decoding.output_ids[len(lookup) - decoding.n_prompt :])
         return lookup.propose(k)
+
+    def draw(self) -> Draw:
+        """The acceptance rule of the last draft: the ratio rule for a draft drawn from
+        distributions, else the point-mass rule."""
+        return RatioDraw(self._qs) if self._qs is not None else exact_draw
 
     def observe(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted
@@ -84,16 +115,52 @@ class Speculation:
         self.length.observe(drafted, accepted)
 
 
-# The draw at a drafted position: (logits, params, the request's generator, the allowed ids,
-# the drafted token) -> the token generated there. The draft is kept when it equals it.
-Draw = Callable[[np.ndarray, SamplingParams, np.random.Generator, np.ndarray | None, int], int]
+# Mixed into a seeded request's seed for its draft model's own generator.
+DRAFT_STREAM = 0x5D4AF7
+
+# The draw at a verification chunk's position i: (i, logits, params, the request's
+# generator, the allowed ids, the drafted token there or -1) -> the token generated there.
+# The draft is kept when it equals it.
+Draw = Callable[[int, np.ndarray, SamplingParams, np.random.Generator, np.ndarray | None, int], int]
 
 
-def exact_draw(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
+def exact_draw(i: int, logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
                allowed: np.ndarray | None, drafted: int) -> int:  # fmt: skip
     """The point-mass rule: the token is sampled as a plain step samples it, whatever
     was drafted (see the module's docstring for why that is the acceptance rule)."""
     return sample(logits, params, rng, allowed)
+
+
+class RatioDraw:
+    """The speculative-sampling rule for drafts drawn from distributions q (qs[i]: that
+    of the token drafted after position i): keep the drafted d with probability
+    min(1, p(d) / q(d)), else draw from the residual max(0, p - q) renormalised; p is the
+    target's distribution under the request's parameters (ds4d.engine.sampler.distribution).
+    Whatever q is, the token generated is distributed as p. Past the drafts (the last row)
+    the token is sampled as a plain step samples it."""
+
+    def __init__(self, qs: list[np.ndarray]) -> None:
+        self.qs = qs
+
+    def __call__(self, i: int, logits: np.ndarray, params: SamplingParams,
+                 rng: np.random.Generator, allowed: np.ndarray | None,
+                 drafted: int) -> int:  # fmt: skip
+        if drafted < 0 or i >= len(self.qs):
+            return sample(logits, params, rng, allowed)
+        p = distribution(logits, params, allowed)
+        if p is None:  # an infill rule: the draft model drafts greedily for it
+            raise ValueError("no distribution to accept a sampled draft against")
+        q = self.qs[i]
+        if rng.random() * q[drafted] < p[drafted]:
+            return drafted
+        residual = np.maximum(p - q, 0.0)
+        cum = np.cumsum(residual)
+        if cum[-1] <= 0.0:  # p == q up to rounding: the draft is (almost surely) kept above
+            return sample(logits, params, rng, allowed)
+        t = int(np.searchsorted(cum, rng.random() * cum[-1], side="right"))
+        if t >= residual.size or residual[t] == 0.0:  # rounding at the end
+            t = int(np.flatnonzero(residual)[-1])
+        return t
 
 
 @dataclass
@@ -129,7 +196,7 @@ def accept(decoding: Decoding, step: DecodeStep, chunk: list[int], rows: np.ndar
     while True:
         keep = i + 1  # chunk[:keep] stays in the session
         drafted = chunk[keep] if keep < len(chunk) else -1
-        token = draw(rows[i], params, decoding.rng, allowed, drafted)
+        token = draw(i, rows[i], params, decoding.rng, allowed, drafted)
         events += decoding.after(token)
         if decoding.done or decoding.pending != [token]:
             break  # nothing more to evaluate (an end-of-generation token is never kept)

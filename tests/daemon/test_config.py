@@ -113,6 +113,12 @@ def test_explicit_config_file_and_system_fallback(home, tmp_path):
             "kv_cache_min_tokens = 600\nkv_cache_cold_max_tokens = 100\n",
             r"kv_cache_cold_max_tokens=100 .*must be 0 or at least kv_cache_min_tokens \(600\)",
         ),
+        (
+            ["--speculative", "draft"],
+            {},
+            None,
+            r"^speculative=draft \(--speculative\): needs draft_model",
+        ),
     ],
 )
 def test_invalid_values_name_key_and_source(home, argv, env, file, pattern):

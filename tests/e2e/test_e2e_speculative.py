@@ -1,17 +1,21 @@
 """Speculative decoding on a real ds4d process (the embedded model, `--speculative
-lookup`), driven by the real `openai` and `anthropic` clients: a request that
-copies its prompt gives the same text streamed with speculation as with the request's
-opt-out (`"speculative": false`), and /metrics counts the drafted and accepted tokens of
-the speculating requests only."""
+lookup` and `--speculative draft`), driven by the real `openai` and `anthropic` clients: a
+request that copies its prompt gives the same text streamed with speculation as with the
+request's opt-out (`"speculative": false`), and /metrics counts the drafted and accepted
+tokens of the speculating requests only. A draft model of another vocabulary stops the
+daemon at start."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import anthropic
 import openai
 
-from tests.e2e.daemon_process import running_daemon
+from tests.e2e.daemon_process import free_port, running_daemon
 
 FILE = (Path(__file__).resolve().parents[2] / "ds4d" / "serving" / "chunking.py").read_text()
 PROMPT = f"Repeat this file exactly:\n\n{FILE[:1200]}"
@@ -51,3 +55,50 @@ def test_speculation_changes_no_text_and_is_counted(tmp_path):
             assert after[DRAFTED] > middle[DRAFTED]
             assert after[ACCEPTED] - middle[ACCEPTED] > (after[DRAFTED] - middle[DRAFTED]) / 3
         assert "speculation drafted" in d.log_path.read_text()
+
+
+def test_a_draft_model_changes_no_greedy_text_and_is_counted(tmp_path, model_path):
+    """`--speculative draft` with the embedded model's own file as the draft (a draft
+    that is always right, so every drafted token is checked and most kept): the same text
+    as the opt-out, through the real `openai` client, streamed."""
+    args = ("--speculative", "draft", "--draft-model", str(model_path), "--slots", "1",
+            "--ctx", "2048")  # fmt: skip
+    with running_daemon(tmp_path, *args) as d:
+        oa = openai.OpenAI(base_url=f"{d.url}/v1", api_key="x")
+
+        def chat(speculative: bool) -> str:
+            extra = {} if speculative else {"speculative": False}
+            stream = oa.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": PROMPT}], max_tokens=TOKENS,
+                temperature=0, stream=True, extra_body=extra)  # fmt: skip
+            return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+        before = d.metrics()
+        plain = chat(False)
+        middle = d.metrics()
+        speculated = chat(True)
+        after = d.metrics()
+        assert speculated == plain and len(plain) > 100
+        assert middle[DRAFTED] == before[DRAFTED]
+        assert after[ACCEPTED] - middle[ACCEPTED] > (after[DRAFTED] - middle[DRAFTED]) / 2
+        log = d.log_path.read_text()
+        assert "draft model" in log and "speculation drafted" in log
+
+
+def test_a_draft_model_of_another_vocabulary_stops_the_daemon(tmp_path):
+    """The kit's qwen2 model cannot draft for the embedded SmolLM2: the daemon refuses to
+    start, with the reason on stderr and the model-load exit code."""
+    from ds4d.daemon import exitcodes
+    from tests.helpers.kit import kit_model
+
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+           "XDG_STATE_HOME": str(tmp_path / "st"), "XDG_RUNTIME_DIR": str(tmp_path / "run"),
+           "XDG_CACHE_HOME": str(tmp_path / "cache")}  # fmt: skip
+    ds4d = Path(sys.executable).parent / "ds4d"
+    done = subprocess.run(
+        [str(ds4d), "serve", "--no-kv-disk", "--port", str(free_port()), "--speculative",
+         "draft", "--draft-model", str(kit_model("qwen2"))],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == exitcodes.MODEL_LOAD_FAILED, done.stderr
+    assert "cannot draft for" in done.stderr and "vocabularies differ" in done.stderr

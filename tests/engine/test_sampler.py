@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ds4d.engine import native
-from ds4d.engine.sampler import SamplingParams, make_rng, sample
+from ds4d.engine.sampler import SamplingParams, distribution, make_rng, sample
 
 N_VOCAB = 49152
 
@@ -239,3 +239,56 @@ def test_values_beyond_float32_still_sample(logits: np.ndarray, kwargs: dict) ->
     assert ((got >= 0) & (got < N_VOCAB)).all()
     if kwargs.get("temperature") == 1e-300 or kwargs.get("top_p", 1) < 1e-40:
         assert (got == int(np.argmax(logits))).all()  # nothing but the best survives
+
+
+class FixedDraw:
+    """A generator whose every draw is u: where `sample` lands for a given u."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {},
+        {"top_k": 40},
+        {"top_p": 0.55},
+        {"top_p": 0.9},
+        {"top_k": 300, "top_p": 0.7},
+        {"min_p": 0.3},
+        {"top_k": 50, "min_p": 0.5},
+    ],  # fmt: skip
+)
+def test_distribution_is_what_sample_draws_from(filters: dict) -> None:
+    """distribution() (speculative sampling's p and q) keeps exactly the tokens the
+    sampler draws among, ties and all: at a flat temperature every kept token weighs the
+    same, so u = (j + 1/2) / c draws the j-th of c, and the c draws hit every kept token
+    once only when the two agree on the set."""
+    values = np.random.default_rng(5).integers(0, 6, 5003).astype(np.float32)
+    flat = SamplingParams(temperature=1e30, **filters)
+    p = distribution(values, flat)
+    assert p is not None
+    kept = np.flatnonzero(p)
+    assert np.allclose(p[kept], 1 / kept.size)
+    c = kept.size
+    got = [sample(values, flat, FixedDraw((j + 0.5) / c)) for j in range(c)]  # type: ignore[arg-type]
+    assert sorted(got) == kept.tolist()
+
+
+def test_distribution_weighs_as_the_draws_do(logits: np.ndarray) -> None:
+    params = SamplingParams(temperature=0.9, top_k=12, min_p=0.01)
+    p = distribution(logits, params)
+    assert p is not None and abs(p.sum() - 1) < 1e-12
+    kept = np.flatnonzero(p)
+    counts = np.bincount(draws(logits, params, 20_000), minlength=logits.size)
+    assert counts[p == 0].sum() == 0
+    assert chi_square_ok(counts[kept], p[kept])
+    greedy = distribution(logits, SamplingParams(temperature=0))
+    assert greedy is not None and greedy[int(np.argmax(logits))] == 1.0
+    allowed = np.array([3, 17, 99])
+    some = distribution(logits, params, allowed)
+    assert some is not None and set(np.flatnonzero(some).tolist()) <= {3, 17, 99}

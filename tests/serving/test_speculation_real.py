@@ -37,6 +37,7 @@ from ds4d.daemon.metrics import Metrics
 from ds4d.engine import Engine
 from ds4d.engine.sampler import SamplingParams, make_rng, sample
 from ds4d.serving.decoding import DecodeStep, Decoding, OutputSink
+from ds4d.serving.draft import DraftModel
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.model import ModelServer
 from ds4d.serving.speculation import VERIFY_ROWS, Draw, accept, exact_draw, verify
@@ -71,6 +72,7 @@ def serve(
     ctx: int = 2048,
     kv_dir: Path | None = None,
     api: str = "chat",
+    draft: DraftModel | None = None,
 ) -> list[Run]:
     """The requests through a fresh ModelServer (one slot each, decoding together)."""
     # continued checkpoints every 96 tokens: several fall inside the generated text
@@ -79,7 +81,8 @@ def serve(
                                 kv_dir=kv_dir, policy=policy)  # fmt: skip
     slots = [Slot(i, engine.new_session(ctx), ctx) for i in range(len(requests))]
     server = ModelServer(engine, chat_format_for(engine, ctx), ctx, slots, state,
-                         ComputeGate(), Metrics(), speculative=mode)  # fmt: skip
+                         ComputeGate(), Metrics(), speculative=mode, draft=draft,
+                         cost_aware=False)  # fmt: skip
     runs: list[Run | None] = [None] * len(requests)
 
     async def one(i: int) -> None:
@@ -311,7 +314,7 @@ def chi_square_p(counts: Counter[int], p: np.ndarray, n: int) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 
-def broken_draw(logits, params, rng, allowed, drafted):  # type: ignore[no-untyped-def]
+def broken_draw(i, logits, params, rng, allowed, drafted):  # type: ignore[no-untyped-def]
     """A wrong rule: keeps the draft with probability min(1, 2 p(d))."""
     p = probabilities(logits, params)
     if drafted >= 0 and rng.random() < min(1.0, 2 * p[drafted]):
