@@ -232,13 +232,14 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     const int64_t chunk = m->T < INT_CHUNK ? m->T : INT_CHUNK;
-    void *buf = scratch(ds4n_xq_bytes(limbs, m->K, chunk));
+    const int sb = ds4n_int_type_sb(m->type);
+    void *buf = scratch(ds4n_xq_bytes(limbs, sb, m->K, chunk));
     if (!buf) return 0;
     const uint8_t *W = m->W;
     struct ds4n_xq xq;
     for (int64_t t0 = 0; t0 < m->T; t0 += chunk) {
         const int64_t tc = m->T - t0 < chunk ? m->T - t0 : chunk;
-        ds4n_xq_init(&xq, buf, limbs, m->K, tc);
+        ds4n_xq_init(&xq, buf, limbs, sb, m->K, tc);
         ds4n_xq_quantize(&xq, m->X + t0 * m->K, 0, tc);
         float *Y = m->Y + t0 * m->rows;
         if (tc <= DS4N_SMALL_T) {
@@ -269,7 +270,7 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
 /* The integer kernel for this call, or NULL (exact precision, or no kernel for the type). */
 static ds4n_int_fn int_kernel(const struct matmul_job *m, int *limbs) {
     *limbs = ds4n_thread_limbs();
-    if (!*limbs || m->K % QK != 0) return NULL;
+    if (!*limbs || m->K % (ds4n_int_type_sb(m->type) ? DS4N_INT_GROUP : QK) != 0) return NULL;
     return ds4n_active_int_kernel(m->type);
 }
 

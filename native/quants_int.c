@@ -7,15 +7,27 @@ static quantize_fn active_quantize;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
-size_t ds4n_xq_bytes(int limbs, int64_t K, int64_t T) {
+size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T) {
     const int64_t nb = K / QK;
+    if (sb) /* a, xs per group, asum */
+        return (size_t)(align64(T * (limbs - 1) * K * 2) + align64(T * (nb / 8) * 4) +
+                        align64(T * (limbs - 1) * nb * 4));
     return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4) + align64(T * 2 * nb * 4));
 }
 
-void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int64_t K, int64_t T) {
+void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, int64_t T) {
     const int64_t nb = K / QK;
     uint8_t *p = buf;
-    xq->limbs = limbs, xq->K = K, xq->nb = nb, xq->T = T;
+    memset(xq, 0, sizeof *xq);
+    xq->limbs = limbs, xq->sb = sb, xq->K = K, xq->nb = nb, xq->T = T;
+    if (sb) {
+        xq->a = (int16_t *)p;
+        p += align64(T * (limbs - 1) * K * 2);
+        xq->xs = (float *)p;
+        p += align64(T * (nb / 8) * 4);
+        xq->asum = (int32_t *)p;
+        return;
+    }
     xq->q = (int8_t *)p;
     p += align64(T * limbs * K);
     xq->xs = (float *)p;
@@ -45,6 +57,22 @@ static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64
     for (int t = 0; t < T; t++) y[t * ldy] = ds4n_int_finish(acc[t], accm[t]);
 }
 
+/* The super-block format's reference (Q4_K, Q6_K). */
+static void sb_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t t0, int T,
+                       float *y, int64_t ldy) {
+    struct ds4n_sb_weights u;
+    float acc[DS4N_SMALL_T][16] = {{0}}, none[8];
+    const int64_t bb = type == DS4N_Q4_K ? sizeof(block_q4_K) : sizeof(block_q6_K);
+    for (int64_t g = 0; g < xq->nb / 8; g++) {
+        ds4n_sb_unpack(type, (const uint8_t *)w + g * bb, &u);
+        for (int t = 0; t < T; t++) ds4n_sb_group_ref(type, &u, xq, t0 + t, g, acc[t]);
+    }
+    for (int t = 0; t < T; t++) {
+        memset(none, 0, sizeof none);
+        y[t * ldy] = ds4n_int_finish(acc[t], none);
+    }
+}
+
 #define DS4N_INT_REF(name, T_)                                                                  \
     static void int_ref_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T,    \
                                float *y, int64_t ldy) {                                         \
@@ -53,8 +81,14 @@ static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64
 DS4N_INT_REF(q8_0, DS4N_Q8_0)
 DS4N_INT_REF(q4_0, DS4N_Q4_0)
 DS4N_INT_REF(q4_1, DS4N_Q4_1)
-DS4N_INT_REF(q4_K, DS4N_Q4_K)
-DS4N_INT_REF(q6_K, DS4N_Q6_K)
+static void int_ref_q4_K(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y,
+                         int64_t ldy) {
+    sb_row_ref(DS4N_Q4_K, w, xq, t0, T, y, ldy);
+}
+static void int_ref_q6_K(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y,
+                         int64_t ldy) {
+    sb_row_ref(DS4N_Q6_K, w, xq, t0, T, y, ldy);
+}
 
 static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
     [DS4N_Q8_0] = int_ref_q8_0,

@@ -38,22 +38,31 @@
 #define DS4N_LIMBS_MAX 3
 #define DS4N_INT_GROUP 256 /* values per group: 8 blocks of 32 */
 
-/* Quantized activations of T tokens of K values (K a multiple of 32). */
+/* Quantized activations of T tokens of K values (K a multiple of 32; of 256 with sb). Two
+ * formats: the block format above (sb = 0: Q4_0, Q4_1, Q8_0) and the super-block format of
+ * the K-quants (sb = 1: Q4_K, Q6_K), described before ds4n_sb_quantize_group below. */
 struct ds4n_xq {
-    int limbs;
+    int limbs, sb;
     int64_t K, nb, T;
+    /* sb = 0 */
     int8_t *q;   /* limb k of token t: q + (t*limbs + k)*K, values in order */
-    float *xs;   /* [t*nb + b]: 2^(e-7), the unit of the lane values; NaN: not finite */
+    float *xs;   /* [t*nb + b]: 2^(e-7), the unit of the lane values; NaN: not finite.
+                  * sb = 1: [t*ng + g], 2^e, the unit of a, per group g of 256 values */
     float *bsum; /* [t*nb + b]: Σ over the block of l0·2^7 + l1 + l2·2^-7, rounded once */
     float *hsum; /* [t*2nb + 2b + h]: the same over half h (16 values) of the block */
+    /* sb = 1 */
+    int16_t *a;    /* limb k (k < limbs - 1) of token t: a + (t*(limbs-1) + k)*K */
+    int32_t *asum; /* [((t*(limbs-1) + k)*nb + b]: Σ of limb k over block b (32 values) */
 };
 
 /* Bytes ds4n_xq_init needs for T tokens of K values. */
-size_t ds4n_xq_bytes(int limbs, int64_t K, int64_t T);
+size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T);
 /* Lays the arrays of xq out in buf (ds4n_xq_bytes long, 64-byte aligned). */
-void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int64_t K, int64_t T);
-/* Splits tokens [t0, t1) of X (row stride K) into xq. */
+void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, int64_t T);
+/* Splits tokens [t0, t1) of X (row stride K) into xq, in xq's format. */
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+/* 1 when type's integer kernel takes the super-block format. */
+static inline int ds4n_int_type_sb(int type) { return type == DS4N_Q4_K || type == DS4N_Q6_K; }
 
 /* 2^k for a k of the normal range (-126 .. 127). */
 static inline float ds4n_pow2f(int k) {
@@ -110,11 +119,84 @@ static inline void ds4n_int_quantize_block(const float *x, int L, int8_t *q, int
 }
 
 
+/* ---- the super-block format (Q4_K, Q6_K) -------------------------------------------------
+ * The K-quants keep integer sub-block scales under one float scale per 256 values, so their
+ * activations get one power-of-two scale per 256 values too, and everything inside a
+ * super-block stays integer (llama.cpp's Q4_K x Q8_K design, with wider activations):
+ *  - a0 = rint(x / s), s = 2^e with amax / s in [2^13, 2^14) (amax: the group's largest |x|),
+ *    so |a0| <= 2^14: the two limbs l0·2^7 + l1 of the block format in one int16 (int2,
+ *    ~15 bits of the group's largest value). With three limbs a1 = rint((x/s - a0)·2^7),
+ *    |a1| <= 64 (int3, ~22 bits). The bits are relative to the largest of 256 values, not of
+ *    32: a group holding an outlier quantizes its other values more coarsely (measured in
+ *    docs/integer-path.md).
+ *  - weights w = code·scale as int16: Q4_K the nibble (0..15) times the 6-bit sub-block scale,
+ *    |w| <= 945; Q6_K (q - 32) in -32..31 times the int8 16-group scale, |w| <= 4096;
+ *  - a group is 8 vectors of 32 values; lane l (0..15) sums values 32i + 2l and 32i + 2l + 1
+ *    over i < 8 in int32: A_k[l] = Σ w·a_k over 16 values. Bounds: Q4_K 16·945·2^14 < 2^28,
+ *    Q6_K 16·4096·2^14 = 2^30, both below 2^31 (limb 1 is 2^7 times smaller), so no order
+ *    of the integer additions can overflow and every order gives the same A;
+ *  - f = (float)A_0[l]; with three limbs f = fmaf((float)A_1[l], 2^-7, f);
+ *    acc[l] = fmaf(f, d·s, acc[l]), d the super-block's f16 scale, d·s rounded once;
+ *  - Q4_K's mins, for sub-block j < 8: M_k = m_j·asum_k[j] (|M| <= 63·32·2^14 < 2^25),
+ *    g = (float)M_0 (three limbs: fmaf((float)M_1, 2^-7, g)), acc[j] = fmaf(-g, dmin·s, acc[j]);
+ *  - y = tree(acc[0..16)) as ds4n_int_finish's.
+ * Per 256 values and token: 8 integer dot-product instructions against one conversion and
+ * one FMA (two with Q4_K's mins); the block format needs four of each. */
+
+/* Group g (256 values at x) of a token: limb k at a + k·K, its block sums at asum + k·nb. */
+static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int64_t K,
+                                          float *xs, int32_t *asum, int64_t nb) {
+    float amax = 0.0f;
+    int finite = 1;
+    for (int j = 0; j < DS4N_INT_GROUP; j++) {
+        const float v = fabsf(x[j]);
+        finite &= v <= FLT_MAX;
+        amax = v > amax ? v : amax;
+    }
+    if (!finite || amax < DS4N_INT_TINY) {
+        for (int k = 0; k < L - 1; k++) {
+            memset(a + k * K, 0, DS4N_INT_GROUP * sizeof *a);
+            memset(asum + k * nb, 0, 8 * sizeof *asum);
+        }
+        *xs = finite ? 0.0f : NAN;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &amax, 4);
+    const int E = (int)(bits >> 23) - 127; /* amax in [2^E, 2^(E+1)), E in -100 .. 127 */
+    const float inv = ds4n_pow2f(13 - E);  /* amax·inv in [2^13, 2^14): exact */
+    for (int b = 0; b < 8; b++) {
+        int32_t S[2] = {0, 0};
+        for (int j = 32 * b; j < 32 * b + 32; j++) {
+            const float v = x[j] * inv, l = ds4n_round_small(v);
+            a[j] = (int16_t)l;
+            S[0] += (int32_t)l;
+            if (L == 3) {
+                const float l1 = ds4n_round_small((v - l) * 128.0f); /* exact: |v - l| <= 1/2 */
+                a[K + j] = (int16_t)l1;
+                S[1] += (int32_t)l1;
+            }
+        }
+        for (int k = 0; k < L - 1; k++) asum[k * nb + b] = S[k];
+    }
+    *xs = ds4n_pow2f(E - 13);
+}
+
 /* A quantizer over ds4n_int_quantize_block, compiled in each SIMD file with its flags (the
  * steps are exact or correctly rounded, so every build gives the same limbs). */
 #define DS4N_INT_DEFINE_QUANTIZE(fname)                                                        \
     void fname(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {                   \
         const int L = xq->limbs;                                                               \
+        if (xq->sb) {                                                                          \
+            const int64_t ng = xq->nb / 8;                                                     \
+            for (int64_t t = t0; t < t1; t++)                                                  \
+                for (int64_t g = 0; g < ng; g++)                                               \
+                    ds4n_sb_quantize_group(X + t * xq->K + g * DS4N_INT_GROUP, L,              \
+                                           xq->a + t * (L - 1) * xq->K + g * DS4N_INT_GROUP,   \
+                                           xq->K, xq->xs + t * ng + g,                         \
+                                           xq->asum + t * (L - 1) * xq->nb + 8 * g, xq->nb);   \
+            return;                                                                            \
+        }                                                                                      \
         for (int64_t t = t0; t < t1; t++)                                                      \
             for (int64_t b = 0; b < xq->nb; b++)                                               \
                 ds4n_int_quantize_block(X + t * xq->K + b * QK, L, xq->q + t * L * xq->K + b * QK, \
@@ -276,6 +358,76 @@ static inline float ds4n_int_finish(float acc[16], float accm[8]) {
     for (int n = 4; n >= 1; n /= 2)
         for (int i = 0; i < n; i++) accm[i] += accm[i + n];
     return acc[0] - accm[0];
+}
+
+/* One super-block of a Q4_K or Q6_K row, unpacked for the super-block format. */
+struct ds4n_sb_weights {
+    int16_t w[DS4N_INT_GROUP]; /* code·scale, in value order */
+    float d, dmin;             /* dmin: Q4_K only */
+    int32_t m[8];              /* Q4_K's 6-bit sub-block mins; zero for Q6_K */
+};
+
+static inline void ds4n_sb_unpack(int type, const uint8_t *blk, struct ds4n_sb_weights *u) {
+    if (type == DS4N_Q4_K) {
+        const block_q4_K *p = (const block_q4_K *)blk;
+        u->d = ds4n_f16_to_f32(p->d);
+        u->dmin = ds4n_f16_to_f32(p->dmin);
+        for (int s = 0; s < 8; s++) {
+            uint8_t sc, m;
+            ds4n_k_scale_min(p->scales, s, &sc, &m);
+            u->m[s] = m;
+            for (int j = 0; j < 32; j++) {
+                const uint8_t q = p->qs[32 * (s / 2) + j];
+                u->w[32 * s + j] = (int16_t)((s % 2 ? q >> 4 : q & 0x0f) * sc);
+            }
+        }
+        return;
+    }
+    const block_q6_K *p = (const block_q6_K *)blk; /* DS4N_Q6_K */
+    u->d = ds4n_f16_to_f32(p->d);
+    u->dmin = 0.0f;
+    memset(u->m, 0, sizeof u->m);
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = p->ql + 64 * h, *qh = p->qh + 32 * h;
+        int16_t *w = u->w + 128 * h;
+        const int8_t *sc = p->scales + 8 * h;
+        for (int l = 0; l < 32; l++) {
+            const int q[4] = {(ql[l] & 0x0f) | ((qh[l] >> 0) & 3) << 4,
+                              (ql[l + 32] & 0x0f) | ((qh[l] >> 2) & 3) << 4,
+                              (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4,
+                              (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4};
+            for (int r = 0; r < 4; r++)
+                w[32 * r + l] = (int16_t)((q[r] - 32) * sc[(32 * r + l) / 16]);
+        }
+    }
+}
+
+/* Super-block g of a row (unpacked in u) against token t of xq, into acc[16]. */
+static inline void ds4n_sb_group_ref(int type, const struct ds4n_sb_weights *u,
+                                     const struct ds4n_xq *xq, int64_t t, int64_t g,
+                                     float acc[16]) {
+    const int nl = xq->limbs - 1;
+    const float xs = xq->xs[t * (xq->nb / 8) + g];
+    float f[16];
+    for (int k = 0; k < nl; k++) {
+        const int16_t *a = xq->a + (t * nl + k) * xq->K + g * DS4N_INT_GROUP;
+        for (int l = 0; l < 16; l++) {
+            int32_t A = 0;
+            for (int i = 0; i < 8; i++)
+                for (int j = 32 * i + 2 * l; j < 32 * i + 2 * l + 2; j++) A += u->w[j] * a[j];
+            f[l] = k == 0 ? (float)A : fmaf((float)A, 0x1p-7f, f[l]);
+        }
+    }
+    const float D = u->d * xs;
+    for (int l = 0; l < 16; l++) acc[l] = fmaf(f[l], D, acc[l]);
+    if (type != DS4N_Q4_K) return;
+    const float Dm = u->dmin * xs;
+    const int32_t *as = xq->asum + t * nl * xq->nb + 8 * g;
+    for (int j = 0; j < 8; j++) {
+        float m = (float)(u->m[j] * as[j]);
+        if (nl == 2) m = fmaf((float)(u->m[j] * as[xq->nb + j]), 0x1p-7f, m);
+        acc[j] = fmaf(-m, Dm, acc[j]);
+    }
 }
 
 /* Blocks per group and bytes per group of an integer-path type. */

@@ -197,6 +197,130 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
     for (int t = 0; t < T; t++) y[t * ldy] = finish(acc[t], accm[t]);
 }
 
+/* ---- the super-block format (Q4_K, Q6_K; quants_int.h) ---------------------------------- */
+
+/* A Q4_K or Q6_K super-block as 8 vectors of 32 int16 code·scale (vector i: values 32i ..
+ * 32i + 31), its d (and Q4_K's dmin), and Q4_K's mins in the low 8 int32 lanes of m. */
+DS4N_INLINE void sb_weights(int type, const uint8_t *blk, __m512i w[8], float *d, float *dmin,
+                            __m512i *m) {
+    if (type == DS4N_Q4_K) {
+        const block_q4_K *p = (const block_q4_K *)blk;
+        uint32_t a, b, c;
+        memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
+        /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
+        const uint64_t sc = (uint64_t)(a & 0x3f3f3f3f) |
+                            (uint64_t)((c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4) << 32;
+        const uint64_t mn = (uint64_t)(b & 0x3f3f3f3f) |
+                            (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4) << 32;
+        *d = _cvtsh_ss(p->d);
+        *dmin = _cvtsh_ss(p->dmin);
+        *m = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
+        const __m512i nib = _mm512_set1_epi16(0x0f);
+        for (int q = 0; q < 4; q++) {
+            const __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p->qs + 32 * q)));
+            w[2 * q] = _mm512_mullo_epi16(_mm512_and_si512(z, nib),
+                                          _mm512_set1_epi16((short)(sc >> (16 * q) & 0xff)));
+            w[2 * q + 1] = _mm512_mullo_epi16(_mm512_srli_epi16(z, 4),
+                                              _mm512_set1_epi16((short)(sc >> (16 * q + 8) & 0xff)));
+        }
+        return;
+    }
+    const block_q6_K *p = (const block_q6_K *)blk; /* DS4N_Q6_K */
+    *d = _cvtsh_ss(p->d);
+    *dmin = 0.0f;
+    *m = _mm512_setzero_si512();
+    /* the 16 scales as int16 in the low half; vector i takes 16-groups 2i and 2i + 1 */
+    const __m512i sc = _mm512_cvtepi8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p->scales)));
+    const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i nib = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+    const __m512i bias = _mm512_set1_epi16(32);
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)),
+            _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, hi2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)),
+        };
+        for (int r = 0; r < 4; r++) {
+            const int i = 4 * h + r;
+            const __m512i s = _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * i))), sc);
+            w[i] = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q[r]), bias), s);
+        }
+    }
+}
+
+/* Σ over a group of w·a, lane for lane (int32, exact: quants_int.h bounds it), in `chains`
+ * independent sums (1 when several tokens already hide the dot products' latency). */
+DS4N_INLINE __m512i sb_dot(const __m512i w[8], const int16_t *a, const int chains) {
+    __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    _mm512_setzero_si512()};
+    for (int i = 0; i < 8; i++)
+        s[i % chains] = _mm512_dpwssd_epi32(s[i % chains], w[i], _mm512_loadu_si512(a + 32 * i));
+    if (chains == 4) s[0] = _mm512_add_epi32(s[0], s[2]), s[1] = _mm512_add_epi32(s[1], s[3]);
+    return chains > 1 ? _mm512_add_epi32(s[0], s[1]) : s[0];
+}
+
+DS4N_INLINE float finish16(__m512 acc) {
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0,
+                        float *y, int64_t ldy, const int T) {
+    const int nl = xq->limbs - 1;
+    const int64_t K = xq->K, nb = xq->nb, ng = nb / 8;
+    const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
+    const int chains = T == 1 ? 4 : T < 4 ? 2 : 1;
+    const __m512 third = _mm512_set1_ps(0x1p-7f);
+    __m512 acc[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m512i W[8], m;
+        float d, dmin;
+        sb_weights(type, w + g * bb, W, &d, &dmin, &m);
+        for (int t = 0; t < T; t++) {
+            const int64_t tt = t0 + t;
+            const float xs = xq->xs[tt * ng + g];
+            const int16_t *a = xq->a + tt * nl * K + g * DS4N_INT_GROUP;
+            __m512 f = _mm512_cvtepi32_ps(sb_dot(W, a, chains));
+            if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + K, chains)), third, f);
+            acc[t] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc[t]);
+            if (type == DS4N_Q4_K) {
+                const int32_t *as = xq->asum + tt * nl * nb + 8 * g;
+                __m512 mm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(m, _mm512_maskz_loadu_epi32(0xff, as)));
+                if (nl == 2)
+                    mm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(
+                                             m, _mm512_maskz_loadu_epi32(0xff, as + nb))),
+                                         third, mm);
+                acc[t] = _mm512_mask3_fnmadd_ps(mm, _mm512_set1_ps(dmin * xs), acc[t], 0x00ff);
+            }
+        }
+    }
+    for (int t = 0; t < T; t++) y[t * ldy] = finish16(acc[t]);
+}
+
+#define SB_CASE(T_, type)                                                                      \
+    case T_: sb_row(type, w, xq, t0, y, ldy, T_); break;
+#define SB_KERNEL(name, type)                                                                  \
+    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
+                           int64_t ldy) {                                                      \
+        switch (T) {                                                                           \
+            SB_CASE(1, type) SB_CASE(2, type) SB_CASE(3, type) SB_CASE(4, type)                \
+            SB_CASE(5, type) SB_CASE(6, type) SB_CASE(7, type)                                 \
+        default: sb_row(type, w, xq, t0, y, ldy, 8); break;                                    \
+        }                                                                                      \
+    }
+SB_KERNEL(q4_K, DS4N_Q4_K)
+SB_KERNEL(q6_K, DS4N_Q6_K)
+
 #define INT_CASE(T_, type)                                                                     \
     case T_: int_row(type, w, xq, t0, y, ldy, T_); break;
 #define INT_KERNEL(name, type)                                                                 \
@@ -212,8 +336,6 @@ _Static_assert(DS4N_SMALL_T == 8, "INT_KERNEL covers 1..8 tokens");
 INT_KERNEL(q8_0, DS4N_Q8_0)
 INT_KERNEL(q4_0, DS4N_Q4_0)
 INT_KERNEL(q4_1, DS4N_Q4_1)
-INT_KERNEL(q4_K, DS4N_Q4_K)
-INT_KERNEL(q6_K, DS4N_Q6_K)
 
 DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512)
 
