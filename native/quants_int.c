@@ -12,7 +12,7 @@ size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T) {
     if (sb) /* a, xs per group, asum */
         return (size_t)(align64(T * (limbs - 1) * K * 2) + align64(T * (nb / 8) * 4) +
                         align64(T * (limbs - 1) * nb * 4));
-    return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4) + align64(T * 2 * nb * 4));
+    return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4));
 }
 
 void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, int64_t T) {
@@ -33,8 +33,6 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, i
     xq->xs = (float *)p;
     p += align64(T * nb * 4);
     xq->bsum = (float *)p;
-    p += align64(T * nb * 4);
-    xq->hsum = (float *)p;
 }
 
 static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar)

@@ -23,8 +23,7 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i, int one) {
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 */
     }
-    case DS4N_Q4_0:
-    case DS4N_Q4_1: {
+    default: { /* DS4N_Q4_0, DS4N_Q4_1 */
         const int64_t bb = type == DS4N_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
         const uint8_t *p = grp + 2 * i * bb + (type == DS4N_Q4_0 ? 2 : 4); /* the qs */
         const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
@@ -34,30 +33,12 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i, int one) {
         /* 128-bit lanes: low nibbles of each block, then its high nibbles */
         return _mm512_and_si512(_mm512_mask_blend_epi64(0xcc, z, _mm512_srli_epi16(z, 4)), nib);
     }
-    case DS4N_Q4_K: {
-        const block_q4_K *p = (const block_q4_K *)grp;
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * i));
-        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-        return _mm512_and_si512(z, nib);
-    }
-    default: { /* DS4N_Q6_K: pair i is 32-groups (0,1) or (2,3) of half i/2 */
-        const block_q6_K *p = (const block_q6_K *)grp;
-        const __m512i ql = _mm512_loadu_si512(p->ql + 64 * (i / 2));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * (i / 2)));
-        const __m512i zq = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-        const __m512i hi2 = _mm512_set1_epi8(0x30);
-        if (i % 2 == 0)
-            return _mm512_or_si512(_mm512_and_si512(ql, nib),
-                                   _mm512_and_si512(_mm512_slli_epi16(zq, 4), hi2));
-        return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nib),
-                               _mm512_and_si512(zq, hi2));
-    }
     }
 }
 
 /* ws and mb of a group of n blocks, as ds4n_int_scales computes them (the same products,
- * rounded once each), in vectors: 8 slots (16 for Q6_K's 16-groups), zero past n. */
-DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, __m512 *mb) {
+ * rounded once each), in vectors: 8 slots, zero past n. */
+DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m256 *ws, __m256 *mb) {
     switch (type) {
     case DS4N_Q4_1: {
         /* d and m of each block in one 32-bit gather (blocks past n: zero) */
@@ -65,14 +46,12 @@ DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, _
             _mm256_setzero_si256(), (__mmask8)((1u << n) - 1),
             _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(20)),
             grp, 1);
-        *ws = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)));
-        *mb = _mm512_castps256_ps512(_mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
-                                                   _mm256_cvtph_ps(_mm256_cvtepi32_epi16(
-                                                       _mm256_srli_epi32(dm, 16)))));
+        *ws = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm));
+        *mb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
+                            _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))));
         break;
     }
-    case DS4N_Q8_0:
-    case DS4N_Q4_0: {
+    default: { /* DS4N_Q8_0, DS4N_Q4_0 */
         const int bb = type == DS4N_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
         /* d (and the next 2 bytes) of each block in one gather: loads, no store forwarding */
         const __m256i d = _mm256_mmask_i32gather_epi32(
@@ -80,29 +59,8 @@ DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, _
             _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb)),
             grp, 1);
         const __m256 w = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d));
-        *ws = _mm512_castps256_ps512(w);
-        *mb = _mm512_castps256_ps512(_mm256_mul_ps(w, _mm256_set1_ps(type == DS4N_Q8_0 ? 128.0f : 8.0f)));
-        break;
-    }
-    case DS4N_Q4_K: {
-        const block_q4_K *p = (const block_q4_K *)grp;
-        uint32_t a, b, c;
-        memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
-        /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
-        const uint32_t sc_hi = (c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4;
-        const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4;
-        const __m128i sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3f));
-        const __m128i m = _mm_set_epi32(0, 0, (int)m_hi, (int)(b & 0x3f3f3f3f));
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d)), dmin = _mm256_set1_ps(_cvtsh_ss(p->dmin));
-        *ws = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc))));
-        *mb = _mm512_castps256_ps512(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m))));
-        break;
-    }
-    default: { /* DS4N_Q6_K */
-        const block_q6_K *p = (const block_q6_K *)grp;
-        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p->scales));
-        *ws = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(p->d)), _mm512_cvtepi32_ps(sc));
-        *mb = _mm512_mul_ps(*ws, _mm512_set1_ps(32.0f));
+        *ws = w;
+        *mb = _mm256_mul_ps(w, _mm256_set1_ps(type == DS4N_Q8_0 ? 128.0f : 8.0f));
     }
     }
 }
@@ -123,16 +81,11 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
                          int64_t ldy, const int T) {
     const int L = xq->limbs;
     const int64_t K = xq->K, nb = xq->nb, gb = ds4n_int_group_bytes(type);
-    const int per16 = type == DS4N_Q6_K;
     __m512 acc[DS4N_SMALL_T];
     __m256 accm[DS4N_SMALL_T];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps(), accm[t] = _mm256_setzero_ps();
-    /* The scale slot of each lane: block 2i + l/8, or 16-group 4i + l/4 */
+    /* The scale slot of each lane: block 2i + l/8 */
     const __m512i slot8 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i slot16 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i even = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odd = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
     const __m512 third = _mm512_set1_ps(0x1p-7f);
     for (int64_t gi = 0; gi * 8 < nb; gi++) {
         const uint8_t *grp = w + gi * gb;
@@ -146,24 +99,16 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
         __m512i slot[4];
         for (int i = 0; i < pairs; i++) {
             c[i] = pair_codes(type, grp, i, 2 * i + 1 == n);
-            slot[i] = per16 ? _mm512_add_epi32(slot16, _mm512_set1_epi32(4 * i))
-                            : _mm512_add_epi32(slot8, _mm512_set1_epi32(2 * i));
+            slot[i] = _mm512_add_epi32(slot8, _mm512_set1_epi32(2 * i));
         }
-        __m512 ws16, mb16; /* (8 slots in the low half unless per16) */
-        group_scales(type, grp, n, &ws16, &mb16);
+        __m256 ws8, mb8;
+        group_scales(type, grp, n, &ws8, &mb8);
         for (int t = 0; t < T; t++) {
             const int64_t tt = t0 + t;
             const int8_t *q = xq->q + tt * L * K + gi * DS4N_INT_GROUP;
             const __m256 xs8 = _mm256_maskz_loadu_ps(blocks, xq->xs + tt * nb + gi * 8);
-            __m512 S, M;
-            if (per16) {
-                const __m512 xs16 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(xs8));
-                S = _mm512_mul_ps(ws16, xs16);
-                M = _mm512_mul_ps(mb16, xs16);
-            } else {
-                S = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(ws16), xs8));
-                M = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(mb16), xs8));
-            }
+            const __m512 S = _mm512_castps256_ps512(_mm256_mul_ps(ws8, xs8));
+            const __m256 M = _mm256_mul_ps(mb8, xs8);
             for (int i = 0; i < pairs; i++) {
                 const __mmask64 lq = i + 1 == pairs ? lastq : ~0ull;
                 const __m512i a0 = _mm512_maskz_loadu_epi8(lq, q + 64 * i);
@@ -179,19 +124,8 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
                 acc[t] = _mm512_mask3_fmadd_ps(f, _mm512_permutexvar_ps(slot[i], S), acc[t],
                                                i + 1 == pairs ? last : 0xffff);
             }
-            if (per16) {
-                const __m512 hs = _mm512_loadu_ps(xq->hsum + tt * 2 * nb + gi * 16);
-                accm[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(_mm512_permutexvar_ps(even, M)),
-                                          _mm512_castps512_ps256(_mm512_permutexvar_ps(even, hs)),
-                                          accm[t]);
-                accm[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(_mm512_permutexvar_ps(odd, M)),
-                                          _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, hs)),
-                                          accm[t]);
-            } else {
-                accm[t] = _mm256_mask3_fmadd_ps(
-                    _mm512_castps512_ps256(M),
-                    _mm256_maskz_loadu_ps(blocks, xq->bsum + tt * nb + gi * 8), accm[t], blocks);
-            }
+            accm[t] = _mm256_mask3_fmadd_ps(
+                M, _mm256_maskz_loadu_ps(blocks, xq->bsum + tt * nb + gi * 8), accm[t], blocks);
         }
     }
     for (int t = 0; t < T; t++) y[t * ldy] = finish(acc[t], accm[t]);
