@@ -35,7 +35,7 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, i
     xq->bsum = (float *)p;
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar, ds4n_sb_quantize_group)
 
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
     active_quantize(xq, X, t0, t1);

@@ -178,16 +178,17 @@ static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int
     *xs = ds4n_pow2f(E - 13);
 }
 
-/* A quantizer over ds4n_int_quantize_block, compiled in each SIMD file with its flags (the
- * steps are exact or correctly rounded, so every build gives the same limbs). */
-#define DS4N_INT_DEFINE_QUANTIZE(fname)                                                        \
+/* A quantizer over ds4n_int_quantize_block and sb_group (ds4n_sb_quantize_group or a SIMD
+ * version of it), compiled in each SIMD file with its flags (the steps are exact or correctly
+ * rounded, so every build gives the same limbs). */
+#define DS4N_INT_DEFINE_QUANTIZE(fname, sb_group)                                              \
     void fname(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {                   \
         const int L = xq->limbs;                                                               \
         if (xq->sb) {                                                                          \
             const int64_t ng = xq->nb / 8;                                                     \
             for (int64_t t = t0; t < t1; t++)                                                  \
                 for (int64_t g = 0; g < ng; g++)                                               \
-                    ds4n_sb_quantize_group(X + t * xq->K + g * DS4N_INT_GROUP, L,              \
+                    sb_group(X + t * xq->K + g * DS4N_INT_GROUP, L,                            \
                                            xq->a + t * (L - 1) * xq->K + g * DS4N_INT_GROUP,   \
                                            xq->K, xq->xs + t * ng + g,                         \
                                            xq->asum + t * (L - 1) * xq->nb + 8 * g, xq->nb);   \

@@ -271,7 +271,54 @@ INT_KERNEL(q8_0, DS4N_Q8_0)
 INT_KERNEL(q4_0, DS4N_Q4_0)
 INT_KERNEL(q4_1, DS4N_Q4_1)
 
-DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512)
+/* ds4n_sb_quantize_group in vectors: the same exact steps (roundscale is rint, ties to even). */
+static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, float *xs,
+                              int32_t *asum, int64_t nb) {
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int j = 0; j < DS4N_INT_GROUP; j += 16) {
+        const __m512 v = _mm512_and_ps(_mm512_loadu_ps(x + j), absmask);
+        bad |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ); /* inf, NaN */
+        mx = _mm512_max_ps(mx, v);
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    if (bad || amax < DS4N_INT_TINY) {
+        for (int k = 0; k < L - 1; k++) {
+            memset(a + k * K, 0, DS4N_INT_GROUP * sizeof *a);
+            memset(asum + k * nb, 0, 8 * sizeof *asum);
+        }
+        *xs = bad ? NAN : 0.0f;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &amax, 4);
+    const int E = (int)(bits >> 23) - 127;
+    const __m512 inv = _mm512_set1_ps(ds4n_pow2f(13 - E));
+    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (int b = 0; b < 8; b++) {
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const int j = 32 * b + 16 * h;
+            const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), inv);
+            const __m512 l = _mm512_roundscale_ps(v, rn);
+            const __m512i li = _mm512_cvtps_epi32(l);
+            _mm256_storeu_si256((__m256i *)(a + j), _mm512_cvtepi32_epi16(li));
+            s0 = _mm512_add_epi32(s0, li);
+            if (L == 3) {
+                const __m512i l1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+                    _mm512_mul_ps(_mm512_sub_ps(v, l), _mm512_set1_ps(128.0f)), rn));
+                _mm256_storeu_si256((__m256i *)(a + K + j), _mm512_cvtepi32_epi16(l1));
+                s1 = _mm512_add_epi32(s1, l1);
+            }
+        }
+        asum[b] = _mm512_reduce_add_epi32(s0);
+        if (L == 3) asum[nb + b] = _mm512_reduce_add_epi32(s1);
+    }
+    *xs = ds4n_pow2f(E - 13);
+}
+
+DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512, sb_quantize_group)
 
 const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS] = {
     [DS4N_Q8_0] = int_q8_0,
