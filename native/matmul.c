@@ -188,7 +188,10 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
 
 #define INT_CHUNK 64 /* tokens quantized at a time: their limbs stay in L2 for every row */
 #ifndef INT_TILE_T
-#define INT_TILE_T 4 /* tokens per prefill kernel call: more spill the accumulators */
+#define INT_TILE_T 4 /* tokens per prefill kernel call, block format: more spill the accumulators */
+#endif
+#ifndef INT_TILE_T_SB
+#define INT_TILE_T_SB 8 /* the same, super-block format: the codes in 8 registers, 8 accumulators */
 #endif
 
 /* This thread's buffer for quantized activations, grown on demand, freed at thread exit. */
@@ -255,10 +258,11 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
                 kern(W + r * row_bytes, &xq, 0, (int)tc, Y + r, m->rows);
             continue;
         }
+        const int tile = sb ? INT_TILE_T_SB : INT_TILE_T;
         for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
             const int64_t re = r1 - rp < PANEL_ROWS ? r1 : rp + PANEL_ROWS;
-            for (int64_t t = 0; t < tc; t += INT_TILE_T) {
-                const int nt = tc - t < INT_TILE_T ? (int)(tc - t) : INT_TILE_T;
+            for (int64_t t = 0; t < tc; t += tile) {
+                const int nt = tc - t < tile ? (int)(tc - t) : tile;
                 for (int64_t r = rp; r < re; r++)
                     kern(W + r * row_bytes, &xq, t, nt, Y + t * m->rows + r, m->rows);
             }

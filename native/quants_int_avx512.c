@@ -295,19 +295,19 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
     memcpy(&bits, &amax, 4);
     const int E = (int)(bits >> 23) - 127;
     const __m512 inv = _mm512_set1_ps(ds4n_pow2f(13 - E));
-    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
     for (int b = 0; b < 8; b++) {
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             const int j = 32 * b + 16 * h;
             const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), inv);
-            const __m512 l = _mm512_roundscale_ps(v, rn);
+            const __m512 l = _mm512_roundscale_ps(v, RN);
             const __m512i li = _mm512_cvtps_epi32(l);
             _mm256_storeu_si256((__m256i *)(a + j), _mm512_cvtepi32_epi16(li));
             s0 = _mm512_add_epi32(s0, li);
             if (L == 3) {
                 const __m512i l1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(
-                    _mm512_mul_ps(_mm512_sub_ps(v, l), _mm512_set1_ps(128.0f)), rn));
+                    _mm512_mul_ps(_mm512_sub_ps(v, l), _mm512_set1_ps(128.0f)), RN));
                 _mm256_storeu_si256((__m256i *)(a + K + j), _mm512_cvtepi32_epi16(l1));
                 s1 = _mm512_add_epi32(s1, l1);
             }
@@ -316,6 +316,7 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
         if (L == 3) asum[nb + b] = _mm512_reduce_add_epi32(s1);
     }
     *xs = ds4n_pow2f(E - 13);
+#undef RN
 }
 
 DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512, sb_quantize_group)
