@@ -57,9 +57,10 @@ def test_every_simd_level_is_bitwise_the_scalar_reference(
     rng = np.random.default_rng(1)
     rows = 19
     # rows of 32-block types may end in a part group: 2 blocks (SmolLM2's 576) or 3
-    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512,):
+    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512, 768):
         raw = random_weights(qtype, rows, K, rng)
-        for T in (1, 4, 21):
+        # decode, batched decode, prefill tiles with a remainder, and more than a chunk (64)
+        for T in (1, 4, 8, 21, 70):
             X = activations(rng, T, K)
             want = run(pool, precision, qtype, raw, rows, K, X, native.SIMD_SCALAR)
             for level in LEVELS:
@@ -153,3 +154,29 @@ def test_exact_precision_is_the_float_path(pool: native.Pool) -> None:
     assert run(pool, "int3", "Q4_K", raw, 16, 512, X).tobytes() != float_path.tobytes()
     with pytest.raises(ValueError, match="unknown precision"):
         pool.set_precision("int4")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_super_block_sums_at_their_bound_do_not_overflow(qtype: str, precision: str) -> None:
+    """The largest code·scale of the type against activations at the top of their range
+    (|a| = 2^14) in every value: the int32 lane sums reach the bound quants_int.h states
+    (Q6_K 2^30) and must still give the exact product."""
+    K = 1024
+    if qtype == "Q6_K":  # ql = qh = 0: code -32; scales -128; d = 1
+        block = np.zeros(210, np.uint8)
+        block[192:208] = 0x80
+        block[208:210] = np.array([1.0], np.float16).view(np.uint8)
+    else:  # nibbles 15, scales and mins 63; d = 1, dmin = 1
+        block = np.full(144, 0xFF, np.uint8)
+        block[0:4] = np.array([1.0, 1.0], np.float16).view(np.uint8)
+    raw = np.tile(block, (2, K // 256))
+    W = reference(qtype, raw).reshape(2, K).astype(np.float64)
+    X = np.full((3, K), 1.99999, np.float32)  # rounds to 2^14 units of 2^-13
+    X[1] *= -1.0
+    X[2, ::2] *= -1.0
+    with native.Pool(1) as pool:
+        for level in LEVELS:
+            got = run(pool, precision, qtype, raw, 2, K, X, level)
+            exact = X.astype(np.float64) @ W.T
+            assert np.allclose(got, exact, rtol=1e-5, atol=1e-5 * np.abs(W).sum()), (level, got)
