@@ -190,8 +190,10 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
 #ifndef INT_TILE_T
 #define INT_TILE_T 4 /* tokens per prefill kernel call, block format: more spill the accumulators */
 #endif
-#ifndef INT_TILE_T_SB
-#define INT_TILE_T_SB 8 /* the same, super-block format: the codes in 8 registers, 8 accumulators */
+#ifndef INT_SLICE_G
+/* Super-blocks per K slice of a super-block prefill tile: DS4N_SMALL_T tokens' 1024 int16
+ * activations (16 KB) and PANEL_ROWS rows' codes (9 KB Q4_K) stay in L1 across the slice. */
+#define INT_SLICE_G 4
 #endif
 
 /* This thread's buffer for quantized activations, grown on demand, freed at thread exit. */
@@ -222,6 +224,35 @@ static void *scratch(size_t bytes) {
         s->n = bytes;
     }
     return s->p;
+}
+
+/* Prefill of the super-block types (Q4_K, Q6_K): tiles of PANEL_ROWS rows x DS4N_SMALL_T
+ * tokens, each walked over K in slices of INT_SLICE_G super-blocks so that the slice's
+ * activations and codes stay in L1 while every row of the panel passes over them; each
+ * row's codes are unpacked once per slice for all the tile's tokens. The accumulators carry
+ * across slices (ds4n_sb_part_fn), so every y is bitwise the one-call kernel's. */
+static void sb_tiles(const struct matmul_job *m, const struct ds4n_xq *xq, int64_t tc,
+                     int64_t r0, int64_t r1, float *Y) {
+    const ds4n_sb_part_fn part = ds4n_active_sb_part(m->type);
+    const int64_t ng = m->K / DS4N_INT_GROUP;
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    _Alignas(64) float acc[PANEL_ROWS][DS4N_SMALL_T * 16];
+    for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
+        const int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
+        const uint8_t *W = (const uint8_t *)m->W + rp * row_bytes;
+        for (int64_t t = 0; t < tc; t += DS4N_SMALL_T) {
+            const int nt = tc - t < DS4N_SMALL_T ? (int)(tc - t) : DS4N_SMALL_T;
+            memset(acc, 0, sizeof acc);
+            for (int64_t g0 = 0; g0 < ng; g0 += INT_SLICE_G) {
+                const int64_t g1 = ng - g0 < INT_SLICE_G ? ng : g0 + INT_SLICE_G;
+                for (int64_t i = 0; i < nr; i++) part(W + i * row_bytes, xq, g0, g1, t, nt, acc[i]);
+            }
+            for (int64_t i = 0; i < nr; i++)
+                for (int j = 0; j < nt; j++)
+                    Y[(t + j) * m->rows + rp + i] = ds4n_sb_finish(acc[i] + 16 * j);
+        }
+    }
 }
 
 /* Rows [r0, r1) on the integer path: 1 when it ran, 0 when it cannot (no buffer) and the float
@@ -258,11 +289,14 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
                 kern(W + r * row_bytes, &xq, 0, (int)tc, Y + r, m->rows);
             continue;
         }
-        const int tile = sb ? INT_TILE_T_SB : INT_TILE_T;
+        if (sb) {
+            sb_tiles(m, &xq, tc, r0, r1, Y);
+            continue;
+        }
         for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
             const int64_t re = r1 - rp < PANEL_ROWS ? r1 : rp + PANEL_ROWS;
-            for (int64_t t = 0; t < tc; t += tile) {
-                const int nt = tc - t < tile ? (int)(tc - t) : tile;
+            for (int64_t t = 0; t < tc; t += INT_TILE_T) {
+                const int nt = tc - t < INT_TILE_T ? (int)(tc - t) : INT_TILE_T;
                 for (int64_t r = rp; r < re; r++)
                     kern(W + r * row_bytes, &xq, t, nt, Y + t * m->rows + r, m->rows);
             }

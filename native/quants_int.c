@@ -55,20 +55,31 @@ static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64
     for (int t = 0; t < T; t++) y[t * ldy] = ds4n_int_finish(acc[t], accm[t]);
 }
 
-/* The super-block format's reference (Q4_K, Q6_K). */
+/* The super-block format's reference (Q4_K, Q6_K): groups [g0, g1), into acc[t*16 ..]. */
+static void sb_part_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t g0,
+                        int64_t g1, int64_t t0, int T, float *acc) {
+    struct ds4n_sb_weights u;
+    const int64_t bb = type == DS4N_Q4_K ? sizeof(block_q4_K) : sizeof(block_q6_K);
+    for (int64_t g = g0; g < g1; g++) {
+        ds4n_sb_unpack(type, (const uint8_t *)w + g * bb, &u);
+        for (int t = 0; t < T; t++) ds4n_sb_group_ref(type, &u, xq, t0 + t, g, acc + 16 * t);
+    }
+}
+
 static void sb_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t t0, int T,
                        float *y, int64_t ldy) {
-    struct ds4n_sb_weights u;
-    float acc[DS4N_SMALL_T][16] = {{0}}, none[8];
-    const int64_t bb = type == DS4N_Q4_K ? sizeof(block_q4_K) : sizeof(block_q6_K);
-    for (int64_t g = 0; g < xq->nb / 8; g++) {
-        ds4n_sb_unpack(type, (const uint8_t *)w + g * bb, &u);
-        for (int t = 0; t < T; t++) ds4n_sb_group_ref(type, &u, xq, t0 + t, g, acc[t]);
-    }
-    for (int t = 0; t < T; t++) {
-        memset(none, 0, sizeof none);
-        y[t * ldy] = ds4n_int_finish(acc[t], none);
-    }
+    float acc[DS4N_SMALL_T * 16] = {0};
+    sb_part_ref(type, w, xq, 0, xq->nb / 8, t0, T, acc);
+    for (int t = 0; t < T; t++) y[t * ldy] = ds4n_sb_finish(acc + 16 * t);
+}
+
+static void part_ref_q4_K(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
+                          int64_t t0, int T, float *acc) {
+    sb_part_ref(DS4N_Q4_K, w, xq, g0, g1, t0, T, acc);
+}
+static void part_ref_q6_K(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
+                          int64_t t0, int T, float *acc) {
+    sb_part_ref(DS4N_Q6_K, w, xq, g0, g1, t0, T, acc);
 }
 
 #define DS4N_INT_REF(name, T_)                                                                  \
@@ -99,6 +110,7 @@ static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
 /* ---- selection ----------------------------------------------------------------------------- */
 
 static ds4n_int_fn active_int[DS4N_TYPE_SLOTS];
+static ds4n_sb_part_fn active_sb_part[2]; /* Q4_K, Q6_K */
 
 #if defined(__x86_64__) || defined(_M_X64)
 static int cpu_has_vnni(void) {
@@ -118,7 +130,14 @@ void ds4n_int_select(int level) {
     /* Levels without kernels of their own run the scalar ones: slower, bitwise the same. */
     for (int t = 0; t < DS4N_TYPE_SLOTS; t++)
         active_int[t] = own && own[t] ? own[t] : int_scalar[t];
+    active_sb_part[0] = part_ref_q4_K;
+    active_sb_part[1] = part_ref_q6_K;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (own) memcpy(active_sb_part, ds4n_sb_part_avx512, sizeof active_sb_part);
+#endif
 }
+
+ds4n_sb_part_fn ds4n_active_sb_part(int type) { return active_sb_part[type == DS4N_Q6_K]; }
 
 ds4n_int_fn ds4n_active_int_kernel(int type) {
     return type >= 0 && type < DS4N_TYPE_SLOTS ? active_int[type] : NULL;

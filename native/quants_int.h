@@ -208,6 +208,13 @@ typedef void (*ds4n_int_fn)(const void *w, const struct ds4n_xq *xq, int64_t t0,
 /* The integer kernel of type for the current SIMD level; NULL when the type has none (the
  * float path then serves it). */
 ds4n_int_fn ds4n_active_int_kernel(int type);
+/* The super-block types' prefill step: groups [g0, g1) of one row against tokens [t0, t0 + T)
+ * (T in 1..DS4N_SMALL_T), added into acc (T × 16 floats, 64-byte aligned, zero at g0 = 0);
+ * ds4n_sb_finish(acc + 16t) after the last group is then bitwise the kernel's y. It lets
+ * prefill walk K in slices that keep a tile's activations in L1. */
+typedef void (*ds4n_sb_part_fn)(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
+                                int64_t t0, int T, float *acc);
+ds4n_sb_part_fn ds4n_active_sb_part(int type); /* Q4_K or Q6_K */
 void ds4n_int_select(int level); /* called by ds4n_set_simd */
 
 /* The limb count in force on this thread: the pool's (ds4n_pool_set_precision) while it runs
@@ -373,7 +380,16 @@ static inline void ds4n_sb_group_ref(int type, const struct ds4n_sb_weights *u,
     }
 }
 
-/* Blocks per group and bytes per group of an integer-path type. */
+/* y from a super-block row's acc: the same tree as ds4n_int_finish's. */
+static inline float ds4n_sb_finish(const float acc[16]) {
+    float a[16];
+    memcpy(a, acc, sizeof a);
+    for (int n = 8; n >= 1; n /= 2)
+        for (int i = 0; i < n; i++) a[i] += a[i + n];
+    return a[0];
+}
+
+/* Bytes per group of a block-format type (Q8_0, Q4_0, Q4_1). */
 static inline int64_t ds4n_int_group_bytes(int type) {
     switch (type) {
     case DS4N_Q8_0: return 8 * (int64_t)sizeof(block_q8_0);
@@ -385,6 +401,7 @@ static inline int64_t ds4n_int_group_bytes(int type) {
 #if defined(__x86_64__) || defined(_M_X64)
 /* The AVX-512 VNNI kernels (NULL entries: none); usable when ds4n_cpu_has_vnni(). */
 extern const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS];
+extern const ds4n_sb_part_fn ds4n_sb_part_avx512[2]; /* Q4_K, Q6_K */
 void ds4n_xq_quantize_avx512(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
 #endif
 

@@ -207,16 +207,15 @@ DS4N_INLINE float finish16(__m512 acc) {
     return _mm_cvtss_f32(a);
 }
 
-DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0,
-                        float *y, int64_t ldy, const int T) {
+/* Groups [g0, g1) of row w against tokens t0 .. t0 + T - 1, into acc[T]. */
+DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
+                           int64_t g1, int64_t t0, __m512 *acc, const int T) {
     const int nl = xq->limbs - 1;
     const int64_t K = xq->K, nb = xq->nb, ng = nb / 8;
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     const int chains = T == 1 ? 4 : T < 4 ? 2 : 1;
     const __m512 third = _mm512_set1_ps(0x1p-7f);
-    __m512 acc[DS4N_SMALL_T];
-    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
+    for (int64_t g = g0; g < g1; g++) {
         __m512i W[8], m;
         float d, dmin;
         sb_weights(type, w + g * bb, W, &d, &dmin, &m);
@@ -238,11 +237,29 @@ DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, in
             }
         }
     }
+}
+
+DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0,
+                        float *y, int64_t ldy, const int T) {
+    __m512 acc[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    sb_groups(type, w, xq, 0, xq->nb / 8, t0, acc, T);
     for (int t = 0; t < T; t++) y[t * ldy] = finish16(acc[t]);
+}
+
+/* The prefill tile's step (ds4n_sb_part_fn): the accumulators carried in memory. */
+DS4N_INLINE void sb_part(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
+                         int64_t g1, int64_t t0, float *accmem, const int T) {
+    __m512 acc[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_load_ps(accmem + 16 * t);
+    sb_groups(type, w, xq, g0, g1, t0, acc, T);
+    for (int t = 0; t < T; t++) _mm512_store_ps(accmem + 16 * t, acc[t]);
 }
 
 #define SB_CASE(T_, type)                                                                      \
     case T_: sb_row(type, w, xq, t0, y, ldy, T_); break;
+#define SB_PART_CASE(T_, type)                                                                 \
+    case T_: sb_part(type, w, xq, g0, g1, t0, acc, T_); break;
 #define SB_KERNEL(name, type)                                                                  \
     static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
                            int64_t ldy) {                                                      \
@@ -251,9 +268,20 @@ DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, in
             SB_CASE(5, type) SB_CASE(6, type) SB_CASE(7, type)                                 \
         default: sb_row(type, w, xq, t0, y, ldy, 8); break;                                    \
         }                                                                                      \
+    }                                                                                          \
+    static void part_##name(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,  \
+                            int64_t t0, int T, float *acc) {                                   \
+        switch (T) {                                                                           \
+            SB_PART_CASE(1, type) SB_PART_CASE(2, type) SB_PART_CASE(3, type)                  \
+            SB_PART_CASE(4, type) SB_PART_CASE(5, type) SB_PART_CASE(6, type)                  \
+            SB_PART_CASE(7, type)                                                              \
+        default: sb_part(type, w, xq, g0, g1, t0, acc, 8); break;                              \
+        }                                                                                      \
     }
 SB_KERNEL(q4_K, DS4N_Q4_K)
 SB_KERNEL(q6_K, DS4N_Q6_K)
+
+const ds4n_sb_part_fn ds4n_sb_part_avx512[2] = {part_q4_K, part_q6_K};
 
 #define INT_CASE(T_, type)                                                                     \
     case T_: int_row(type, w, xq, t0, y, ldy, T_); break;
