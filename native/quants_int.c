@@ -10,7 +10,7 @@ static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T) {
     const int64_t nb = K / QK;
     if (sb) /* a, xs per group, asum */
-        return (size_t)(align64(T * (limbs - 1) * K * 2) + align64(T * (nb / 8) * 4) +
+        return (size_t)(align64(T * (limbs - 1) * (K + DS4N_SB_PAD) * 2) + align64(T * (nb / 8) * 4) +
                         align64(T * (limbs - 1) * nb * 4));
     return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4));
 }
@@ -22,7 +22,8 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, i
     xq->limbs = limbs, xq->sb = sb, xq->K = K, xq->nb = nb, xq->T = T;
     if (sb) {
         xq->a = (int16_t *)p;
-        p += align64(T * (limbs - 1) * K * 2);
+        xq->lda = K + DS4N_SB_PAD;
+        p += align64(T * (limbs - 1) * xq->lda * 2);
         xq->xs = (float *)p;
         p += align64(T * (nb / 8) * 4);
         xq->asum = (int32_t *)p;

@@ -52,7 +52,8 @@ struct ds4n_xq {
                   * sb = 1: [t*ng + g], 2^e, the unit of a, per group g of 256 values */
     float *bsum; /* [t*nb + b]: Σ over the block of l0·2^7 + l1 + l2·2^-7, rounded once */
     /* sb = 1 */
-    int16_t *a;    /* limb k (k < limbs - 1) of token t: a + (t*(limbs-1) + k)*K */
+    int16_t *a;    /* limb k (k < limbs - 1) of token t: a + (t*(limbs-1) + k)*lda */
+    int64_t lda;   /* K + DS4N_SB_PAD: rows 4 KB apart would share L1 sets */
     int32_t *asum; /* [((t*(limbs-1) + k)*nb + b]: Σ of limb k over block b (32 values) */
 };
 
@@ -62,6 +63,7 @@ size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T);
 void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, int64_t T);
 /* Splits tokens [t0, t1) of X (row stride K) into xq, in xq's format. */
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+#define DS4N_SB_PAD 32 /* int16 values between super-block format rows */
 /* 1 when type's integer kernel takes the super-block format. */
 static inline int ds4n_int_type_sb(int type) { return type == DS4N_Q4_K || type == DS4N_Q6_K; }
 
@@ -189,8 +191,8 @@ static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int
             for (int64_t t = t0; t < t1; t++)                                                  \
                 for (int64_t g = 0; g < ng; g++)                                               \
                     sb_group(X + t * xq->K + g * DS4N_INT_GROUP, L,                            \
-                                           xq->a + t * (L - 1) * xq->K + g * DS4N_INT_GROUP,   \
-                                           xq->K, xq->xs + t * ng + g,                         \
+                                           xq->a + t * (L - 1) * xq->lda + g * DS4N_INT_GROUP, \
+                                           xq->lda, xq->xs + t * ng + g,                       \
                                            xq->asum + t * (L - 1) * xq->nb + 8 * g, xq->nb);   \
             return;                                                                            \
         }                                                                                      \
@@ -360,7 +362,7 @@ static inline void ds4n_sb_group_ref(int type, const struct ds4n_sb_weights *u,
     const float xs = xq->xs[t * (xq->nb / 8) + g];
     float f[16];
     for (int k = 0; k < nl; k++) {
-        const int16_t *a = xq->a + (t * nl + k) * xq->K + g * DS4N_INT_GROUP;
+        const int16_t *a = xq->a + (t * nl + k) * xq->lda + g * DS4N_INT_GROUP;
         for (int l = 0; l < 16; l++) {
             int32_t A = 0;
             for (int i = 0; i < 8; i++)
