@@ -141,7 +141,8 @@ static inline void ds4n_int_quantize_block(const float *x, int L, int8_t *q, int
  * Per 256 values and token: 8 integer dot-product instructions against one conversion and
  * one FMA (two with Q4_K's mins); the block format needs four of each. */
 
-/* Group g (256 values at x) of a token: limb k at a + k·K, its block sums at asum + k·nb. */
+/* Group g (256 values at x) of a token: limb k at a + k·K (K: the row stride, xq->lda), its
+ * block sums at asum + k·nb. */
 static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int64_t K,
                                           float *xs, int32_t *asum, int64_t nb) {
     float amax = 0.0f;

@@ -211,7 +211,7 @@ DS4N_INLINE float finish16(__m512 acc) {
 DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
                            int64_t g1, int64_t t0, __m512 *acc, const int T) {
     const int nl = xq->limbs - 1;
-    const int64_t K = xq->K, nb = xq->nb, ng = nb / 8;
+    const int64_t nb = xq->nb, ng = nb / 8;
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     const int chains = T == 1 ? 4 : T < 4 ? 2 : 1;
     const __m512 third = _mm512_set1_ps(0x1p-7f);
@@ -222,9 +222,9 @@ DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq,
         for (int t = 0; t < T; t++) {
             const int64_t tt = t0 + t;
             const float xs = xq->xs[tt * ng + g];
-            const int16_t *a = xq->a + tt * nl * K + g * DS4N_INT_GROUP;
+            const int16_t *a = xq->a + tt * nl * xq->lda + g * DS4N_INT_GROUP;
             __m512 f = _mm512_cvtepi32_ps(sb_dot(W, a, chains));
-            if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + K, chains)), third, f);
+            if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + xq->lda, chains)), third, f);
             acc[t] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc[t]);
             if (type == DS4N_Q4_K) {
                 const int32_t *as = xq->asum + tt * nl * nb + 8 * g;
