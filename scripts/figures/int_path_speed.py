@@ -3,8 +3,8 @@ is shared: CPU time is far steadier than wall time there), best of N, interleave
 
     .venv/bin/python scripts/figures/int_path_speed.py kernels [Q4_K,Q6_K,...] [ROWSxK]  # matmuls,
                                                                           # 2048x2048 by default
-    .venv/bin/python scripts/figures/int_path_speed.py model [MODEL.gguf]        # 512-token prefill,
-                                                                          # 32 decode steps
+    .venv/bin/python scripts/figures/int_path_speed.py model [MODEL.gguf [exact,int2]]  # 512-token
+                                                                   # prefill, 32 decode steps
     .venv/bin/python scripts/figures/int_path_speed.py peak    # one core's measured MAC/s peaks
                                                                # (scripts/figures/mac_peak.c)
 """
@@ -50,9 +50,9 @@ def kernels(types: list[str], rows: int = 2048, K: int = 2048, rounds: int = 7) 
                 print(f"{qtype} T={T}: {cells}", flush=True)
 
 
-def model(path: str, rounds: int = 3) -> None:
-    engines = {p: Engine.open(path, threads=1, kv_type="f16", precision=p) for p in PRECISIONS}
-    best = {p: [0.0, 0.0] for p in PRECISIONS}
+def model(path: str, precisions: tuple[str, ...] = PRECISIONS, rounds: int = 3) -> None:
+    engines = {p: Engine.open(path, threads=1, kv_type="f16", precision=p) for p in precisions}
+    best = {p: [0.0, 0.0] for p in precisions}
     for _ in range(rounds):
         for p, e in engines.items():
             with e.new_session(1024) as s:
@@ -88,4 +88,5 @@ if __name__ == "__main__":
         types = sys.argv[2].split(",") if len(sys.argv) > 2 else ["Q4_K", "Q6_K", "Q8_0"]
         kernels(types, int(shape[0]), int(shape[1]))
     else:
-        model(sys.argv[2] if len(sys.argv) > 2 else str(default_model_path()))
+        path = sys.argv[2] if len(sys.argv) > 2 else str(default_model_path())
+        model(path, tuple(sys.argv[3].split(",")) if len(sys.argv) > 3 else PRECISIONS)
