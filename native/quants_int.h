@@ -64,6 +64,7 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, i
 /* Splits tokens [t0, t1) of X (row stride K) into xq, in xq's format. */
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
 #define DS4N_SB_PAD 32 /* int16 values between super-block format rows */
+#define DS4N_SB_AMAX 32767.0f /* the largest |a0| of the super-block format */
 /* 1 when type's integer kernel takes the super-block format. */
 static inline int ds4n_int_type_sb(int type) { return type == DS4N_Q4_K || type == DS4N_Q6_K; }
 
@@ -121,21 +122,21 @@ static inline void ds4n_int_quantize_block(const float *x, int L, int8_t *q, int
  * The K-quants keep integer sub-block scales under one float scale per 256 values, so their
  * activations get one power-of-two scale per 256 values too, and everything inside a
  * super-block stays integer (llama.cpp's Q4_K x Q8_K design, with wider activations):
- *  - a0 = rint(x / s), s = 2^e with amax / s in [2^13, 2^14) (amax: the group's largest |x|),
- *    so |a0| <= 2^14: the two limbs l0·2^7 + l1 of the block format in one int16 (int2,
- *    ~15 bits of the group's largest value). With three limbs a1 = rint((x/s - a0)·2^7),
- *    |a1| <= 64 (int3, ~22 bits). The bits are relative to the largest of 256 values, not of
- *    32: a group holding an outlier quantizes its other values more coarsely (measured in
- *    docs/integer-path.md).
+ *  - a0 = rint(x / s) clamped to ±(2^15 - 1), s = 2^e with amax / s in [2^14, 2^15) (amax:
+ *    the group's largest |x|): the whole int16 (int2, ~16 bits of the group's largest value;
+ *    the clamp moves only values within one unit of the top). With three limbs
+ *    a1 = rint((x/s - a0)·2^7), |a1| <= 128 (int3, ~23 bits). The bits are relative to the
+ *    largest of 256 values, not of 32: a group holding an outlier quantizes its other values
+ *    more coarsely (measured in docs/integer-path.md); the 16th bit pays for part of that.
  *  - weights w = code·scale as int16: Q4_K the nibble (0..15) times the 6-bit sub-block scale,
  *    |w| <= 945; Q6_K (q - 32) in -32..31 times the int8 16-group scale, |w| <= 4096;
  *  - a group is 8 vectors of 32 values; lane l (0..15) sums values 32i + 2l and 32i + 2l + 1
- *    over i < 8 in int32: A_k[l] = Σ w·a_k over 16 values. Bounds: Q4_K 16·945·2^14 < 2^28,
- *    Q6_K 16·4096·2^14 = 2^30, both below 2^31 (limb 1 is 2^7 times smaller), so no order
- *    of the integer additions can overflow and every order gives the same A;
+ *    over i < 8 in int32: A_k[l] = Σ w·a_k over 16 values. Bounds: Q4_K 16·945·32767 < 2^29,
+ *    Q6_K 16·4096·32767 = 2^31 - 65536 (the clamp keeps it below 2^31; limb 1 is 2^8 times
+ *    smaller), so no order of the integer additions can overflow, every order gives the same A;
  *  - f = (float)A_0[l]; with three limbs f = fmaf((float)A_1[l], 2^-7, f);
  *    acc[l] = fmaf(f, d·s, acc[l]), d the super-block's f16 scale, d·s rounded once;
- *  - Q4_K's mins, for sub-block j < 8: M_k = m_j·asum_k[j] (|M| <= 63·32·2^14 < 2^25),
+ *  - Q4_K's mins, for sub-block j < 8: M_k = m_j·asum_k[j] (|M| <= 63·32·32767 < 2^26),
  *    g = (float)M_0 (three limbs: fmaf((float)M_1, 2^-7, g)), acc[j] = fmaf(-g, dmin·s, acc[j]);
  *  - y = tree(acc[0..16)) as ds4n_int_finish's.
  * Per 256 values and token: 8 integer dot-product instructions against one conversion and
@@ -163,22 +164,23 @@ static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int
     uint32_t bits;
     memcpy(&bits, &amax, 4);
     const int E = (int)(bits >> 23) - 127; /* amax in [2^E, 2^(E+1)), E in -100 .. 127 */
-    const float inv = ds4n_pow2f(13 - E);  /* amax·inv in [2^13, 2^14): exact */
+    const float inv = ds4n_pow2f(14 - E);  /* amax·inv in [2^14, 2^15): exact */
     for (int b = 0; b < 8; b++) {
         int32_t S[2] = {0, 0};
         for (int j = 32 * b; j < 32 * b + 32; j++) {
-            const float v = x[j] * inv, l = ds4n_round_small(v);
+            const float v = x[j] * inv;
+            const float l = fminf(fmaxf(ds4n_round_small(v), -DS4N_SB_AMAX), DS4N_SB_AMAX);
             a[j] = (int16_t)l;
             S[0] += (int32_t)l;
             if (L == 3) {
-                const float l1 = ds4n_round_small((v - l) * 128.0f); /* exact: |v - l| <= 1/2 */
+                const float l1 = ds4n_round_small((v - l) * 128.0f); /* exact: |v - l| <= 1 */
                 a[K + j] = (int16_t)l1;
                 S[1] += (int32_t)l1;
             }
         }
         for (int k = 0; k < L - 1; k++) asum[k * nb + b] = S[k];
     }
-    *xs = ds4n_pow2f(E - 13);
+    *xs = ds4n_pow2f(E - 14);
 }
 
 /* A quantizer over ds4n_int_quantize_block and sb_group (ds4n_sb_quantize_group or a SIMD

@@ -322,14 +322,17 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
     uint32_t bits;
     memcpy(&bits, &amax, 4);
     const int E = (int)(bits >> 23) - 127;
-    const __m512 inv = _mm512_set1_ps(ds4n_pow2f(13 - E));
+    const __m512 inv = _mm512_set1_ps(ds4n_pow2f(14 - E));
+    const __m512 top = _mm512_set1_ps(DS4N_SB_AMAX);
 #define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
     for (int b = 0; b < 8; b++) {
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int h = 0; h < 2; h++) {
             const int j = 32 * b + 16 * h;
             const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), inv);
-            const __m512 l = _mm512_roundscale_ps(v, RN);
+            const __m512 l = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, RN),
+                                                          _mm512_sub_ps(_mm512_setzero_ps(), top)),
+                                           top);
             const __m512i li = _mm512_cvtps_epi32(l);
             _mm256_storeu_si256((__m256i *)(a + j), _mm512_cvtepi32_epi16(li));
             s0 = _mm512_add_epi32(s0, li);
@@ -343,7 +346,7 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
         asum[b] = _mm512_reduce_add_epi32(s0);
         if (L == 3) asum[nb + b] = _mm512_reduce_add_epi32(s1);
     }
-    *xs = ds4n_pow2f(E - 13);
+    *xs = ds4n_pow2f(E - 14);
 #undef RN
 }
 
