@@ -243,14 +243,12 @@ static void sb_tiles(const struct matmul_job *m, const struct ds4n_xq *xq, int64
         const uint8_t *W = (const uint8_t *)m->W + rp * row_bytes;
         for (int64_t t = 0; t < tc; t += DS4N_SMALL_T) {
             const int nt = tc - t < DS4N_SMALL_T ? (int)(tc - t) : DS4N_SMALL_T;
-            memset(acc, 0, sizeof acc);
             for (int64_t g0 = 0; g0 < ng; g0 += INT_SLICE_G) {
                 const int64_t g1 = ng - g0 < INT_SLICE_G ? ng : g0 + INT_SLICE_G;
-                for (int64_t i = 0; i < nr; i++) part(W + i * row_bytes, xq, g0, g1, t, nt, acc[i]);
+                for (int64_t i = 0; i < nr; i++) /* the last slice writes y */
+                    part(W + i * row_bytes, xq, g0, g1, t, nt, acc[i],
+                         g1 == ng ? Y + t * m->rows + rp + i : NULL, m->rows);
             }
-            for (int64_t i = 0; i < nr; i++)
-                for (int j = 0; j < nt; j++)
-                    Y[(t + j) * m->rows + rp + i] = ds4n_sb_finish(acc[i] + 16 * j);
         }
     }
 }

@@ -56,31 +56,33 @@ static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64
     for (int t = 0; t < T; t++) y[t * ldy] = ds4n_int_finish(acc[t], accm[t]);
 }
 
-/* The super-block format's reference (Q4_K, Q6_K): groups [g0, g1), into acc[t*16 ..]. */
+/* The super-block format's reference (Q4_K, Q6_K): ds4n_sb_part_fn. */
 static void sb_part_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t g0,
-                        int64_t g1, int64_t t0, int T, float *acc) {
+                        int64_t g1, int64_t t0, int T, float *acc, float *y, int64_t ldy) {
     struct ds4n_sb_weights u;
     const int64_t bb = type == DS4N_Q4_K ? sizeof(block_q4_K) : sizeof(block_q6_K);
+    if (g0 == 0) memset(acc, 0, sizeof(float) * 16 * (size_t)T);
     for (int64_t g = g0; g < g1; g++) {
         ds4n_sb_unpack(type, (const uint8_t *)w + g * bb, &u);
         for (int t = 0; t < T; t++) ds4n_sb_group_ref(type, &u, xq, t0 + t, g, acc + 16 * t);
     }
+    if (y)
+        for (int t = 0; t < T; t++) y[t * ldy] = ds4n_sb_finish(acc + 16 * t);
 }
 
 static void sb_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t t0, int T,
                        float *y, int64_t ldy) {
-    float acc[DS4N_SMALL_T * 16] = {0};
-    sb_part_ref(type, w, xq, 0, xq->nb / 8, t0, T, acc);
-    for (int t = 0; t < T; t++) y[t * ldy] = ds4n_sb_finish(acc + 16 * t);
+    float acc[DS4N_SMALL_T * 16];
+    sb_part_ref(type, w, xq, 0, xq->nb / 8, t0, T, acc, y, ldy);
 }
 
 static void part_ref_q4_K(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
-                          int64_t t0, int T, float *acc) {
-    sb_part_ref(DS4N_Q4_K, w, xq, g0, g1, t0, T, acc);
+                          int64_t t0, int T, float *acc, float *y, int64_t ldy) {
+    sb_part_ref(DS4N_Q4_K, w, xq, g0, g1, t0, T, acc, y, ldy);
 }
 static void part_ref_q6_K(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
-                          int64_t t0, int T, float *acc) {
-    sb_part_ref(DS4N_Q6_K, w, xq, g0, g1, t0, T, acc);
+                          int64_t t0, int T, float *acc, float *y, int64_t ldy) {
+    sb_part_ref(DS4N_Q6_K, w, xq, g0, g1, t0, T, acc, y, ldy);
 }
 
 #define DS4N_INT_REF(name, T_)                                                                  \

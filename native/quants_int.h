@@ -214,11 +214,11 @@ typedef void (*ds4n_int_fn)(const void *w, const struct ds4n_xq *xq, int64_t t0,
  * float path then serves it). */
 ds4n_int_fn ds4n_active_int_kernel(int type);
 /* The super-block types' prefill step: groups [g0, g1) of one row against tokens [t0, t0 + T)
- * (T in 1..DS4N_SMALL_T), added into acc (T × 16 floats, 64-byte aligned, zero at g0 = 0);
- * ds4n_sb_finish(acc + 16t) after the last group is then bitwise the kernel's y. It lets
- * prefill walk K in slices that keep a tile's activations in L1. */
+ * (T in 1..DS4N_SMALL_T), carried in acc (T × 16 floats, 64-byte aligned; not read when
+ * g0 = 0). With y, the last step: y[t*ldy] is then bitwise the kernel's, and acc is not
+ * written. It lets prefill walk K in slices that keep a tile's activations in L1. */
 typedef void (*ds4n_sb_part_fn)(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
-                                int64_t t0, int T, float *acc);
+                                int64_t t0, int T, float *acc, float *y, int64_t ldy);
 ds4n_sb_part_fn ds4n_active_sb_part(int type); /* Q4_K or Q6_K */
 void ds4n_int_select(int level); /* called by ds4n_set_simd */
 

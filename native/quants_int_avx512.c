@@ -249,17 +249,22 @@ DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, in
 
 /* The prefill tile's step (ds4n_sb_part_fn): the accumulators carried in memory. */
 DS4N_INLINE void sb_part(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
-                         int64_t g1, int64_t t0, float *accmem, const int T) {
+                         int64_t g1, int64_t t0, float *accmem, float *y, int64_t ldy,
+                         const int T) {
     __m512 acc[DS4N_SMALL_T];
-    for (int t = 0; t < T; t++) acc[t] = _mm512_load_ps(accmem + 16 * t);
+    for (int t = 0; t < T; t++)
+        acc[t] = g0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(accmem + 16 * t);
     sb_groups(type, w, xq, g0, g1, t0, acc, T);
-    for (int t = 0; t < T; t++) _mm512_store_ps(accmem + 16 * t, acc[t]);
+    if (y)
+        for (int t = 0; t < T; t++) y[t * ldy] = finish16(acc[t]);
+    else
+        for (int t = 0; t < T; t++) _mm512_store_ps(accmem + 16 * t, acc[t]);
 }
 
 #define SB_CASE(T_, type)                                                                      \
     case T_: sb_row(type, w, xq, t0, y, ldy, T_); break;
 #define SB_PART_CASE(T_, type)                                                                 \
-    case T_: sb_part(type, w, xq, g0, g1, t0, acc, T_); break;
+    case T_: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, T_); break;
 #define SB_KERNEL(name, type)                                                                  \
     static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
                            int64_t ldy) {                                                      \
@@ -270,12 +275,12 @@ DS4N_INLINE void sb_part(int type, const uint8_t *w, const struct ds4n_xq *xq, i
         }                                                                                      \
     }                                                                                          \
     static void part_##name(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,  \
-                            int64_t t0, int T, float *acc) {                                   \
+                            int64_t t0, int T, float *acc, float *y, int64_t ldy) {            \
         switch (T) {                                                                           \
             SB_PART_CASE(1, type) SB_PART_CASE(2, type) SB_PART_CASE(3, type)                  \
             SB_PART_CASE(4, type) SB_PART_CASE(5, type) SB_PART_CASE(6, type)                  \
             SB_PART_CASE(7, type)                                                              \
-        default: sb_part(type, w, xq, g0, g1, t0, acc, 8); break;                              \
+        default: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, 8); break;                      \
         }                                                                                      \
     }
 SB_KERNEL(q4_K, DS4N_Q4_K)
