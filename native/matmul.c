@@ -188,7 +188,12 @@ static void gemm_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
 
 #define INT_CHUNK 64 /* tokens quantized at a time: their limbs stay in L2 for every row */
 #ifndef INT_TILE_T
-#define INT_TILE_T 4 /* tokens per prefill kernel call: more spill the accumulators */
+#define INT_TILE_T 4 /* tokens per prefill kernel call, block format: more spill the accumulators */
+#endif
+#ifndef INT_SLICE_G
+/* Super-blocks per K slice of a super-block prefill tile: DS4N_SMALL_T tokens' 1024 int16
+ * activations (16 KB) and PANEL_ROWS rows' codes (9 KB Q4_K) stay in L1 across the slice. */
+#define INT_SLICE_G 4
 #endif
 
 /* This thread's buffer for quantized activations, grown on demand, freed at thread exit. */
@@ -221,6 +226,33 @@ static void *scratch(size_t bytes) {
     return s->p;
 }
 
+/* Prefill of the super-block types (Q4_K, Q6_K): tiles of PANEL_ROWS rows x DS4N_SMALL_T
+ * tokens, each walked over K in slices of INT_SLICE_G super-blocks so that the slice's
+ * activations and codes stay in L1 while every row of the panel passes over them; each
+ * row's codes are unpacked once per slice for all the tile's tokens. The accumulators carry
+ * across slices (ds4n_sb_part_fn), so every y is bitwise the one-call kernel's. */
+static void sb_tiles(const struct matmul_job *m, const struct ds4n_xq *xq, int64_t tc,
+                     int64_t r0, int64_t r1, float *Y) {
+    const ds4n_sb_part_fn part = ds4n_active_sb_part(m->type);
+    const int64_t ng = m->K / DS4N_INT_GROUP;
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    _Alignas(64) float acc[PANEL_ROWS][DS4N_SMALL_T * 16];
+    for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
+        const int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
+        const uint8_t *W = (const uint8_t *)m->W + rp * row_bytes;
+        for (int64_t t = 0; t < tc; t += DS4N_SMALL_T) {
+            const int nt = tc - t < DS4N_SMALL_T ? (int)(tc - t) : DS4N_SMALL_T;
+            for (int64_t g0 = 0; g0 < ng; g0 += INT_SLICE_G) {
+                const int64_t g1 = ng - g0 < INT_SLICE_G ? ng : g0 + INT_SLICE_G;
+                for (int64_t i = 0; i < nr; i++) /* the last slice writes y */
+                    part(W + i * row_bytes, xq, g0, g1, t, nt, acc[i],
+                         g1 == ng ? Y + t * m->rows + rp + i : NULL, m->rows);
+            }
+        }
+    }
+}
+
 /* Rows [r0, r1) on the integer path: 1 when it ran, 0 when it cannot (no buffer) and the float
  * path must. Each worker splits the activations itself (a few microseconds next to its rows).
  * Up to DS4N_SMALL_T tokens (decode, batched decode): rows from DS4N_MV_ROWS runs in turn with
@@ -232,13 +264,14 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     const int64_t chunk = m->T < INT_CHUNK ? m->T : INT_CHUNK;
-    void *buf = scratch(ds4n_xq_bytes(limbs, m->K, chunk));
+    const int sb = ds4n_int_type_sb(m->type);
+    void *buf = scratch(ds4n_xq_bytes(limbs, sb, m->K, chunk));
     if (!buf) return 0;
     const uint8_t *W = m->W;
     struct ds4n_xq xq;
     for (int64_t t0 = 0; t0 < m->T; t0 += chunk) {
         const int64_t tc = m->T - t0 < chunk ? m->T - t0 : chunk;
-        ds4n_xq_init(&xq, buf, limbs, m->K, tc);
+        ds4n_xq_init(&xq, buf, limbs, sb, m->K, tc);
         ds4n_xq_quantize(&xq, m->X + t0 * m->K, 0, tc);
         float *Y = m->Y + t0 * m->rows;
         if (tc <= DS4N_SMALL_T) {
@@ -252,6 +285,10 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
                 }
             for (int64_t r = r0 + streams * len; r < r1; r++)
                 kern(W + r * row_bytes, &xq, 0, (int)tc, Y + r, m->rows);
+            continue;
+        }
+        if (sb) {
+            sb_tiles(m, &xq, tc, r0, r1, Y);
             continue;
         }
         for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
@@ -269,7 +306,7 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
 /* The integer kernel for this call, or NULL (exact precision, or no kernel for the type). */
 static ds4n_int_fn int_kernel(const struct matmul_job *m, int *limbs) {
     *limbs = ds4n_thread_limbs();
-    if (!*limbs || m->K % QK != 0) return NULL;
+    if (!*limbs || m->K % (ds4n_int_type_sb(m->type) ? DS4N_INT_GROUP : QK) != 0) return NULL;
     return ds4n_active_int_kernel(m->type);
 }
 

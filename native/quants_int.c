@@ -7,25 +7,36 @@ static quantize_fn active_quantize;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
-size_t ds4n_xq_bytes(int limbs, int64_t K, int64_t T) {
+size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T) {
     const int64_t nb = K / QK;
-    return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4) + align64(T * 2 * nb * 4));
+    if (sb) /* a, xs per group, asum */
+        return (size_t)(align64(T * (limbs - 1) * (K + DS4N_SB_PAD) * 2) + align64(T * (nb / 8) * 4) +
+                        align64(T * (limbs - 1) * nb * 4));
+    return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4));
 }
 
-void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int64_t K, int64_t T) {
+void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, int64_t T) {
     const int64_t nb = K / QK;
     uint8_t *p = buf;
-    xq->limbs = limbs, xq->K = K, xq->nb = nb, xq->T = T;
+    memset(xq, 0, sizeof *xq);
+    xq->limbs = limbs, xq->sb = sb, xq->K = K, xq->nb = nb, xq->T = T;
+    if (sb) {
+        xq->a = (int16_t *)p;
+        xq->lda = K + DS4N_SB_PAD;
+        p += align64(T * (limbs - 1) * xq->lda * 2);
+        xq->xs = (float *)p;
+        p += align64(T * (nb / 8) * 4);
+        xq->asum = (int32_t *)p;
+        return;
+    }
     xq->q = (int8_t *)p;
     p += align64(T * limbs * K);
     xq->xs = (float *)p;
     p += align64(T * nb * 4);
     xq->bsum = (float *)p;
-    p += align64(T * nb * 4);
-    xq->hsum = (float *)p;
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar, ds4n_sb_quantize_group)
 
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
     active_quantize(xq, X, t0, t1);
@@ -45,6 +56,35 @@ static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64
     for (int t = 0; t < T; t++) y[t * ldy] = ds4n_int_finish(acc[t], accm[t]);
 }
 
+/* The super-block format's reference (Q4_K, Q6_K): ds4n_sb_part_fn. */
+static void sb_part_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t g0,
+                        int64_t g1, int64_t t0, int T, float *acc, float *y, int64_t ldy) {
+    struct ds4n_sb_weights u;
+    const int64_t bb = type == DS4N_Q4_K ? sizeof(block_q4_K) : sizeof(block_q6_K);
+    if (g0 == 0) memset(acc, 0, sizeof(float) * 16 * (size_t)T);
+    for (int64_t g = g0; g < g1; g++) {
+        ds4n_sb_unpack(type, (const uint8_t *)w + g * bb, &u);
+        for (int t = 0; t < T; t++) ds4n_sb_group_ref(type, &u, xq, t0 + t, g, acc + 16 * t);
+    }
+    if (y)
+        for (int t = 0; t < T; t++) y[t * ldy] = ds4n_sb_finish(acc + 16 * t);
+}
+
+static void sb_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64_t t0, int T,
+                       float *y, int64_t ldy) {
+    float acc[DS4N_SMALL_T * 16];
+    sb_part_ref(type, w, xq, 0, xq->nb / 8, t0, T, acc, y, ldy);
+}
+
+static void part_ref_q4_K(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
+                          int64_t t0, int T, float *acc, float *y, int64_t ldy) {
+    sb_part_ref(DS4N_Q4_K, w, xq, g0, g1, t0, T, acc, y, ldy);
+}
+static void part_ref_q6_K(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
+                          int64_t t0, int T, float *acc, float *y, int64_t ldy) {
+    sb_part_ref(DS4N_Q6_K, w, xq, g0, g1, t0, T, acc, y, ldy);
+}
+
 #define DS4N_INT_REF(name, T_)                                                                  \
     static void int_ref_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T,    \
                                float *y, int64_t ldy) {                                         \
@@ -53,8 +93,14 @@ static void int_row_ref(int type, const void *w, const struct ds4n_xq *xq, int64
 DS4N_INT_REF(q8_0, DS4N_Q8_0)
 DS4N_INT_REF(q4_0, DS4N_Q4_0)
 DS4N_INT_REF(q4_1, DS4N_Q4_1)
-DS4N_INT_REF(q4_K, DS4N_Q4_K)
-DS4N_INT_REF(q6_K, DS4N_Q6_K)
+static void int_ref_q4_K(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y,
+                         int64_t ldy) {
+    sb_row_ref(DS4N_Q4_K, w, xq, t0, T, y, ldy);
+}
+static void int_ref_q6_K(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y,
+                         int64_t ldy) {
+    sb_row_ref(DS4N_Q6_K, w, xq, t0, T, y, ldy);
+}
 
 static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
     [DS4N_Q8_0] = int_ref_q8_0,
@@ -67,6 +113,7 @@ static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
 /* ---- selection ----------------------------------------------------------------------------- */
 
 static ds4n_int_fn active_int[DS4N_TYPE_SLOTS];
+static ds4n_sb_part_fn active_sb_part[2]; /* Q4_K, Q6_K */
 
 #if defined(__x86_64__) || defined(_M_X64)
 static int cpu_has_vnni(void) {
@@ -86,7 +133,14 @@ void ds4n_int_select(int level) {
     /* Levels without kernels of their own run the scalar ones: slower, bitwise the same. */
     for (int t = 0; t < DS4N_TYPE_SLOTS; t++)
         active_int[t] = own && own[t] ? own[t] : int_scalar[t];
+    active_sb_part[0] = part_ref_q4_K;
+    active_sb_part[1] = part_ref_q6_K;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (own) memcpy(active_sb_part, ds4n_sb_part_avx512, sizeof active_sb_part);
+#endif
 }
+
+ds4n_sb_part_fn ds4n_active_sb_part(int type) { return active_sb_part[type == DS4N_Q6_K]; }
 
 ds4n_int_fn ds4n_active_int_kernel(int type) {
     return type >= 0 && type < DS4N_TYPE_SLOTS ? active_int[type] : NULL;

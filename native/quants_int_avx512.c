@@ -23,8 +23,7 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i, int one) {
         const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
         return _mm512_xor_si512(z, _mm512_set1_epi8((char)0x80)); /* w + 128 */
     }
-    case DS4N_Q4_0:
-    case DS4N_Q4_1: {
+    default: { /* DS4N_Q4_0, DS4N_Q4_1 */
         const int64_t bb = type == DS4N_Q4_0 ? sizeof(block_q4_0) : sizeof(block_q4_1);
         const uint8_t *p = grp + 2 * i * bb + (type == DS4N_Q4_0 ? 2 : 4); /* the qs */
         const __m256i a = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)p));
@@ -34,30 +33,12 @@ DS4N_INLINE __m512i pair_codes(int type, const uint8_t *grp, int i, int one) {
         /* 128-bit lanes: low nibbles of each block, then its high nibbles */
         return _mm512_and_si512(_mm512_mask_blend_epi64(0xcc, z, _mm512_srli_epi16(z, 4)), nib);
     }
-    case DS4N_Q4_K: {
-        const block_q4_K *p = (const block_q4_K *)grp;
-        const __m256i q = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * i));
-        const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(q), _mm256_srli_epi16(q, 4), 1);
-        return _mm512_and_si512(z, nib);
-    }
-    default: { /* DS4N_Q6_K: pair i is 32-groups (0,1) or (2,3) of half i/2 */
-        const block_q6_K *p = (const block_q6_K *)grp;
-        const __m512i ql = _mm512_loadu_si512(p->ql + 64 * (i / 2));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * (i / 2)));
-        const __m512i zq = _mm512_inserti64x4(_mm512_castsi256_si512(qh), _mm256_srli_epi16(qh, 2), 1);
-        const __m512i hi2 = _mm512_set1_epi8(0x30);
-        if (i % 2 == 0)
-            return _mm512_or_si512(_mm512_and_si512(ql, nib),
-                                   _mm512_and_si512(_mm512_slli_epi16(zq, 4), hi2));
-        return _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), nib),
-                               _mm512_and_si512(zq, hi2));
-    }
     }
 }
 
 /* ws and mb of a group of n blocks, as ds4n_int_scales computes them (the same products,
- * rounded once each), in vectors: 8 slots (16 for Q6_K's 16-groups), zero past n. */
-DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, __m512 *mb) {
+ * rounded once each), in vectors: 8 slots, zero past n. */
+DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m256 *ws, __m256 *mb) {
     switch (type) {
     case DS4N_Q4_1: {
         /* d and m of each block in one 32-bit gather (blocks past n: zero) */
@@ -65,14 +46,12 @@ DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, _
             _mm256_setzero_si256(), (__mmask8)((1u << n) - 1),
             _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(20)),
             grp, 1);
-        *ws = _mm512_castps256_ps512(_mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm)));
-        *mb = _mm512_castps256_ps512(_mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
-                                                   _mm256_cvtph_ps(_mm256_cvtepi32_epi16(
-                                                       _mm256_srli_epi32(dm, 16)))));
+        *ws = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(dm));
+        *mb = _mm256_xor_ps(_mm256_set1_ps(-0.0f), /* exactly -m */
+                            _mm256_cvtph_ps(_mm256_cvtepi32_epi16(_mm256_srli_epi32(dm, 16))));
         break;
     }
-    case DS4N_Q8_0:
-    case DS4N_Q4_0: {
+    default: { /* DS4N_Q8_0, DS4N_Q4_0 */
         const int bb = type == DS4N_Q8_0 ? (int)sizeof(block_q8_0) : (int)sizeof(block_q4_0);
         /* d (and the next 2 bytes) of each block in one gather: loads, no store forwarding */
         const __m256i d = _mm256_mmask_i32gather_epi32(
@@ -80,29 +59,8 @@ DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, __m512 *ws, _
             _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bb)),
             grp, 1);
         const __m256 w = _mm256_cvtph_ps(_mm256_cvtepi32_epi16(d));
-        *ws = _mm512_castps256_ps512(w);
-        *mb = _mm512_castps256_ps512(_mm256_mul_ps(w, _mm256_set1_ps(type == DS4N_Q8_0 ? 128.0f : 8.0f)));
-        break;
-    }
-    case DS4N_Q4_K: {
-        const block_q4_K *p = (const block_q4_K *)grp;
-        uint32_t a, b, c;
-        memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
-        /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
-        const uint32_t sc_hi = (c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4;
-        const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4;
-        const __m128i sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3f));
-        const __m128i m = _mm_set_epi32(0, 0, (int)m_hi, (int)(b & 0x3f3f3f3f));
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(p->d)), dmin = _mm256_set1_ps(_cvtsh_ss(p->dmin));
-        *ws = _mm512_castps256_ps512(_mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc))));
-        *mb = _mm512_castps256_ps512(_mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m))));
-        break;
-    }
-    default: { /* DS4N_Q6_K */
-        const block_q6_K *p = (const block_q6_K *)grp;
-        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p->scales));
-        *ws = _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(p->d)), _mm512_cvtepi32_ps(sc));
-        *mb = _mm512_mul_ps(*ws, _mm512_set1_ps(32.0f));
+        *ws = w;
+        *mb = _mm256_mul_ps(w, _mm256_set1_ps(type == DS4N_Q8_0 ? 128.0f : 8.0f));
     }
     }
 }
@@ -123,16 +81,11 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
                          int64_t ldy, const int T) {
     const int L = xq->limbs;
     const int64_t K = xq->K, nb = xq->nb, gb = ds4n_int_group_bytes(type);
-    const int per16 = type == DS4N_Q6_K;
     __m512 acc[DS4N_SMALL_T];
     __m256 accm[DS4N_SMALL_T];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps(), accm[t] = _mm256_setzero_ps();
-    /* The scale slot of each lane: block 2i + l/8, or 16-group 4i + l/4 */
+    /* The scale slot of each lane: block 2i + l/8 */
     const __m512i slot8 = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-    const __m512i slot16 = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-    const __m512i even = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 14, 12, 10, 8, 6, 4, 2, 0);
-    const __m512i odd = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 15, 13, 11, 9, 7, 5, 3, 1);
     const __m512 third = _mm512_set1_ps(0x1p-7f);
     for (int64_t gi = 0; gi * 8 < nb; gi++) {
         const uint8_t *grp = w + gi * gb;
@@ -146,24 +99,16 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
         __m512i slot[4];
         for (int i = 0; i < pairs; i++) {
             c[i] = pair_codes(type, grp, i, 2 * i + 1 == n);
-            slot[i] = per16 ? _mm512_add_epi32(slot16, _mm512_set1_epi32(4 * i))
-                            : _mm512_add_epi32(slot8, _mm512_set1_epi32(2 * i));
+            slot[i] = _mm512_add_epi32(slot8, _mm512_set1_epi32(2 * i));
         }
-        __m512 ws16, mb16; /* (8 slots in the low half unless per16) */
-        group_scales(type, grp, n, &ws16, &mb16);
+        __m256 ws8, mb8;
+        group_scales(type, grp, n, &ws8, &mb8);
         for (int t = 0; t < T; t++) {
             const int64_t tt = t0 + t;
             const int8_t *q = xq->q + tt * L * K + gi * DS4N_INT_GROUP;
             const __m256 xs8 = _mm256_maskz_loadu_ps(blocks, xq->xs + tt * nb + gi * 8);
-            __m512 S, M;
-            if (per16) {
-                const __m512 xs16 = _mm512_permutexvar_ps(dup, _mm512_castps256_ps512(xs8));
-                S = _mm512_mul_ps(ws16, xs16);
-                M = _mm512_mul_ps(mb16, xs16);
-            } else {
-                S = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(ws16), xs8));
-                M = _mm512_castps256_ps512(_mm256_mul_ps(_mm512_castps512_ps256(mb16), xs8));
-            }
+            const __m512 S = _mm512_castps256_ps512(_mm256_mul_ps(ws8, xs8));
+            const __m256 M = _mm256_mul_ps(mb8, xs8);
             for (int i = 0; i < pairs; i++) {
                 const __mmask64 lq = i + 1 == pairs ? lastq : ~0ull;
                 const __m512i a0 = _mm512_maskz_loadu_epi8(lq, q + 64 * i);
@@ -179,23 +124,169 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
                 acc[t] = _mm512_mask3_fmadd_ps(f, _mm512_permutexvar_ps(slot[i], S), acc[t],
                                                i + 1 == pairs ? last : 0xffff);
             }
-            if (per16) {
-                const __m512 hs = _mm512_loadu_ps(xq->hsum + tt * 2 * nb + gi * 16);
-                accm[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(_mm512_permutexvar_ps(even, M)),
-                                          _mm512_castps512_ps256(_mm512_permutexvar_ps(even, hs)),
-                                          accm[t]);
-                accm[t] = _mm256_fmadd_ps(_mm512_castps512_ps256(_mm512_permutexvar_ps(odd, M)),
-                                          _mm512_castps512_ps256(_mm512_permutexvar_ps(odd, hs)),
-                                          accm[t]);
-            } else {
-                accm[t] = _mm256_mask3_fmadd_ps(
-                    _mm512_castps512_ps256(M),
-                    _mm256_maskz_loadu_ps(blocks, xq->bsum + tt * nb + gi * 8), accm[t], blocks);
-            }
+            accm[t] = _mm256_mask3_fmadd_ps(
+                M, _mm256_maskz_loadu_ps(blocks, xq->bsum + tt * nb + gi * 8), accm[t], blocks);
         }
     }
     for (int t = 0; t < T; t++) y[t * ldy] = finish(acc[t], accm[t]);
 }
+
+/* ---- the super-block format (Q4_K, Q6_K; quants_int.h) ---------------------------------- */
+
+/* A Q4_K or Q6_K super-block as 8 vectors of 32 int16 code·scale (vector i: values 32i ..
+ * 32i + 31), its d (and Q4_K's dmin), and Q4_K's mins in the low 8 int32 lanes of m. */
+DS4N_INLINE void sb_weights(int type, const uint8_t *blk, __m512i w[8], float *d, float *dmin,
+                            __m512i *m) {
+    if (type == DS4N_Q4_K) {
+        const block_q4_K *p = (const block_q4_K *)blk;
+        uint32_t a, b, c;
+        memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
+        /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
+        const uint64_t sc = (uint64_t)(a & 0x3f3f3f3f) |
+                            (uint64_t)((c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4) << 32;
+        const uint64_t mn = (uint64_t)(b & 0x3f3f3f3f) |
+                            (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4) << 32;
+        *d = _cvtsh_ss(p->d);
+        *dmin = _cvtsh_ss(p->dmin);
+        *m = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
+        const __m512i nib = _mm512_set1_epi16(0x0f);
+        for (int q = 0; q < 4; q++) {
+            const __m512i z = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(p->qs + 32 * q)));
+            w[2 * q] = _mm512_mullo_epi16(_mm512_and_si512(z, nib),
+                                          _mm512_set1_epi16((short)(sc >> (16 * q) & 0xff)));
+            w[2 * q + 1] = _mm512_mullo_epi16(_mm512_srli_epi16(z, 4),
+                                              _mm512_set1_epi16((short)(sc >> (16 * q + 8) & 0xff)));
+        }
+        return;
+    }
+    const block_q6_K *p = (const block_q6_K *)blk; /* DS4N_Q6_K */
+    *d = _cvtsh_ss(p->d);
+    *dmin = 0.0f;
+    *m = _mm512_setzero_si512();
+    /* the 16 scales as int16 in the low half; vector i takes 16-groups 2i and 2i + 1 */
+    const __m512i sc = _mm512_cvtepi8_epi16(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p->scales)));
+    const __m512i half = _mm512_set_epi16(1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m256i nib = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+    const __m512i bias = _mm512_set1_epi16(32);
+    for (int h = 0; h < 2; h++) {
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h));
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32));
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)),
+            _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, hi2)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
+                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)),
+        };
+        for (int r = 0; r < 4; r++) {
+            const int i = 4 * h + r;
+            const __m512i s = _mm512_permutexvar_epi16(_mm512_add_epi16(half, _mm512_set1_epi16((short)(2 * i))), sc);
+            w[i] = _mm512_mullo_epi16(_mm512_sub_epi16(_mm512_cvtepu8_epi16(q[r]), bias), s);
+        }
+    }
+}
+
+/* Σ over a group of w·a, lane for lane (int32, exact: quants_int.h bounds it), in `chains`
+ * independent sums (1 when several tokens already hide the dot products' latency). */
+DS4N_INLINE __m512i sb_dot(const __m512i w[8], const int16_t *a, const int chains) {
+    __m512i s[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                    _mm512_setzero_si512()};
+    for (int i = 0; i < 8; i++)
+        s[i % chains] = _mm512_dpwssd_epi32(s[i % chains], w[i], _mm512_loadu_si512(a + 32 * i));
+    if (chains == 4) s[0] = _mm512_add_epi32(s[0], s[2]), s[1] = _mm512_add_epi32(s[1], s[3]);
+    return chains > 1 ? _mm512_add_epi32(s[0], s[1]) : s[0];
+}
+
+DS4N_INLINE float finish16(__m512 acc) {
+    const __m256 a8 = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(a8), _mm256_extractf128_ps(a8, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+/* Groups [g0, g1) of row w against tokens t0 .. t0 + T - 1, into acc[T]. */
+DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
+                           int64_t g1, int64_t t0, __m512 *acc, const int T) {
+    const int nl = xq->limbs - 1;
+    const int64_t nb = xq->nb, ng = nb / 8;
+    const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
+    const int chains = T == 1 ? 4 : T < 4 ? 2 : 1;
+    const __m512 third = _mm512_set1_ps(0x1p-7f);
+    for (int64_t g = g0; g < g1; g++) {
+        __m512i W[8], m;
+        float d, dmin;
+        sb_weights(type, w + g * bb, W, &d, &dmin, &m);
+        for (int t = 0; t < T; t++) {
+            const int64_t tt = t0 + t;
+            const float xs = xq->xs[tt * ng + g];
+            const int16_t *a = xq->a + tt * nl * xq->lda + g * DS4N_INT_GROUP;
+            __m512 f = _mm512_cvtepi32_ps(sb_dot(W, a, chains));
+            if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + xq->lda, chains)), third, f);
+            acc[t] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc[t]);
+            if (type == DS4N_Q4_K) {
+                const int32_t *as = xq->asum + tt * nl * nb + 8 * g;
+                __m512 mm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(m, _mm512_maskz_loadu_epi32(0xff, as)));
+                if (nl == 2)
+                    mm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(
+                                             m, _mm512_maskz_loadu_epi32(0xff, as + nb))),
+                                         third, mm);
+                acc[t] = _mm512_mask3_fnmadd_ps(mm, _mm512_set1_ps(dmin * xs), acc[t], 0x00ff);
+            }
+        }
+    }
+}
+
+DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0,
+                        float *y, int64_t ldy, const int T) {
+    __m512 acc[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
+    sb_groups(type, w, xq, 0, xq->nb / 8, t0, acc, T);
+    for (int t = 0; t < T; t++) y[t * ldy] = finish16(acc[t]);
+}
+
+/* The prefill tile's step (ds4n_sb_part_fn): the accumulators carried in memory. */
+DS4N_INLINE void sb_part(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
+                         int64_t g1, int64_t t0, float *accmem, float *y, int64_t ldy,
+                         const int T) {
+    __m512 acc[DS4N_SMALL_T];
+    for (int t = 0; t < T; t++)
+        acc[t] = g0 == 0 ? _mm512_setzero_ps() : _mm512_load_ps(accmem + 16 * t);
+    sb_groups(type, w, xq, g0, g1, t0, acc, T);
+    if (y)
+        for (int t = 0; t < T; t++) y[t * ldy] = finish16(acc[t]);
+    else
+        for (int t = 0; t < T; t++) _mm512_store_ps(accmem + 16 * t, acc[t]);
+}
+
+#define SB_CASE(T_, type)                                                                      \
+    case T_: sb_row(type, w, xq, t0, y, ldy, T_); break;
+#define SB_PART_CASE(T_, type)                                                                 \
+    case T_: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, T_); break;
+#define SB_KERNEL(name, type)                                                                  \
+    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
+                           int64_t ldy) {                                                      \
+        switch (T) {                                                                           \
+            SB_CASE(1, type) SB_CASE(2, type) SB_CASE(3, type) SB_CASE(4, type)                \
+            SB_CASE(5, type) SB_CASE(6, type) SB_CASE(7, type)                                 \
+        default: sb_row(type, w, xq, t0, y, ldy, 8); break;                                    \
+        }                                                                                      \
+    }                                                                                          \
+    static void part_##name(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,  \
+                            int64_t t0, int T, float *acc, float *y, int64_t ldy) {            \
+        switch (T) {                                                                           \
+            SB_PART_CASE(1, type) SB_PART_CASE(2, type) SB_PART_CASE(3, type)                  \
+            SB_PART_CASE(4, type) SB_PART_CASE(5, type) SB_PART_CASE(6, type)                  \
+            SB_PART_CASE(7, type)                                                              \
+        default: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, 8); break;                      \
+        }                                                                                      \
+    }
+SB_KERNEL(q4_K, DS4N_Q4_K)
+SB_KERNEL(q6_K, DS4N_Q6_K)
+
+const ds4n_sb_part_fn ds4n_sb_part_avx512[2] = {part_q4_K, part_q6_K};
 
 #define INT_CASE(T_, type)                                                                     \
     case T_: int_row(type, w, xq, t0, y, ldy, T_); break;
@@ -212,10 +303,59 @@ _Static_assert(DS4N_SMALL_T == 8, "INT_KERNEL covers 1..8 tokens");
 INT_KERNEL(q8_0, DS4N_Q8_0)
 INT_KERNEL(q4_0, DS4N_Q4_0)
 INT_KERNEL(q4_1, DS4N_Q4_1)
-INT_KERNEL(q4_K, DS4N_Q4_K)
-INT_KERNEL(q6_K, DS4N_Q6_K)
 
-DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512)
+/* ds4n_sb_quantize_group in vectors: the same exact steps (roundscale is rint, ties to even). */
+static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, float *xs,
+                              int32_t *asum, int64_t nb) {
+    const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    __m512 mx = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    for (int j = 0; j < DS4N_INT_GROUP; j += 16) {
+        const __m512 v = _mm512_and_ps(_mm512_loadu_ps(x + j), absmask);
+        bad |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(FLT_MAX), _CMP_NLE_UQ); /* inf, NaN */
+        mx = _mm512_max_ps(mx, v);
+    }
+    const float amax = _mm512_reduce_max_ps(mx);
+    if (bad || amax < DS4N_INT_TINY) {
+        for (int k = 0; k < L - 1; k++) {
+            memset(a + k * K, 0, DS4N_INT_GROUP * sizeof *a);
+            memset(asum + k * nb, 0, 8 * sizeof *asum);
+        }
+        *xs = bad ? NAN : 0.0f;
+        return;
+    }
+    uint32_t bits;
+    memcpy(&bits, &amax, 4);
+    const int E = (int)(bits >> 23) - 127;
+    const __m512 inv = _mm512_set1_ps(ds4n_pow2f(14 - E));
+    const __m512 top = _mm512_set1_ps(DS4N_SB_AMAX);
+#define RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+    for (int b = 0; b < 8; b++) {
+        __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+        for (int h = 0; h < 2; h++) {
+            const int j = 32 * b + 16 * h;
+            const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), inv);
+            const __m512 l = _mm512_min_ps(_mm512_max_ps(_mm512_roundscale_ps(v, RN),
+                                                          _mm512_sub_ps(_mm512_setzero_ps(), top)),
+                                           top);
+            const __m512i li = _mm512_cvtps_epi32(l);
+            _mm256_storeu_si256((__m256i *)(a + j), _mm512_cvtepi32_epi16(li));
+            s0 = _mm512_add_epi32(s0, li);
+            if (L == 3) {
+                const __m512i l1 = _mm512_cvtps_epi32(_mm512_roundscale_ps(
+                    _mm512_mul_ps(_mm512_sub_ps(v, l), _mm512_set1_ps(128.0f)), RN));
+                _mm256_storeu_si256((__m256i *)(a + K + j), _mm512_cvtepi32_epi16(l1));
+                s1 = _mm512_add_epi32(s1, l1);
+            }
+        }
+        asum[b] = _mm512_reduce_add_epi32(s0);
+        if (L == 3) asum[nb + b] = _mm512_reduce_add_epi32(s1);
+    }
+    *xs = ds4n_pow2f(E - 14);
+#undef RN
+}
+
+DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512, sb_quantize_group)
 
 const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS] = {
     [DS4N_Q8_0] = int_q8_0,

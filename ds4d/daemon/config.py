@@ -196,9 +196,10 @@ class Config:
     )
     precision: str = _key(
         "exact",
-        "matmul precision: exact (float32 activations), int2 or int3 (activations split into "
-        "2 or 3 int8 limbs per 32 values for integer dot products, ~15 or ~22 bits; "
-        "Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights, others stay exact)",
+        "matmul precision: exact (float32 activations), int2 or int3 (activations quantized "
+        "to ~15 or ~22 bits under one power-of-two scale per 32 values, per 256 for the "
+        "K-quants, for integer dot products; Q4_0, Q4_1, Q8_0, Q4_K and Q6_K weights, others "
+        "stay exact)",
         choices=PRECISIONS,
     )
     weights: str = _key(

@@ -82,8 +82,8 @@ AUTO_KV = "auto"
 FAMILY_KV_TYPE = {"gpt-oss": "f32", "phi3": "f32", "qwen3moe": "f32"}
 
 # Matmul precision (native.PRECISIONS): "exact" multiplies dequantized weights by float32
-# activations; "int2"/"int3" split each 32-value block of activations into 2 or 3 int8 limbs
-# for integer dot products (docs/integer-path.md has the distances and speeds measured).
+# activations; "int2"/"int3" split each 32-value block of activations (256 for the K-quants)
+# into 2 or 3 int8 limbs for integer dot products (docs/integer-path.md has the distances and speeds measured).
 PRECISIONS = tuple(native.PRECISIONS)
 DEFAULT_PRECISION = "exact"
 

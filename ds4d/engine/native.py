@@ -157,7 +157,8 @@ def physical_cores() -> int:
 
 
 # Matmul precisions: the int8 limbs each 32-value block of activations is split into (0: the
-# exact float32 path). Types without an integer kernel run exact whatever the setting.
+# exact float32 path; the K-quants hold limbs 0 and 1 in one int16 per value, under one scale
+# per 256 values: native/quants_int.h). Types without an integer kernel run exact whatever the setting.
 PRECISIONS = {"exact": 0, "int2": 2, "int3": 3}
 
 

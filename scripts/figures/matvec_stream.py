@@ -3,7 +3,7 @@ the last-level cache on 2 MB huge pages (as the engine keeps a model's weights),
 figure is what one core's kernel reaches against DRAM. Best of N; GB/s of weight bytes.
 
     .venv/bin/python scripts/figures/matvec_stream.py [--types Q4_K,Q6_K,Q8_0,Q4_0] [--mb 96]
-        [--rounds 9] [--lib OTHER/libds4n.so ...]
+        [--rounds 9] [--lib OTHER/libds4n.so ...] [--precision exact|int2|int3]
 
 With --lib, each library (the first is this checkout's unless given) is measured in its own
 subprocess (DS4D_NATIVE_LIB), interleaved round by round, for an A/B of two builds at the
@@ -59,11 +59,12 @@ def weights(qtype: str, rows: int, K: int, rng: np.random.Generator) -> np.ndarr
     return raw
 
 
-def measure(types: list[str], mb: int, rounds: int, K: int) -> dict[str, float]:
+def measure(types: list[str], mb: int, rounds: int, K: int, precision: str) -> dict[str, float]:
     """Best GB/s of each type over `rounds` single-thread matvecs."""
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
     with native.Pool(1) as pool:
+        pool.set_precision(precision)
         for qtype in types:
             rows = mb * 2**20 // native.row_bytes(qtype, K)
             raw = weights(qtype, rows, K, rng)
@@ -86,11 +87,12 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=2048, help="row length (values)")
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--lib", nargs="*", default=None, help="libraries to compare (A/B)")
+    ap.add_argument("--precision", default="exact", choices=list(native.PRECISIONS))
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     types = a.types.split(",")
     if a.lib is None:
-        res = measure(types, a.mb, a.rounds, a.k)
+        res = measure(types, a.mb, a.rounds, a.k, a.precision)
         if a.json:
             print(json.dumps(res))
         else:
@@ -103,7 +105,8 @@ def main() -> None:
         for lib in a.lib:
             env = dict(os.environ, DS4D_NATIVE_LIB=str(Path(lib).resolve()))
             cmd = [sys.executable, __file__, "--types", a.types, "--mb", str(a.mb)]
-            cmd += ["--k", str(a.k), "--rounds", str(a.rounds), "--json"]
+            cmd += ["--k", str(a.k), "--rounds", str(a.rounds), "--precision", a.precision]
+            cmd += ["--json"]
             res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True).stdout)
             for t, v in res.items():
                 best[lib][t] = max(best[lib].get(t, 0.0), v)

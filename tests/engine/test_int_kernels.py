@@ -57,9 +57,11 @@ def test_every_simd_level_is_bitwise_the_scalar_reference(
     rng = np.random.default_rng(1)
     rows = 19
     # rows of 32-block types may end in a part group: 2 blocks (SmolLM2's 576) or 3
-    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512,):
+    # the K-quants' prefill walks K in slices of 4 super-blocks: 1280 ends in a part slice
+    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512, 768, 1280):
         raw = random_weights(qtype, rows, K, rng)
-        for T in (1, 4, 21):
+        # decode, batched decode, prefill tiles with a remainder, and more than a chunk (64)
+        for T in (1, 4, 8, 21, 70):
             X = activations(rng, T, K)
             want = run(pool, precision, qtype, raw, rows, K, X, native.SIMD_SCALAR)
             for level in LEVELS:
@@ -73,7 +75,7 @@ def test_each_token_is_bitwise_its_single_token_result(
     qtype: str, precision: str, pool: native.Pool
 ) -> None:
     rng = np.random.default_rng(2)
-    rows, K = 37, 768
+    rows, K = 37, 1280
     raw = random_weights(qtype, rows, K, rng)
     X = activations(rng, 77, K)
     alone = np.stack(
@@ -84,9 +86,19 @@ def test_each_token_is_bitwise_its_single_token_result(
         assert got.tobytes() == alone[:T].tobytes(), T
 
 
-# |error| <= BOUND[p] · Σ|x|·|w|: the limbs keep the activations to 2^-15 (int2) or 2^-22 (int3)
-# of each block's largest value, on top of float32 accumulation.
-BOUND = {"int2": 2.0**-13, "int3": 2.0**-20}
+# Each activation is kept to BOUND[p] of the largest |x| of its scale group (32 values, the
+# block format; 256, the K-quants' super-block format): 2^-14 with int2, 2^-21 with int3. So
+# |error| <= BOUND[p]·Σ_groups amax_g·Σ_{j in g}|w_j|, plus float32 accumulation.
+BOUND = {"int2": 2.0**-14, "int3": 2.0**-21}
+GROUP = {"Q4_K": 256, "Q6_K": 256}
+
+
+def group_bound(X: np.ndarray, W: np.ndarray, group: int) -> np.ndarray:
+    """Σ_g amax_g(x)·Σ_{j in g}|w_j| for every token and row."""
+    T, K = X.shape
+    amax = np.abs(X).reshape(T, K // group, group).max(axis=2).astype(np.float64)
+    wsum = np.abs(W).reshape(W.shape[0], K // group, group).sum(axis=2)
+    return amax @ wsum.T
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -100,11 +112,12 @@ def test_close_to_the_exact_product(qtype: str, precision: str, pool: native.Poo
     got = run(pool, precision, qtype, raw, rows, K, X)
     exact = X.astype(np.float64) @ W.T
     scale = np.abs(X).astype(np.float64) @ np.abs(W).T
+    bound = BOUND[precision] * group_bound(X, W, GROUP.get(qtype, 32)) + 2.0**-20 * scale
     err = np.abs(got - exact)
-    assert (err <= BOUND[precision] * scale + 1e-30).all(), float((err / scale).max())
+    assert (err <= bound).all(), float((err / bound).max())
     # and the bound is not loose by orders of magnitude: int2 really is coarser than int3
     if precision == "int2":
-        assert (err / scale).max() > BOUND["int3"]
+        assert (err / scale).max() > 2.0**-20
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -142,3 +155,30 @@ def test_exact_precision_is_the_float_path(pool: native.Pool) -> None:
     assert run(pool, "int3", "Q4_K", raw, 16, 512, X).tobytes() != float_path.tobytes()
     with pytest.raises(ValueError, match="unknown precision"):
         pool.set_precision("int4")
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_super_block_sums_at_their_bound_do_not_overflow(qtype: str, precision: str) -> None:
+    """The largest code·scale of the type against activations at the top of their range
+    (|a| = 2^15 - 1) in every value: the int32 lane sums reach the bound quants_int.h states
+    (Q6_K 2^31 - 2^16) and must still give the exact product."""
+    K = 1024
+    if qtype == "Q6_K":  # ql = qh = 0: code -32; scales -128; d = 1
+        block = np.zeros(210, np.uint8)
+        block[192:208] = 0x80
+        block[208:210] = np.array([1.0], np.float16).view(np.uint8)
+    else:  # nibbles 15, scales and mins 63; d = 1, dmin = 1
+        block = np.full(144, 0xFF, np.uint8)
+        block[0:4] = np.array([1.0, 1.0], np.float16).view(np.uint8)
+    raw = np.tile(block, (2, K // 256))
+    W = reference(qtype, raw).reshape(2, K).astype(np.float64)
+    X = np.full((3, K), 1.99999, np.float32)  # rounds to 2^15, clamped to 2^15 - 1 units of 2^-14
+    X[1] *= -1.0
+    X[2, ::2] *= -1.0
+    rtol = BOUND[precision] + 2.0**-20  # the clamp's unit, within the stated bound; an overflow
+    with native.Pool(1) as pool:  # would be off by far more (a sign flip)
+        for level in LEVELS:
+            got = run(pool, precision, qtype, raw, 2, K, X, level)
+            exact = X.astype(np.float64) @ W.T
+            assert np.allclose(got, exact, rtol=rtol, atol=rtol * np.abs(W).sum()), (level, got)
