@@ -47,9 +47,14 @@ def test_bench_spec_measures_off_lookup_and_draft(tmp_path: Path, model_path: Pa
     for r in rows:
         assert r["server"] == "ds4d" and int(r["tokens"]) > 0 and float(r["tok_s"]) > 0
         assert r["same_text"] == "True"  # greedy: every mode writes the same text
-        drafting = r["mode"] != "off"
-        assert (int(r["drafted"]) > 0) == drafting or r["workload"] == "prose"
+        if r["mode"] == "off":
+            assert int(r["drafted"]) == 0
+    # How much each workload drafts is the cost rule's choice (ds4d.serving.stepcost: it
+    # stops drafting once the measured costs say drafts do not pay, which depends on the
+    # machine); each drafting mode drafted somewhere.
+    for mode in ("lookup", "draft"):
+        assert any(int(r["drafted"]) > 0 for r in rows if r["mode"] == mode), mode
     # the draft is the target itself (its logits only last-bit different where it
     # evaluated several tokens in one call): its drafted tokens are nearly all kept
     draft = [r for r in rows if r["mode"] == "draft"]
-    assert all(int(r["accepted"]) >= 0.9 * int(r["drafted"]) > 0 for r in draft)
+    assert all(int(r["accepted"]) >= 0.9 * int(r["drafted"]) for r in draft)
