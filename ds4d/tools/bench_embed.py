@@ -20,7 +20,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 import urllib.parse
@@ -30,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ds4d.daemon.exitcodes import CliError
-from ds4d.tools.serve_process import ServeProcessError, free_port, private_env, serve_process
+from ds4d.tools.serve_process import (
+    ServeProcessError,
+    free_port,
+    other_server,
+    private_env,
+    serve_process,
+)
 
 CSV_FIELDS = ("server", "batch", "inputs", "tokens", "seconds", "inputs_per_s", "tokens_per_s",
               "threads", "model")  # fmt: skip
@@ -157,34 +162,11 @@ def llama_server(binary: Path, model: Path, threads: int, pooling: str,
            "-c", str(4 * 2 * MAX_TOKENS), "-b", "2048", "-ub", "2048", *extra.split()]  # fmt: skip
     if pooling:
         cmd += ["--pooling", pooling]
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise CliError(f"llama-server exited: {log.read()[-2000:]!r}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise CliError("llama-server did not become healthy")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        with other_server(cmd, f"http://127.0.0.1:{port}", START_TIMEOUT_S) as url:
+            yield url
+    except ServeProcessError as e:
+        raise CliError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:

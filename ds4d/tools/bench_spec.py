@@ -42,9 +42,7 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import tempfile
-import time
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -53,7 +51,14 @@ from pathlib import Path
 from typing import Any
 
 from ds4d.daemon.exitcodes import CliError
-from ds4d.tools.serve_process import ServeProcessError, free_port, private_env, serve_process
+from ds4d.tools.serve_process import (
+    ServeProcessError,
+    free_port,
+    other_server,
+    parse_metrics,
+    private_env,
+    serve_process,
+)
 
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "chat" / "types.py"
 START_TIMEOUT_S = 300
@@ -146,12 +151,7 @@ def metrics(url: str) -> dict[str, float]:
         text = conn.getresponse().read().decode()
     finally:
         conn.close()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
+    return parse_metrics(text)
 
 
 class Ds4dServer:
@@ -220,34 +220,11 @@ def llama_server(args: argparse.Namespace, model: Path, spec: list[str]) -> Iter
     cmd = [str(args.llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
            "-t", str(args.threads), "-tb", str(args.threads), "-np", "1", "-c", str(args.ctx),
            *spec]  # fmt: skip
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise CliError(f"llama-server exited: {log.read()[-2000:]!r}")
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise CliError("llama-server did not become healthy")
-            time.sleep(0.2)  # poll: another process loads the model, bounded above
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+        with other_server(cmd, f"http://127.0.0.1:{port}", START_TIMEOUT_S) as url:
+            yield url
+    except ServeProcessError as e:
+        raise CliError(str(e)) from None
 
 
 # ---- the run ----------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -66,6 +67,16 @@ def health_status(url: str, timeout: float = 5.0) -> int | None:
         return None
     finally:
         conn.close()
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """A /metrics page's samples as {'name{labels}': value}."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
 
 
 def poll_until(ready: Callable[[], bool], timeout: float, what: str) -> None:
@@ -170,3 +181,30 @@ def serve_process(
         yield daemon
     finally:
         daemon.stop(stop_timeout)
+
+
+@contextmanager
+def other_server(cmd: Sequence[str], url: str, start_timeout: float) -> Iterator[str]:
+    """Another engine's HTTP server (llama-server, beside ds4d in a benchmark) from `cmd`,
+    serving at `url`: yields the url once GET /health answers 200, stops it after.
+    ServeProcessError, with the end of its output, if it exits or never becomes healthy."""
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT)
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise ServeProcessError(f"{Path(cmd[0]).name} exited: {log.read()[-2000:]!r}")
+        return health_status(url) == 200
+
+    try:
+        poll_until(healthy, start_timeout, f"{Path(cmd[0]).name} did not become healthy")
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

@@ -20,7 +20,13 @@ from pathlib import Path
 
 import httpx
 
-from ds4d.tools.serve_process import XDG_DIRS, ServeProcessError, private_env, serve_process
+from ds4d.tools.serve_process import (
+    XDG_DIRS,
+    ServeProcessError,
+    parse_metrics,
+    private_env,
+    serve_process,
+)
 
 # A figure's daemon loads the embedded model; at shutdown it may still write a checkpoint.
 START_TIMEOUT_S = 600.0
@@ -35,12 +41,7 @@ class Daemon:
 
     def metrics(self) -> dict[str, float]:
         """The /metrics samples as {'name{labels}': value}."""
-        out = {}
-        for line in httpx.get(f"{self.url}/metrics", timeout=30).text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=30).text)
 
     def cpu_seconds(self) -> float:
         """CPU time the daemon's process has used, all its threads (Linux /proc): less

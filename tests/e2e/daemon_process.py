@@ -14,7 +14,13 @@ from pathlib import Path
 
 import httpx
 
-from ds4d.tools.serve_process import ServeProcess, free_port, private_env, serve_process
+from ds4d.tools.serve_process import (
+    ServeProcess,
+    free_port,
+    parse_metrics,
+    private_env,
+    serve_process,
+)
 from tests.helpers.polling import wait_until
 
 __all__ = [
@@ -44,13 +50,7 @@ class Daemon(ServeProcess):
     def metrics(self) -> dict[str, float]:
         """The /metrics samples as {'name{labels}': value}."""
         headers = {"x-api-key": self.api_key} if self.api_key else {}
-        text = httpx.get(f"{self.url}/metrics", headers=headers, timeout=10).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
+        return parse_metrics(httpx.get(f"{self.url}/metrics", headers=headers, timeout=10).text)
 
 
 @contextmanager

@@ -190,8 +190,8 @@ def test_completion_and_chat_slots_do_not_evict_each_other(engine, compute):
                        readings[2])  # fmt: skip
             assert readings[2].slot == 2 and server.busy == 2
             nursery.cancel_scope.cancel()
-        while server.busy:  # virtual time: the cancellations take effect at the next step
-            await trio.sleep(0.001)
+        while server.busy:  # the cancellations take effect at the next step
+            await trio.sleep(0.001)  # virtual time
         held["before"] = tokens()
         # a third conversation takes a chat slot (the least recently used), not slot 2
         await read(server, request(prompt(300, 7, compute), 2), compute, readings[3])
