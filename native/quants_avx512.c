@@ -256,7 +256,9 @@ DS4N_INLINE __m512 k45_scale_mins(const uint8_t *blk) {
 }
 
 /* The codes of sub-blocks 2j (q[0], q[1]) and 2j+1 (q[2], q[3]): the low and high nibbles of
- * the same 32 bytes, widened once, made floats as legacy_codes does. */
+ * the same 32 bytes, widened once, left as the floats legacy_codes makes before its
+ * subtraction: 2^23 + n (q[0], q[1]) and 2^19 + n (q[2], q[3]), n the code (with Q5_K's
+ * fifth bit). k45_dot32 takes the bases off. */
 DS4N_INLINE void k45_pair(const uint8_t *qs, const uint8_t *qh, int j, v16 q[4]) {
     const __m512i b0 = u8x16(qs + 32 * j), b1 = u8x16(qs + 32 * j + 16);
     const __m512i m_lo = _mm512_set1_epi32(0x0f), m_hi = _mm512_set1_epi32(0xf0);
@@ -275,8 +277,7 @@ DS4N_INLINE void k45_pair(const uint8_t *qs, const uint8_t *qh, int j, v16 q[4])
         v[2] = _mm512_mask_or_epi32(v[2], (__mmask16)k1, v[2], f_hi);
         v[3] = _mm512_mask_or_epi32(v[3], (__mmask16)(k1 >> 16), v[3], f_hi);
     }
-    for (int i = 0; i < 4; i++)
-        q[i] = _mm512_sub_ps(_mm512_castsi512_ps(v[i]), _mm512_set1_ps(i < 2 ? 8388608.0f : 524288.0f));
+    for (int i = 0; i < 4; i++) q[i] = _mm512_castsi512_ps(v[i]);
 }
 
 /* Lanes 1, 3, .., 15 = the super-block's eight per-32 sums of x, the rest 0: the mins' dot
@@ -289,9 +290,27 @@ DS4N_INLINE __m512 k45_min_fma(__m512 sm, __m512 xs, __m512 accm) {
     return _mm512_mask3_fmadd_ps(sm, xs, accm, 0xAAAA);
 }
 
-/* Σq·x of one 32-group, as a vector (as block32_dot). */
-DS4N_INLINE __m512 k45_dot32(const v16 *q, const float *x) {
-    return _mm512_fmadd_ps(q[1], _mm512_loadu_ps(x + 16), _mm512_mul_ps(q[0], _mm512_loadu_ps(x)));
+/* 64 values of x for k45_dot32: x[0..16) .. x[48..64), and -2^23·x[0..16) and -2^19·x[32..48)
+ * (exact: power-of-two scalings; shared by every row that meets these values). */
+struct k45_x {
+    __m512 x[4], n0, n2;
+};
+
+DS4N_INLINE void k45_load_x(const float *x, struct k45_x *v) {
+    for (int i = 0; i < 4; i++) v->x[i] = _mm512_loadu_ps(x + 16 * i);
+    v->n0 = _mm512_mul_ps(v->x[0], _mm512_set1_ps(-8388608.0f));
+    v->n2 = _mm512_mul_ps(v->x[2], _mm512_set1_ps(-524288.0f));
+}
+
+/* Σq·x of the two 32-groups of a k45_pair, each as a vector: n·x + n'·x' per lane. The first
+ * product is one FMA on the code's float before its subtraction, (2^k + n)·x - 2^k·x: exact
+ * inside the FMA, rounded once, so it is the product n·x rounded (the subtraction costs
+ * nothing there); the second adds n'·x' to it (an FMA, after the subtraction). Activations
+ * beyond 2^104 would overflow -2^23·x: they give NaN (no working model comes near). */
+DS4N_INLINE void k45_dot32(const v16 q[4], const struct k45_x *v, __m512 *d0, __m512 *d1) {
+    const __m512 lo = _mm512_set1_ps(8388608.0f), hi = _mm512_set1_ps(524288.0f);
+    *d0 = _mm512_fmadd_ps(_mm512_sub_ps(q[1], lo), v->x[1], _mm512_fmadd_ps(q[0], v->x[0], v->n0));
+    *d1 = _mm512_fmadd_ps(_mm512_sub_ps(q[3], hi), v->x[3], _mm512_fmadd_ps(q[2], v->x[2], v->n2));
 }
 
 /* Stores v where the compiler cannot see it, so each later read of one lane is a broadcast
@@ -314,17 +333,20 @@ DS4N_INLINE void rows_k45(int five, const void *w, int64_t row_stride, const flo
             accm[r] = k45_min_fma(v, xs, accm[r]);
             k45_park(sm[r], v);
         }
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < 4; j++) {
+            struct k45_x xv;
+            k45_load_x(x + 64 * j, &xv);
             for (int r = 0; r < R; r++) {
                 const uint8_t *b = p + r * row_stride;
                 v16 q[4];
+                __m512 d0, d1;
                 k45_pair(five ? ((const block_q5_K *)b)->qs : ((const block_q4_K *)b)->qs,
                          five ? ((const block_q5_K *)b)->qh : NULL, j, q);
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sm[r][4 * j]), k45_dot32(q, x + 64 * j),
-                                         acc[r]);
-                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sm[r][4 * j + 2]),
-                                         k45_dot32(q + 2, x + 64 * j + 32), acc[r]);
+                k45_dot32(q, &xv, &d0, &d1);
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sm[r][4 * j]), d0, acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(sm[r][4 * j + 2]), d1, acc[r]);
             }
+        }
     }
     for (int r = 0; r < R; r++) y[r] = ds4n_hsum_avx512(acc[r]) - ds4n_hsum_avx512(accm[r]);
 }
@@ -347,10 +369,12 @@ DS4N_INLINE void cols_k45(int five, const void *w, const float *x, int64_t ldx,
             v16 q[4];
             k45_pair(qs, qh, j, q);
             for (int t = 0; t < T; t++) {
-                const float *xt = x + t * ldx + i * QK_K + 64 * j;
-                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sm[4 * j]), k45_dot32(q, xt), acc[t]);
-                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sm[4 * j + 2]), k45_dot32(q + 2, xt + 32),
-                                         acc[t]);
+                struct k45_x xv;
+                __m512 d0, d1;
+                k45_load_x(x + t * ldx + i * QK_K + 64 * j, &xv);
+                k45_dot32(q, &xv, &d0, &d1);
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sm[4 * j]), d0, acc[t]);
+                acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(sm[4 * j + 2]), d1, acc[t]);
             }
         }
     }

@@ -3,13 +3,15 @@ the last-level cache on 2 MB huge pages (as the engine keeps a model's weights),
 figure is what one core's kernel reaches against DRAM. Best of N; GB/s of weight bytes.
 
     .venv/bin/python scripts/figures/matvec_stream.py [--types Q4_K,Q6_K,Q8_0,Q4_0] [--mb 96]
-        [--rounds 9] [--lib OTHER/libds4n.so ...] [--precision exact|int2|int3]
+        [--rounds 9] [--lib OTHER/libds4n.so ...] [--precision exact|int2|int3] [--threads N]
 
 With --lib, each library (the first is this checkout's unless given) is measured in its own
 subprocess (DS4D_NATIVE_LIB), interleaved round by round, for an A/B of two builds at the
 SIMD level DS4N_SIMD selects. Timed in the calling thread's CPU time (the pool of one runs
 the matvec in that thread): on a shared machine it is far steadier than wall time, though
-other processes still compete for the memory bandwidth and the caches.
+other processes still compete for the memory bandwidth and the caches. With --threads N the
+pool's N threads stream disjoint shares of the rows, timed in wall time: what the decode
+matvecs reach together against `ds4d bench --bandwidth --threads N` (on a quiet machine).
 """
 
 from __future__ import annotations
@@ -59,11 +61,14 @@ def weights(qtype: str, rows: int, K: int, rng: np.random.Generator) -> np.ndarr
     return raw
 
 
-def measure(types: list[str], mb: int, rounds: int, K: int, precision: str) -> dict[str, float]:
-    """Best GB/s of each type over `rounds` single-thread matvecs."""
+def measure(types: list[str], mb: int, rounds: int, K: int, precision: str,
+            threads: int = 1) -> dict[str, float]:  # fmt: skip
+    """Best GB/s of each type over `rounds` matvecs: one thread in its CPU time, or a pool
+    of `threads` (each streaming its share of the rows) in wall time."""
     rng = np.random.default_rng(0)
     out: dict[str, float] = {}
-    with native.Pool(1) as pool:
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    with native.Pool(threads) as pool:
         pool.set_precision(precision)
         for qtype in types:
             rows = mb * 2**20 // native.row_bytes(qtype, K)
@@ -73,9 +78,9 @@ def measure(types: list[str], mb: int, rounds: int, K: int, precision: str) -> d
             native.matmul(pool, qtype, raw, rows, K, x, y)  # warm: pages in, code loaded
             best = 1e9
             for _ in range(rounds):
-                t = time.thread_time()
+                t = clock()
                 native.matmul(pool, qtype, raw, rows, K, x, y)
-                best = min(best, time.thread_time() - t)
+                best = min(best, clock() - t)
             out[qtype] = raw.nbytes / best / 1e9
     return out
 
@@ -88,11 +93,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--lib", nargs="*", default=None, help="libraries to compare (A/B)")
     ap.add_argument("--precision", default="exact", choices=list(native.PRECISIONS))
+    ap.add_argument("--threads", type=int, default=1, help="pool size (above 1: wall time)")
     ap.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     types = a.types.split(",")
     if a.lib is None:
-        res = measure(types, a.mb, a.rounds, a.k, a.precision)
+        res = measure(types, a.mb, a.rounds, a.k, a.precision, a.threads)
         if a.json:
             print(json.dumps(res))
         else:
@@ -106,6 +112,7 @@ def main() -> None:
             env = dict(os.environ, DS4D_NATIVE_LIB=str(Path(lib).resolve()))
             cmd = [sys.executable, __file__, "--types", a.types, "--mb", str(a.mb)]
             cmd += ["--k", str(a.k), "--rounds", str(a.rounds), "--precision", a.precision]
+            cmd += ["--threads", str(a.threads)]
             cmd += ["--json"]
             res = json.loads(subprocess.run(cmd, env=env, check=True, capture_output=True).stdout)
             for t, v in res.items():
