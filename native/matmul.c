@@ -268,7 +268,8 @@ static void sb_panels(const struct matmul_job *m, const struct ds4n_xq *xq, int6
     const int64_t ng = m->K / DS4N_INT_GROUP;
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
-    _Alignas(64) float acc[PANEL_ROWS / DS4N_SB_TILE_R][DS4N_SB_TILE_R * DS4N_SB_TILE_C * 16];
+    _Alignas(64) float acc[(PANEL_ROWS + DS4N_SB_TILE_R - 1) / DS4N_SB_TILE_R]
+                          [DS4N_SB_TILE_R * DS4N_SB_TILE_C * 16];
     for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
         const int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
         for (int64_t i = 0; i < nr; i++)

@@ -227,8 +227,12 @@ ds4n_sb_part_fn ds4n_active_sb_part(int type); /* Q4_K or Q6_K */
  * product of a super-block in registers: each weight vector loaded serves C tokens, each
  * activation vector R rows. The arithmetic per (row, token) is ds4n_sb_group_ref's, in the
  * same order, so the results are bitwise the part kernels'. */
+#ifndef DS4N_SB_TILE_R
 #define DS4N_SB_TILE_R 2
+#endif
+#ifndef DS4N_SB_TILE_C
 #define DS4N_SB_TILE_C 4
+#endif
 struct ds4n_sb_panel {
     int64_t ng;    /* super-blocks per row */
     int16_t *w;    /* row i, super-block g: w + (i*ng + g)*DS4N_INT_GROUP, 64-byte aligned */

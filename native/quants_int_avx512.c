@@ -326,10 +326,14 @@ DS4N_INLINE void sb_tile_rc(int type, const struct ds4n_sb_panel *p, int64_t i0,
             __m512i W[DS4N_SB_TILE_R];
             for (int r = 0; r < R; r++) W[r] = _mm512_load_si512(w + r * ng * DS4N_INT_GROUP + 32 * v);
             for (int t = 0; t < C; t++) {
-                const __m512i A = _mm512_loadu_si512(a + t * NL * lda + 32 * v);
+                /* In a register: a compiler would otherwise fold the load into each of the
+                 * R dot products, R loads where one does (the loads are what bind here). */
+                __m512i A = _mm512_loadu_si512(a + t * NL * lda + 32 * v);
+                if (R > 1) __asm__("" : "+v"(A));
                 for (int r = 0; r < R; r++) s[r][t] = _mm512_dpwssd_epi32(s[r][t], W[r], A);
                 if (NL == 2) {
-                    const __m512i A1 = _mm512_loadu_si512(a + (t * NL + 1) * lda + 32 * v);
+                    __m512i A1 = _mm512_loadu_si512(a + (t * NL + 1) * lda + 32 * v);
+                    if (R > 1) __asm__("" : "+v"(A1));
                     for (int r = 0; r < R; r++) s1[r][t] = _mm512_dpwssd_epi32(s1[r][t], W[r], A1);
                 }
             }
@@ -373,13 +377,22 @@ DS4N_INLINE void sb_tile_rc(int type, const struct ds4n_sb_panel *p, int64_t i0,
 #define SB_TILE_ROWS(R_, type, NL_)                                                            \
     SB_TILE_CASE(R_, 1, type, NL_) SB_TILE_CASE(R_, 2, type, NL_)                              \
     SB_TILE_CASE(R_, 3, type, NL_) SB_TILE_CASE(R_, 4, type, NL_)
+#if DS4N_SB_TILE_R == 2
+#define SB_TILE_MORE(type, NL_)
+#elif DS4N_SB_TILE_R == 3
+#define SB_TILE_MORE(type, NL_) SB_TILE_ROWS(3, type, NL_)
+#else
+#define SB_TILE_MORE(type, NL_) SB_TILE_ROWS(3, type, NL_) SB_TILE_ROWS(4, type, NL_)
+#endif
 #define SB_TILE_SWITCH(type, NL_)                                                              \
     switch (R * 8 + C) {                                                                       \
         SB_TILE_ROWS(1, type, NL_)                                                             \
         SB_TILE_ROWS(2, type, NL_)                                                             \
+        SB_TILE_MORE(type, NL_)                                                                \
     default: break;                                                                            \
     }
-_Static_assert(DS4N_SB_TILE_R == 2 && DS4N_SB_TILE_C == 4, "SB_TILE_SWITCH covers 2 x 4");
+_Static_assert(DS4N_SB_TILE_R >= 2 && DS4N_SB_TILE_R <= 4 && DS4N_SB_TILE_C <= 4,
+               "SB_TILE_SWITCH covers up to 4 x 4");
 
 void ds4n_sb_tile_avx512(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
                          const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
