@@ -338,18 +338,27 @@ DS4N_INLINE void sb_tile_rc(int type, const struct ds4n_sb_panel *p, int64_t i0,
                 }
             }
         }
+        /* d·xs (and dmin·xs) of every (row, token), each rounded once as the reference's,
+         * in a vector product; the FMAs take them as broadcast memory operands. */
+        _Alignas(64) float D[DS4N_SB_TILE_R * DS4N_SB_TILE_C], Dm[DS4N_SB_TILE_R * DS4N_SB_TILE_C];
+        {
+            __m128 xs4 = _mm_setzero_ps();
+            for (int t = 0; t < C; t++) xs4[t] = xq->xs[(t0 + t) * ng + g];
+            for (int r = 0; r < R; r++) {
+                const int64_t at = (i0 + r) * ng + g;
+                _mm_store_ps(D + r * 4, _mm_mul_ps(_mm_set1_ps(p->d[at]), xs4));
+                if (type == DS4N_Q4_K) _mm_store_ps(Dm + r * 4, _mm_mul_ps(_mm_set1_ps(p->dmin[at]), xs4));
+            }
+        }
         for (int r = 0; r < R; r++) {
             const int64_t at = (i0 + r) * ng + g;
-            const float d = p->d[at];
             __m256i m = _mm256_setzero_si256();
-            float dmin = 0.0f;
-            if (type == DS4N_Q4_K) m = _mm256_load_si256((const __m256i *)(p->m + 8 * at)), dmin = p->dmin[at];
+            if (type == DS4N_Q4_K) m = _mm256_load_si256((const __m256i *)(p->m + 8 * at));
             for (int t = 0; t < C; t++) {
                 const int64_t tt = t0 + t;
-                const float xs = xq->xs[tt * ng + g];
                 __m512 f = _mm512_cvtepi32_ps(s[r][t]);
                 if (NL == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[r][t]), third, f);
-                acc[r][t] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(f, _mm512_set1_ps(D[r * 4 + t]), acc[r][t]);
                 if (type == DS4N_Q4_K) {
                     const int32_t *as = xq->asum + tt * NL * nb + 8 * g;
                     __m256 mm = _mm256_cvtepi32_ps(_mm256_mullo_epi32(m, _mm256_loadu_si256((const __m256i *)as)));
@@ -358,7 +367,7 @@ DS4N_INLINE void sb_tile_rc(int type, const struct ds4n_sb_panel *p, int64_t i0,
                                                  m, _mm256_loadu_si256((const __m256i *)(as + nb)))),
                                              _mm512_castps512_ps256(third), mm);
                     acc[r][t] = _mm512_mask3_fnmadd_ps(_mm512_castps256_ps512(mm),
-                                                       _mm512_set1_ps(dmin * xs), acc[r][t], 0x00ff);
+                                                       _mm512_set1_ps(Dm[r * 4 + t]), acc[r][t], 0x00ff);
                 }
             }
         }
