@@ -303,11 +303,11 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
     /* The super-block types' prefill tiles need a panel buffer beside the activations. */
     const int tiled = sb && m->T > DS4N_SMALL_T && ds4n_active_sb_tile();
     const size_t xq_bytes = (ds4n_xq_bytes(limbs, sb, m->K, chunk) + 63) & ~(size_t)63;
-    const int64_t panel_rows = PANEL_ROWS;
-    uint8_t *buf = scratch(xq_bytes + (tiled ? ds4n_sb_panel_bytes(panel_rows, m->K / DS4N_INT_GROUP) : 0));
+    const int64_t ng = m->K / DS4N_INT_GROUP;
+    uint8_t *buf = scratch(xq_bytes + (tiled ? ds4n_sb_panel_bytes(PANEL_ROWS, ng) : 0));
     if (!buf) return 0;
     struct ds4n_sb_panel panel;
-    if (tiled) ds4n_sb_panel_init(&panel, buf + xq_bytes, panel_rows, m->K / DS4N_INT_GROUP);
+    if (tiled) ds4n_sb_panel_init(&panel, buf + xq_bytes, PANEL_ROWS, ng);
     const uint8_t *W = m->W;
     struct ds4n_xq xq;
     for (int64_t t0 = 0; t0 < m->T; t0 += chunk) {
