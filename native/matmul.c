@@ -253,6 +253,41 @@ static void sb_tiles(const struct matmul_job *m, const struct ds4n_xq *xq, int64
     }
 }
 
+/* Prefill of the super-block types on a level with a tile kernel (ds4n_sb_tile_fn): each
+ * panel of PANEL_ROWS rows is unpacked once per chunk into the panel buffer (int16, L2-resident:
+ * 16 rows of K 8960 are 280 KB), then walked in tiles of DS4N_SB_TILE_C tokens; for each, K
+ * in slices of INT_TILE_SLICE super-blocks (the tokens' activations of a slice stay in L1
+ * while every row pair of the panel passes), rows DS4N_SB_TILE_R at a time. */
+#ifndef INT_TILE_SLICE
+#define INT_TILE_SLICE 8
+#endif
+static void sb_panels(const struct matmul_job *m, const struct ds4n_xq *xq, int64_t tc,
+                      int64_t r0, int64_t r1, float *Y, struct ds4n_sb_panel *panel) {
+    const ds4n_sb_tile_fn tile = ds4n_active_sb_tile();
+    const ds4n_sb_unpack_fn unpack = ds4n_active_sb_unpack();
+    const int64_t ng = m->K / DS4N_INT_GROUP;
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    _Alignas(64) float acc[(PANEL_ROWS + DS4N_SB_TILE_R - 1) / DS4N_SB_TILE_R]
+                          [DS4N_SB_TILE_R * DS4N_SB_TILE_C * 16];
+    for (int64_t rp = r0; rp < r1; rp += PANEL_ROWS) {
+        const int64_t nr = r1 - rp < PANEL_ROWS ? r1 - rp : PANEL_ROWS;
+        for (int64_t i = 0; i < nr; i++)
+            unpack(m->type, (const uint8_t *)m->W + (rp + i) * row_bytes, panel, i);
+        for (int64_t t = 0; t < tc; t += DS4N_SB_TILE_C) {
+            const int C = tc - t < DS4N_SB_TILE_C ? (int)(tc - t) : DS4N_SB_TILE_C;
+            for (int64_t g0 = 0; g0 < ng; g0 += INT_TILE_SLICE) {
+                const int64_t g1 = ng - g0 < INT_TILE_SLICE ? ng : g0 + INT_TILE_SLICE;
+                for (int64_t i = 0; i < nr; i += DS4N_SB_TILE_R) {
+                    const int R = nr - i < DS4N_SB_TILE_R ? (int)(nr - i) : DS4N_SB_TILE_R;
+                    tile(m->type, panel, i, R, xq, t, C, g0, g1, acc[i / DS4N_SB_TILE_R],
+                         g1 == ng ? Y + t * m->rows + rp + i : NULL, m->rows);
+                }
+            }
+        }
+    }
+}
+
 /* Rows [r0, r1) on the integer path: 1 when it ran, 0 when it cannot (no buffer) and the float
  * path must. Each worker splits the activations itself (a few microseconds next to its rows).
  * Up to DS4N_SMALL_T tokens (decode, batched decode): rows from DS4N_MV_ROWS runs in turn with
@@ -265,8 +300,14 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
     const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
     const int64_t chunk = m->T < INT_CHUNK ? m->T : INT_CHUNK;
     const int sb = ds4n_int_type_sb(m->type);
-    void *buf = scratch(ds4n_xq_bytes(limbs, sb, m->K, chunk));
+    /* The super-block types' prefill tiles need a panel buffer beside the activations. */
+    const int tiled = sb && m->T > DS4N_SMALL_T && ds4n_active_sb_tile();
+    const size_t xq_bytes = (ds4n_xq_bytes(limbs, sb, m->K, chunk) + 63) & ~(size_t)63;
+    const int64_t ng = m->K / DS4N_INT_GROUP;
+    uint8_t *buf = scratch(xq_bytes + (tiled ? ds4n_sb_panel_bytes(PANEL_ROWS, ng) : 0));
     if (!buf) return 0;
+    struct ds4n_sb_panel panel;
+    if (tiled) ds4n_sb_panel_init(&panel, buf + xq_bytes, PANEL_ROWS, ng);
     const uint8_t *W = m->W;
     struct ds4n_xq xq;
     for (int64_t t0 = 0; t0 < m->T; t0 += chunk) {
@@ -285,6 +326,10 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
                 }
             for (int64_t r = r0 + streams * len; r < r1; r++)
                 kern(W + r * row_bytes, &xq, 0, (int)tc, Y + r, m->rows);
+            continue;
+        }
+        if (tiled) {
+            sb_panels(m, &xq, tc, r0, r1, Y, &panel);
             continue;
         }
         if (sb) {

@@ -36,6 +36,23 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, i
     xq->bsum = (float *)p;
 }
 
+size_t ds4n_sb_panel_bytes(int64_t rows, int64_t ng) {
+    return (size_t)(align64(rows * ng * DS4N_INT_GROUP * 2) + 2 * align64(rows * ng * 4) +
+                    align64(rows * ng * 8 * 4));
+}
+
+void ds4n_sb_panel_init(struct ds4n_sb_panel *p, void *buf, int64_t rows, int64_t ng) {
+    uint8_t *b = buf;
+    p->ng = ng;
+    p->w = (int16_t *)b;
+    b += align64(rows * ng * DS4N_INT_GROUP * 2);
+    p->d = (float *)b;
+    b += align64(rows * ng * 4);
+    p->dmin = (float *)b;
+    b += align64(rows * ng * 4);
+    p->m = (int32_t *)b;
+}
+
 static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar, ds4n_sb_quantize_group)
 
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
@@ -114,6 +131,8 @@ static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
 
 static ds4n_int_fn active_int[DS4N_TYPE_SLOTS];
 static ds4n_sb_part_fn active_sb_part[2]; /* Q4_K, Q6_K */
+static ds4n_sb_tile_fn active_sb_tile;
+static ds4n_sb_unpack_fn active_sb_unpack;
 
 #if defined(__x86_64__) || defined(_M_X64)
 static int cpu_has_vnni(void) {
@@ -138,7 +157,17 @@ void ds4n_int_select(int level) {
 #if defined(__x86_64__) || defined(_M_X64)
     if (own) memcpy(active_sb_part, ds4n_sb_part_avx512, sizeof active_sb_part);
 #endif
+    /* The scalar level keeps the part kernels for prefill (a scalar tile would only repeat
+     * their arithmetic, slowly); the tile kernels are tested bitwise against them. */
+    active_sb_tile = NULL;
+    active_sb_unpack = NULL;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (own) active_sb_tile = ds4n_sb_tile_avx512, active_sb_unpack = ds4n_sb_unpack_avx512;
+#endif
 }
+
+ds4n_sb_tile_fn ds4n_active_sb_tile(void) { return active_sb_tile; }
+ds4n_sb_unpack_fn ds4n_active_sb_unpack(void) { return active_sb_unpack; }
 
 ds4n_sb_part_fn ds4n_active_sb_part(int type) { return active_sb_part[type == DS4N_Q6_K]; }
 

@@ -220,6 +220,40 @@ ds4n_int_fn ds4n_active_int_kernel(int type);
 typedef void (*ds4n_sb_part_fn)(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,
                                 int64_t t0, int T, float *acc, float *y, int64_t ldy);
 ds4n_sb_part_fn ds4n_active_sb_part(int type); /* Q4_K or Q6_K */
+
+/* Prefill of the super-block types on a level with a tile kernel: a panel of rows unpacked
+ * once (code·scale as int16, the scales beside) serves every token of a chunk, and the tile
+ * kernel runs R rows x C tokens of it (R <= DS4N_SB_TILE_R, C <= DS4N_SB_TILE_C) with every
+ * product of a super-block in registers: each weight vector loaded serves C tokens, each
+ * activation vector R rows. The arithmetic per (row, token) is ds4n_sb_group_ref's, in the
+ * same order, so the results are bitwise the part kernels'. */
+#ifndef DS4N_SB_TILE_R
+#define DS4N_SB_TILE_R 2
+#endif
+#ifndef DS4N_SB_TILE_C
+#define DS4N_SB_TILE_C 4
+#endif
+struct ds4n_sb_panel {
+    int64_t ng;    /* super-blocks per row */
+    int16_t *w;    /* row i, super-block g: w + (i*ng + g)*DS4N_INT_GROUP, 64-byte aligned */
+    float *d;      /* [i*ng + g]; dmin likewise (Q4_K only) */
+    float *dmin;
+    int32_t *m;    /* [(i*ng + g)*8 + j]: Q4_K's sub-block mins */
+};
+/* Bytes of a panel of rows x ng super-blocks (64-byte aligned parts), and its layout in buf. */
+size_t ds4n_sb_panel_bytes(int64_t rows, int64_t ng);
+void ds4n_sb_panel_init(struct ds4n_sb_panel *p, void *buf, int64_t rows, int64_t ng);
+/* Unpacks super-blocks [0, ng) of one weight row into the panel's row i. */
+typedef void (*ds4n_sb_unpack_fn)(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i);
+/* Rows [i0, i0 + R) of the panel against tokens [t0, t0 + C) of xq over super-blocks
+ * [g0, g1), carried in acc ((r*DS4N_SB_TILE_C + t)*16 floats; not read when g0 = 0); with y,
+ * the last step: y[t*ldy + r] is written and acc is not. */
+typedef void (*ds4n_sb_tile_fn)(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
+                                const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0,
+                                int64_t g1, float *acc, float *y, int64_t ldy);
+/* The level's tile kernel and unpacker, or NULL: the part kernels serve prefill. */
+ds4n_sb_tile_fn ds4n_active_sb_tile(void);
+ds4n_sb_unpack_fn ds4n_active_sb_unpack(void);
 void ds4n_int_select(int level); /* called by ds4n_set_simd */
 
 /* The limb count in force on this thread: the pool's (ds4n_pool_set_precision) while it runs
@@ -407,6 +441,10 @@ static inline int64_t ds4n_int_group_bytes(int type) {
 /* The AVX-512 VNNI kernels (NULL entries: none); usable when ds4n_cpu_has_vnni(). */
 extern const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS];
 extern const ds4n_sb_part_fn ds4n_sb_part_avx512[2]; /* Q4_K, Q6_K */
+void ds4n_sb_tile_avx512(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
+                         const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
+                         float *acc, float *y, int64_t ldy);
+void ds4n_sb_unpack_avx512(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i);
 void ds4n_xq_quantize_avx512(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
 #endif
 

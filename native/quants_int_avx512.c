@@ -288,6 +288,131 @@ SB_KERNEL(q6_K, DS4N_Q6_K)
 
 const ds4n_sb_part_fn ds4n_sb_part_avx512[2] = {part_q4_K, part_q6_K};
 
+/* ---- the prefill tile (ds4n_sb_tile_fn) -------------------------------------------------- */
+
+void ds4n_sb_unpack_avx512(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i) {
+    const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
+    for (int64_t g = 0; g < p->ng; g++) {
+        const int64_t at = i * p->ng + g;
+        __m512i W[8], m;
+        sb_weights(type, row + g * bb, W, &p->d[at], &p->dmin[at], &m);
+        for (int v = 0; v < 8; v++) _mm512_store_si512(p->w + at * DS4N_INT_GROUP + 32 * v, W[v]);
+        _mm256_store_si256((__m256i *)(p->m + 8 * at), _mm512_castsi512_si256(m));
+    }
+}
+
+/* R rows x C tokens (constants) over groups [g0, g1): the R·C lane sums of a super-block are
+ * built in registers (each weight vector loaded once for the C tokens, each activation vector
+ * once for the R rows), then each (row, token) takes ds4n_sb_group_ref's float steps in its
+ * order. NL: activation limbs (1: int2, 2: int3). */
+DS4N_INLINE void sb_tile_rc(int type, const struct ds4n_sb_panel *p, int64_t i0,
+                            const struct ds4n_xq *xq, int64_t t0, int64_t g0, int64_t g1,
+                            float *accmem, float *y, int64_t ldy, const int R, const int C,
+                            const int NL) {
+    const int64_t ng = p->ng, nb = xq->nb, lda = xq->lda;
+    const __m512 third = _mm512_set1_ps(0x1p-7f);
+    __m512 acc[DS4N_SB_TILE_R][DS4N_SB_TILE_C];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < C; t++)
+            acc[r][t] = g0 == 0 ? _mm512_setzero_ps()
+                                : _mm512_load_ps(accmem + (r * DS4N_SB_TILE_C + t) * 16);
+    for (int64_t g = g0; g < g1; g++) {
+        __m512i s[DS4N_SB_TILE_R][DS4N_SB_TILE_C], s1[DS4N_SB_TILE_R][DS4N_SB_TILE_C];
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < C; t++) s[r][t] = s1[r][t] = _mm512_setzero_si512();
+        const int16_t *w = p->w + ((i0)*ng + g) * DS4N_INT_GROUP;
+        const int16_t *a = xq->a + t0 * NL * lda + g * DS4N_INT_GROUP;
+        for (int v = 0; v < 8; v++) {
+            __m512i W[DS4N_SB_TILE_R];
+            for (int r = 0; r < R; r++) W[r] = _mm512_load_si512(w + r * ng * DS4N_INT_GROUP + 32 * v);
+            for (int t = 0; t < C; t++) {
+                /* In a register: a compiler would otherwise fold the load into each of the
+                 * R dot products, R loads where one does (the loads are what bind here). */
+                __m512i A = _mm512_loadu_si512(a + t * NL * lda + 32 * v);
+                if (R > 1) __asm__("" : "+v"(A));
+                for (int r = 0; r < R; r++) s[r][t] = _mm512_dpwssd_epi32(s[r][t], W[r], A);
+                if (NL == 2) {
+                    __m512i A1 = _mm512_loadu_si512(a + (t * NL + 1) * lda + 32 * v);
+                    if (R > 1) __asm__("" : "+v"(A1));
+                    for (int r = 0; r < R; r++) s1[r][t] = _mm512_dpwssd_epi32(s1[r][t], W[r], A1);
+                }
+            }
+        }
+        /* d·xs (and dmin·xs) of every (row, token), each rounded once as the reference's,
+         * in a vector product; the FMAs take them as broadcast memory operands. */
+        _Alignas(64) float D[DS4N_SB_TILE_R * DS4N_SB_TILE_C], Dm[DS4N_SB_TILE_R * DS4N_SB_TILE_C];
+        {
+            __m128 xs4 = _mm_setzero_ps();
+            for (int t = 0; t < C; t++) xs4[t] = xq->xs[(t0 + t) * ng + g];
+            for (int r = 0; r < R; r++) {
+                const int64_t at = (i0 + r) * ng + g;
+                _mm_store_ps(D + r * 4, _mm_mul_ps(_mm_set1_ps(p->d[at]), xs4));
+                if (type == DS4N_Q4_K) _mm_store_ps(Dm + r * 4, _mm_mul_ps(_mm_set1_ps(p->dmin[at]), xs4));
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const int64_t at = (i0 + r) * ng + g;
+            __m256i m = _mm256_setzero_si256();
+            if (type == DS4N_Q4_K) m = _mm256_load_si256((const __m256i *)(p->m + 8 * at));
+            for (int t = 0; t < C; t++) {
+                const int64_t tt = t0 + t;
+                __m512 f = _mm512_cvtepi32_ps(s[r][t]);
+                if (NL == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1[r][t]), third, f);
+                acc[r][t] = _mm512_fmadd_ps(f, _mm512_set1_ps(D[r * 4 + t]), acc[r][t]);
+                if (type == DS4N_Q4_K) {
+                    const int32_t *as = xq->asum + tt * NL * nb + 8 * g;
+                    __m256 mm = _mm256_cvtepi32_ps(_mm256_mullo_epi32(m, _mm256_loadu_si256((const __m256i *)as)));
+                    if (NL == 2)
+                        mm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_mullo_epi32(
+                                                 m, _mm256_loadu_si256((const __m256i *)(as + nb)))),
+                                             _mm512_castps512_ps256(third), mm);
+                    acc[r][t] = _mm512_mask3_fnmadd_ps(_mm512_castps256_ps512(mm),
+                                                       _mm512_set1_ps(Dm[r * 4 + t]), acc[r][t], 0x00ff);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < C; t++) {
+            if (y) y[t * ldy + r] = finish16(acc[r][t]);
+            else _mm512_store_ps(accmem + (r * DS4N_SB_TILE_C + t) * 16, acc[r][t]);
+        }
+}
+
+#define SB_TILE_CASE(R_, C_, type, NL_)                                                        \
+    case (R_) * 8 + (C_):                                                                      \
+        sb_tile_rc(type, p, i0, xq, t0, g0, g1, acc, y, ldy, R_, C_, NL_);                     \
+        break;
+#define SB_TILE_ROWS(R_, type, NL_)                                                            \
+    SB_TILE_CASE(R_, 1, type, NL_) SB_TILE_CASE(R_, 2, type, NL_)                              \
+    SB_TILE_CASE(R_, 3, type, NL_) SB_TILE_CASE(R_, 4, type, NL_)
+#if DS4N_SB_TILE_R == 2
+#define SB_TILE_MORE(type, NL_)
+#elif DS4N_SB_TILE_R == 3
+#define SB_TILE_MORE(type, NL_) SB_TILE_ROWS(3, type, NL_)
+#else
+#define SB_TILE_MORE(type, NL_) SB_TILE_ROWS(3, type, NL_) SB_TILE_ROWS(4, type, NL_)
+#endif
+#define SB_TILE_SWITCH(type, NL_)                                                              \
+    switch (R * 8 + C) {                                                                       \
+        SB_TILE_ROWS(1, type, NL_)                                                             \
+        SB_TILE_ROWS(2, type, NL_)                                                             \
+        SB_TILE_MORE(type, NL_)                                                                \
+    default: break;                                                                            \
+    }
+_Static_assert(DS4N_SB_TILE_R >= 2 && DS4N_SB_TILE_R <= 4 && DS4N_SB_TILE_C <= 4,
+               "SB_TILE_SWITCH covers up to 4 x 4");
+
+void ds4n_sb_tile_avx512(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
+                         const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
+                         float *acc, float *y, int64_t ldy) {
+    if (type == DS4N_Q4_K) {
+        if (xq->limbs == 3) SB_TILE_SWITCH(DS4N_Q4_K, 2) else SB_TILE_SWITCH(DS4N_Q4_K, 1)
+    } else {
+        if (xq->limbs == 3) SB_TILE_SWITCH(DS4N_Q6_K, 2) else SB_TILE_SWITCH(DS4N_Q6_K, 1)
+    }
+}
+
 #define INT_CASE(T_, type)                                                                     \
     case T_: int_row(type, w, xq, t0, y, ldy, T_); break;
 #define INT_KERNEL(name, type)                                                                 \

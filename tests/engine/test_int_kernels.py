@@ -57,11 +57,13 @@ def test_every_simd_level_is_bitwise_the_scalar_reference(
     rng = np.random.default_rng(1)
     rows = 19
     # rows of 32-block types may end in a part group: 2 blocks (SmolLM2's 576) or 3
-    # the K-quants' prefill walks K in slices of 4 super-blocks: 1280 ends in a part slice
-    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512, 768, 1280):
+    # the K-quants' prefill walks K in slices of super-blocks (4 on the part kernels, 8 on
+    # the tile kernels): 1280 and 2304 end in a part slice
+    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512, 1280, 2304):
         raw = random_weights(qtype, rows, K, rng)
-        # decode, batched decode, prefill tiles with a remainder, and more than a chunk (64)
-        for T in (1, 4, 8, 21, 70):
+        # decode, batched decode, prefill tiles with a remainder (rows 19: a lone last row;
+        # tokens 10, 21, 70: tiles of 4 tokens ending in 2, 1 and 2), more than a chunk (64)
+        for T in (1, 4, 8, 10, 21, 70):
             X = activations(rng, T, K)
             want = run(pool, precision, qtype, raw, rows, K, X, native.SIMD_SCALAR)
             for level in LEVELS:
