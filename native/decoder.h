@@ -49,7 +49,7 @@
  *                                 embd, embd_type, n_vocab, tokens, embd_scale);
  *       per layer: ds4n_rms_norm(b.x -> b.xn over b.n_rows), ds4n_attention(... &b ...),
  *                  add b.tmp to b.x, the FFN likewise;
- *       ds4n_dec_batch_finish(&b, pool, output norm, head, ..., logits, all_logits).
+ *       ds4n_dec_batch_finish(&b, pool, output norm, head, ..., logits, n_logits).
  *
  *   Projections (ds4n_dec_project): every matmul over batch rows. Each row must get exactly
  *     what it gets when its session is evaluated alone: sequences of at most
@@ -329,12 +329,14 @@ int ds4n_dec_batch_begin(ds4n_dec_batch *b, const ds4n_dec_dims *dims, int n_lay
                          ds4n_pool *pool, const void *embd, int32_t embd_type, int32_t n_vocab,
                          const int32_t *tokens, float embd_scale);
 /* Advances every sequence's n_past by its count; when logits is not NULL, fills it with
- * each sequence's last row's logits (n_seq x n_vocab), or with every row's when all_logits
- * (n_rows x n_vocab): RMSNorm(norm_w, eps), the head matrix, then
- * softcap * tanh(logit / softcap) when softcap > 0. */
+ * the logits of each sequence's last n_logits[i] rows (1 <= n_logits[i] <= count[i],
+ * checked by the caller), one sequence after the other (sum of n_logits x n_vocab), or
+ * with each sequence's last row's when n_logits is NULL (n_seq x n_vocab):
+ * RMSNorm(norm_w, eps), the head matrix, then softcap * tanh(logit / softcap) when
+ * softcap > 0. */
 void ds4n_dec_batch_finish(ds4n_dec_batch *b, ds4n_pool *pool, const float *norm_w, float eps,
                            const void *head, int32_t head_type, int32_t n_vocab, float *logits,
-                           int all_logits, float softcap);
+                           const int64_t *n_logits, float softcap);
 
 #ifdef __cplusplus
 }

@@ -232,25 +232,22 @@ int ds4n_dec_batch_begin(ds4n_dec_batch *b, const ds4n_dec_dims *d, int n_layer,
 
 void ds4n_dec_batch_finish(ds4n_dec_batch *b, ds4n_pool *pool, const float *norm_w, float eps,
                            const void *head, int32_t head_type, int32_t n_vocab, float *logits,
-                           int all_logits, float softcap) {
+                           const int64_t *n_logits, float softcap) {
     const int E = b->seq[0]->dims.n_embd;
     for (int i = 0; i < b->n_seq; i++) b->seq[i]->n_past += b->count[i];
     if (!logits) return;
-    int64_t rows;
-    if (all_logits) {
-        rows = b->n_rows;
-        ds4n_rms_norm(b->x, norm_w, b->xn, rows, E, eps);
-        ds4n_dec_project(pool, head_type, head, n_vocab, E, b->xn, b->count, b->n_seq, logits);
-    } else {
-        /* Each sequence's last row alone is a decode row, whatever its count. */
-        rows = b->n_seq;
-        for (int i = 0; i < b->n_seq; i++)
-            ds4n_rms_norm(b->x + (b->row0[i] + b->count[i] - 1) * E, norm_w, b->xn + i * E, 1, E,
-                          eps);
-        int64_t ones[DS4N_DEC_MAX_SEQ];
-        for (int i = 0; i < b->n_seq; i++) ones[i] = 1;
-        ds4n_dec_project(pool, head_type, head, n_vocab, E, b->xn, ones, b->n_seq, logits);
+    /* Each sequence's last n_logits[i] rows (its last row alone without n_logits), gathered
+     * in order into xn: a sequence of at most DS4N_DEC_SMALL_T of them gets decode rows
+     * (bitwise the single-token product), a longer one the call it makes alone. */
+    int64_t want[DS4N_DEC_MAX_SEQ];
+    int64_t rows = 0;
+    for (int i = 0; i < b->n_seq; i++) {
+        want[i] = n_logits ? n_logits[i] : 1;
+        ds4n_rms_norm(b->x + (b->row0[i] + b->count[i] - want[i]) * E, norm_w, b->xn + rows * E,
+                      want[i], E, eps);
+        rows += want[i];
     }
+    ds4n_dec_project(pool, head_type, head, n_vocab, E, b->xn, want, b->n_seq, logits);
     if (softcap > 0.0f)
         for (int64_t i = 0; i < rows * n_vocab; i++)
             logits[i] = softcap * tanhf(logits[i] / softcap);

@@ -58,6 +58,7 @@ from ds4d.tools.serve_process import (
     parse_metrics,
     private_env,
     serve_process,
+    sigterm_unwinds,
 )
 
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "chat" / "types.py"
@@ -300,6 +301,12 @@ def rows_of(results: Results, modes: list[str], server: str, model: str,
 
 
 def run(args: argparse.Namespace) -> int:
+    # Stopped by SIGTERM (a timeout, a job manager), it still stops every server it started.
+    with sigterm_unwinds():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
     all_prompts = workloads(args.file, args.rename)

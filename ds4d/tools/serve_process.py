@@ -88,6 +88,22 @@ def poll_until(ready: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)  # poll: another process loads the model, bounded by the deadline
 
 
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs (main thread), SIGTERM raises SystemExit(143) instead of ending
+    the process at once (Python's default), so the blocks that stop its child servers run:
+    a benchmark stopped by a timeout or a job manager leaves no server running."""
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 @dataclass
 class ServeProcess:
     url: str

@@ -166,6 +166,52 @@ def test_batch_is_one_forward_pass(kit_engine: Engine) -> None:
             s.close()
 
 
+def verification_rows_equal_alone(engine: Engine, seed: int) -> None:
+    """A speculative verification in the batch (Engine.eval_batch with rows): sessions
+    with chunks of 2..8 tokens asking every row's logits, beside plain decode steps and a
+    chunk asking only its last rows, in one call, get each row bitwise what the chunk
+    alone gives with every position's logits (Session.eval_all_logits), and each session
+    then holds what it holds alone."""
+    rng = np.random.default_rng(seed)
+    n_vocab = engine.info.n_vocab
+    prompts = [rng.integers(0, n_vocab, n).tolist() for n in (5, 9, 3, 12)]
+    chunks = [rng.integers(0, n_vocab, n).tolist() for n in (8, 1, 3, 5)]
+    rows = [8, 1, 3, 2]
+    batch = [engine.new_session(N_CTX) for _ in prompts]
+    try:
+        for s, p in zip(batch, prompts, strict=True):
+            s.eval(p)
+        got = engine.eval_batch(list(zip(batch, chunks, strict=True)), rows)
+        for i, (s, p, c, r) in enumerate(zip(batch, prompts, chunks, rows, strict=True)):
+            assert got[i].shape == (r, n_vocab) and s.tokens == p + c
+            with engine.new_session(N_CTX) as alone:
+                alone.eval(p)
+                want = alone.eval_all_logits(c)[-r:]
+                np.testing.assert_array_equal(got[i], want, err_msg=f"session {i}")
+                np.testing.assert_array_equal(s.compute_logits(), alone.compute_logits())
+        # one session alone with rows: the same native call, the same rows
+        with engine.new_session(N_CTX) as one, engine.new_session(N_CTX) as alone:
+            one.eval(prompts[0])
+            alone.eval(prompts[0])
+            np.testing.assert_array_equal(engine.eval_batch([(one, chunks[0])], [8])[0],
+                                          alone.eval_all_logits(chunks[0]))  # fmt: skip
+        with pytest.raises(EngineError, match="rows of logits"):
+            engine.eval_batch([(batch[0], [1, 2]), (batch[1], [3])], [3, 1])
+        with pytest.raises(EngineError, match="row counts"):
+            engine.eval_batch([(batch[0], [1, 2])], [1, 1])
+    finally:
+        for s in batch:
+            s.close()
+
+
+def test_kit_families_verification_rows_bitwise_equal_alone(kit_engine: Engine) -> None:
+    verification_rows_equal_alone(kit_engine, seed=11)
+
+
+def test_embedded_model_verification_rows_bitwise_equal_alone(engine: Engine) -> None:
+    verification_rows_equal_alone(engine, seed=12)
+
+
 def _state(s):
     return s._state
 
