@@ -200,12 +200,15 @@ def serve_process(
 
 
 @contextmanager
-def other_server(cmd: Sequence[str], url: str, start_timeout: float) -> Iterator[str]:
-    """Another engine's HTTP server (llama-server, beside ds4d in a benchmark) from `cmd`,
-    serving at `url`: yields the url once GET /health answers 200, stops it after.
-    ServeProcessError, with the end of its output, if it exits or never becomes healthy."""
+def other_server(cmd: Sequence[str], url: str, start_timeout: float,
+                 env: Mapping[str, str] | None = None) -> Iterator[str]:  # fmt: skip
+    """Another engine's HTTP server (llama-server, beside ds4d in a benchmark) from `cmd`
+    (in `env`, default this process's), serving at `url`: yields the url once GET /health
+    answers 200, stops it after. ServeProcessError, with the end of its output, if it
+    exits or never becomes healthy."""
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
+                            env=None if env is None else dict(env))  # fmt: skip
 
     def healthy() -> bool:
         if proc.poll() is not None:
