@@ -14,8 +14,8 @@
  *     ds4n_kv_set those of [0, n).
  *
  *   Workspace (ds4n_dec_ws): scratch of the attention and FFN steps. Call
- *     ds4n_dec_ws_reserve(ws, dims, rows, n_seq, n_threads) before an eval of rows tokens
- *     over n_seq sequences (it is the only call that allocates, so a failure there leaves
+ *     ds4n_dec_ws_reserve(ws, dims, rows, n_units, n_threads) before an eval of rows tokens
+ *     in n_units attention units (it is the only call that allocates, so a failure there leaves
  *     every session untouched), and
  *     ds4n_dec_ws_release at the end. Zero-initialize the struct first.
  *
@@ -170,8 +170,10 @@ typedef struct ds4n_dec_ws {
     float *part;         /* split-key partials */
 } ds4n_dec_ws;
 
-/* 0, or -1 when out of memory (the workspace is then empty but valid). */
-int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t rows, int n_seq,
+/* n_units: the attention units of the call (a sequence, or each row of a sequence of at
+ * most DS4N_DEC_SMALL_T rows: decoder_attention.c), each with split-key partials of its
+ * own. 0, or -1 when out of memory (the workspace is then empty but valid). */
+int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t rows, int n_units,
                         int n_threads);
 void ds4n_dec_ws_release(ds4n_dec_ws *ws);
 

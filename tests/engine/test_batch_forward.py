@@ -212,6 +212,46 @@ def test_embedded_model_verification_rows_bitwise_equal_alone(engine: Engine) ->
     verification_rows_equal_alone(engine, seed=12)
 
 
+def chunks_equal_steps_across_split_boundaries(engine: Engine, seed: int,
+                                               starts: list[int]) -> None:  # fmt: skip
+    """A chunk of 8 tokens with every row's logits (a speculative verification) gives each
+    row bitwise what a decode step at that row gives, at every start of `starts` (500 to
+    520, 760 to 780: decode steps begin to split their keys at 512 keys and split them
+    more at 768, so some of these chunks reach a split plan their first rows' steps do not
+    have; they are then planned row by row: decoder_attention.c). Fails without that."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, engine.info.n_vocab, 800).tolist()
+    with engine.new_session(820) as steps, engine.new_session(820) as chunk:
+        steps.eval(tokens[:500])
+        chunk.eval(tokens[:500])
+        step_logits = {}
+        for pos in range(500, max(starts) + 8):
+            steps.eval(tokens[pos : pos + 1])
+            step_logits[pos] = steps.compute_logits().copy()
+        for start in starts:
+            chunk.rewind(500)
+            for pos in range(500, start):  # the KV the steps hold (a longer prefill chunk's
+                chunk.eval(tokens[pos : pos + 1])  # rows differ in the last bits)
+            rows = chunk.eval_all_logits(tokens[start : start + 8])
+            for i in range(8):
+                np.testing.assert_array_equal(rows[i], step_logits[start + i],
+                                              err_msg=f"chunk at {start}, row {i}")  # fmt: skip
+
+
+def test_kit_families_chunks_equal_steps_across_split_boundaries(
+    kit_engine: Engine, request: pytest.FixtureRequest
+) -> None:
+    if kit_engine.gguf.architecture == "gemma3":
+        # Not found yet: with the row-by-row plan, gemma3's rows at 512 and past of a chunk
+        # begun before 512 still differ in the last bits (docs/speculative.md, "Not done").
+        request.applymarker(pytest.mark.xfail(strict=True, reason="gemma3 past 512 keys"))
+    chunks_equal_steps_across_split_boundaries(kit_engine, 13, [*range(500, 521), *range(760, 781)])
+
+
+def test_embedded_model_chunks_equal_steps_across_split_boundaries(engine: Engine) -> None:
+    chunks_equal_steps_across_split_boundaries(engine, 14, list(range(503, 513)))
+
+
 def _state(s):
     return s._state
 
