@@ -265,9 +265,14 @@ class DecoderModel:
         if len(mine) != n:
             raise EngineError("eval_batch: a state of another model")
         n_rows = n if rows is None else sum(rows)
-        if rows is not None and (len(rows) != n or logits is None
-                                 or any(not 1 <= r <= len(t) for r, t in zip(rows, tokens))):  # fmt: skip
-            raise EngineError(f"eval_batch: rows {list(rows)} for {[len(t) for t in tokens]} tokens")
+        if rows is not None and (
+            len(rows) != n
+            or logits is None
+            or any(not 1 <= r <= len(t) for r, t in zip(rows, tokens, strict=True))
+        ):
+            raise EngineError(
+                f"eval_batch: rows {list(rows)} for {[len(t) for t in tokens]} tokens"
+            )
         if logits is not None and logits.shape != (n_rows, self.n_vocab):
             raise EngineError(f"eval_batch: logits of shape {logits.shape}")
         handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])

@@ -472,7 +472,7 @@ class EngineLoop:
                 # One session's bad step (context full, a bad token) must not fail the
                 # others: each session not yet advanced is evaluated on its own (a
                 # verification that was, again: its rows are needed).
-                for (w, s), n in zip(evals, before, strict=True):
+                for (w, _), n in zip(evals, before, strict=True):
                     session = self._session(w)
                     chunk = chunks[w]
                     if session.n_tokens == n + len(chunk) and w not in drafts:

@@ -33,7 +33,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--k", type=int, default=7)
     args = ap.parse_args()
-    prompt = args.prompt.read_text() if args.prompt else workloads(DEFAULT_FILE, RENAME)[args.workload]
+    prompt = (
+        args.prompt.read_text() if args.prompt else workloads(DEFAULT_FILE, RENAME)[args.workload]
+    )
     old, _, new = RENAME.partition("=")
     source = DEFAULT_FILE.read_text().replace(old, new)
     with Engine.open(resolve_model_path(args.model), threads=2) as engine:
