@@ -290,6 +290,15 @@ def test_refused_batches_change_nothing(engine: Engine) -> None:
             rc = fn(model.handle, model.pool.handle, handles,
                     toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, None)  # fmt: skip
             assert rc == -5
+        # rows of logits outside 1..count of a sequence: refused before anything runs
+        rows_fn = lib.ds4n_dec_model_eval_rows
+        two = (ctypes.c_void_p * 2)(_state(a).handle, _state(b).handle)
+        for want in ((0, 1), (1, 2), (2, 1)):
+            rc = rows_fn(model.handle, model.pool.handle, two,
+                         toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, 2,
+                         (ctypes.c_int64 * 2)(*want),
+                         logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))  # fmt: skip
+            assert rc == -5, want
         with pytest.raises(ContextFullError):
             engine.eval_batch([(a, [1]), (tiny, [2, 3])])
         with pytest.raises(EngineError, match="twice"):
