@@ -14,8 +14,8 @@
  *     ds4n_kv_set those of [0, n).
  *
  *   Workspace (ds4n_dec_ws): scratch of the attention and FFN steps. Call
- *     ds4n_dec_ws_reserve(ws, dims, rows, n_seq, n_threads) before an eval of rows tokens
- *     over n_seq sequences (it is the only call that allocates, so a failure there leaves
+ *     ds4n_dec_ws_reserve(ws, dims, rows, n_units, n_threads) before an eval of rows tokens
+ *     in n_units attention units (it is the only call that allocates, so a failure there leaves
  *     every session untouched), and
  *     ds4n_dec_ws_release at the end. Zero-initialize the struct first.
  *
@@ -49,7 +49,7 @@
  *                                 embd, embd_type, n_vocab, tokens, embd_scale);
  *       per layer: ds4n_rms_norm(b.x -> b.xn over b.n_rows), ds4n_attention(... &b ...),
  *                  add b.tmp to b.x, the FFN likewise;
- *       ds4n_dec_batch_finish(&b, pool, output norm, head, ..., logits, all_logits).
+ *       ds4n_dec_batch_finish(&b, pool, output norm, head, ..., logits, n_logits).
  *
  *   Projections (ds4n_dec_project): every matmul over batch rows. Each row must get exactly
  *     what it gets when its session is evaluated alone: sequences of at most
@@ -170,8 +170,10 @@ typedef struct ds4n_dec_ws {
     float *part;         /* split-key partials */
 } ds4n_dec_ws;
 
-/* 0, or -1 when out of memory (the workspace is then empty but valid). */
-int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t rows, int n_seq,
+/* n_units: the attention units of the call (a sequence, or each row of a sequence of at
+ * most DS4N_DEC_SMALL_T rows: decoder_attention.c), each with split-key partials of its
+ * own. 0, or -1 when out of memory (the workspace is then empty but valid). */
+int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t rows, int n_units,
                         int n_threads);
 void ds4n_dec_ws_release(ds4n_dec_ws *ws);
 
@@ -329,12 +331,14 @@ int ds4n_dec_batch_begin(ds4n_dec_batch *b, const ds4n_dec_dims *dims, int n_lay
                          ds4n_pool *pool, const void *embd, int32_t embd_type, int32_t n_vocab,
                          const int32_t *tokens, float embd_scale);
 /* Advances every sequence's n_past by its count; when logits is not NULL, fills it with
- * each sequence's last row's logits (n_seq x n_vocab), or with every row's when all_logits
- * (n_rows x n_vocab): RMSNorm(norm_w, eps), the head matrix, then
- * softcap * tanh(logit / softcap) when softcap > 0. */
+ * the logits of each sequence's last n_logits[i] rows (1 <= n_logits[i] <= count[i],
+ * checked by the caller), one sequence after the other (sum of n_logits x n_vocab), or
+ * with each sequence's last row's when n_logits is NULL (n_seq x n_vocab):
+ * RMSNorm(norm_w, eps), the head matrix, then softcap * tanh(logit / softcap) when
+ * softcap > 0. */
 void ds4n_dec_batch_finish(ds4n_dec_batch *b, ds4n_pool *pool, const float *norm_w, float eps,
                            const void *head, int32_t head_type, int32_t n_vocab, float *logits,
-                           int all_logits, float softcap);
+                           const int64_t *n_logits, float softcap);
 
 #ifdef __cplusplus
 }

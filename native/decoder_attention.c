@@ -55,7 +55,7 @@ typedef struct {
     ds4n_dec_ws *ws;
     int n_seq;
     attn_seq *seq;
-    int first[DS4N_DEC_MAX_SEQ + 1]; /* first item of each sequence */
+    int first[DS4N_DEC_MAX_UNITS + 1]; /* first item of each unit */
     atomic_int next;
 } attn_ctx;
 
@@ -182,6 +182,22 @@ static void plan_attention(attn_seq *c, int nth) {
     c->n_items = c->n_qblocks * d->n_head_kv * c->n_split;
 }
 
+/* Whether a unit planned over several rows splits its keys as each of its rows planned
+ * alone (a decode step of that row) does: then every row is computed as that step
+ * computes it. */
+static int same_plan_per_row(const attn_seq *c, int nth) {
+    for (int64_t t = 0; t < c->T; t++) {
+        attn_seq r = *c;
+        r.T = 1;
+        r.pos0 = c->pos0 + t;
+        r.row0 = c->row0 + t;
+        plan_attention(&r, nth);
+        if (r.n_split != c->n_split) return 0;
+        if (c->n_split > 1 && (r.split_len != c->split_len || r.kstart != c->kstart)) return 0;
+    }
+    return 1;
+}
+
 static const ds4n_rope *seq_rope(const ds4n_attn_layer *w, const ds4n_dec_session *s) {
     return w->rope_long && s->n_ctx > w->long_ctx ? w->rope_long : w->rope;
 }
@@ -225,14 +241,35 @@ void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
         }
     }
     const int nth = pool ? ds4n_pool_threads(pool) : 1;
-    attn_seq seq[DS4N_DEC_MAX_SEQ];
-    attn_ctx ac = {.ws = ws, .n_seq = b->n_seq, .seq = seq};
-    int64_t part_used = 0;
+    /* Units of attention work: a sequence, or, for a sequence of decode rows (at most
+     * DS4N_DEC_SMALL_T: a verification chunk of speculative decoding) whose key splits would
+     * differ from those of its rows' own decode steps (its last key crosses a split
+     * boundary its first does not), each row as a unit of its own, planned as its decode
+     * step is: every row of it is then bitwise that step's (the chunk shares the reads of
+     * K and V between its rows otherwise). */
+    attn_seq seq[DS4N_DEC_MAX_UNITS];
+    int n_units = 0;
     for (int i = 0; i < b->n_seq; i++) {
+        attn_seq c = {.d = d, .w = w, .kv = &b->seq[i]->kv, .il = il, .T = b->count[i],
+                      .pos0 = b->pos0[i], .row0 = b->row0[i], .bidir = b->bidir};
+        plan_attention(&c, nth);
+        if (c.T == 1 || c.T > DS4N_DEC_SMALL_T || c.bidir || same_plan_per_row(&c, nth)) {
+            seq[n_units++] = c;
+            continue;
+        }
+        for (int64_t t = 0; t < c.T; t++) {
+            attn_seq *r = &seq[n_units++];
+            *r = c;
+            r->T = 1;
+            r->pos0 = c.pos0 + t;
+            r->row0 = c.row0 + t;
+            plan_attention(r, nth);
+        }
+    }
+    attn_ctx ac = {.ws = ws, .n_seq = n_units, .seq = seq};
+    int64_t part_used = 0;
+    for (int i = 0; i < n_units; i++) {
         attn_seq *c = &seq[i];
-        *c = (attn_seq){.d = d, .w = w, .kv = &b->seq[i]->kv, .il = il, .T = b->count[i],
-                        .pos0 = b->pos0[i], .row0 = b->row0[i], .bidir = b->bidir};
-        plan_attention(c, nth);
         if (c->n_split > 1 && part_used + part_floats(c) > ws->cap_part) {
             c->n_split = 1; /* never reached by the plan's bound; correct, only slower */
             c->split_len = INT64_MAX;
@@ -247,7 +284,7 @@ void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
     }
     atomic_store(&ac.next, 0);
     ds4n_dec_run(pool, attn_task, &ac);
-    for (int i = 0; i < b->n_seq; i++)
+    for (int i = 0; i < n_units; i++)
         if (seq[i].n_split > 1) attn_merge(&seq[i], ws);
     ds4n_dec_project(pool, w->to, w->wo, E, n_q, ws->att, b->count, b->n_seq, out);
     if (w->bo)

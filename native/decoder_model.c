@@ -61,7 +61,7 @@ ds4n_dec_session *ds4n_dec_model_session_new(const ds4n_dec_model *m, int64_t n_
 
 static int eval(const ds4n_dec_model *m, ds4n_pool *pool, ds4n_dec_session *const *sessions,
                 const int32_t *tokens, const int64_t *counts, int n_seq, float *logits,
-                int all_logits) {
+                const int64_t *n_logits) {
     const ds4n_dec_shape *s = &m->shape;
     const ds4n_dec_weights *wt = &m->wt;
     ds4n_dec_batch b;
@@ -73,20 +73,30 @@ static int eval(const ds4n_dec_model *m, ds4n_pool *pool, ds4n_dec_session *cons
     if (rc != DS4N_OK) return rc;
     const int head = wt->w[DS4N_DEC_OUTPUT] ? DS4N_DEC_OUTPUT : DS4N_DEC_TOKEN_EMBD;
     ds4n_dec_batch_finish(&b, pool, wt->w[DS4N_DEC_OUTPUT_NORM], s->rms_eps, wt->w[head],
-                          wt->type[head], s->n_vocab, logits, all_logits, m->softcap);
+                          wt->type[head], s->n_vocab, logits, n_logits, m->softcap);
     return DS4N_OK;
 }
 
 int ds4n_dec_model_eval(const ds4n_dec_model *m, ds4n_dec_session *s, ds4n_pool *pool,
                         const int32_t *tokens, int64_t T, float *logits, int all_logits) {
     if (T <= 0) return DS4N_OK;
-    return eval(m, pool, &s, tokens, &T, 1, logits, all_logits);
+    return eval(m, pool, &s, tokens, &T, 1, logits, all_logits ? &T : NULL);
 }
 
 int ds4n_dec_model_eval_batch(const ds4n_dec_model *m, ds4n_pool *pool,
                               ds4n_dec_session *const *sessions, const int32_t *tokens,
                               const int64_t *counts, int n_seq, float *logits) {
-    return eval(m, pool, sessions, tokens, counts, n_seq, logits, 0);
+    return eval(m, pool, sessions, tokens, counts, n_seq, logits, NULL);
+}
+
+int ds4n_dec_model_eval_rows(const ds4n_dec_model *m, ds4n_pool *pool,
+                             ds4n_dec_session *const *sessions, const int32_t *tokens,
+                             const int64_t *counts, int n_seq, const int64_t *n_logits,
+                             float *logits) {
+    if (!n_logits || n_seq < 1 || n_seq > DS4N_DEC_MAX_SEQ) return DS4N_ERR_BAD_BATCH;
+    for (int i = 0; i < n_seq; i++)
+        if (n_logits[i] < 1 || n_logits[i] > counts[i]) return DS4N_ERR_BAD_BATCH;
+    return eval(m, pool, sessions, tokens, counts, n_seq, logits, n_logits);
 }
 
 int ds4n_dec_model_embed(const ds4n_dec_model *m, ds4n_pool *pool,

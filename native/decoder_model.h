@@ -102,6 +102,17 @@ int ds4n_dec_model_eval_batch(const ds4n_dec_model *m, ds4n_pool *pool,
                               ds4n_dec_session *const *sessions, const int32_t *tokens,
                               const int64_t *counts, int n_seq, float *logits);
 
+/* ds4n_dec_model_eval_batch, with the logits of each session's last n_logits[i] new rows
+ * (1 <= n_logits[i] <= counts[i]) one session after the other in logits (sum of n_logits
+ * x n_vocab, not NULL): a session of at most DS4N_DEC_SMALL_T new rows gets every row
+ * bitwise what ds4n_dec_model_eval of it alone gives with all_logits (a verification chunk
+ * of speculative decoding beside other sessions' decode steps). DS4N_ERR_BAD_BATCH for a
+ * count of rows outside that range; else as ds4n_dec_model_eval_batch. */
+int ds4n_dec_model_eval_rows(const ds4n_dec_model *m, ds4n_pool *pool,
+                             ds4n_dec_session *const *sessions, const int32_t *tokens,
+                             const int64_t *counts, int n_seq, const int64_t *n_logits,
+                             float *logits);
+
 /* The embedding path: one forward pass over n_seq distinct sessions as
  * ds4n_dec_model_eval_batch's, writing no logits but every new row's final hidden state to
  * hidden (n_rows x n_embd, n_rows the sum of counts): the output norm's RMSNorm when the

@@ -36,7 +36,7 @@ void ds4n_dec_ws_release(ds4n_dec_ws *ws) {
     memset(ws, 0, sizeof *ws);
 }
 
-int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t T, int n_seq,
+int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t T, int n_units,
                         int nth) {
     const int32_t n_q = d->n_head * d->head_dim, n_kv = d->n_head_kv * d->head_dim;
     const int32_t n_rot = d->head_dim < DS4N_ROPE_MAX_DIMS ? d->head_dim : DS4N_ROPE_MAX_DIMS;
@@ -77,7 +77,7 @@ int ds4n_dec_ws_reserve(ds4n_dec_ws *ws, const ds4n_dec_dims *d, int64_t T, int 
     const int qblock = QROWS / G > 0 ? QROWS / G : 1;
     /* Each sequence's split-key partials have a region of their own: one dispatch runs the
      * attention of every sequence. */
-    const int64_t part_floats = (int64_t)n_seq * MAX_SPLIT_ITEMS_PER_THREAD * nth *
+    const int64_t part_floats = (int64_t)n_units * MAX_SPLIT_ITEMS_PER_THREAD * nth *
                                 ((int64_t)qblock * G * (d->head_dim + 2));
     if (part_floats > ws->cap_part) {
         free(ws->part);
@@ -214,7 +214,11 @@ int ds4n_dec_batch_begin(ds4n_dec_batch *b, const ds4n_dec_dims *d, int n_layer,
         s->cap_tok = T;
     }
     const int nth = pool ? ds4n_pool_threads(pool) : 1;
-    if (ds4n_dec_ws_reserve(&s->ws, &s->dims, T, n_seq, nth) != 0) return DS4N_ERR_NO_MEMORY;
+    /* Attention units (decoder_attention.c): a sequence of decode rows may run as one unit
+     * per row, a longer one is one unit. */
+    int units = 0;
+    for (int i = 0; i < n_seq; i++) units += count[i] <= DS4N_DEC_SMALL_T ? (int)count[i] : 1;
+    if (ds4n_dec_ws_reserve(&s->ws, &s->dims, T, units, nth) != 0) return DS4N_ERR_NO_MEMORY;
     s->ws.call++;
     b->x = s->x;
     b->xn = s->xn;
@@ -232,25 +236,22 @@ int ds4n_dec_batch_begin(ds4n_dec_batch *b, const ds4n_dec_dims *d, int n_layer,
 
 void ds4n_dec_batch_finish(ds4n_dec_batch *b, ds4n_pool *pool, const float *norm_w, float eps,
                            const void *head, int32_t head_type, int32_t n_vocab, float *logits,
-                           int all_logits, float softcap) {
+                           const int64_t *n_logits, float softcap) {
     const int E = b->seq[0]->dims.n_embd;
     for (int i = 0; i < b->n_seq; i++) b->seq[i]->n_past += b->count[i];
     if (!logits) return;
-    int64_t rows;
-    if (all_logits) {
-        rows = b->n_rows;
-        ds4n_rms_norm(b->x, norm_w, b->xn, rows, E, eps);
-        ds4n_dec_project(pool, head_type, head, n_vocab, E, b->xn, b->count, b->n_seq, logits);
-    } else {
-        /* Each sequence's last row alone is a decode row, whatever its count. */
-        rows = b->n_seq;
-        for (int i = 0; i < b->n_seq; i++)
-            ds4n_rms_norm(b->x + (b->row0[i] + b->count[i] - 1) * E, norm_w, b->xn + i * E, 1, E,
-                          eps);
-        int64_t ones[DS4N_DEC_MAX_SEQ];
-        for (int i = 0; i < b->n_seq; i++) ones[i] = 1;
-        ds4n_dec_project(pool, head_type, head, n_vocab, E, b->xn, ones, b->n_seq, logits);
+    /* Each sequence's last n_logits[i] rows (its last row alone without n_logits), gathered
+     * in order into xn: a sequence of at most DS4N_DEC_SMALL_T of them gets decode rows
+     * (bitwise the single-token product), a longer one the call it makes alone. */
+    int64_t want[DS4N_DEC_MAX_SEQ] = {0};
+    int64_t rows = 0;
+    for (int i = 0; i < b->n_seq; i++) {
+        want[i] = n_logits ? n_logits[i] : 1;
+        ds4n_rms_norm(b->x + (b->row0[i] + b->count[i] - want[i]) * E, norm_w, b->xn + rows * E,
+                      want[i], E, eps);
+        rows += want[i];
     }
+    ds4n_dec_project(pool, head_type, head, n_vocab, E, b->xn, want, b->n_seq, logits);
     if (softcap > 0.0f)
         for (int64_t i = 0; i < rows * n_vocab; i++)
             logits[i] = softcap * tanhf(logits[i] / softcap);

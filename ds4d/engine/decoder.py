@@ -51,6 +51,9 @@ def _declare() -> None:
                                         c_int]),
         ("ds4n_dec_model_eval_batch", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
                                               ctypes.POINTER(i64), c_int, native.c_float_p]),
+        ("ds4n_dec_model_eval_rows", c_int, [vp, vp, ctypes.POINTER(vp), ctypes.POINTER(i32),
+                                             ctypes.POINTER(i64), c_int, ctypes.POINTER(i64),
+                                             native.c_float_p]),
         ("ds4n_dec_session_free", None, [vp]),
         ("ds4n_dec_session_n_past", i64, [vp]),
         ("ds4n_dec_session_n_ctx", i64, [vp]),
@@ -245,11 +248,15 @@ class DecoderModel:
         return DecoderState(self, n_ctx, kv_type)
 
     def eval_batch(self, states: Sequence[FamilyState], tokens: Sequence[np.ndarray],
-                   logits: np.ndarray | None) -> None:  # fmt: skip
+                   logits: np.ndarray | None, rows: Sequence[int] | None = None) -> None:  # fmt: skip
         """One forward pass appending tokens[i] (int32, at least one) to states[i] (at most
         MAX_BATCH distinct states of this model); logits (len(states) x n_vocab float32, or
         None) receives each state's logits after its last token, bitwise those of
-        `state.eval` alone. EngineError, with no state changed, on a bad call."""
+        `state.eval` alone; with `rows` (1 <= rows[i] <= len(tokens[i])), logits (sum(rows)
+        x n_vocab) receives those of each state's last rows[i] tokens, one state after the
+        other (`ds4n_dec_model_eval_rows`: a state of at most 8 new tokens gets each row
+        bitwise what `state.eval(..., all_logits=True)` alone gives). EngineError, with no
+        state changed, on a bad call."""
         n = len(states)
         if n != len(tokens) or not 1 <= n <= MAX_BATCH:
             raise EngineError(f"eval_batch: {n} states for {len(tokens)} token lists"
@@ -257,15 +264,28 @@ class DecoderModel:
         mine = [s for s in states if isinstance(s, DecoderState) and s.model is self]
         if len(mine) != n:
             raise EngineError("eval_batch: a state of another model")
-        if logits is not None and logits.shape != (n, self.n_vocab):
+        n_rows = n if rows is None else sum(rows)
+        if rows is not None and (
+            len(rows) != n
+            or logits is None
+            or any(not 1 <= r <= len(t) for r, t in zip(rows, tokens, strict=True))
+        ):
+            raise EngineError(
+                f"eval_batch: rows {list(rows)} for {[len(t) for t in tokens]} tokens"
+            )
+        if logits is not None and logits.shape != (n_rows, self.n_vocab):
             raise EngineError(f"eval_batch: logits of shape {logits.shape}")
         handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])
         counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
         flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
-        rc = lib.ds4n_dec_model_eval_batch(
-            self.handle, self.pool.handle, handles,
-            flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, fptr(logits),
-        )  # fmt: skip
+        toks = flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        if rows is None:
+            rc = lib.ds4n_dec_model_eval_batch(self.handle, self.pool.handle, handles, toks,
+                                               counts, n, fptr(logits))  # fmt: skip
+        else:
+            want = (ctypes.c_int64 * n)(*rows)
+            rc = lib.ds4n_dec_model_eval_rows(self.handle, self.pool.handle, handles, toks,
+                                              counts, n, want, fptr(logits))  # fmt: skip
         if rc != 0:
             raise EngineError(f"{self.family} eval_batch failed: {ERRORS.get(rc, rc)}")
 

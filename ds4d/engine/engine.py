@@ -274,7 +274,8 @@ class Engine:
         """The engine steering's key ('' for none): part of every prefix cache's key."""
         return self.steering.key if self.steering is not None else ""
 
-    def eval_batch(self, steps: Sequence[tuple[Session, Sequence[int]]]) -> None:
+    def eval_batch(self, steps: Sequence[tuple[Session, Sequence[int]]],
+                   rows: Sequence[int] | None = None) -> list[np.ndarray]:  # fmt: skip
         """Extends each session by its tokens; each session's logits become those after its
         last new token, bitwise what `session.eval` alone gives. Every step is checked before
         any session changes (ContextFullError, EngineError). The daemon advances all its
@@ -282,34 +283,61 @@ class Engine:
         one native forward pass (weights read once for every session; steps of more than
         PREFILL_CHUNK tokens, which would be chunked alone, go one session at a time);
         DeepSeek V4 has no batched pass and evaluates one session after another. The
-        sessions must be distinct and belong to this engine."""
+        sessions must be distinct and belong to this engine.
+
+        Returns each step's logits (read-only): of its last `rows[i]` new tokens
+        (1 <= rows[i] <= its token count; 1 each without `rows`), rows[i] x n_vocab, each row
+        bitwise what `session.eval_all_logits` alone gives for a step of at most
+        VERIFY_ROWS tokens (so a speculative verification chunk goes in the same call as the
+        other sessions' decode steps); a step without tokens gets 0 rows."""
         if len({id(s) for s, _ in steps}) != len(steps):
             raise EngineError("eval_batch: a session appears twice in one batch")
+        want = [1] * len(steps) if rows is None else [int(r) for r in rows]
+        if len(want) != len(steps):
+            raise EngineError(f"eval_batch: {len(want)} row counts for {len(steps)} steps")
         checked = []
-        for session, tokens in steps:
+        for (session, tokens), r in zip(steps, want, strict=True):
             if session.engine is not self:
                 raise EngineError("eval_batch: a session of another engine")
-            checked.append((session, session._check(tokens)))
-        checked = [(s, t) for s, t in checked if len(t)]
+            toks = session._check(tokens)
+            if len(toks) and not 1 <= r <= len(toks):
+                raise EngineError(f"eval_batch: {r} rows of logits for {len(toks)} tokens")
+            checked.append((session, toks))
+        n_vocab = self.info.n_vocab
+        out = [np.empty((0, n_vocab), np.float32) for _ in steps]
+        todo = [(i, s, t, want[i]) for i, (s, t) in enumerate(checked) if len(t)]
         model = self.model
         if (
             not isinstance(model, BatchedModel)
-            or len(checked) < 2
-            or any(len(t) > PREFILL_CHUNK for _, t in checked)
+            or (len(todo) < 2 and all(r == 1 for *_, r in todo))
+            or any(len(t) > PREFILL_CHUNK for _, _, t, _ in todo)
         ):
-            for session, toks in checked:
-                session.eval(toks)
-            return
+            for i, session, toks, r in todo:
+                if r == 1:
+                    session.eval(toks)
+                    logits = session.last_logits
+                    assert logits is not None
+                    out[i] = logits[None]
+                else:
+                    out[i] = session.eval_all_logits(toks)[-r:]
+                    out[i].flags.writeable = False
+            return out
         limit = model.max_batch
         with self.lock:
-            for start in range(0, len(checked), limit):
-                group = checked[start : start + limit]
-                logits = np.empty((len(group), self.info.n_vocab), np.float32)
-                model.eval_batch([s._state for s, _ in group], [t for _, t in group], logits)
+            for start in range(0, len(todo), limit):
+                group = todo[start : start + limit]
+                counts = [r for *_, r in group]
+                logits = np.empty((sum(counts), n_vocab), np.float32)
+                model.eval_batch([s._state for _, s, _, _ in group], [t for _, _, t, _ in group],
+                                 logits, None if rows is None else counts)  # fmt: skip
                 logits.flags.writeable = False
-                for (session, toks), row in zip(group, logits, strict=True):
+                at = 0
+                for i, session, toks, r in group:
                     session._tokens.extend(toks.tolist())
-                    session._logits = row
+                    out[i] = logits[at : at + r]
+                    session._logits = logits[at + r - 1]
+                    at += r
+        return out
 
     # -- embeddings ---------------------------------------------------------------------
 

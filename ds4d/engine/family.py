@@ -114,9 +114,11 @@ class BatchedModel(FamilyModel, Protocol):
         states: Sequence[FamilyState],
         tokens: Sequence[np.ndarray],
         logits: np.ndarray | None,
+        rows: Sequence[int] | None = None,
     ) -> None:
         """One forward pass appending tokens[i] to states[i] (states of this model);
-        logits (len(states) x n_vocab) receives each one's logits after its last token."""
+        logits (len(states) x n_vocab) receives each one's logits after its last token, or
+        with `rows` (sum(rows) x n_vocab) those of each one's last rows[i] tokens in turn."""
         ...
 
 

@@ -67,8 +67,8 @@ class PromptLookup:
 class DraftLength:
     """How many tokens to draft next, from an average of recent drafts' acceptance.
 
-    The rate is the fraction of drafted tokens accepted, averaged with weight `decay` on
-    the past. At a high rate the whole `max_draft` is drafted; below `min_rate` nothing
+    The rate is the fraction of the drafted tokens checked that were accepted (see
+    `observe`), averaged with weight `decay` on the past. At a high rate the whole `max_draft` is drafted; below `min_rate` nothing
     is, except a probe of `probe` tokens once `probe_every` tokens were generated without
     a draft (a failed probe costs one verification of a short chunk)."""
 
@@ -102,9 +102,15 @@ class DraftLength:
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verification: `drafted` tokens proposed, the first `accepted` of them kept
-        (drafted 0: a step that generated one token without a draft)."""
+        (drafted 0: a step that generated one token without a draft).
+
+        The rate is per token checked: the accepted ones and the first rejected one. The
+        tokens after a rejection were never tried, so counting them as failures (accepted
+        over drafted) would make the rate of a long copy cut once look low, and its
+        drafts short (7 drafted, 5 kept: 5/6, not 5/7)."""
         if drafted == 0:
             self._idle += 1
             return
         self._idle = 0
-        self.rate = self.decay * self.rate + (1.0 - self.decay) * (accepted / drafted)
+        checked = accepted + (1 if accepted < drafted else 0)
+        self.rate = self.decay * self.rate + (1.0 - self.decay) * (accepted / checked)

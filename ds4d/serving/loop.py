@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import trio
 
 from ds4d.chat.errors import Overloaded
@@ -59,7 +60,7 @@ from ds4d.serving.decoding import DecodeStep, Decoding
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.prompt import Prepared
 from ds4d.serving.slots import SlotPool
-from ds4d.serving.speculation import verify
+from ds4d.serving.speculation import accept
 from ds4d.serving.stepcost import StepCost
 from ds4d.state.kvstate import KVState
 from ds4d.state.matching import Plan
@@ -448,28 +449,39 @@ class EngineLoop:
         return out
 
     def _decode(self, decodes: list[tuple[Work, DecodeStep]], out: _Outcome) -> None:
-        # A request with drafts is verified in a call of its own (its chunk's every row of
-        # logits is needed); the others advance together in one batched call.
+        # Every decoding request's pending tokens go in one batched call; a request with
+        # drafts adds them and gets the logits of its chunk's every row (its verification,
+        # ds4n_dec_model_eval_rows: the weights are read once per step for all of them).
         drafts = {w: d for w, s in decodes if (d := self._draft(w, s))}
-        evals = [(w, s) for w, s in decodes if s.tokens and w not in drafts]
+        evals = [(w, s) for w, s in decodes if s.tokens]
+        chunks = {w: s.tokens + drafts.get(w, []) for w, s in evals}
+        want = {w: len(chunks[w]) if w in drafts else 1 for w, _ in evals}
+        rows: dict[Work, np.ndarray] = {}
         if evals:
             before = [self._session(w).n_tokens for w, _ in evals]
             try:
                 t0 = self.clock()
-                self.engine.eval_batch([(self._session(w), s.tokens) for w, s in evals])
-                if self.cost is not None and len(evals) == 1 and len(evals[0][1].tokens) == 1:
-                    self.cost.observe_chunk(1, self.clock() - t0)  # a lone plain step
+                got = self.engine.eval_batch([(self._session(w), chunks[w]) for w, _ in evals],
+                                             [want[w] for w, _ in evals])  # fmt: skip
+                lone = evals[0][0]
+                if self.cost is not None and len(evals) == 1 and want[lone] == len(chunks[lone]):
+                    # a lone plain step (n = 1) or verification chunk
+                    self.cost.observe_chunk(want[lone], self.clock() - t0)
+                rows = {w: r for (w, _), r in zip(evals, got, strict=True)}
             except Exception:
                 # One session's bad step (context full, a bad token) must not fail the
-                # others: each session not yet advanced is evaluated on its own.
-                for (w, s), n in zip(evals, before, strict=True):
+                # others: each session not yet advanced is evaluated on its own (a
+                # verification that was, again: its rows are needed).
+                for (w, _), n in zip(evals, before, strict=True):
                     session = self._session(w)
-                    if session.n_tokens == n + len(s.tokens):
+                    chunk = chunks[w]
+                    if session.n_tokens == n + len(chunk) and w not in drafts:
                         continue
                     try:
-                        if session.n_tokens != n:
+                        if session.n_tokens not in (n, n + len(chunk)):
                             raise RuntimeError("a decode step was partly evaluated")
-                        self.engine.eval_batch([(session, s.tokens)])
+                        session.rewind(n)
+                        rows[w] = self.engine.eval_batch([(session, chunk)], [want[w]])[0]
                     except Exception as e:
                         out.failed[w] = e
         for w, s in decodes:
@@ -479,13 +491,13 @@ class EngineLoop:
             assert decoding is not None
             try:
                 spec = decoding.speculation
+                session = self._session(w)
                 if w in drafts:
                     assert spec is not None
-                    session = self._session(w)
-                    t0 = self.clock()
-                    verified = verify(decoding, session, s, drafts[w], spec.draw())
-                    if self.cost is not None:
-                        self.cost.observe_chunk(1 + len(drafts[w]), self.clock() - t0)
+                    chunk = chunks[w]
+                    n0 = session.n_tokens - len(chunk)
+                    verified = accept(decoding, s, chunk, rows[w], spec.draw())
+                    session.rewind(n0 + verified.keep)
                     spec.observe(verified.drafted, verified.accepted)
                     decoding.record.drafted_tokens += verified.drafted
                     decoding.record.accepted_tokens += verified.accepted
@@ -495,7 +507,6 @@ class EngineLoop:
                 else:
                     token = None
                     if s.sample:
-                        session = self._session(w)
                         if s.tokens and self.kv is not None:
                             self.kv.after_token(session)  # a continued checkpoint at a frontier
                         token = sample(session.compute_logits(), s.params, decoding.rng, s.allowed)

@@ -2,7 +2,8 @@
 
 At a decode step a request with speculation on drafts up to k tokens after its pending
 token, from the text it has seen (prompt lookup: ds4d.serving.lookup) or from a small
-model of the same vocabulary (ds4d.serving.draft), and evaluates them as one chunk with `Session.eval_all_logits`:
+model of the same vocabulary (ds4d.serving.draft), and evaluates them as one chunk in the step's
+batched call (`Engine.eval_batch` with rows: every row's logits; `verify` does it alone):
 row i holds the logits after the chunk's token i. Then, position by position, the token
 is sampled from that row exactly as a plain step would sample it (the same sampler, the
 request's own generator, the constraint's allowed ids at that point) and fed to the

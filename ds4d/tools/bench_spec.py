@@ -58,6 +58,7 @@ from ds4d.tools.serve_process import (
     parse_metrics,
     private_env,
     serve_process,
+    sigterm_unwinds,
 )
 
 DEFAULT_FILE = Path(__file__).resolve().parents[1] / "chat" / "types.py"
@@ -87,6 +88,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--llama-server", type=Path, help="llama.cpp's llama-server binary")
+    p.add_argument("--llama-wait", choices=("auto", "passive", "active"), default="auto",
+                   help="llama-server's OpenMP threads between tasks: passive sleep, active "
+                        "spin (its default); auto: passive when the load average is at "
+                        "least the core count")  # fmt: skip
     p.add_argument("--csv", type=Path, help="write the rows here")
     p.add_argument("--plot", type=Path, help="PNG of tokens/s per workload and mode")
     p.add_argument("--timeout", type=float, default=1800)
@@ -214,14 +219,28 @@ def ds4d_server(args: argparse.Namespace, mode: str) -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def llama_wait(choice: str) -> str:
+    """OMP_WAIT_POLICY for llama-server. A ggml build with OpenMP spins its threads at
+    every synchronisation; when other processes hold the cores, a spinning thread waits
+    for one that is not running, and decode collapses (measured, SmolLM2-135M, 2 threads,
+    load 9 on 2 cores: 0.7 tokens/s spinning against 34 passive; docs/speculative.md). On
+    an idle machine the spin is its default and fastest."""
+    if choice != "auto":
+        return choice
+    return "passive" if os.getloadavg()[0] >= (os.cpu_count() or 1) else "active"
+
+
 @contextmanager
 def llama_server(args: argparse.Namespace, model: Path, spec: list[str]) -> Iterator[str]:
     port = free_port()
     cmd = [str(args.llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
            "-t", str(args.threads), "-tb", str(args.threads), "-np", "1", "-c", str(args.ctx),
            *spec]  # fmt: skip
+    env = {**os.environ, "OMP_WAIT_POLICY": llama_wait(args.llama_wait)}
+    print(f"# llama-server {' '.join(spec) or '(no speculation)'}, OMP_WAIT_POLICY="
+          f"{env['OMP_WAIT_POLICY']}, load {load()}", flush=True)  # fmt: skip
     try:
-        with other_server(cmd, f"http://127.0.0.1:{port}", START_TIMEOUT_S) as url:
+        with other_server(cmd, f"http://127.0.0.1:{port}", START_TIMEOUT_S, env) as url:
             yield url
     except ServeProcessError as e:
         raise CliError(str(e)) from None
@@ -300,6 +319,12 @@ def rows_of(results: Results, modes: list[str], server: str, model: str,
 
 
 def run(args: argparse.Namespace) -> int:
+    # Stopped by SIGTERM (a timeout, a job manager), it still stops every server it started.
+    with sigterm_unwinds():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
     all_prompts = workloads(args.file, args.rename)

@@ -88,6 +88,22 @@ def poll_until(ready: Callable[[], bool], timeout: float, what: str) -> None:
         time.sleep(0.2)  # poll: another process loads the model, bounded by the deadline
 
 
+@contextmanager
+def sigterm_unwinds() -> Iterator[None]:
+    """While the block runs (main thread), SIGTERM raises SystemExit(143) instead of ending
+    the process at once (Python's default), so the blocks that stop its child servers run:
+    a benchmark stopped by a timeout or a job manager leaves no server running."""
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 @dataclass
 class ServeProcess:
     url: str
@@ -184,12 +200,15 @@ def serve_process(
 
 
 @contextmanager
-def other_server(cmd: Sequence[str], url: str, start_timeout: float) -> Iterator[str]:
-    """Another engine's HTTP server (llama-server, beside ds4d in a benchmark) from `cmd`,
-    serving at `url`: yields the url once GET /health answers 200, stops it after.
-    ServeProcessError, with the end of its output, if it exits or never becomes healthy."""
+def other_server(cmd: Sequence[str], url: str, start_timeout: float,
+                 env: Mapping[str, str] | None = None) -> Iterator[str]:  # fmt: skip
+    """Another engine's HTTP server (llama-server, beside ds4d in a benchmark) from `cmd`
+    (in `env`, default this process's), serving at `url`: yields the url once GET /health
+    answers 200, stops it after. ServeProcessError, with the end of its output, if it
+    exits or never becomes healthy."""
     log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(list(cmd), stdout=log, stderr=subprocess.STDOUT,
+                            env=None if env is None else dict(env))  # fmt: skip
 
     def healthy() -> bool:
         if proc.poll() is not None:

@@ -166,6 +166,92 @@ def test_batch_is_one_forward_pass(kit_engine: Engine) -> None:
             s.close()
 
 
+def verification_rows_equal_alone(engine: Engine, seed: int) -> None:
+    """A speculative verification in the batch (Engine.eval_batch with rows): sessions
+    with chunks of 2..8 tokens asking every row's logits, beside plain decode steps and a
+    chunk asking only its last rows, in one call, get each row bitwise what the chunk
+    alone gives with every position's logits (Session.eval_all_logits), and each session
+    then holds what it holds alone."""
+    rng = np.random.default_rng(seed)
+    n_vocab = engine.info.n_vocab
+    prompts = [rng.integers(0, n_vocab, n).tolist() for n in (5, 9, 3, 12)]
+    chunks = [rng.integers(0, n_vocab, n).tolist() for n in (8, 1, 3, 5)]
+    rows = [8, 1, 3, 2]
+    batch = [engine.new_session(N_CTX) for _ in prompts]
+    try:
+        for s, p in zip(batch, prompts, strict=True):
+            s.eval(p)
+        got = engine.eval_batch(list(zip(batch, chunks, strict=True)), rows)
+        for i, (s, p, c, r) in enumerate(zip(batch, prompts, chunks, rows, strict=True)):
+            assert got[i].shape == (r, n_vocab) and s.tokens == p + c
+            with engine.new_session(N_CTX) as alone:
+                alone.eval(p)
+                want = alone.eval_all_logits(c)[-r:]
+                np.testing.assert_array_equal(got[i], want, err_msg=f"session {i}")
+                np.testing.assert_array_equal(s.compute_logits(), alone.compute_logits())
+        # one session alone with rows: the same native call, the same rows
+        with engine.new_session(N_CTX) as one, engine.new_session(N_CTX) as alone:
+            one.eval(prompts[0])
+            alone.eval(prompts[0])
+            np.testing.assert_array_equal(engine.eval_batch([(one, chunks[0])], [8])[0],
+                                          alone.eval_all_logits(chunks[0]))  # fmt: skip
+        with pytest.raises(EngineError, match="rows of logits"):
+            engine.eval_batch([(batch[0], [1, 2]), (batch[1], [3])], [3, 1])
+        with pytest.raises(EngineError, match="row counts"):
+            engine.eval_batch([(batch[0], [1, 2])], [1, 1])
+    finally:
+        for s in batch:
+            s.close()
+
+
+def test_kit_families_verification_rows_bitwise_equal_alone(kit_engine: Engine) -> None:
+    verification_rows_equal_alone(kit_engine, seed=11)
+
+
+def test_embedded_model_verification_rows_bitwise_equal_alone(engine: Engine) -> None:
+    verification_rows_equal_alone(engine, seed=12)
+
+
+def chunks_equal_steps_across_split_boundaries(engine: Engine, seed: int,
+                                               starts: list[int]) -> None:  # fmt: skip
+    """A chunk of 8 tokens with every row's logits (a speculative verification) gives each
+    row bitwise what a decode step at that row gives, at every start of `starts` (500 to
+    520, 760 to 780: decode steps begin to split their keys at 512 keys and split them
+    more at 768, so some of these chunks reach a split plan their first rows' steps do not
+    have; they are then planned row by row: decoder_attention.c). Fails without that."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, engine.info.n_vocab, 800).tolist()
+    with engine.new_session(820) as steps, engine.new_session(820) as chunk:
+        steps.eval(tokens[:500])
+        chunk.eval(tokens[:500])
+        step_logits = {}
+        for pos in range(500, max(starts) + 8):
+            steps.eval(tokens[pos : pos + 1])
+            step_logits[pos] = steps.compute_logits().copy()
+        for start in starts:
+            chunk.rewind(500)
+            for pos in range(500, start):  # the KV the steps hold (a longer prefill chunk's
+                chunk.eval(tokens[pos : pos + 1])  # rows differ in the last bits)
+            rows = chunk.eval_all_logits(tokens[start : start + 8])
+            for i in range(8):
+                np.testing.assert_array_equal(rows[i], step_logits[start + i],
+                                              err_msg=f"chunk at {start}, row {i}")  # fmt: skip
+
+
+def test_kit_families_chunks_equal_steps_across_split_boundaries(
+    kit_engine: Engine, request: pytest.FixtureRequest
+) -> None:
+    if kit_engine.gguf.architecture == "gemma3":
+        # Not found yet: with the row-by-row plan, gemma3's rows at 512 and past of a chunk
+        # begun before 512 still differ in the last bits (docs/speculative.md, "Not done").
+        request.applymarker(pytest.mark.xfail(strict=True, reason="gemma3 past 512 keys"))
+    chunks_equal_steps_across_split_boundaries(kit_engine, 13, [*range(500, 521), *range(760, 781)])
+
+
+def test_embedded_model_chunks_equal_steps_across_split_boundaries(engine: Engine) -> None:
+    chunks_equal_steps_across_split_boundaries(engine, 14, list(range(503, 513)))
+
+
 def _state(s):
     return s._state
 
@@ -204,6 +290,15 @@ def test_refused_batches_change_nothing(engine: Engine) -> None:
             rc = fn(model.handle, model.pool.handle, handles,
                     toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, None)  # fmt: skip
             assert rc == -5
+        # rows of logits outside 1..count of a sequence: refused before anything runs
+        rows_fn = lib.ds4n_dec_model_eval_rows
+        two = (ctypes.c_void_p * 2)(_state(a).handle, _state(b).handle)
+        for want in ((0, 1), (1, 2), (2, 1)):
+            rc = rows_fn(model.handle, model.pool.handle, two,
+                         toks.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, 2,
+                         (ctypes.c_int64 * 2)(*want),
+                         logits.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))  # fmt: skip
+            assert rc == -5, want
         with pytest.raises(ContextFullError):
             engine.eval_batch([(a, [1]), (tiny, [2, 3])])
         with pytest.raises(EngineError, match="twice"):

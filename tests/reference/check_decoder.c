@@ -77,7 +77,7 @@ static int step(ds4n_dec_session *s, const ds4n_attn_layer *w, ds4n_pool *pool,
                              1.0f) != DS4N_OK)
         return 1;
     ds4n_attention(&s->dims, w, 0, &b, pool, b.x, out);
-    ds4n_dec_batch_finish(&b, pool, NULL, 0.0f, NULL, DS4N_F32, 0, NULL, 0, 0.0f);
+    ds4n_dec_batch_finish(&b, pool, NULL, 0.0f, NULL, DS4N_F32, 0, NULL, NULL, 0.0f);
     return 0;
 }
 

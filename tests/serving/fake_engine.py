@@ -135,12 +135,16 @@ class FakeModel:
         return 4
 
     def eval_batch(self, states: Sequence[Any], tokens: Sequence[np.ndarray],
-                   logits: np.ndarray | None) -> None:  # fmt: skip
+                   logits: np.ndarray | None, rows: Sequence[int] | None = None) -> None:  # fmt: skip
         self.compute.run(states, tokens)
+        at = 0
         for i, s in enumerate(states):
             s._n += len(tokens[i])
+            r = 1 if rows is None else rows[i]
             if logits is not None:
-                self.compute.logits(s._n, logits[i])
+                for j in range(r):  # the logits after each of its last r tokens
+                    self.compute.logits(s._n - r + 1 + j, logits[at + j])
+            at += r
 
     def close(self) -> None:
         pass

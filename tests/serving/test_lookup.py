@@ -68,6 +68,18 @@ def test_draft_length_falls_to_zero_when_drafts_fail_and_probes_back():
 def test_draft_length_follows_a_partial_rate():
     length = DraftLength(7)
     for _ in range(20):
-        length.observe(4, 2)  # half accepted: runs of about one token
-    assert length.next() == 2
+        length.observe(4, 1)  # one kept, the second rejected: runs of about one token
+    assert abs(length.rate - 0.5) < 1e-3 and length.next() == 2
     assert DraftLength(0).next() == 0
+
+
+def test_the_rate_counts_only_the_tokens_checked():
+    """A draft cut at its sixth token had five accepted of six checked (the last token was
+    never tried): a long copy cut now and then keeps a high rate and long drafts."""
+    length = DraftLength(7)
+    for _ in range(20):
+        length.observe(7, 5)
+    assert abs(length.rate - 5 / 6) < 1e-3 and length.next() == 6
+    for _ in range(20):
+        length.observe(7, 7)  # all kept: nothing failed
+    assert length.rate > 0.99 and length.next() == 7
