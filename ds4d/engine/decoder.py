@@ -244,42 +244,28 @@ class DecoderModel:
         (the reference the tests compare against); Engine.open chooses the serving type."""
         return DecoderState(self, n_ctx, kv_type)
 
-    def _batch_states(self, call: str, states: Sequence[FamilyState],
-                      tokens: Sequence[np.ndarray]) -> list[DecoderState]:  # fmt: skip
-        """A batched call's states (eval_batch, embed_batch: one token list each, at most
-        MAX_BATCH, all of this model) as this model's; EngineError naming `call` if not."""
-        n = len(states)
-        if n != len(tokens) or not 1 <= n <= MAX_BATCH:
-            raise EngineError(f"{call}: {n} states for {len(tokens)} token lists"
-                              f" (1..{MAX_BATCH})")  # fmt: skip
-        mine = [s for s in states if isinstance(s, DecoderState) and s.model is self]
-        if len(mine) != n:
-            raise EngineError(f"{call}: a state of another model")
-        return mine
-
-    @staticmethod
-    def _batch_args(mine: list[DecoderState],
-                    tokens: Sequence[np.ndarray]) -> tuple[Any, Any, Any, int]:  # fmt: skip
-        """The arguments of the native batched calls after the model and pool: the states'
-        handles, all the tokens in one int32 array (the pointer keeps the array alive),
-        each state's count of them, the count of states."""
-        n = len(mine)
-        handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])
-        counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
-        flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
-        return handles, flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n
-
     def eval_batch(self, states: Sequence[FamilyState], tokens: Sequence[np.ndarray],
                    logits: np.ndarray | None) -> None:  # fmt: skip
         """One forward pass appending tokens[i] (int32, at least one) to states[i] (at most
         MAX_BATCH distinct states of this model); logits (len(states) x n_vocab float32, or
         None) receives each state's logits after its last token, bitwise those of
         `state.eval` alone. EngineError, with no state changed, on a bad call."""
-        mine = self._batch_states("eval_batch", states, tokens)
-        if logits is not None and logits.shape != (len(mine), self.n_vocab):
+        n = len(states)
+        if n != len(tokens) or not 1 <= n <= MAX_BATCH:
+            raise EngineError(f"eval_batch: {n} states for {len(tokens)} token lists"
+                              f" (1..{MAX_BATCH})")  # fmt: skip
+        mine = [s for s in states if isinstance(s, DecoderState) and s.model is self]
+        if len(mine) != n:
+            raise EngineError("eval_batch: a state of another model")
+        if logits is not None and logits.shape != (n, self.n_vocab):
             raise EngineError(f"eval_batch: logits of shape {logits.shape}")
-        args = self._batch_args(mine, tokens)
-        rc = lib.ds4n_dec_model_eval_batch(self.handle, self.pool.handle, *args, fptr(logits))
+        handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])
+        counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
+        flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
+        rc = lib.ds4n_dec_model_eval_batch(
+            self.handle, self.pool.handle, handles,
+            flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, fptr(logits),
+        )  # fmt: skip
         if rc != 0:
             raise EngineError(f"{self.family} eval_batch failed: {ERRORS.get(rc, rc)}")
 
@@ -297,12 +283,23 @@ class DecoderModel:
         """One forward pass appending tokens[i] (int32, at least one) to states[i]; hidden
         (sum of the counts x n_embd float32) receives every new row's final hidden state
         (after the output norm), bitwise what each state's rows are alone."""
-        mine = self._batch_states("embed_batch", states, tokens)
+        n = len(states)
+        if n != len(tokens) or not 1 <= n <= MAX_BATCH:
+            raise EngineError(f"embed_batch: {n} states for {len(tokens)} token lists"
+                              f" (1..{MAX_BATCH})")  # fmt: skip
+        mine = [s for s in states if isinstance(s, DecoderState) and s.model is self]
+        if len(mine) != n:
+            raise EngineError("embed_batch: a state of another model")
         rows = sum(len(t) for t in tokens)
         if hidden.shape != (rows, self.n_embd) or hidden.dtype != np.float32:
             raise EngineError(f"embed_batch: hidden of shape {hidden.shape}")
-        args = self._batch_args(mine, tokens)
-        rc = lib.ds4n_dec_model_embed(self.handle, self.pool.handle, *args, fptr(hidden))
+        handles = (ctypes.c_void_p * n)(*[s.handle for s in mine])
+        counts = (ctypes.c_int64 * n)(*[len(t) for t in tokens])
+        flat = np.ascontiguousarray(np.concatenate(tokens), dtype=np.int32)
+        rc = lib.ds4n_dec_model_embed(
+            self.handle, self.pool.handle, handles,
+            flat.ctypes.data_as(ctypes.POINTER(ctypes.c_int32)), counts, n, fptr(hidden),
+        )  # fmt: skip
         if rc != 0:
             raise EngineError(f"{self.family} embedding failed: {ERRORS.get(rc, rc)}")
 
