@@ -39,6 +39,7 @@ from ds4d.chat.types import (
     Event,
     Finish,
     Message,
+    OutputFormat,
     ReasoningDelta,
     Role,
     Sampling,
@@ -267,10 +268,32 @@ def parse_chat(body: Any, defaults: Sampling) -> OllamaRequest:
     output_format = ollama_format(body)
     options, sampling = _options(body, defaults)
     messages = _messages(body.get("messages"))
-    thinking, effort = think_switch(body.get("think"))
-    req = ChatRequest(
+    think = think_switch(body.get("think"))
+    tools = parse_tools(body.get("tools"))
+    req = _chat_request(body, options, sampling, messages, think, output_format, tools=tools)
+    return OllamaRequest(
+        req,
+        keep_alive_s=keep_alive_seconds(body.get("keep_alive")),
+        num_ctx=_num_ctx(options),
+        load_only=not messages,
+    )
+
+
+def _chat_request(
+    body: dict[str, Any],
+    options: dict[str, Any],
+    sampling: Sampling,
+    messages: list[Message],
+    think: tuple[bool | None, str | None],
+    output_format: OutputFormat | None,
+    **fields: Any,
+) -> ChatRequest:
+    """The request of /api/chat and /api/generate: what both read from the body and its
+    options (checked in this order, after what the caller checked), and the route's own
+    `fields`."""
+    thinking, effort = think
+    return ChatRequest(
         messages=messages,
-        tools=parse_tools(body.get("tools")),
         sampling=sampling,
         max_tokens=_num_predict(options),
         stop=stop_list(options.get("stop"), "options.stop"),
@@ -280,12 +303,7 @@ def parse_chat(body: Any, defaults: Sampling) -> OllamaRequest:
         stream=field_of(body, "stream", bool, True),  # Ollama streams unless told not to
         output_format=output_format,
         steering=steering_of(options.get("steering"), "options.steering"),
-    )
-    return OllamaRequest(
-        req,
-        keep_alive_s=keep_alive_seconds(body.get("keep_alive")),
-        num_ctx=_num_ctx(options),
-        load_only=not messages,
+        **fields,
     )
 
 
@@ -304,22 +322,11 @@ def parse_generate(body: Any, defaults: Sampling) -> OllamaRequest:
     suffix = field_of(body, "suffix", str, None)
     system = field_of(body, "system", str, "")
     raw = field_of(body, "raw", bool, False)
-    thinking, effort = think_switch(body.get("think"))
+    think = think_switch(body.get("think"))
     messages = [Message("system", system)] if system else []
     messages.append(Message("user", prompt))
-    req = ChatRequest(
-        messages=messages,
-        sampling=sampling,
-        max_tokens=_num_predict(options),
-        stop=stop_list(options.get("stop"), "options.stop"),
-        thinking=thinking,
-        reasoning_effort=effort,
-        model=model_name(body),
-        stream=field_of(body, "stream", bool, True),
-        raw_prompt=prompt if raw else None,
-        output_format=output_format,
-        steering=steering_of(options.get("steering"), "options.steering"),
-    )
+    req = _chat_request(body, options, sampling, messages, think, output_format,
+                        raw_prompt=prompt if raw else None)  # fmt: skip
     if suffix is not None and output_format is not None:
         raise bad("'format' cannot be combined with 'suffix' (fill in the middle)", "format")
     if suffix is not None:  # an editor's inline completion: fill in the middle

@@ -272,32 +272,56 @@ class _Builder:
         return obj
 
 
-def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "type": "message",
-        "status": status,
-        "role": "assistant",
-        "content": [{"type": "output_text", "text": text, "annotations": []}],
-    }
+@dataclass(frozen=True)
+class _TextItem:
+    """An output item of text, as Responses writes it whole and streams it: the assistant's
+    message (its `content`, one output_text part) or its reasoning (its `summary`, one
+    summary_text part). Their events have the same shape under their own names; a
+    message's part has annotations, its role is assistant and its text events carry
+    logprobs."""
+
+    type: str
+    id_prefix: str
+    parts: str  # the item's list of parts
+    index: str  # the events' index of the part
+    part_type: str
+    text_events: str  # `<text_events>.delta` / `.done`
+    part_events: str  # `<part_events>.added` / `.done`
+
+    def item(self, item_id: str, status: str, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        role = {"role": "assistant"} if self.type == "message" else {}
+        return {"id": item_id, "type": self.type, "status": status, **role, self.parts: parts}
+
+    def part(self, text: str) -> dict[str, Any]:
+        notes: dict[str, Any] = {"annotations": []} if self.type == "message" else {}
+        return {"type": self.part_type, "text": text, **notes}
+
+    def whole(self, text: str, status: str) -> dict[str, Any]:
+        """The item of a response that is not streamed."""
+        return self.item(random_id(self.id_prefix), status, [self.part(text)])
+
+    def text_extra(self) -> dict[str, Any]:
+        return {"logprobs": []} if self.type == "message" else {}
 
 
-def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
-    return {
-        "id": item_id,
-        "type": "reasoning",
-        "status": "completed",
-        "summary": [{"type": "summary_text", "text": text}],
-    }
+_MESSAGE = _TextItem(
+    "message", "msg_", "content", "content_index", "output_text",
+    "response.output_text", "response.content_part",
+)  # fmt: skip
+_REASONING = _TextItem(
+    "reasoning", "rs_", "summary", "summary_index", "summary_text",
+    "response.reasoning_summary_text", "response.reasoning_summary_part",
+)  # fmt: skip
+_TEXT_ITEMS = {k.type: k for k in (_MESSAGE, _REASONING)}
 
 
 def response(req: ChatRequest, c: Completion, model: str) -> dict[str, Any]:
     b = _Builder(req, model)
     status = _status(c.finish, req)
     if c.reasoning:
-        b.output.append(_reasoning_item(random_id("rs_"), c.reasoning))
+        b.output.append(_REASONING.whole(c.reasoning, "completed"))
     if c.text:
-        b.output.append(_message_item(random_id("msg_"), c.text, _item_status(c.finish)))
+        b.output.append(_MESSAGE.whole(c.text, _item_status(c.finish)))
     for call in c.tool_calls:
         b.output.append(
             b.call_item(random_id("fc_"), call.id, call.name, call.arguments, "completed")
@@ -341,52 +365,26 @@ class Stream:
     def _index(self) -> int:
         return len(self.b.output) - 1
 
+    def _at(self, text_item: _TextItem, item: dict[str, Any]) -> dict[str, Any]:
+        """Where a text item's part events are: the item, its index, the part's (0)."""
+        return {"item_id": item["id"], "output_index": self._index, text_item.index: 0}
+
     def _close(self, status: str = "completed") -> list[str]:
         item, self.item = self.item, None
         if item is None:
             return []
         i, text = self._index, self.text
-        if item["type"] == "message":
-            part = {"type": "output_text", "text": text, "annotations": []}
-            item["content"] = [part]
+        text_item = _TEXT_ITEMS.get(item["type"])
+        if text_item is not None:
+            part = text_item.part(text)
+            item[text_item.parts] = [part]
             item["status"] = status
+            at = self._at(text_item, item)
             return [
                 self._ev(
-                    "response.output_text.done",
-                    item_id=item["id"],
-                    output_index=i,
-                    content_index=0,
-                    text=text,
-                    logprobs=[],
+                    f"{text_item.text_events}.done", **at, text=text, **text_item.text_extra()
                 ),
-                self._ev(
-                    "response.content_part.done",
-                    item_id=item["id"],
-                    output_index=i,
-                    content_index=0,
-                    part=part,
-                ),
-                self._ev("response.output_item.done", output_index=i, item=item),
-            ]
-        if item["type"] == "reasoning":
-            part = {"type": "summary_text", "text": text}
-            item["summary"] = [part]
-            item["status"] = status
-            return [
-                self._ev(
-                    "response.reasoning_summary_text.done",
-                    item_id=item["id"],
-                    output_index=i,
-                    summary_index=0,
-                    text=text,
-                ),
-                self._ev(
-                    "response.reasoning_summary_part.done",
-                    item_id=item["id"],
-                    output_index=i,
-                    summary_index=0,
-                    part=part,
-                ),
+                self._ev(f"{text_item.part_events}.done", **at, part=part),
                 self._ev("response.output_item.done", output_index=i, item=item),
             ]
         item["status"] = status
@@ -413,66 +411,17 @@ class Stream:
 
     def feed(self, ev: Event) -> list[str]:
         out: list[str] = []
-        if isinstance(ev, ReasoningDelta):
-            if self.item is None or self.item["type"] != "reasoning":
-                item = {
-                    "id": random_id("rs_"),
-                    "type": "reasoning",
-                    "status": "in_progress",
-                    "summary": [],
-                }
+        if isinstance(ev, (ReasoningDelta, TextDelta)):
+            text_item = _REASONING if isinstance(ev, ReasoningDelta) else _MESSAGE
+            if self.item is None or self.item["type"] != text_item.type:
+                item = text_item.item(random_id(text_item.id_prefix), "in_progress", [])
                 out += self._open(item)
-                out.append(
-                    self._ev(
-                        "response.reasoning_summary_part.added",
-                        item_id=item["id"],
-                        output_index=self._index,
-                        summary_index=0,
-                        part={"type": "summary_text", "text": ""},
-                    )
-                )
-            self.text += ev.text
+                out.append(self._ev(f"{text_item.part_events}.added", **self._at(text_item, item),
+                                    part=text_item.part("")))  # fmt: skip
             assert self.item is not None  # opened just above if it was not
-            out.append(
-                self._ev(
-                    "response.reasoning_summary_text.delta",
-                    item_id=self.item["id"],
-                    output_index=self._index,
-                    summary_index=0,
-                    delta=ev.text,
-                )
-            )
-        elif isinstance(ev, TextDelta):
-            if self.item is None or self.item["type"] != "message":
-                item = {
-                    "id": random_id("msg_"),
-                    "type": "message",
-                    "status": "in_progress",
-                    "role": "assistant",
-                    "content": [],
-                }
-                out += self._open(item)
-                out.append(
-                    self._ev(
-                        "response.content_part.added",
-                        item_id=item["id"],
-                        output_index=self._index,
-                        content_index=0,
-                        part={"type": "output_text", "text": "", "annotations": []},
-                    )
-                )
             self.text += ev.text
-            assert self.item is not None  # opened just above if it was not
-            out.append(
-                self._ev(
-                    "response.output_text.delta",
-                    item_id=self.item["id"],
-                    output_index=self._index,
-                    content_index=0,
-                    delta=ev.text,
-                    logprobs=[],
-                )
-            )
+            out.append(self._ev(f"{text_item.text_events}.delta", **self._at(text_item, self.item),
+                                delta=ev.text, **text_item.text_extra()))  # fmt: skip
         elif isinstance(ev, ToolCallStart):
             out += self._open(self.b.call_item(random_id("fc_"), ev.id, ev.name, "", "in_progress"))
         elif isinstance(ev, ToolCallArgsDelta) and self.item is not None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ds4d.cli.steer import add_steering_flags, steering_from_args
-from ds4d.daemon.config import add_engine_flags
+from ds4d.daemon.config import add_engine_flags, open_engine
 from ds4d.daemon.exitcodes import CliError
 
 
@@ -70,8 +70,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ds4d.chat.oneshot import one_shot_prompt
     from ds4d.chat.template import TemplateError
-    from ds4d.engine import Engine, EngineError, SamplingParams, sample
-    from ds4d.engine.default_model import resolve_model_path
+    from ds4d.engine import SamplingParams, sample
     from ds4d.engine.sampler import make_rng
 
     try:
@@ -93,16 +92,7 @@ def run(args: argparse.Namespace) -> int:
             args.prompt = args.prompt_file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise CliError(f"cannot read --prompt-file: {e}", 2) from None
-    try:
-        engine = Engine.open(
-            resolve_model_path(args.model),
-            threads=args.threads,
-            kv_type=args.kv_type,
-            weights=args.weights,
-            precision=args.precision,
-        )
-    except (EngineError, FileNotFoundError) as e:
-        raise CliError(str(e)) from None
+    engine = open_engine(args, "kv_type", "weights", "precision")
     steering_from_args(args, engine)
 
     tok = engine.tokenizer

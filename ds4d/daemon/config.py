@@ -20,7 +20,12 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from ds4d.daemon.exitcodes import CliError
+
+if TYPE_CHECKING:  # opened where used: a config read loads no native library
+    from ds4d.engine import Engine
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -520,6 +525,20 @@ def add_engine_flags(parser: argparse.ArgumentParser, *names: str) -> None:
             default=default,
             help=f"{meta['doc']} (default: {default})".replace("%", "%%"),
         )
+
+
+def open_engine(args: argparse.Namespace, *names: str) -> Engine:
+    """Engine.open for a command with add_engine_flags' `names`: its --model (default: the
+    embedded model), --threads and those flags' values; CliError with the engine's reason
+    when the model cannot be opened."""
+    from ds4d.engine import Engine, EngineError
+    from ds4d.engine.default_model import resolve_model_path
+
+    flags = {name: getattr(args, name) for name in names}
+    try:
+        return Engine.open(resolve_model_path(args.model), threads=args.threads, **flags)
+    except (EngineError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
 
 
 # --------------------------------------------------------------------------------------

@@ -222,11 +222,7 @@ class StateService:
             ("quarantined", "counter", "files moved aside as corrupt or foreign"),
             ("skipped_budget", "counter", "saves skipped: larger than the budget"),
             ("skipped_daily_budget", "counter", "saves skipped: daily write budget reached"),
-        ):
-            name = f"ds4d_kv_disk_{key}" + ("_total" if kind == "counter" else "")
-            lines += _family(name, kind, text, [f"{name} {s[key]}"])
-        # background writes and delta checkpoints
-        for key, kind, text in (
+            # background writes and delta checkpoints
             ("bytes_written_today", "gauge", "bytes of KV checkpoints written in the last 24 h"),
             ("daily_write_bytes", "gauge", "daily write budget of KV checkpoints (0 = none)"),
             ("pending_writes", "gauge", "KV checkpoint writes queued or in progress"),

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ds4d.daemon.config import add_engine_flags
+from ds4d.daemon.config import add_engine_flags, open_engine
 from ds4d.daemon.exitcodes import CliError
 
 if TYPE_CHECKING:  # imported where used: `ds4d bench --help` loads no native library
@@ -112,19 +112,7 @@ def run(args: argparse.Namespace) -> int:
     _check_sweep(args)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
-    from ds4d.engine import Engine, EngineError
-    from ds4d.engine.default_model import resolve_model_path
-
-    try:
-        engine = Engine.open(
-            resolve_model_path(args.model),
-            threads=args.threads,
-            kv_type=args.kv_type,
-            weights=args.weights,
-            precision=args.precision,
-        )
-    except (EngineError, FileNotFoundError) as e:
-        raise CliError(str(e)) from None
+    engine = open_engine(args, "kv_type", "weights", "precision")
     text = _read_prompt(args.prompt_file)
     tokens = _prompt_tokens(engine, text, args.ctx_max)
     info = engine.info
@@ -177,18 +165,7 @@ def batch_counts(n: int) -> list[int]:
 def run_batch(args: argparse.Namespace) -> int:
     if args.batch < 1 or args.ctx_start < 1 or args.gen_tokens < 1:
         raise CliError("--batch, --ctx-start and --gen-tokens must be ≥ 1", 2)
-    from ds4d.engine import Engine, EngineError
-    from ds4d.engine.default_model import resolve_model_path
-
-    try:
-        engine = Engine.open(
-            resolve_model_path(args.model),
-            threads=args.threads,
-            weights=args.weights,
-            precision=args.precision,
-        )
-    except (EngineError, FileNotFoundError) as e:
-        raise CliError(str(e)) from None
+    engine = open_engine(args, "weights", "precision")
     # Each session its own prompt: consecutive spans of the text.
     tokens = _prompt_tokens(engine, _read_prompt(args.prompt_file), args.ctx_start * args.batch)
     info = engine.info
