@@ -60,7 +60,7 @@ from ds4d.serving.decoding import DecodeStep, Decoding
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.prompt import Prepared
 from ds4d.serving.slots import SlotPool
-from ds4d.serving.speculation import accept
+from ds4d.serving.speculation import accept, exact_keys
 from ds4d.serving.stepcost import StepCost
 from ds4d.state.kvstate import KVState
 from ds4d.state.matching import Plan
@@ -535,6 +535,9 @@ class EngineLoop:
         frontier = self.kv.next_frontier(session) if self.kv is not None else None
         if frontier is not None:
             limit = min(limit, frontier - after)
+        keys = exact_keys(self.engine.gguf.architecture)
+        if keys is not None:  # nor past the keys its chunks are exact for
+            limit = min(limit, keys - after)
         draft = decoding.speculation.draft(decoding, step, int(limit))
         if draft and step.allowed is not None and not (step.allowed == draft[0]).any():
             return []  # the constraint cuts the draft at its first token (later ones are
