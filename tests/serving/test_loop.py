@@ -26,6 +26,7 @@ from ds4d.chat.types import Finish
 from ds4d.daemon.power import PowerGovernor
 from ds4d.serving.chunking import TARGET_S
 from ds4d.serving.gate import ComputeGate
+from ds4d.serving.loop import Phase
 from tests.serving.fake_engine import FakeClock, FakeCompute, Pass, text_tokens
 from tests.serving.loop_harness import (
     Reading,
@@ -234,14 +235,21 @@ def test_a_full_queue_is_refused_and_a_waiting_request_gets_the_next_free_slot(e
 
 
 def test_decoding_requests_advance_in_one_batch_per_step(engine, compute):
-    server = make_server(engine, compute, slots=3)
+    gate = ComputeGate()
+    server = make_server(engine, compute, slots=3, gate=gate)
     readings = [Reading() for _ in range(3)]
 
     async def body() -> None:
         async with trio.open_nursery() as nursery:
-            for i in range(3):
-                req = request(prompt(20, 1 + i, compute), 30)
-                nursery.start_soon(read, server, req, compute, readings[i])
+            # No step until all three are planned: the plans run on worker threads, whose
+            # real time a loaded machine stretches while the fake engine's steps take none
+            # (one request could otherwise finish before the others have their plans).
+            async with gate.turn():
+                for i in range(3):
+                    req = request(prompt(20, 1 + i, compute), 30)
+                    nursery.start_soon(read, server, req, compute, readings[i])
+                while sum(w.phase == Phase.PREFILL for w in server.loop._active) < 3:
+                    await trio.sleep(0.001)  # virtual time
 
     run_virtual(lambda: with_server(server, body))
     decodes = [p for p in compute.passes if max(p.tokens) == 1]
