@@ -19,8 +19,6 @@ import http.client
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -33,8 +31,7 @@ from ds4d.tools.serve_process import (
     ServeProcessError,
     free_port,
     other_server,
-    private_env,
-    serve_process,
+    private_daemon,
 )
 
 CSV_FIELDS = ("server", "batch", "inputs", "tokens", "seconds", "inputs_per_s", "tokens_per_s",
@@ -133,21 +130,15 @@ def one_pass(url: str, chunks: list[str], batch: int) -> tuple[int, float]:
 
 @contextmanager
 def ds4d_server(model: Path, threads: int, pooling: str) -> Iterator[str]:
-    root = Path(tempfile.mkdtemp(prefix="ds4be-"))
-    dirs = {v: root / v.lower() for v in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME",
-                                           "XDG_STATE_HOME", "XDG_RUNTIME_DIR")}  # fmt: skip
     args = ["--model", str(model), "--threads", str(threads), "--slots", "1", "--no-kv-disk",
             "--ctx", str(2 * MAX_TOKENS)]  # fmt: skip
     if pooling:
         args += ["--pooling", pooling]
     try:
-        with serve_process(args, env=private_env(dirs), log_path=root / "ds4d.log",
-                           start_timeout=START_TIMEOUT_S) as p:  # fmt: skip
-            yield p.url
+        with private_daemon(args, start_timeout=START_TIMEOUT_S) as url:
+            yield url
     except ServeProcessError as e:
         raise CliError(str(e)) from None
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @contextmanager

@@ -24,9 +24,7 @@ import importlib.util
 import json
 import math
 import random
-import shutil
 import sys
-import tempfile
 import threading
 import time
 import urllib.parse
@@ -37,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ds4d.daemon.exitcodes import CliError
-from ds4d.tools.serve_process import XDG_DIRS, ServeProcessError, private_env, serve_process
+from ds4d.tools.serve_process import ServeProcessError, private_daemon
 
 CSV_FIELDS = (
     "label",
@@ -542,20 +540,13 @@ def server_delta(target: Target, before: int | None, expected: int) -> int | Non
 
 @contextmanager
 def started_daemon(serve_args: list[str]) -> Iterator[str]:
-    """A `ds4d serve` of this interpreter (ds4d.tools.serve_process) with private XDG directories
-    (its disk KV starts cold, the user's own daemon and its admin socket are left alone).
-    Yields its base URL."""
-    # A short root: the admin socket's path must fit a Unix socket address.
-    root = Path(tempfile.mkdtemp(prefix="ds4bs-"))
+    """A private `ds4d serve` of this interpreter (ds4d.tools.serve_process), its output
+    echoed; yields its base URL."""
     try:
-        env = private_env({var: root / var.lower() for var in XDG_DIRS})
-        with serve_process(serve_args, env=env, log_path=root / "ds4d.log",
-                           start_timeout=START_TIMEOUT_S, echo=True) as daemon:  # fmt: skip
-            yield daemon.url
+        with private_daemon(serve_args, start_timeout=START_TIMEOUT_S, echo=True) as url:
+            yield url
     except ServeProcessError as e:
         raise CliError(str(e)) from None
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # --- output ---------------------------------------------------------------------------

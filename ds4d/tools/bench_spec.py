@@ -40,9 +40,7 @@ import importlib.util
 import json
 import os
 import platform
-import shutil
 import statistics
-import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -56,8 +54,7 @@ from ds4d.tools.serve_process import (
     free_port,
     other_server,
     parse_metrics,
-    private_env,
-    serve_process,
+    private_daemon,
     sigterm_unwinds,
 )
 
@@ -200,9 +197,6 @@ class LlamaServer:
 
 @contextmanager
 def ds4d_server(args: argparse.Namespace, mode: str) -> Iterator[str]:
-    root = Path(tempfile.mkdtemp(prefix="ds4bs-"))
-    dirs = {v: root / v.lower() for v in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME",
-                                           "XDG_STATE_HOME", "XDG_RUNTIME_DIR")}  # fmt: skip
     flags = ["--speculative", mode, "--threads", str(args.threads), "--slots", "1",
              "--no-kv-disk", "--ctx", str(args.ctx)]  # fmt: skip
     if args.model:
@@ -210,13 +204,10 @@ def ds4d_server(args: argparse.Namespace, mode: str) -> Iterator[str]:
     if mode == "draft":
         flags += ["--draft-model", str(args.draft_model)]
     try:
-        with serve_process(flags, env=private_env(dirs), log_path=root / "ds4d.log",
-                           start_timeout=START_TIMEOUT_S) as p:  # fmt: skip
-            yield p.url
+        with private_daemon(flags, start_timeout=START_TIMEOUT_S) as url:
+            yield url
     except ServeProcessError as e:
         raise CliError(str(e)) from None
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
 
 
 def llama_wait(choice: str) -> str:

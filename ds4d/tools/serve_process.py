@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -197,6 +198,23 @@ def serve_process(
         yield daemon
     finally:
         daemon.stop(stop_timeout)
+
+
+@contextmanager
+def private_daemon(serve_args: Sequence[str], *, start_timeout: float,
+                   echo: bool = False) -> Iterator[str]:  # fmt: skip
+    """serve_process's daemon with private XDG directories under a fresh temporary root
+    (its disk KV starts cold; the user's own daemon and admin socket are left alone),
+    removed after the block: yields its base URL. The root is short: the admin socket's
+    path must fit a Unix socket address."""
+    root = Path(tempfile.mkdtemp(prefix="ds4d-"))
+    try:
+        env = private_env({var: root / var.lower() for var in XDG_DIRS})
+        with serve_process(serve_args, env=env, log_path=root / "ds4d.log",
+                           start_timeout=start_timeout, echo=echo) as daemon:  # fmt: skip
+            yield daemon.url
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @contextmanager
