@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
 
 from tests.e2e.daemon_process import Daemon, running_daemon, runtime_dir
+from tests.helpers.together import run_together
 
 BIN = Path(sys.executable).parent
 MAX_TOKENS = 32
@@ -67,30 +67,16 @@ def test_concurrent_greedy_streams_match_each_alone_and_decode_in_batches(tmp_pa
 
     with running_daemon(tmp_path / "four", "--slots", "4", "--ctx", "1024") as four:
         before = four.metrics()
-        results: dict[int, tuple[str, int]] = {}
-        failures: list[BaseException] = []
-        start = threading.Barrier(len(PROMPTS))
-
-        def client(i: int) -> None:
-            try:
-                start.wait(30)
-                results[i] = ask(four, PROMPTS[i], stream=i % 2 == 1)
-            except BaseException as e:  # reported below
-                failures.append(e)
-
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(PROMPTS))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        assert not failures, failures
+        results = run_together(
+            [lambda i=i: ask(four, PROMPTS[i], stream=i % 2 == 1) for i in range(len(PROMPTS))]
+        )
         after = four.metrics()
         status = subprocess.run(
             [str(BIN / "ds4ctl"), "--json", "status", "--socket",
              str(runtime_dir(tmp_path / "four") / "ds4d" / "ds4d.sock")],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-    assert [results[i] for i in range(len(PROMPTS))] == alone
+    assert results == alone
 
     steps = after["ds4d_decode_steps_total"] - before["ds4d_decode_steps_total"]
     slots = after["ds4d_decode_step_slots_total"] - before["ds4d_decode_step_slots_total"]

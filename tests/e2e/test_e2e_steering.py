@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from ds4d.daemon.admin_protocol import AdminError, call
 from ds4d.engine.steering import write_control_vector
 from tests.e2e.daemon_process import Daemon, running_daemon, runtime_dir, traces
 from tests.helpers.polling import wait_until
+from tests.helpers.together import run_together
 
 PROMPT = "What is a rainbow?"
 # long enough for its KV to be reused (kv_cache_min_tokens is 64 at --ctx 1024)
@@ -175,25 +175,9 @@ def test_per_request_steering_does_not_leak_into_a_concurrent_request(tmp_path, 
         assert ask(d, "off")[0] == plain
 
         before = d.metrics()
-        results: dict[str, str] = {}
-        failures: list[BaseException] = []
-        start = threading.Barrier(2)
-
-        def run(name: str, steering: Any) -> None:
-            try:
-                start.wait(30)
-                results[name] = ask(d, steering)[0]
-            except BaseException as e:  # reported below
-                failures.append(e)
-
-        threads = [threading.Thread(target=run, args=a) for a in (("plain", None), ("up", "up"))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(300)
-        assert not failures, failures
+        together = run_together([lambda: ask(d)[0], lambda: ask(d, "up")[0]])
         after = d.metrics()
-        assert results == {"plain": plain, "up": steered}
+        assert together == [plain, steered]
         steps = after["ds4d_decode_steps_total"] - before["ds4d_decode_steps_total"]
         slots = after["ds4d_decode_step_slots_total"] - before["ds4d_decode_step_slots_total"]
         assert slots > steps  # the two decoded in shared steps
