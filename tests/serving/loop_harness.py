@@ -4,6 +4,7 @@ the engine time each one arrived at."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -120,3 +121,12 @@ async def with_server(server: ModelServer, body: object) -> None:
         await nursery.start(server.run)
         await body()  # type: ignore[operator]
         nursery.cancel_scope.cancel()
+
+
+async def until(ready: Callable[[], bool]) -> None:
+    """Until `ready()`, in the virtual time of the test's MockClock (autojump): no wall
+    time passes. A poll, not an event, because what it waits for may be finished by a
+    worker thread (a matching plan, a step), which no clock or trio event reports to the
+    test; each round lets those threads and the loop run."""
+    while not ready():
+        await trio.sleep(0.001)

@@ -36,6 +36,7 @@ from tests.serving.loop_harness import (
     read_events,
     request,
     submit_at_pass,
+    until,
     with_server,
 )
 
@@ -184,15 +185,13 @@ def test_completion_and_chat_slots_do_not_evict_each_other(engine, compute):
                 # can end before the other has its slot; they are cancelled below
                 req = request(prompt(300, 1 + i, compute), 4000)
                 nursery.start_soon(read, server, req, compute, readings[i])
-            while server.busy < 2:
-                await trio.sleep(0.001)  # virtual time: until both have their slot
+            await until(lambda: server.busy >= 2)  # both have their slot
             # ...and a completion still starts at once, on its own slot
             await read(server, request(prompt(50, 5, compute), 2, "completion"), compute,
                        readings[2])  # fmt: skip
             assert readings[2].slot == 2 and server.busy == 2
             nursery.cancel_scope.cancel()
-        while server.busy:  # the cancellations take effect at the next step
-            await trio.sleep(0.001)  # virtual time
+        await until(lambda: not server.busy)  # the cancellations take effect at the next step
         held["before"] = tokens()
         # a third conversation takes a chat slot (the least recently used), not slot 2
         await read(server, request(prompt(300, 7, compute), 2), compute, readings[3])
@@ -212,20 +211,26 @@ def test_completion_and_chat_slots_do_not_evict_each_other(engine, compute):
 
 
 def test_a_full_queue_is_refused_and_a_waiting_request_gets_the_next_free_slot(engine, compute):
-    server = make_server(engine, compute, slots=1, queue_size=1)
+    gate = ComputeGate()
+    server = make_server(engine, compute, slots=1, queue_size=1, gate=gate)
     readings = [Reading() for _ in range(2)]
     refused: list[BaseException] = []
 
     async def body() -> None:
         async with trio.open_nursery() as nursery:
-            for i in range(2):
-                req = request(prompt(40, 1 + i, compute), 300)
-                nursery.start_soon(read, server, req, compute, readings[i])
-                await wait_all_tasks_blocked()  # the first has the slot, the second waits
-            try:
-                await read(server, request(prompt(40, 5, compute), 10), compute, Reading())
-            except Overloaded as e:
-                refused.append(e)
+            # No step while the queue fills: the first request must not finish (its steps
+            # run on worker threads, in no virtual time) before the third is refused.
+            async with gate.turn():
+                first = request(prompt(40, 1, compute), 300)
+                nursery.start_soon(read, server, first, compute, readings[0])
+                await until(lambda: server.busy >= 1)  # the first has the slot
+                second = request(prompt(40, 2, compute), 300)
+                nursery.start_soon(read, server, second, compute, readings[1])
+                await until(lambda: server.loop.waiting >= 1)  # the second waits
+                try:
+                    await read(server, request(prompt(40, 5, compute), 10), compute, Reading())
+                except Overloaded as e:
+                    refused.append(e)
 
     run_virtual(lambda: with_server(server, body))
     assert len(refused) == 1
@@ -248,8 +253,7 @@ def test_decoding_requests_advance_in_one_batch_per_step(engine, compute):
                 for i in range(3):
                     req = request(prompt(20, 1 + i, compute), 30)
                     nursery.start_soon(read, server, req, compute, readings[i])
-                while sum(w.phase == Phase.PREFILL for w in server.loop._active) < 3:
-                    await trio.sleep(0.001)  # virtual time
+                await until(lambda: sum(w.phase == Phase.PREFILL for w in server.loop._active) >= 3)
 
     run_virtual(lambda: with_server(server, body))
     decodes = [p for p in compute.passes if max(p.tokens) == 1]
@@ -272,8 +276,7 @@ def test_decode_steps_and_prefill_chunks_take_turns(engine, compute, decode_s, b
             for i in range(2):
                 req = request(prompt(20, 1 + i, compute), 400)
                 nursery.start_soon(read, server, req, compute, readings[i])
-            while not all(r.tokens() for r in readings[:2]):
-                await trio.sleep(0.001)  # virtual time: until both decode
+            await until(lambda: all(r.tokens() for r in readings[:2]))  # both decode
             await read(server, request(prompt(4000, 9, compute), 1), compute, readings[2])
             nursery.cancel_scope.cancel()
 
