@@ -129,4 +129,4 @@ async def until(ready: Callable[[], bool]) -> None:
     worker thread (a matching plan, a step), which no clock or trio event reports to the
     test; each round lets those threads and the loop run."""
     while not ready():
-        await trio.sleep(0.001)
+        await trio.sleep(0.001)  # virtual time (the MockClock jumps)
