@@ -286,6 +286,61 @@ DS4N_INLINE void sb_part(int type, const uint8_t *w, const struct ds4n_xq *xq, i
 SB_KERNEL(q4_K, DS4N_Q4_K)
 SB_KERNEL(q6_K, DS4N_Q6_K)
 
+/* Decode (ds4n_int_rows_fn): R rows from R streams, super-block by super-block, so the R
+ * streams are read in step (a single long row is one stream, which the prefetchers do not
+ * keep at the memory's rate); each row's steps are sb_groups' for T = 1, in its order, so
+ * y[r] is bitwise the one-row kernel's. The group's activations are loaded R times, from L1. */
+DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const struct ds4n_xq *xq,
+                          float *y, const int R) {
+    const int nl = xq->limbs - 1;
+    const int64_t nb = xq->nb, ng = nb / 8;
+    const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
+    const __m512 third = _mm512_set1_ps(0x1p-7f);
+    __m512 acc[DS4N_MV_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const float xs = xq->xs[g];
+        const int16_t *a = xq->a + g * DS4N_INT_GROUP;
+        const int32_t *as = xq->asum + 8 * g;
+        for (int r = 0; r < R; r++) {
+            __m512i W[8], m;
+            float d, dmin;
+            sb_weights(type, w + r * stride + g * bb, W, &d, &dmin, &m);
+            __m512 f = _mm512_cvtepi32_ps(sb_dot(W, a, 4));
+            if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + xq->lda, 4)), third, f);
+            acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc[r]);
+            if (type == DS4N_Q4_K) {
+                __m512 mm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(m, _mm512_maskz_loadu_epi32(0xff, as)));
+                if (nl == 2)
+                    mm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(
+                                             m, _mm512_maskz_loadu_epi32(0xff, as + nb))),
+                                         third, mm);
+                acc[r] = _mm512_mask3_fnmadd_ps(mm, _mm512_set1_ps(dmin * xs), acc[r], 0x00ff);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++) y[r] = finish16(acc[r]);
+}
+
+#define SB_ROWS_KERNEL(name, type)                                                             \
+    static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
+                            int R) {                                                           \
+        switch (R) {                                                                           \
+        case 1: sb_rows1(type, w, stride, xq, y, 1); break;                                    \
+        case 2: sb_rows1(type, w, stride, xq, y, 2); break;                                    \
+        case 3: sb_rows1(type, w, stride, xq, y, 3); break;                                    \
+        default: sb_rows1(type, w, stride, xq, y, 4); break;                                   \
+        }                                                                                      \
+    }
+_Static_assert(DS4N_MV_ROWS == 4, "SB_ROWS_KERNEL covers 1..4 rows");
+SB_ROWS_KERNEL(q4_K, DS4N_Q4_K)
+SB_ROWS_KERNEL(q6_K, DS4N_Q6_K)
+
+const ds4n_int_rows_fn ds4n_int_rows_avx512[DS4N_TYPE_SLOTS] = {
+    [DS4N_Q4_K] = rows_q4_K,
+    [DS4N_Q6_K] = rows_q6_K,
+};
+
 const ds4n_sb_part_fn ds4n_sb_part_avx512[2] = {part_q4_K, part_q6_K};
 
 /* ---- the prefill tile (ds4n_sb_tile_fn) -------------------------------------------------- */
