@@ -166,6 +166,20 @@ int main(int argc, char **argv) {
         qsort(times + p * tokens, (size_t)tokens, sizeof *times, cmp_double);
         med[p] = times[p * tokens + tokens / 2];
     }
+    /* How the workers joined the dispatches (the native profile's pool counters), over a
+     * few more tokens: a worker that missed a dispatch left its share to the others. */
+    int64_t totals[DS4N_PROFILE_TOTALS];
+    ds4n_profile_entry entries[64];
+    ds4n_profile_enable(1);
+    for (int t = 0; t < 3; t++)
+        for (int i = 0; i < L; i++) {
+            struct job jg = {{&ly[i].gate, &ly[i].up}, 2, x, {g, u}};
+            struct job jd = {{&ly[i].down}, 1, xf, {d}};
+            ds4n_pool_run(pool, task, &jg);
+            ds4n_pool_run(pool, task, &jd);
+        }
+    ds4n_profile_read(entries, 64, totals);
+    ds4n_profile_enable(0);
     int64_t total = 0;
     printf("# %s, %d thread(s), limbs %d, %s time, median of %d tokens\n", argv[1], threads, limbs,
            threads == 1 ? "CPU" : "wall", tokens);
@@ -176,6 +190,10 @@ int main(int argc, char **argv) {
     }
     printf("%-8s %8.3f ms %8.1f MB %6.1f GB/s (%d dispatches)\n", "token", 1e3 * med[N_PARTS],
            total / 1e6, total / med[N_PARTS] / 1e9, 4 * L + 1);
+    if (threads > 1)
+        printf("pool: workers absent from %.1f%% of dispatches, join %.1f us after the start\n",
+               100.0 * (double)totals[10] / (double)(totals[9] + totals[10]),
+               totals[9] ? (double)totals[8] / (double)totals[9] / 1e3 : 0.0);
     printf("read bandwidth %.1f GB/s (%d threads, huge pages)\n",
            ds4n_read_bandwidth(pool, 512 << 20, 3, 1) / 1e9, threads);
     ds4n_pool_free(pool);
