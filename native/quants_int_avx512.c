@@ -289,7 +289,10 @@ SB_KERNEL(q6_K, DS4N_Q6_K)
 /* Decode (ds4n_int_rows_fn): R rows from R streams, super-block by super-block, so the R
  * streams are read in step (a single long row is one stream, which the prefetchers do not
  * keep at the memory's rate); each row's steps are sb_groups' for T = 1, in its order, so
- * y[r] is bitwise the one-row kernel's. The group's activations are loaded R times, from L1. */
+ * y[r] is bitwise the one-row kernel's (its integer sums are exact in any order: two chains
+ * of dot products per row here, the R rows' chains overlapping, measured 3-4 % faster than
+ * the one-row kernel's four, L2-resident). The group's activations are loaded R times, from
+ * L1. */
 DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const struct ds4n_xq *xq,
                           float *y, const int R) {
     const int nl = xq->limbs - 1;
@@ -306,8 +309,8 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
             __m512i W[8], m;
             float d, dmin;
             sb_weights(type, w + r * stride + g * bb, W, &d, &dmin, &m);
-            __m512 f = _mm512_cvtepi32_ps(sb_dot(W, a, 4));
-            if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + xq->lda, 4)), third, f);
+            __m512 f = _mm512_cvtepi32_ps(sb_dot(W, a, 2));
+            if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + xq->lda, 2)), third, f);
             acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc[r]);
             if (type == DS4N_Q4_K) {
                 __m512 mm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(m, _mm512_maskz_loadu_epi32(0xff, as)));
