@@ -288,6 +288,30 @@ static void sb_panels(const struct matmul_job *m, const struct ds4n_xq *xq, int6
     }
 }
 
+/* Decode (T = 1) on the integer path with the level's rows kernel, for rows the hardware
+ * prefetchers fetch (longer than PREFETCH_ROW_MAX): DS4N_MV_ROWS streams, each a contiguous
+ * run of rows, read in step as matvec_rows reads them. Row by row, a long row is one stream
+ * at a time: the down projections (K 8192-8960) ran at 9 GB/s a core that way against 13-14
+ * in step (scripts/figures/decode_matvecs.c). Short rows stay row by row with their
+ * prefetch, which measured 8-10% faster than a burst of prefetches for four rows at once.
+ * Each y is bitwise the one-row kernel's (the rows kernel's contract). */
+static void int_decode_rows(const struct matmul_job *m, ds4n_int_rows_fn rows,
+                            const struct ds4n_xq *xq, int64_t r0, int64_t r1) {
+    const struct ds4n_type_traits *tt = ds4n_traits(m->type);
+    const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
+    const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
+    const int64_t n = r1 - r0;
+    const int R = n < DS4N_MV_ROWS ? (int)n : DS4N_MV_ROWS;
+    const int64_t len = n / R;
+    float out[DS4N_MV_ROWS];
+    for (int64_t j = 0; j < len; j++) {
+        rows(w + j * row_bytes, len * row_bytes, xq, out, R);
+        for (int r = 0; r < R; r++) m->Y[r0 + r * len + j] = out[r];
+    }
+    for (int64_t r = r0 + R * len; r < r1; r++)
+        rows((const uint8_t *)m->W + r * row_bytes, row_bytes, xq, m->Y + r, 1);
+}
+
 /* Rows [r0, r1) on the integer path: 1 when it ran, 0 when it cannot (no buffer) and the float
  * path must. Each worker splits the activations itself (a few microseconds next to its rows).
  * Up to DS4N_SMALL_T tokens (decode, batched decode): rows from DS4N_MV_ROWS runs in turn with
@@ -315,6 +339,12 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
         ds4n_xq_init(&xq, buf, limbs, sb, m->K, tc);
         ds4n_xq_quantize(&xq, m->X + t0 * m->K, 0, tc);
         float *Y = m->Y + t0 * m->rows;
+        const ds4n_int_rows_fn rows =
+            m->T == 1 && !prefetch_rows(row_bytes) ? ds4n_active_int_rows(m->type) : NULL;
+        if (rows) {
+            int_decode_rows(m, rows, &xq, r0, r1);
+            continue;
+        }
         if (tc <= DS4N_SMALL_T) {
             const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS;
             const int64_t len = n / streams, ahead = prefetch_rows(row_bytes);

@@ -130,6 +130,7 @@ static const ds4n_int_fn int_scalar[DS4N_TYPE_SLOTS] = {
 /* ---- selection ----------------------------------------------------------------------------- */
 
 static ds4n_int_fn active_int[DS4N_TYPE_SLOTS];
+static ds4n_int_rows_fn active_int_rows[DS4N_TYPE_SLOTS];
 static ds4n_sb_part_fn active_sb_part[2]; /* Q4_K, Q6_K */
 static ds4n_sb_tile_fn active_sb_tile;
 static ds4n_sb_unpack_fn active_sb_unpack;
@@ -152,6 +153,10 @@ void ds4n_int_select(int level) {
     /* Levels without kernels of their own run the scalar ones: slower, bitwise the same. */
     for (int t = 0; t < DS4N_TYPE_SLOTS; t++)
         active_int[t] = own && own[t] ? own[t] : int_scalar[t];
+    memset(active_int_rows, 0, sizeof active_int_rows); /* the scalar level: row by row */
+#if defined(__x86_64__) || defined(_M_X64)
+    if (own) memcpy(active_int_rows, ds4n_int_rows_avx512, sizeof active_int_rows);
+#endif
     active_sb_part[0] = part_ref_q4_K;
     active_sb_part[1] = part_ref_q6_K;
 #if defined(__x86_64__) || defined(_M_X64)
@@ -170,6 +175,10 @@ ds4n_sb_tile_fn ds4n_active_sb_tile(void) { return active_sb_tile; }
 ds4n_sb_unpack_fn ds4n_active_sb_unpack(void) { return active_sb_unpack; }
 
 ds4n_sb_part_fn ds4n_active_sb_part(int type) { return active_sb_part[type == DS4N_Q6_K]; }
+
+ds4n_int_rows_fn ds4n_active_int_rows(int type) {
+    return type >= 0 && type < DS4N_TYPE_SLOTS ? active_int_rows[type] : NULL;
+}
 
 ds4n_int_fn ds4n_active_int_kernel(int type) {
     return type >= 0 && type < DS4N_TYPE_SLOTS ? active_int[type] : NULL;

@@ -213,6 +213,14 @@ typedef void (*ds4n_int_fn)(const void *w, const struct ds4n_xq *xq, int64_t t0,
 /* The integer kernel of type for the current SIMD level; NULL when the type has none (the
  * float path then serves it). */
 ds4n_int_fn ds4n_active_int_kernel(int type);
+/* Decode (T = 1) over R (1..DS4N_MV_ROWS) rows, row_stride bytes apart, against token 0 of
+ * xq: y[r] is bitwise the ds4n_int_fn's for row r alone. The R weight streams are read in
+ * step, as the float path's rows kernels read them: one row at a time, a long row (K 8192)
+ * is a single stream that the hardware prefetchers cannot keep at the memory's rate. */
+typedef void (*ds4n_int_rows_fn)(const void *w, int64_t row_stride, const struct ds4n_xq *xq,
+                                 float *y, int R);
+/* The level's rows kernel of type, or NULL: decode then runs the ds4n_int_fn row by row. */
+ds4n_int_rows_fn ds4n_active_int_rows(int type);
 /* The super-block types' prefill step: groups [g0, g1) of one row against tokens [t0, t0 + T)
  * (T in 1..DS4N_SMALL_T), carried in acc (T × 16 floats, 64-byte aligned; not read when
  * g0 = 0). With y, the last step: y[t*ldy] is then bitwise the kernel's, and acc is not
@@ -441,6 +449,7 @@ static inline int64_t ds4n_int_group_bytes(int type) {
 /* The AVX-512 VNNI kernels (NULL entries: none); usable when ds4n_cpu_has_vnni(). */
 extern const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS];
 extern const ds4n_sb_part_fn ds4n_sb_part_avx512[2]; /* Q4_K, Q6_K */
+extern const ds4n_int_rows_fn ds4n_int_rows_avx512[DS4N_TYPE_SLOTS];
 void ds4n_sb_tile_avx512(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
                          const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
                          float *acc, float *y, int64_t ldy);

@@ -59,7 +59,8 @@ def test_every_simd_level_is_bitwise_the_scalar_reference(
     # rows of 32-block types may end in a part group: 2 blocks (SmolLM2's 576) or 3
     # the K-quants' prefill walks K in slices of super-blocks (4 on the part kernels, 8 on
     # the tile kernels): 1280 and 2304 end in a part slice
-    for K in (512, 576, 608) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512, 1280, 2304):
+    # rows over 1 KB (1888 of a 32-block type, 2304 of a K-quant) take decode's rows kernel
+    for K in (512, 576, 608, 1888) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512, 1280, 2304):
         raw = random_weights(qtype, rows, K, rng)
         # decode, batched decode, prefill tiles with a remainder (rows 19: a lone last row;
         # tokens 10, 21, 70: tiles of 4 tokens ending in 2, 1 and 2), more than a chunk (64)
