@@ -344,38 +344,36 @@ DS4N_INLINE void rows_f16_legacy(int type, int64_t bb, const void *w, int64_t ro
 DS4N_INLINE void tile_f16_legacy_pass(int type, int64_t bb, const uint8_t *w, int64_t row_stride,
                                       const float *x, int64_t ldx, const float *xs, int T,
                                       int64_t n, float *y, int64_t ldy, const int R, const int G) {
-    __m256 acc[DS4N_MV_ROWS][DS4N_SMALL_T], accm[DS4N_MV_ROWS];
-    _Alignas(32) float dm[8];
+    __m256 acc[DS4N_TILE_ACC], accm[DS4N_MV_ROWS]; /* row r, token t at r*G + t */
     for (int r = 0; r < R; r++) {
         accm[r] = _mm256_setzero_ps();
-        for (int t = 0; t < G; t++) acc[r][t] = _mm256_setzero_ps();
+        for (int t = 0; t < G; t++) acc[r * G + t] = _mm256_setzero_ps();
     }
+    /* Each row's d and m converted on its own (as cols did): park8's store of the R rows'
+     * made GCC keep the accumulators in memory. */
     const uint8_t *p = w;
     for (int64_t i = 0; i < n / QK; i++, p += bb, x += QK, xs += T) {
-        uint32_t u;
-        memcpy(&u, p, 4);
-        __m128i h = _mm_cvtsi32_si128((int)u);
-        if (R > 1) memcpy(&u, p + row_stride, 4), h = _mm_insert_epi32(h, (int)u, 1);
-        if (R > 2) memcpy(&u, p + 2 * row_stride, 4), h = _mm_insert_epi32(h, (int)u, 2);
-        if (R > 3) memcpy(&u, p + 3 * row_stride, 4), h = _mm_insert_epi32(h, (int)u, 3);
-        park8(dm, _mm256_cvtph_ps(h)); /* d, m (or code bytes) of each row */
         for (int r = 0; r < R; r++) {
+            const uint8_t *blk = p + r * row_stride;
+            uint32_t u;
+            memcpy(&u, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u)); /* d, m (or code bytes) */
             if (is_affine(type))
-                accm[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(dm + 2 * r + 1), _mm256_loadu_ps(xs),
-                                          accm[r]);
+                accm[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                                          _mm256_loadu_ps(xs), accm[r]);
+            const __m256 d = _mm256_broadcastss_ps(dm);
             __m256 c[4];
-            block_codes(type, p + r * row_stride, c);
+            block_codes(type, blk, c);
             for (int t = 0; t < G; t++)
-                acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(dm + 2 * r),
-                                            codes_dot(c, x + t * ldx), acc[r][t]);
+                acc[r * G + t] = _mm256_fmadd_ps(d, codes_dot(c, x + t * ldx), acc[r * G + t]);
         }
     }
     for (int r = 0; r < R; r++) {
         _Alignas(32) float mins[8];
         _mm256_store_ps(mins, accm[r]);
         for (int t = 0; t < G; t++)
-            y[t * ldy + r] = is_affine(type) ? ds4n_hsum_avx2(acc[r][t]) + mins[t]
-                                             : ds4n_hsum_avx2(acc[r][t]);
+            y[t * ldy + r] = is_affine(type) ? ds4n_hsum_avx2(acc[r * G + t]) + mins[t]
+                                             : ds4n_hsum_avx2(acc[r * G + t]);
     }
 }
 
@@ -383,13 +381,16 @@ DS4N_INLINE void tile_f16_legacy_pass(int type, int64_t bb, const uint8_t *w, in
 DS4N_INLINE void tile_f16_legacy(int type, int64_t bb, const void *w, int64_t row_stride,
                                  const float *x, int64_t ldx, const float *xsum, int64_t n,
                                  float *y, int64_t ldy, const int R, const int T) {
-    const int passes = (R * T + DS4N_TILE_ACC - 1) / DS4N_TILE_ACC;
-    const int G = (T + passes - 1) / passes;
+    const int most = DS4N_TILE_ACC / R, passes = (T + most - 1) / most;
+    const int G = (T + passes - 1) / passes; /* <= most */
     const float *xs = xsum + T * (n / QK);
-    for (int k = 0; k < 4; k++)
-        if (k * G < T)
-            tile_f16_legacy_pass(type, bb, w, row_stride, x + k * G * ldx, ldx, xs + k * G, T, n,
-                                 y + k * G * ldy, ldy, R, T - k * G < G ? T - k * G : G);
+#define DS4N_F16_LEGACY_PASS(k)                                                              \
+    if ((k) * G < T)                                                                         \
+        tile_f16_legacy_pass(type, bb, w, row_stride, x + (k) * G * ldx, ldx, xs + (k) * G, T, \
+                             n, y + (k) * G * ldy, ldy, R, T - (k) * G < G ? T - (k) * G : G);
+    DS4N_F16_LEGACY_PASS(0) DS4N_F16_LEGACY_PASS(1) DS4N_F16_LEGACY_PASS(2)
+    DS4N_F16_LEGACY_PASS(3)
+#undef DS4N_F16_LEGACY_PASS
 }
 
 /* ---- Q4_K / Q5_K decode matvecs ------------------------------------------------------ */

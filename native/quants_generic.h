@@ -158,37 +158,42 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
 #define DS4N_TILE_ACC 16
 #endif
 
+/* Eight tokens' floats (the min terms of a tile row: lane t is token t's). A vector type
+ * of the compiler's, not an intrinsic: `a += m * v` on it is contracted into an FMA exactly
+ * when the rows kernel's scalar `accm += m * xsum` is (the same expression, per lane). */
+typedef float ds4n_tok8 __attribute__((vector_size(32)));
+
 /* Tokens t0 .. t0+G of tile_legacy: each block of the R rows decoded once, each token's 32
  * values of x read from L1 for every row, R·G accumulators in registers. xs: the block-major
- * per-32 sums (xs[i*T + t], T the batch's token count). */
+ * per-32 sums (xs[i*T + t], T the batch's token count, 8 floats readable from any t). */
 DS4N_INLINE void tile_legacy_pass(int type, int64_t block_bytes, const uint8_t *w,
                                   int64_t row_stride, const float *x, int64_t ldx,
                                   const float *xs, int T, int64_t n, float *y, int64_t ldy,
                                   const int R, const int G) {
-    vacc acc[DS4N_MV_ROWS][DS4N_SMALL_T];
-    float accm[DS4N_MV_ROWS][DS4N_SMALL_T];
-    for (int r = 0; r < R; r++)
-        for (int t = 0; t < G; t++) acc[r][t] = vzero(), accm[r][t] = 0.0f;
-    const int pairs = type != DS4N_MXFP4;
-    float dm[2 * DS4N_MV_ROWS];
+    vacc acc[DS4N_TILE_ACC]; /* row r, token t at r*G + t */
+    ds4n_tok8 accm[DS4N_MV_ROWS];
+    for (int r = 0; r < R; r++) {
+        accm[r] = (ds4n_tok8){0};
+        for (int t = 0; t < G; t++) acc[r * G + t] = vzero();
+    }
+    /* Each row's scale and min converted on its own (load_legacy): a tile shares them between
+     * G tokens, and f16_pairs' parking store made GCC keep the accumulators in memory. */
     struct legacy_block b;
     const uint8_t *p = w;
     for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK, xs += T) {
-        if (pairs) f16_pairs(p, row_stride, R, dm);
+        ds4n_tok8 xsv;
+        if (is_affine(type)) memcpy(&xsv, xs, sizeof xsv);
         for (int r = 0; r < R; r++) {
             load_legacy(type, p + r * row_stride, &b);
             for (int t = 0; t < G; t++) {
                 const vacc s = block32_dot(b.q, x + t * ldx);
-                acc[r][t] = pairs ? vfma_m(acc[r][t], &dm[2 * r], s) : vfma_s(acc[r][t], b.d, s);
+                acc[r * G + t] = vfma_s(acc[r * G + t], b.d, s);
             }
-            /* rows_legacy's scalar expression, token by token (the compiler may vectorise it
-             * over the tokens; it contracts it, or not, as it does there) */
-            if (is_affine(type))
-                for (int t = 0; t < G; t++) accm[r][t] += dm[2 * r + 1] * xs[t];
+            if (is_affine(type)) accm[r] += b.m * xsv; /* rows_legacy's expression */
         }
     }
     for (int r = 0; r < R; r++)
-        for (int t = 0; t < G; t++) y[t * ldy + r] = vhsum(acc[r][t]) + accm[r][t];
+        for (int t = 0; t < G; t++) y[t * ldy + r] = vhsum(acc[r * G + t]) + accm[r][t];
 }
 
 /* rows_legacy's arithmetic for R rows and T tokens. The tokens go in as few passes over the
@@ -197,16 +202,18 @@ DS4N_INLINE void tile_legacy_pass(int type, int64_t block_bytes, const uint8_t *
 DS4N_INLINE void tile_legacy(int type, int64_t block_bytes, const void *w, int64_t row_stride,
                              const float *x, int64_t ldx, const float *xsum, int64_t n,
                              float *y, int64_t ldy, const int R, const int T) {
-    const int passes = (R * T + DS4N_TILE_ACC - 1) / DS4N_TILE_ACC;
-    const int G = (T + passes - 1) / passes;
+    const int most = DS4N_TILE_ACC / R, passes = (T + most - 1) / most;
+    const int G = (T + passes - 1) / passes; /* <= most */
     const float *xs = xsum + T * (n / QK);
     /* written out, so that every pass's token count is a constant */
-    for (int k = 0; k < 4; k++)
-        if (k * G < T)
-            tile_legacy_pass(type, block_bytes, w, row_stride, x + k * G * ldx, ldx, xs + k * G,
-                             T, n, y + k * G * ldy, ldy, R, T - k * G < G ? T - k * G : G);
+#define DS4N_LEGACY_PASS(k)                                                                   \
+    if ((k) * G < T)                                                                          \
+        tile_legacy_pass(type, block_bytes, w, row_stride, x + (k) * G * ldx, ldx, xs + (k) * G, \
+                         T, n, y + (k) * G * ldy, ldy, R, T - (k) * G < G ? T - (k) * G : G);
+    DS4N_LEGACY_PASS(0) DS4N_LEGACY_PASS(1) DS4N_LEGACY_PASS(2) DS4N_LEGACY_PASS(3)
+#undef DS4N_LEGACY_PASS
 }
-_Static_assert(DS4N_MV_ROWS * DS4N_SMALL_T <= 4 * DS4N_TILE_ACC, "tile_legacy: 4 passes cover a tile");
+_Static_assert(DS4N_TILE_ACC / DS4N_MV_ROWS * 4 >= DS4N_SMALL_T, "tile_legacy: 4 passes cover a tile");
 
 /* ---- Q4_K / Q5_K: eight sub-blocks of 32, y = d·sc·q - dmin·m ---------------------------- */
 
