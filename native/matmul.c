@@ -133,10 +133,7 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
      * memory sees that many sequential streams, not one (a single stream leaves most of the
      * bandwidth idle). */
     const int64_t n = r1 - r0;
-#ifndef SMALL_R
-#define SMALL_R DS4N_MV_ROWS
-#endif
-    const int R = n < SMALL_R ? (int)n : SMALL_R;
+    const int R = n < DS4N_MV_ROWS ? (int)n : DS4N_MV_ROWS;
     const int64_t len = n / R, T = m->T;
     const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
     float out[DS4N_SMALL_T * DS4N_MV_ROWS];
