@@ -210,7 +210,7 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
 #define DS4N_OWN_LEGACY_MATVEC
 #define DS4N_OWN_K45_MATVEC
 #define DS4N_OWN_Q6_K_MATVEC
-#define DS4N_TILE_ACC 8 /* of 16 ymm: a row's block is 4, the rows' min sums R more */
+#define DS4N_TILE_ACC 8 /* of 16 ymm: a row's block is 4, its min sums 1 more */
 #include "quants_generic.h"
 
 /* ---- decode matvecs of the f16-scaled 32-code types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 -------
@@ -377,20 +377,20 @@ DS4N_INLINE void tile_f16_legacy_pass(int type, int64_t bb, const uint8_t *w, in
     }
 }
 
-/* rows_f16_legacy's arithmetic for R rows and T tokens, in passes of G tokens as tile_legacy. */
+/* rows_f16_legacy's arithmetic for R rows and T tokens: one tile when its R·T accumulators fit
+ * DS4N_TILE_ACC, else row by row with every token (16 registers leave no room for a tile of
+ * more rows: a 4 x 2 pass and its spills measured slower than one row at T = 3..8). */
 DS4N_INLINE void tile_f16_legacy(int type, int64_t bb, const void *w, int64_t row_stride,
                                  const float *x, int64_t ldx, const float *xsum, int64_t n,
                                  float *y, int64_t ldy, const int R, const int T) {
-    const int most = DS4N_TILE_ACC / R, passes = (T + most - 1) / most;
-    const int G = (T + passes - 1) / passes; /* <= most */
     const float *xs = xsum + T * (n / QK);
-#define DS4N_F16_LEGACY_PASS(k)                                                              \
-    if ((k) * G < T)                                                                         \
-        tile_f16_legacy_pass(type, bb, w, row_stride, x + (k) * G * ldx, ldx, xs + (k) * G, T, \
-                             n, y + (k) * G * ldy, ldy, R, T - (k) * G < G ? T - (k) * G : G);
-    DS4N_F16_LEGACY_PASS(0) DS4N_F16_LEGACY_PASS(1) DS4N_F16_LEGACY_PASS(2)
-    DS4N_F16_LEGACY_PASS(3)
-#undef DS4N_F16_LEGACY_PASS
+    if (R * T <= DS4N_TILE_ACC) {
+        tile_f16_legacy_pass(type, bb, w, row_stride, x, ldx, xs, T, n, y, ldy, R, T);
+        return;
+    }
+    for (int r = 0; r < R; r++)
+        tile_f16_legacy_pass(type, bb, (const uint8_t *)w + r * row_stride, row_stride, x, ldx,
+                             xs, T, n, y + r, ldy, 1, T);
 }
 
 /* ---- Q4_K / Q5_K decode matvecs ------------------------------------------------------ */
