@@ -129,21 +129,29 @@ static void small_rows(const struct matmul_job *m, int64_t r0, int64_t r1) {
             for (int64_t t = 0; t < m->T; t++) by_block[b * m->T + t] = xsum[t * nb + b];
         memset(by_block + nb * m->T, 0, 8 * sizeof(float));
     }
-    /* Rows taken from DS4N_MV_ROWS runs in turn, as matvec_rows reads them: memory sees that
-     * many sequential streams, not one (a single stream leaves most of the bandwidth idle). */
-    const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS, len = n / streams;
+    /* Tiles of DS4N_MV_ROWS rows, one from each of that many runs, as matvec_rows reads them:
+     * memory sees that many sequential streams, not one (a single stream leaves most of the
+     * bandwidth idle). */
+    const int64_t n = r1 - r0;
+    const int R = n < DS4N_MV_ROWS ? (int)n : DS4N_MV_ROWS;
+    const int64_t len = n / R, T = m->T;
+    const uint8_t *w = (const uint8_t *)m->W + r0 * row_bytes;
+    float out[DS4N_SMALL_T * DS4N_MV_ROWS];
     const int64_t ahead = prefetch_rows(row_bytes);
-    for (int64_t j = 0; j < len; j++)
-        for (int64_t s = 0; s < streams; s++) {
-            const int64_t r = r0 + s * len + j;
-            if (ahead && j + ahead < len)
-                ds4n_prefetch_l1((const uint8_t *)m->W + (r + ahead) * row_bytes, row_bytes);
-            k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r,
-                    m->rows, (int)m->T);
-        }
-    for (int64_t r = r0 + streams * len; r < r1; r++)
-        k->cols((const uint8_t *)m->W + r * row_bytes, m->X, m->K, xsum, m->K, m->Y + r, m->rows,
-                (int)m->T);
+    for (int64_t j = 0; j < len; j++) {
+        if (ahead && j + ahead < len)
+            for (int r = 0; r < R; r++) ds4n_prefetch_l1(w + (r * len + j + ahead) * row_bytes, row_bytes);
+        k->cols(w + j * row_bytes, len * row_bytes, m->X, m->K, xsum, m->K, out, DS4N_MV_ROWS, R,
+                (int)T);
+        for (int64_t t = 0; t < T; t++)
+            for (int r = 0; r < R; r++) m->Y[t * m->rows + r0 + r * len + j] = out[t * DS4N_MV_ROWS + r];
+    }
+    /* the rows past R whole runs: adjacent, one tile */
+    const int64_t done = R * len;
+    if (done < n) {
+        k->cols(w + done * row_bytes, row_bytes, m->X, m->K, xsum, m->K, m->Y + r0 + done, m->rows,
+                (int)(n - done), (int)T);
+    }
 }
 
 /* The set's one kernel for decode and small batches (the AMX level's), when it has one for

@@ -283,34 +283,42 @@ static float dot_via_dequant(ds4n_dequant_fn dequantize, int64_t block_size, int
     return sum;
 }
 
-/* dot_via_dequant for T tokens, each chunk dequantized once: token t's sum is bitwise its
- * dot_via_dequant (the same chunks, dot_f32 calls and additions in the same order). */
+/* dot_via_dequant for R rows and T tokens, each chunk of a row dequantized once: token t's
+ * sum is bitwise its dot_via_dequant (the same chunks, dot_f32 calls and additions in the
+ * same order). */
 static void cols_via_dequant(ds4n_dequant_fn dequantize, int64_t block_size, int64_t block_bytes,
-                             const void *w, const float *x, int64_t ldx, int64_t n, float *y,
-                             int64_t ldy, int T) {
+                             const void *w, int64_t row_stride, const float *x, int64_t ldx,
+                             int64_t n, float *y, int64_t ldy, int R, int T) {
     enum { CHUNK = 512 };
-    float buf[CHUNK], sum[DS4N_SMALL_T] = {0};
-    const uint8_t *src = w;
-    for (int64_t i = 0; i < n; i += CHUNK) {
-        int64_t len = n - i < CHUNK ? n - i : CHUNK;
-        dequantize(src + i / block_size * block_bytes, buf, len);
-        for (int t = 0; t < T; t++) sum[t] += dot_f32(buf, x + t * ldx + i, len);
+    float buf[CHUNK];
+    for (int r = 0; r < R; r++) {
+        float sum[DS4N_SMALL_T] = {0};
+        const uint8_t *src = (const uint8_t *)w + r * row_stride;
+        for (int64_t i = 0; i < n; i += CHUNK) {
+            int64_t len = n - i < CHUNK ? n - i : CHUNK;
+            dequantize(src + i / block_size * block_bytes, buf, len);
+            for (int t = 0; t < T; t++) sum[t] += dot_f32(buf, x + t * ldx + i, len);
+        }
+        for (int t = 0; t < T; t++) y[t * ldy + r] = sum[t];
     }
-    for (int t = 0; t < T; t++) y[t * ldy] = sum[t];
 }
 
-static void cols_f32(const void *w, const float *x, int64_t ldx, const float *xsum, int64_t n,
-                     float *y, int64_t ldy, int T) {
-    for (int t = 0; t < T; t++) y[t * ldy] = dot_f32(w, x + t * ldx, n);
+static void cols_f32(const void *w, int64_t row_stride, const float *x, int64_t ldx,
+                     const float *xsum, int64_t n, float *y, int64_t ldy, int R, int T) {
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++)
+            y[t * ldy + r] = dot_f32((const float *)((const uint8_t *)w + r * row_stride),
+                                     x + t * ldx, n);
 }
 
 #define DOT_VIA(name, bs, bb)                                                          \
     static float dot_##name(const void *w, const float *x, int64_t n) {               \
         return dot_via_dequant(dequant_##name, bs, bb, w, x, n);                       \
     }                                                                                  \
-    static void cols_##name(const void *w, const float *x, int64_t ldx, const float *xsum, \
-                            int64_t n, float *y, int64_t ldy, int T) {                 \
-        cols_via_dequant(dequant_##name, bs, bb, w, x, ldx, n, y, ldy, T);             \
+    static void cols_##name(const void *w, int64_t rs, const float *x, int64_t ldx,   \
+                            const float *xsum, int64_t n, float *y, int64_t ldy, int R,    \
+                            int T) {                                                       \
+        cols_via_dequant(dequant_##name, bs, bb, w, rs, x, ldx, n, y, ldy, R, T);      \
     }
 DOT_VIA(f16, 1, 2)
 DOT_VIA(bf16, 1, 2)

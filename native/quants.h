@@ -119,15 +119,17 @@ typedef float (*ds4n_dot_fn)(const void *w, const float *x, int64_t n);
 typedef void (*ds4n_rows_fn)(const void *w, int64_t row_stride, const float *x,
                              const float *xsum, int64_t n, float *y, int R);
 #define DS4N_MV_ROWS 4
-/* Small-batch matvec: one row against T (1..DS4N_SMALL_T) activation rows x + t*ldx, each
- * block of the row decoded once for all of them. y[t*ldy] is bitwise what the single-token
- * path gives for token t alone: the rows kernel's arithmetic when the set has one for the
- * type, else the dot kernel's. With a rows kernel, xsum + t*(n/32) are token t's per-32
- * sums, and xsum + T*(n/32) the same sums block-major (token t of 32-block b at b*T + t,
- * 8 floats readable past the last), so a kernel can take one block's sums of every token
- * in one vector load. */
-typedef void (*ds4n_cols_fn)(const void *w, const float *x, int64_t ldx, const float *xsum,
-                             int64_t n, float *y, int64_t ldy, int T);
+/* Small-batch matvec tile: R (1..DS4N_MV_ROWS) rows, row_stride bytes apart, against T
+ * (1..DS4N_SMALL_T) activation rows x + t*ldx: y[t*ldy + r] = row r · token t. Each block of
+ * every row is decoded once for all T tokens (and, in the tiled kernels, each token's block
+ * of x loaded once for all R rows). y[t*ldy + r] is bitwise what the single-token path gives
+ * for row r and token t alone: the rows kernel's arithmetic when the set has one for the
+ * type, else the dot kernel's. With a rows kernel, xsum + t*(n/32) are token t's per-32 sums,
+ * and xsum + T*(n/32) the same sums block-major (token t of 32-block b at b*T + t, 8 floats
+ * readable past the last), so a kernel can take one block's sums of every token in one
+ * vector load. */
+typedef void (*ds4n_cols_fn)(const void *w, int64_t row_stride, const float *x, int64_t ldx,
+                             const float *xsum, int64_t n, float *y, int64_t ldy, int R, int T);
 #define DS4N_SMALL_T 8
 /* Decode and small-batch matvec in one kernel: y[t*ldy + r] = row r · x[t*K] for r < n_rows
  * (row_bytes apart), t < T (1..DS4N_SMALL_T), each token's result bitwise the same whatever T.

@@ -210,6 +210,7 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
 #define DS4N_OWN_LEGACY_MATVEC
 #define DS4N_OWN_K45_MATVEC
 #define DS4N_OWN_Q6_K_MATVEC
+#define DS4N_TILE_ACC 8 /* of 16 ymm: a row's block is 4, its min sums 1 more */
 #include "quants_generic.h"
 
 /* ---- decode matvecs of the f16-scaled 32-code types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 -------
@@ -337,32 +338,59 @@ DS4N_INLINE void rows_f16_legacy(int type, int64_t bb, const void *w, int64_t ro
         y[r] = is_affine(type) ? ds4n_hsum_avx2(acc[r]) + mins[2 * r + 1] : ds4n_hsum_avx2(acc[r]);
 }
 
-/* rows_f16_legacy's arithmetic for one row and T tokens, each block unpacked once: the min
- * term's lanes are the tokens (the block-major sums: one load and one FMA per block). */
-DS4N_INLINE void cols_f16_legacy(int type, int64_t bb, const void *w, const float *x,
-                                 int64_t ldx, const float *xsum, int64_t n, float *y,
-                                 int64_t ldy, const int T) {
-    const int64_t nb = n / QK;
-    const float *xs = xsum + T * nb;
-    __m256 acc[DS4N_SMALL_T], accm = _mm256_setzero_ps();
-    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
-    const uint8_t *p = w;
-    for (int64_t i = 0; i < nb; i++, p += bb, x += QK, xs += T) {
-        uint32_t u;
-        memcpy(&u, p, 4);
-        const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
-        const __m256 d = _mm256_broadcastss_ps(dm);
-        if (is_affine(type))
-            accm = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)), _mm256_loadu_ps(xs),
-                                   accm);
-        __m256 c[4];
-        block_codes(type, p, c);
-        for (int t = 0; t < T; t++) acc[t] = _mm256_fmadd_ps(d, codes_dot(c, x + t * ldx), acc[t]);
+/* Tokens t0 .. t0+G of tile_f16_legacy: rows_f16_legacy's arithmetic for R rows and G tokens,
+ * each block of each row unpacked once; row r's min term has the tokens as its lanes (from
+ * the block-major sums xs[i*T + t]: one load and one FMA per block and row). */
+DS4N_INLINE void tile_f16_legacy_pass(int type, int64_t bb, const uint8_t *w, int64_t row_stride,
+                                      const float *x, int64_t ldx, const float *xs, int T,
+                                      int64_t n, float *y, int64_t ldy, const int R, const int G) {
+    __m256 acc[DS4N_TILE_ACC], accm[DS4N_MV_ROWS]; /* row r, token t at r*G + t */
+    for (int r = 0; r < R; r++) {
+        accm[r] = _mm256_setzero_ps();
+        for (int t = 0; t < G; t++) acc[r * G + t] = _mm256_setzero_ps();
     }
-    _Alignas(32) float mins[8];
-    _mm256_store_ps(mins, accm);
-    for (int t = 0; t < T; t++)
-        y[t * ldy] = is_affine(type) ? ds4n_hsum_avx2(acc[t]) + mins[t] : ds4n_hsum_avx2(acc[t]);
+    /* Each row's d and m converted on its own (as cols did): park8's store of the R rows'
+     * made GCC keep the accumulators in memory. */
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK; i++, p += bb, x += QK, xs += T) {
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = p + r * row_stride;
+            uint32_t u;
+            memcpy(&u, blk, 4);
+            const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)u)); /* d, m (or code bytes) */
+            if (is_affine(type))
+                accm[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+                                          _mm256_loadu_ps(xs), accm[r]);
+            const __m256 d = _mm256_broadcastss_ps(dm);
+            __m256 c[4];
+            block_codes(type, blk, c);
+            for (int t = 0; t < G; t++)
+                acc[r * G + t] = _mm256_fmadd_ps(d, codes_dot(c, x + t * ldx), acc[r * G + t]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        _Alignas(32) float mins[8];
+        _mm256_store_ps(mins, accm[r]);
+        for (int t = 0; t < G; t++)
+            y[t * ldy + r] = is_affine(type) ? ds4n_hsum_avx2(acc[r * G + t]) + mins[t]
+                                             : ds4n_hsum_avx2(acc[r * G + t]);
+    }
+}
+
+/* rows_f16_legacy's arithmetic for R rows and T tokens: one tile when its R·T accumulators fit
+ * DS4N_TILE_ACC, else row by row with every token (16 registers leave no room for a tile of
+ * more rows: a 4 x 2 pass and its spills measured slower than one row at T = 3..8). */
+DS4N_INLINE void tile_f16_legacy(int type, int64_t bb, const void *w, int64_t row_stride,
+                                 const float *x, int64_t ldx, const float *xsum, int64_t n,
+                                 float *y, int64_t ldy, const int R, const int T) {
+    const float *xs = xsum + T * (n / QK);
+    if (R * T <= DS4N_TILE_ACC) {
+        tile_f16_legacy_pass(type, bb, w, row_stride, x, ldx, xs, T, n, y, ldy, R, T);
+        return;
+    }
+    for (int r = 0; r < R; r++)
+        tile_f16_legacy_pass(type, bb, (const uint8_t *)w + r * row_stride, row_stride, x, ldx,
+                             xs, T, n, y + r, ldy, 1, T);
 }
 
 /* ---- Q4_K / Q5_K decode matvecs ------------------------------------------------------ */
@@ -579,7 +607,7 @@ DS4N_COLS_KERNEL(q6_K_T, cols_q6_body, 0)
 
 #define DS4N_F16_LEGACY_ROWS(name, T, block)                        \
     DS4N_ROWS_KERNEL(name, rows_f16_legacy, T, sizeof(block))       \
-    DS4N_COLS_KERNEL(name, cols_f16_legacy, T, sizeof(block))
+    DS4N_TILE_KERNEL(name, tile_f16_legacy, T, sizeof(block))
 DS4N_F16_LEGACY_ROWS(q4_0, DS4N_Q4_0, block_q4_0)
 DS4N_F16_LEGACY_ROWS(q4_1, DS4N_Q4_1, block_q4_1)
 DS4N_F16_LEGACY_ROWS(q5_0, DS4N_Q5_0, block_q5_0)

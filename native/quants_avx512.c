@@ -473,6 +473,7 @@ DS4N_INLINE void cols_q6(const void *w, const float *x, int64_t ldx, const float
 
 #define DS4N_OWN_K45_MATVEC
 #define DS4N_OWN_Q6_K_MATVEC
+#define DS4N_TILE_ACC 24 /* of 32 zmm: a row's block is 2, and the x operands load from L1 */
 #include "quants_generic.h"
 
 DS4N_ROWS_KERNEL(q4_K, rows_k45, 0)

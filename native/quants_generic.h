@@ -152,25 +152,68 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     for (int r = 0; r < R; r++) y[r] = vhsum(acc[r]) + accm[r];
 }
 
-/* rows_legacy's arithmetic for one row and T tokens, the block decoded once for all. */
-DS4N_INLINE void cols_legacy(int type, int64_t block_bytes, const void *w, const float *x,
-                             int64_t ldx, const float *xsum, int64_t n, float *y, int64_t ldy,
-                             const int T) {
-    vacc acc[DS4N_SMALL_T];
-    float accm[DS4N_SMALL_T];
-    for (int t = 0; t < T; t++) acc[t] = vzero(), accm[t] = 0.0f;
-    const int64_t nb = n / QK;
-    const uint8_t *p = w;
+/* Accumulator vectors a small-batch tile keeps in registers (the set may say how many: it
+ * leaves room for a row's decoded block and the x operands). */
+#ifndef DS4N_TILE_ACC
+#define DS4N_TILE_ACC 16
+#endif
+
+/* Eight tokens' floats (the min terms of a tile row: lane t is token t's). A vector type
+ * of the compiler's, not an intrinsic: `a += m * v` on it is contracted into an FMA exactly
+ * when the rows kernel's scalar `accm += m * xsum` is (the same expression, per lane). */
+typedef float ds4n_tok8 __attribute__((vector_size(32)));
+
+/* Tokens t0 .. t0+G of tile_legacy: each block of the R rows decoded once, each token's 32
+ * values of x read from L1 for every row, R·G accumulators in registers. xs: the block-major
+ * per-32 sums (xs[i*T + t], T the batch's token count, 8 floats readable from any t). */
+DS4N_INLINE void tile_legacy_pass(int type, int64_t block_bytes, const uint8_t *w,
+                                  int64_t row_stride, const float *x, int64_t ldx,
+                                  const float *xs, int T, int64_t n, float *y, int64_t ldy,
+                                  const int R, const int G) {
+    vacc acc[DS4N_TILE_ACC]; /* row r, token t at r*G + t */
+    ds4n_tok8 accm[DS4N_MV_ROWS];
+    for (int r = 0; r < R; r++) {
+        accm[r] = (ds4n_tok8){0};
+        for (int t = 0; t < G; t++) acc[r * G + t] = vzero();
+    }
+    /* Each row's scale and min converted on its own (load_legacy): a tile shares them between
+     * G tokens, and f16_pairs' parking store made GCC keep the accumulators in memory. */
     struct legacy_block b;
-    for (int64_t i = 0; i < nb; i++, p += block_bytes) {
-        load_legacy(type, p, &b);
-        for (int t = 0; t < T; t++) {
-            acc[t] = vfma_s(acc[t], b.d, block32_dot(b.q, x + t * ldx + i * QK));
-            if (is_affine(type)) accm[t] += b.m * xsum[t * nb + i];
+    const uint8_t *p = w;
+    for (int64_t i = 0; i < n / QK; i++, p += block_bytes, x += QK, xs += T) {
+        ds4n_tok8 xsv;
+        if (is_affine(type)) memcpy(&xsv, xs, sizeof xsv);
+        for (int r = 0; r < R; r++) {
+            load_legacy(type, p + r * row_stride, &b);
+            for (int t = 0; t < G; t++) {
+                const vacc s = block32_dot(b.q, x + t * ldx);
+                acc[r * G + t] = vfma_s(acc[r * G + t], b.d, s);
+            }
+            if (is_affine(type)) accm[r] += b.m * xsv; /* rows_legacy's expression */
         }
     }
-    for (int t = 0; t < T; t++) y[t * ldy] = vhsum(acc[t]) + accm[t];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < G; t++) y[t * ldy + r] = vhsum(acc[r * G + t]) + accm[r][t];
 }
+
+/* rows_legacy's arithmetic for R rows and T tokens. The tokens go in as few passes over the
+ * rows as keep R·G accumulators within the set's DS4N_TILE_ACC (each pass decodes the blocks
+ * again), G as even as can be. */
+DS4N_INLINE void tile_legacy(int type, int64_t block_bytes, const void *w, int64_t row_stride,
+                             const float *x, int64_t ldx, const float *xsum, int64_t n,
+                             float *y, int64_t ldy, const int R, const int T) {
+    const int most = DS4N_TILE_ACC / R, passes = (T + most - 1) / most;
+    const int G = (T + passes - 1) / passes; /* <= most */
+    const float *xs = xsum + T * (n / QK);
+    /* written out, so that every pass's token count is a constant */
+#define DS4N_LEGACY_PASS(k)                                                                   \
+    if ((k) * G < T)                                                                          \
+        tile_legacy_pass(type, block_bytes, w, row_stride, x + (k) * G * ldx, ldx, xs + (k) * G, \
+                         T, n, y + (k) * G * ldy, ldy, R, T - (k) * G < G ? T - (k) * G : G);
+    DS4N_LEGACY_PASS(0) DS4N_LEGACY_PASS(1) DS4N_LEGACY_PASS(2) DS4N_LEGACY_PASS(3)
+#undef DS4N_LEGACY_PASS
+}
+_Static_assert(DS4N_TILE_ACC / DS4N_MV_ROWS * 4 >= DS4N_SMALL_T, "tile_legacy: 4 passes cover a tile");
 
 /* ---- Q4_K / Q5_K: eight sub-blocks of 32, y = d·sc·q - dmin·m ---------------------------- */
 
@@ -484,24 +527,47 @@ static float dot_iq4_xs(const void *w, const float *x, int64_t n) {
         }                                                                                   \
     }
 _Static_assert(DS4N_MV_ROWS == 4, "DS4N_ROWS_KERNEL covers 1..4 rows");
-/* cols_<name>(w, x, ldx, xsum, n, y, ldy, T) over body(args..., T) with T a constant. */
+/* cols_<name>(w, row_stride, x, ldx, xsum, n, y, ldy, R, T) over a one-row body(args...,
+ * w, x, ldx, xsum, n, y, ldy, T) with T a constant, row by row. */
 #define DS4N_COLS_CASE(T_, body, ...) \
-    case T_: body(__VA_ARGS__, w, x, ldx, xs, n, y, ldy, T_); break;
+    case T_: body(__VA_ARGS__, wr, x, ldx, xs, n, y + r, ldy, T_); break;
 #define DS4N_COLS_KERNEL(name, body, ...)                                                   \
-    static void cols_##name(const void *w, const float *x, int64_t ldx, const float *xs,   \
-                            int64_t n, float *y, int64_t ldy, int T) {                      \
-        switch (T) {                                                                        \
-            DS4N_COLS_CASE(1, body, __VA_ARGS__) DS4N_COLS_CASE(2, body, __VA_ARGS__)       \
-            DS4N_COLS_CASE(3, body, __VA_ARGS__) DS4N_COLS_CASE(4, body, __VA_ARGS__)       \
-            DS4N_COLS_CASE(5, body, __VA_ARGS__) DS4N_COLS_CASE(6, body, __VA_ARGS__)       \
-            DS4N_COLS_CASE(7, body, __VA_ARGS__)                                            \
-        default: body(__VA_ARGS__, w, x, ldx, xs, n, y, ldy, 8); break;                     \
+    static void cols_##name(const void *w, int64_t rs, const float *x, int64_t ldx,        \
+                            const float *xs, int64_t n, float *y, int64_t ldy, int R, int T) { \
+        for (int r = 0; r < R; r++) {                                                       \
+            const void *wr = (const uint8_t *)w + r * rs;                                   \
+            switch (T) {                                                                    \
+                DS4N_COLS_CASE(1, body, __VA_ARGS__) DS4N_COLS_CASE(2, body, __VA_ARGS__)   \
+                DS4N_COLS_CASE(3, body, __VA_ARGS__) DS4N_COLS_CASE(4, body, __VA_ARGS__)   \
+                DS4N_COLS_CASE(5, body, __VA_ARGS__) DS4N_COLS_CASE(6, body, __VA_ARGS__)   \
+                DS4N_COLS_CASE(7, body, __VA_ARGS__)                                        \
+            default: body(__VA_ARGS__, wr, x, ldx, xs, n, y + r, ldy, 8); break;            \
+            }                                                                               \
         }                                                                                   \
     }
-_Static_assert(DS4N_SMALL_T == 8, "DS4N_COLS_KERNEL covers 1..8 tokens");
+/* cols_<name> over a tile body(args..., w, row_stride, x, ldx, xsum, n, y, ldy, R, T) with R
+ * and T constants (32 instances: the accumulators stay in registers). */
+#define DS4N_COLS_TILE_CASE(R_, T_, body, ...) \
+    case R_ * 16 + T_: body(__VA_ARGS__, w, rs, x, ldx, xs, n, y, ldy, R_, T_); break;
+#define DS4N_COLS_TILE_CASES(R_, body, ...)                                                     \
+    DS4N_COLS_TILE_CASE(R_, 1, body, __VA_ARGS__) DS4N_COLS_TILE_CASE(R_, 2, body, __VA_ARGS__)      \
+    DS4N_COLS_TILE_CASE(R_, 3, body, __VA_ARGS__) DS4N_COLS_TILE_CASE(R_, 4, body, __VA_ARGS__)      \
+    DS4N_COLS_TILE_CASE(R_, 5, body, __VA_ARGS__) DS4N_COLS_TILE_CASE(R_, 6, body, __VA_ARGS__)      \
+    DS4N_COLS_TILE_CASE(R_, 7, body, __VA_ARGS__) DS4N_COLS_TILE_CASE(R_, 8, body, __VA_ARGS__)
+#define DS4N_TILE_KERNEL(name, body, ...)                                                   \
+    static void cols_##name(const void *w, int64_t rs, const float *x, int64_t ldx,        \
+                            const float *xs, int64_t n, float *y, int64_t ldy, int R, int T) { \
+        switch (R * 16 + T) {                                                               \
+            DS4N_COLS_TILE_CASES(1, body, __VA_ARGS__) DS4N_COLS_TILE_CASES(2, body, __VA_ARGS__)     \
+            DS4N_COLS_TILE_CASES(3, body, __VA_ARGS__) DS4N_COLS_TILE_CASES(4, body, __VA_ARGS__)     \
+        default: break; /* R, T out of range: the caller's contract says never */          \
+        }                                                                                   \
+    }
+_Static_assert(DS4N_SMALL_T == 8 && DS4N_MV_ROWS == 4,
+               "DS4N_COLS_KERNEL covers 1..8 tokens, DS4N_TILE_KERNEL 1..4 rows of them");
 #define DS4N_LEGACY_ROWS(name, T, block)                    \
     DS4N_ROWS_KERNEL(name, rows_legacy, T, sizeof(block))   \
-    DS4N_COLS_KERNEL(name, cols_legacy, T, sizeof(block))
+    DS4N_TILE_KERNEL(name, tile_legacy, T, sizeof(block))
 #ifndef DS4N_OWN_LEGACY_MATVEC /* a set may define its own for the f16-scaled types */
 DS4N_LEGACY_ROWS(q4_0, DS4N_Q4_0, block_q4_0)
 DS4N_LEGACY_ROWS(q4_1, DS4N_Q4_1, block_q4_1)

@@ -144,26 +144,29 @@ static void check_matmul(int i, int simd, ds4n_pool *pool, int64_t K) {
 }
 
 /* 2..8 tokens in one matmul (the small-batch path) must give each token the bits of a
- * single-token matmul, at the scalar level and this CPU's SIMD level. */
-static void check_small_batch(int i, int simd, ds4n_pool *pool, int64_t K) {
-    enum { ROWS = 13, TMAX = 8 };
+ * single-token matmul, at the scalar level and this CPU's SIMD level, for `rows` rows (odd
+ * counts give tiles of 1..4 rows and a tail). */
+static void check_small_batch(int i, int simd, ds4n_pool *pool, int64_t K, int64_t rows) {
+    enum { ROWS_MAX = 37, TMAX = 8 };
     int64_t row_bytes;
-    uint8_t *w = random_weights(i, ROWS, K, &row_bytes);
+    uint8_t *w = random_weights(i, rows, K, &row_bytes);
     float *X = malloc(sizeof(float) * TMAX * K);
-    float alone[TMAX * ROWS], batch[TMAX * ROWS];
+    float alone[TMAX * ROWS_MAX], batch[TMAX * ROWS_MAX];
     for (int64_t k = 0; k < TMAX * K; k++) X[k] = rnd_float();
     const int levels[2] = {DS4N_SIMD_SCALAR, simd};
     for (int l = 0; l < 2; l++) {
         ds4n_set_simd(levels[l]);
         for (int t = 0; t < TMAX; t++)
-            ds4n_matmul(pool, TYPES[i].type, w, ROWS, K, X + t * K, 1, alone + t * ROWS);
+            ds4n_matmul(pool, TYPES[i].type, w, rows, K, X + t * K, 1, alone + t * rows);
         for (int64_t T = 2; T <= TMAX; T++) {
-            ds4n_matmul(pool, TYPES[i].type, w, ROWS, K, X, T, batch);
-            if (memcmp(batch, alone, sizeof(float) * (size_t)(T * ROWS)) != 0) {
-                for (int64_t j = 0; j < T * ROWS; j++)
+            ds4n_matmul(pool, TYPES[i].type, w, rows, K, X, T, batch);
+            if (memcmp(batch, alone, sizeof(float) * (size_t)(T * rows)) != 0) {
+                for (int64_t j = 0; j < T * rows; j++)
                     if (memcmp(&batch[j], &alone[j], 4) != 0) {
-                        fail(l ? "small batch (simd)" : "small batch (scalar)", TYPES[i].name,
-                             batch[j], alone[j]);
+                        char what[64];
+                        snprintf(what, sizeof what, "small batch (%s, T=%d, %d rows)",
+                                 l ? "simd" : "scalar", (int)T, (int)rows);
+                        fail(what, TYPES[i].name, batch[j], alone[j]);
                         break;
                     }
                 break;
@@ -208,12 +211,16 @@ int main(void) {
             check_rows(i, simd);
             check_matmul(i, simd, NULL, 512);
             check_matmul(i, simd, pool, 512);
-            check_small_batch(i, simd, NULL, 768);
-            check_small_batch(i, simd, pool, 768);
+            /* every tile shape: 1..4 rows a worker's share, tails of 1..3 */
+            static const int64_t row_counts[] = {1, 2, 3, 5, 7, 13, 37};
+            for (size_t c = 0; c < sizeof row_counts / sizeof *row_counts; c++) {
+                check_small_batch(i, simd, NULL, 768, row_counts[c]);
+                check_small_batch(i, simd, pool, 768, row_counts[c]);
+            }
             /* An odd number of blocks (and rows fewer than a tile), for the 32-value types. */
             if (ds4n_type_block_size(TYPES[i].type) <= 32) {
                 check_matmul(i, simd, pool, 96);
-                check_small_batch(i, simd, pool, 96);
+                check_small_batch(i, simd, pool, 96, 13);
             }
         }
         check_mxfp4_exponents(simd);

@@ -81,17 +81,21 @@ def test_small_batch_is_bitwise_the_single_token_path(
     qtype: str, level: int, pool: native.Pool
 ) -> None:
     """2..8 tokens in one call (several sessions' decode steps batched) give each token
-    exactly the bits it gets alone, so batching never changes a greedy answer."""
+    exactly the bits it gets alone, so batching never changes a greedy answer: every tile
+    shape (1..4 rows a pass, and the tail rows of a worker's share past whole tiles)."""
     native.set_simd(level)
     try:
         rng = np.random.default_rng(11)
-        rows, K = 37, 768
-        raw = random_weights(qtype, rows, K, rng)
-        X = rng.standard_normal((8, K)).astype(np.float32)
-        alone = per_token(pool, qtype, raw, rows, K, X)
-        for T in range(2, 9):
-            got = native.matmul(pool, qtype, raw, rows, K, X[:T])
-            np.testing.assert_array_equal(got.view(np.uint32), alone[:T].view(np.uint32), f"T={T}")
+        K = 768
+        for rows in (1, 3, 6, 37):
+            raw = random_weights(qtype, rows, K, rng)
+            X = rng.standard_normal((8, K)).astype(np.float32)
+            alone = per_token(pool, qtype, raw, rows, K, X)
+            for T in range(2, 9):
+                got = native.matmul(pool, qtype, raw, rows, K, X[:T])
+                np.testing.assert_array_equal(
+                    got.view(np.uint32), alone[:T].view(np.uint32), f"rows={rows} T={T}"
+                )
     finally:
         native.set_simd(native.SIMD_AUTO)
 
