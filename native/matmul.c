@@ -262,13 +262,20 @@ static void sb_tiles(const struct matmul_job *m, const struct ds4n_xq *xq, int64
 #ifndef INT_TILE_SLICE
 #define INT_TILE_SLICE 8
 #endif
-/* Tokens quantized at a time on the tile path: a panel is unpacked once per chunk, so the
- * whole prefill call (the engine's 256-token chunk) is one chunk; its activations (1-4 MB at
- * K 2048-8192) are read once per panel from L2/L3. 256 against 64 measured 3-14 % faster
- * (2048 x 2048 to 2048 x 8192, Q4_K and Q6_K, T = 256, 1 thread, CPU time). */
+/* Tokens quantized at a time on the tile path: a panel is unpacked once per chunk, and every
+ * panel reads the whole chunk's activations, so a chunk is as many tokens as keep those in
+ * L2 (INT_TILE_BYTES of int16), from INT_CHUNK up to INT_TILE_CHUNK (the engine's prefill
+ * chunk): 256 tokens at K 2048, 64 at K 8192. */
 #ifndef INT_TILE_CHUNK
 #define INT_TILE_CHUNK 256
 #endif
+#ifndef INT_TILE_BYTES
+#define INT_TILE_BYTES (1 << 20)
+#endif
+static int64_t tile_chunk(int64_t K, int limbs) {
+    const int64_t fit = INT_TILE_BYTES / (2 * (limbs - 1) * K) / DS4N_SB_TILE_C * DS4N_SB_TILE_C;
+    return fit < INT_CHUNK ? INT_CHUNK : fit > INT_TILE_CHUNK ? INT_TILE_CHUNK : fit;
+}
 static void sb_panels(const struct matmul_job *m, const struct ds4n_xq *xq, int64_t tc,
                       int64_t r0, int64_t r1, float *Y, struct ds4n_sb_panel *panel) {
     const ds4n_sb_tile_fn tile = ds4n_active_sb_tile();
@@ -309,7 +316,7 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
     const int sb = ds4n_int_type_sb(m->type);
     /* The super-block types' prefill tiles need a panel buffer beside the activations. */
     const int tiled = sb && m->T > DS4N_SMALL_T && ds4n_active_sb_tile();
-    const int64_t cap = tiled ? INT_TILE_CHUNK : INT_CHUNK;
+    const int64_t cap = tiled ? tile_chunk(m->K, limbs) : INT_CHUNK;
     const int64_t chunk = m->T < cap ? m->T : cap;
     const size_t xq_bytes = (ds4n_xq_bytes(limbs, sb, m->K, chunk) + 63) & ~(size_t)63;
     const int64_t ng = m->K / DS4N_INT_GROUP;
