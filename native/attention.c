@@ -47,6 +47,16 @@ uint16_t ds4n_f32_to_f16(float f) {
     return sign | (uint16_t)h;
 }
 
+void ds4n_f32_to_f16_n(const float *x, int n, uint16_t *h, int64_t stride) {
+#if defined(__x86_64__) || defined(_M_X64)
+    if (ds4n_simd_level() >= DS4N_SIMD_AVX2) {
+        ds4n_f32_to_f16_n_avx2(x, n, h, stride);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) h[i * stride] = ds4n_f32_to_f16(x[i]);
+}
+
 void ds4n_kv_quant_block(const float *x, uint16_t *d, int8_t *q, int q_stride) {
     float amax = 0.0f;
     for (int i = 0; i < DS4N_KV_QK; i++) amax = fmaxf(amax, fabsf(x[i]));
@@ -66,8 +76,7 @@ void ds4n_kv_pack_row(int type, const float *x, int hd, void *row) {
     if (type == DS4N_KV_F32) {
         memcpy(row, x, sizeof(float) * hd);
     } else if (type == DS4N_KV_F16) {
-        uint16_t *h = row;
-        for (int d = 0; d < hd; d++) h[d] = ds4n_f32_to_f16(x[d]);
+        ds4n_f32_to_f16_n(x, hd, row, 1);
     } else {
         for (int b = 0; b < hd / DS4N_KV_QK; b++) {
             char *blk = (char *)row + (int64_t)b * DS4N_KV_QB;
@@ -81,8 +90,7 @@ void ds4n_kv_tile_store(int type, const float *x, int hd, void *tile, int lane) 
         float *t = tile;
         for (int d = 0; d < hd; d++) t[(int64_t)d * DS4N_KT + lane] = x[d];
     } else if (type == DS4N_KV_F16) {
-        uint16_t *t = tile;
-        for (int d = 0; d < hd; d++) t[(int64_t)d * DS4N_KT + lane] = ds4n_f32_to_f16(x[d]);
+        ds4n_f32_to_f16_n(x, hd, (uint16_t *)tile + lane, DS4N_KT);
     } else {
         for (int b = 0; b < hd / DS4N_KV_QK; b++) {
             char *blk = tile_block(tile, b);

@@ -46,6 +46,13 @@ static inline int64_t ds4n_kv_row_bytes(int type, int head_dim) {
 
 /* float -> IEEE half, rounded to nearest even (overflow to inf, subnormals kept, nan kept). */
 uint16_t ds4n_f32_to_f16(float f);
+/* h[i * stride] = ds4n_f32_to_f16(x[i]) for i < n, in vectors where the level in force has
+ * them (F16C's conversion rounds to nearest even and quiets a nan keeping its top payload
+ * bits, as the scalar one does: bitwise the same; tested). */
+void ds4n_f32_to_f16_n(const float *x, int n, uint16_t *h, int64_t stride);
+#if defined(__x86_64__) || defined(_M_X64)
+void ds4n_f32_to_f16_n_avx2(const float *x, int n, uint16_t *h, int64_t stride);
+#endif
 /* Quantizes 32 values as one q8_0 block (GGUF's rule: scale = max|x|/127, q = round(x/scale)):
  * the half scale to *d, the int8 values to q[i * q_stride], i < 32. */
 void ds4n_kv_quant_block(const float *x, uint16_t *d, int8_t *q, int q_stride);

@@ -223,3 +223,19 @@ void ds4n_geglu_avx2(float *g, const float *u, int64_t n) {
     }
     if (i < n) ds4n_geglu_scalar(g + i, u + i, n - i);
 }
+
+void ds4n_f32_to_f16_n_avx2(const float *x, int n, uint16_t *h, int64_t stride) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i v = _mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (stride == 1) {
+            _mm_storeu_si128((__m128i *)(h + i), v);
+            continue;
+        }
+        uint16_t b[8];
+        _mm_storeu_si128((__m128i *)b, v);
+        for (int j = 0; j < 8; j++) h[(i + j) * stride] = b[j];
+    }
+    for (; i < n; i++) h[i * stride] = ds4n_f32_to_f16(x[i]);
+}

@@ -202,18 +202,31 @@ static const ds4n_rope *seq_rope(const ds4n_attn_layer *w, const ds4n_dec_sessio
     return w->rope_long && s->n_ctx > w->long_ctx ? w->rope_long : w->rope;
 }
 
-void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
-                    const ds4n_dec_batch *b, ds4n_pool *pool, const float *xn, float *out) {
-    const int hd = d->head_dim, E = d->n_embd;
-    const int n_q = d->n_head * hd, n_kv = d->n_head_kv * hd;
+/* The per-row steps between the projections and attention: biases, QK norms, RoPE and the
+ * K/V store, for rows [a, e) of the batch. */
+typedef struct {
+    const ds4n_dec_dims *d;
+    const ds4n_attn_layer *w;
+    int il;
+    const ds4n_dec_batch *b;
+    const ds4n_rope *rope[DS4N_DEC_MAX_SEQ];
+    const float *cs[DS4N_DEC_MAX_SEQ]; /* each sequence's RoPE table (ds4n_dec_ws_rope) */
+} prep_ctx;
+
+static void prep_rows(const prep_ctx *c, int64_t a, int64_t e) {
+    const ds4n_dec_dims *d = c->d;
+    const ds4n_attn_layer *w = c->w;
+    const ds4n_dec_batch *b = c->b;
     ds4n_dec_ws *ws = b->ws;
-    proj_ctx pc = {.d = d, .w = w, .b = b, .ws = ws, .xn = xn};
-    ds4n_dec_run(pool, qkv_task, &pc);
+    const int il = c->il, hd = d->head_dim;
+    const int n_q = d->n_head * hd, n_kv = d->n_head_kv * hd;
     for (int i = 0; i < b->n_seq; i++) {
         ds4n_dec_session *s = b->seq[i];
-        const ds4n_rope *rope = seq_rope(w, s);
-        const float *cs = rope ? ds4n_dec_ws_rope(b, rope) : NULL;
-        for (int64_t r = b->row0[i]; r < b->row0[i] + b->count[i]; r++) {
+        const ds4n_rope *rope = c->rope[i];
+        const float *cs = c->cs[i];
+        const int64_t r0 = b->row0[i] > a ? b->row0[i] : a;
+        const int64_t r1 = b->row0[i] + b->count[i] < e ? b->row0[i] + b->count[i] : e;
+        for (int64_t r = r0; r < r1; r++) {
             float *q = ws->q + r * n_q, *k = ws->kx + r * n_kv, *v = ws->vx + r * n_kv;
             if (w->wqkv) {
                 const float *row = ws->qkv + r * (n_q + 2 * n_kv);
@@ -239,6 +252,34 @@ void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
             }
             ds4n_kv_store(&s->kv, il, b->pos0[i] + (r - b->row0[i]), k, v);
         }
+    }
+}
+
+static void prep_task(void *p, int ith, int nth) {
+    const prep_ctx *c = p;
+    const int64_t n = c->b->n_rows;
+    prep_rows(c, n * ith / nth, n * (ith + 1) / nth);
+}
+
+void ds4n_attention(const ds4n_dec_dims *d, const ds4n_attn_layer *w, int il,
+                    const ds4n_dec_batch *b, ds4n_pool *pool, const float *xn, float *out) {
+    const int hd = d->head_dim, E = d->n_embd;
+    const int n_q = d->n_head * hd;
+    ds4n_dec_ws *ws = b->ws;
+    proj_ctx pc = {.d = d, .w = w, .b = b, .ws = ws, .xn = xn};
+    ds4n_dec_run(pool, qkv_task, &pc);
+    prep_ctx rc = {.d = d, .w = w, .il = il, .b = b};
+    /* A prefill chunk's rows on the pool (each row's steps are its own, so any split gives
+     * the same bytes); a few decode rows are not worth a dispatch. Several sequences go one
+     * after the other, each table fetched just before its rows: the workspace holds only
+     * DS4N_WS_ROPES tables, and a later sequence's may take an earlier one's slot. */
+    for (int i = 0; i < b->n_seq; i++) {
+        rc.rope[i] = seq_rope(w, b->seq[i]);
+        rc.cs[i] = rc.rope[i] ? ds4n_dec_ws_rope(b, rc.rope[i]) : NULL;
+        if (pool && b->n_seq == 1 && b->n_rows > DS4N_DEC_SMALL_T)
+            ds4n_pool_run(pool, prep_task, &rc);
+        else
+            prep_rows(&rc, b->row0[i], b->row0[i] + b->count[i]);
     }
     const int nth = pool ? ds4n_pool_threads(pool) : 1;
     /* Units of attention work: a sequence, or, for a sequence of decode rows (at most

@@ -262,13 +262,28 @@ static void sb_tiles(const struct matmul_job *m, const struct ds4n_xq *xq, int64
 }
 
 /* Prefill of the super-block types on a level with a tile kernel (ds4n_sb_tile_fn): each
- * panel of PANEL_ROWS rows is unpacked once per chunk into the panel buffer (int16, L2-resident:
- * 16 rows of K 8960 are 280 KB), then walked in tiles of DS4N_SB_TILE_C tokens; for each, K
- * in slices of INT_TILE_SLICE super-blocks (the tokens' activations of a slice stay in L1
- * while every row pair of the panel passes), rows DS4N_SB_TILE_R at a time. */
+ * panel of PANEL_ROWS rows is unpacked once per chunk (INT_TILE_CHUNK tokens) into the panel
+ * buffer (int16, L2-resident: 16 rows of K 8960 are 280 KB), then walked in tiles of
+ * DS4N_SB_TILE_C tokens; for each, K in slices of INT_TILE_SLICE super-blocks (the tokens'
+ * activations of a slice stay in L1 while every row pair of the panel passes), rows
+ * DS4N_SB_TILE_R at a time. */
 #ifndef INT_TILE_SLICE
 #define INT_TILE_SLICE 8
 #endif
+/* Tokens quantized at a time on the tile path: a panel is unpacked once per chunk, and every
+ * panel reads the whole chunk's activations, so a chunk is as many tokens as keep those in
+ * L2 (INT_TILE_BYTES of int16), from INT_CHUNK up to INT_TILE_CHUNK (the engine's prefill
+ * chunk): 256 tokens at K 2048, 64 at K 8192. */
+#ifndef INT_TILE_CHUNK
+#define INT_TILE_CHUNK 256
+#endif
+#ifndef INT_TILE_BYTES
+#define INT_TILE_BYTES (1 << 20)
+#endif
+static int64_t tile_chunk(int64_t K, int limbs) {
+    const int64_t fit = INT_TILE_BYTES / (2 * (limbs - 1) * K) / DS4N_SB_TILE_C * DS4N_SB_TILE_C;
+    return fit < INT_CHUNK ? INT_CHUNK : fit > INT_TILE_CHUNK ? INT_TILE_CHUNK : fit;
+}
 static void sb_panels(const struct matmul_job *m, const struct ds4n_xq *xq, int64_t tc,
                       int64_t r0, int64_t r1, float *Y, struct ds4n_sb_panel *panel) {
     const ds4n_sb_tile_fn tile = ds4n_active_sb_tile();
@@ -330,10 +345,11 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
                     int64_t r1) {
     const struct ds4n_type_traits *tt = ds4n_traits(m->type);
     const int64_t row_bytes = m->K / tt->block_size * tt->block_bytes;
-    const int64_t chunk = m->T < INT_CHUNK ? m->T : INT_CHUNK;
     const int sb = ds4n_int_type_sb(m->type);
     /* The super-block types' prefill tiles need a panel buffer beside the activations. */
     const int tiled = sb && m->T > DS4N_SMALL_T && ds4n_active_sb_tile();
+    const int64_t cap = tiled ? tile_chunk(m->K, limbs) : INT_CHUNK;
+    const int64_t chunk = m->T < cap ? m->T : cap;
     const size_t xq_bytes = (ds4n_xq_bytes(limbs, sb, m->K, chunk) + 63) & ~(size_t)63;
     const int64_t ng = m->K / DS4N_INT_GROUP;
     uint8_t *buf = scratch(xq_bytes + (tiled ? ds4n_sb_panel_bytes(PANEL_ROWS, ng) : 0));

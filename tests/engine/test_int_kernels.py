@@ -63,8 +63,10 @@ def test_every_simd_level_is_bitwise_the_scalar_reference(
     for K in (512, 576, 608, 1888) if qtype in ("Q8_0", "Q4_0", "Q4_1") else (512, 1280, 2304):
         raw = random_weights(qtype, rows, K, rng)
         # decode, batched decode, prefill tiles with a remainder (rows 19: a lone last row;
-        # tokens 10, 21, 70: tiles of 4 tokens ending in 2, 1 and 2), more than a chunk (64)
-        for T in (1, 4, 8, 10, 21, 70):
+        # tokens 10, 21, 70: tiles of 4 tokens ending in 2, 1 and 2), more than a chunk (64
+        # tokens; 256 on the K-quants' tile path)
+        long = (260,) if qtype in ("Q4_K", "Q6_K") else ()
+        for T in (1, 4, 8, 10, 21, 70, *long):
             X = activations(rng, T, K)
             want = run(pool, precision, qtype, raw, rows, K, X, native.SIMD_SCALAR)
             for level in LEVELS:

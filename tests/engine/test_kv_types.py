@@ -141,6 +141,45 @@ def test_f32_to_f16_rounds_like_numpy() -> None:
     assert np.isnan(np.array([fn(float("nan"))], np.uint16).view(np.float16)[0])
 
 
+def test_f32_to_f16_rows_are_bitwise_the_scalar_converter() -> None:
+    """The KV store's row conversion (F16C on x86) against the scalar converter, at every
+    SIMD level, contiguous and strided (a K tile's lanes), with lengths ending in a tail:
+    halfway cases, subnormals, the overflow edge, infinities, signed zeros, nans with
+    payloads and random bit patterns over the whole float range."""
+    from ds4d.engine import native
+    from tests.native.test_kernels import LEVELS
+
+    one = lib.ds4n_f32_to_f16
+    one.restype, one.argtypes = ctypes.c_uint16, [ctypes.c_float]
+    rows = lib.ds4n_f32_to_f16_n
+    rows.restype = None
+    rows.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_int64]
+    rng = np.random.default_rng(4)
+    bits = np.concatenate([
+        rng.integers(0, 2**32, 4000, dtype=np.uint64).astype(np.uint32),
+        np.array([0x7F800001, 0xFF800001, 0x7FC00000, 0x7FBFFFFF, 0x7FFFE000, 0x7F802000,
+                  0x477FEFFF, 0x477FF000, 0x33000000, 0x33000001, 0x387FF000, 0x38800000],
+                 np.uint32),
+    ])  # fmt: skip
+    values = np.concatenate([
+        bits.view(np.float32),
+        (np.arange(1, 200, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-24),
+        (np.arange(1024, 1200, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-10),
+        np.array([0.0, -0.0, 65504.0, 65519.0, 65520.0, np.inf, -np.inf], np.float32),
+    ]).astype(np.float32)  # fmt: skip
+    want = np.array([one(float(v)) for v in values], np.uint16)
+    for level in LEVELS:
+        native.set_simd(level)
+        try:
+            for n, stride in ((len(values), 1), (len(values) - 5, 3), (13, 1), (7, 64)):
+                out = np.zeros(n * stride, np.uint16)
+                rows(values.ctypes.data, n, out.ctypes.data, stride)
+                assert out[::stride].tobytes() == want[:n].tobytes(), (level, n, stride)
+                assert not out.reshape(n, stride)[:, 1:].any()
+        finally:
+            native.set_simd(native.SIMD_AUTO)
+
+
 def _mean_distance(engine: Engine, exact: dict) -> float:
     steps = exact["steps"]
     session = engine.new_session(len(exact["prompt_tokens"]) + len(steps))
