@@ -60,7 +60,7 @@ from ds4d.serving.decoding import DecodeStep, Decoding
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.prompt import Prepared
 from ds4d.serving.slots import SlotPool
-from ds4d.serving.speculation import accept, exact_keys
+from ds4d.serving.speculation import accept
 from ds4d.serving.stepcost import StepCost
 from ds4d.state.kvstate import KVState
 from ds4d.state.matching import Plan
@@ -176,7 +176,6 @@ class EngineLoop:
         self.calls = calls if calls is not None else KVCalls(kv)
         self.sizer = sizer if sizer is not None else ChunkSizer()
         self.cost = cost
-        self._exact_keys = exact_keys(engine.gguf.architecture)  # a draft's limit, if any
         self.queue_size = queue_size
         self.clock = clock  # times engine work (chunk sizes, the decode credit)
         self._inbox: list[tuple[str, Work]] = []
@@ -536,8 +535,6 @@ class EngineLoop:
         frontier = self.kv.next_frontier(session) if self.kv is not None else None
         if frontier is not None:
             limit = min(limit, frontier - after)
-        if self._exact_keys is not None:  # nor past the keys its chunks are exact for
-            limit = min(limit, self._exact_keys - after)
         draft = decoding.speculation.draft(decoding, step, int(limit))
         if draft and step.allowed is not None and not (step.allowed == draft[0]).any():
             return []  # the constraint cuts the draft at its first token (later ones are

@@ -65,18 +65,6 @@ MODES: tuple[SpeculativeMode, ...] = ("off", "lookup", "draft")
 VERIFY_ROWS = 8
 MAX_DRAFT = VERIFY_ROWS - 1
 
-# Keys up to which a family's verification chunk is measured bitwise its decode steps,
-# where that is not every depth: gemma3's rows at 512 keys and past, of a chunk begun
-# before, differ in the last bits (tests/engine/test_batch_forward.py; cause not found),
-# so its drafts stop short of 512 keys and it decodes plainly beyond.
-EXACT_KEYS: dict[str, int] = {"gemma3": 512}
-
-
-def exact_keys(architecture: str) -> int | None:
-    """The most keys a verification chunk of this architecture may reach (None: any)."""
-    return EXACT_KEYS.get(architecture)
-
-
 class Speculation:
     """One request's drafts: its prompt lookup or draft model, its draft length, and what
     they did. `seed` is the request's: a draft model's sampled drafts are drawn from a
