@@ -6,7 +6,9 @@ session. Before each proposal the draft session is made to hold the target sessi
 tokens plus the pending token: the longest common prefix is kept and the rest evaluated
 (so a slot that switched to another conversation, reused another prefix or rewound a
 rejected draft is followed exactly); then the draft model proposes k tokens, one
-forward pass each. A greedy request's draft is the draft model's argmax at each
+forward pass each. A draft session further behind than a step (a new prompt, tokens
+generated without it) is brought up by the engine loop's prefill work (`catch_up`), not
+inside a decode step. A greedy request's draft is the draft model's argmax at each
 position (a point mass: the verification keeps it when the target's own token equals
 it); a sampled request's draft is drawn from the draft's distribution q under the
 request's own sampling parameters, and q goes with it to the acceptance rule
