@@ -40,11 +40,17 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
     const int64_t window = j->window;
     const int64_t last = ds4n_attn_keys_hi(j, j->pos0 + j->n_tok - 1);
     const int64_t kend = j->k1 < last ? j->k1 : last;
-    /* A window: no query sees keys below the first query's window (k0 and the start stay
-     * multiples of DS4N_KT, the K tile size). */
+    /* A window: no query sees keys below the first query's window. The steps begin at a
+     * multiple of DS4N_KBLOCK (k0 is one), not at the first query's window: a row's keys are
+     * then grouped into online-softmax steps at the same boundaries whatever row begins its
+     * job, so each row of a chunk is bitwise its decode step (a window start rounded to a
+     * K tile put the boundaries 16..48 keys apart when the chunk's first row and a later row
+     * rounded differently; gemma3's window of 48 in the kit, any real window). The tiles of
+     * a block below every row's window are skipped (`skip`), so this costs no work. */
     int64_t kstart = j->k0;
     if (window > 0 && j->pos0 - window + 1 > kstart)
-        kstart = (j->pos0 - window + 1) / DS4N_KT * DS4N_KT;
+        kstart = (j->pos0 - window + 1) / DS4N_KBLOCK * DS4N_KBLOCK;
+    if (kstart < j->k0) kstart = j->k0;
     for (int64_t kb = kstart; kb < kend; kb += DS4N_KBLOCK) {
         /* One step's keys are a few KB of K and of V, too short a run for the hardware
          * prefetchers to reach ahead of: the next block's are fetched while this one runs,

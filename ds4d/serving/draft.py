@@ -6,7 +6,9 @@ session. Before each proposal the draft session is made to hold the target sessi
 tokens plus the pending token: the longest common prefix is kept and the rest evaluated
 (so a slot that switched to another conversation, reused another prefix or rewound a
 rejected draft is followed exactly); then the draft model proposes k tokens, one
-forward pass each. A greedy request's draft is the draft model's argmax at each
+forward pass each. A draft session further behind than a step (a new prompt, tokens
+generated without it) is brought up by the engine loop's prefill work (`catch_up`), not
+inside a decode step. A greedy request's draft is the draft model's argmax at each
 position (a point mass: the verification keeps it when the target's own token equals
 it); a sampled request's draft is drawn from the draft's distribution q under the
 request's own sampling parameters, and q goes with it to the acceptance rule
@@ -54,15 +56,19 @@ def check_same_vocabulary(target: Engine, draft: Engine) -> None:
 class Proposal:
     """k drafted tokens and, for a sampled request, the distribution each was drawn from
     (qs[i]: that of tokens[i]); qs is None for a greedy draft (point masses). Drafting
-    `passes` tokens took `pass_s` seconds (0 and 0.0 when the draft session had a new
-    prompt to evaluate first: not a step's usual cost)."""
+    `passes` tokens took `pass_s` seconds; before them the draft session caught up with
+    `caught_up` tokens it had skipped in `catch_up_s` (0 and 0.0 when it only had the
+    last step's, up to 2 tokens: those count in `pass_s`, as every step pays them)."""
 
     def __init__(self, tokens: list[int], qs: list[np.ndarray] | None, passes: int = 0,
-                 pass_s: float = 0.0) -> None:  # fmt: skip
+                 pass_s: float = 0.0, caught_up: int = 0,
+                 catch_up_s: float = 0.0) -> None:  # fmt: skip
         self.tokens = tokens
         self.qs = qs
         self.passes = passes
         self.pass_s = pass_s
+        self.caught_up = caught_up
+        self.catch_up_s = catch_up_s
 
 
 class DraftModel:
@@ -86,20 +92,34 @@ class DraftModel:
             self._sessions[id(target)] = pair
         return pair[1]
 
+    def behind(self, target: Session) -> int:
+        """How many of the target's tokens its draft session lacks (engine thread)."""
+        pair = self._sessions.get(id(target))
+        if pair is None or pair[0] is not target:
+            return target.n_tokens
+        want = target.tokens
+        return len(want) - _common(pair[1].tokens, want, len(want))
+
+    def catch_up(self, target: Session, n: int) -> int:
+        """Evaluates up to n of the target's tokens its draft session lacks, the common
+        prefix kept (the loop's prefill work: a draft session that is behind does not
+        draft); how many were evaluated."""
+        session = self.session_for(target)
+        want = target.tokens
+        common = _common(session.tokens, want, len(want))
+        session.rewind(common)
+        todo = want[common : common + max(0, n)]
+        if todo:
+            session.eval(todo)
+        return len(todo)
+
     def follow(self, target: Session, pending: int) -> tuple[Session, int]:
         """The draft session, holding the target's tokens and `pending`, with the logits
         after it, and how many tokens were evaluated: the common prefix is kept, the rest
         evaluated (at least the last token, whose logits are needed)."""
         session = self.session_for(target)
         want = target.tokens + [pending]
-        have = session.tokens
-        n = min(len(have), len(want) - 1)
-        common = 0
-        if have[:n] == want[:n]:
-            common = n
-        else:
-            while common < n and have[common] == want[common]:
-                common += 1
+        common = _common(session.tokens, want, len(want) - 1)
         session.rewind(common)
         session.eval(want[common:])
         return session, len(want) - common
@@ -111,6 +131,7 @@ class DraftModel:
         from q, the draft's distribution under `params` (`allowed` at the first position)."""
         t0 = time.perf_counter()
         session, caught_up = self.follow(target, pending)
+        t1 = time.perf_counter()
         sampled = not params.greedy and params.infill is None
         tokens: list[int] = []
         qs: list[np.ndarray] = []
@@ -130,18 +151,30 @@ class DraftModel:
                 tokens.append(int(ids[int(np.argmax(logits[ids]))]))
             else:
                 tokens.append(int(np.argmax(logits)))
-        # The cost of drafting, per drafted token, when the draft session only had to
-        # catch up with the last step (not a new prompt's prefill): every pass and what
-        # goes with it (the catching up, the sampling), as a step pays it.
-        steady = caught_up <= 2
-        return Proposal(tokens, qs if sampled else None, k if steady else 0,
-                        time.perf_counter() - t0 if steady else 0.0)  # fmt: skip
+        # The cost of drafting, per drafted token: every pass and what goes with it (the
+        # sampling, and the catching up with the last step, as every step pays it); a
+        # longer catch-up (tokens skipped by plain steps) is measured apart.
+        end = time.perf_counter()
+        if caught_up <= 2:
+            return Proposal(tokens, qs if sampled else None, k, end - t0)
+        return Proposal(tokens, qs if sampled else None, k - 1, end - t1, caught_up, t1 - t0)
 
     def close(self) -> None:
         for _, session in self._sessions.values():
             session.close()
         self._sessions.clear()
         self.engine.close()
+
+
+def _common(have: list[int], want: list[int], most: int) -> int:
+    """The length of the common prefix of `have` and `want`, at most `most`."""
+    n = min(len(have), most)
+    if have[:n] == want[:n]:
+        return n
+    common = 0
+    while common < n and have[common] == want[common]:
+        common += 1
+    return common
 
 
 def _draw(p: np.ndarray, rng: np.random.Generator) -> int:

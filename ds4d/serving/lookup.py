@@ -87,7 +87,8 @@ class DraftLength:
     def next(self, cost: StepCost | None = None, *, drafting: bool = False) -> int:
         """With `cost`, the length that pays best at the current rate
         (StepCost.best_length; `drafting`: a draft model's passes cost too), else one
-        from the rate alone; below a paying length, only the probes."""
+        from the rate alone; below a paying length, only the probes (with `cost`, those
+        whose cost fits its budget: StepCost.probe_pays)."""
         if self.max_draft == 0:
             return 0
         if cost is not None:
@@ -98,7 +99,11 @@ class DraftLength:
             # a run of accepted tokens is likely about rate / (1 - rate) long
             run = self.rate / max(1e-9, 1.0 - self.rate)
             return max(1, min(self.max_draft, round(run) + 1))
-        return self.probe if self._idle >= self.probe_every else 0
+        if self._idle < self.probe_every or self.probe == 0:
+            return 0
+        if cost is not None and not cost.probe_pays(self.probe, self._idle, drafting=drafting):
+            return 0
+        return self.probe
 
     def observe(self, drafted: int, accepted: int) -> None:
         """A verification: `drafted` tokens proposed, the first `accepted` of them kept

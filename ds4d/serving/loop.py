@@ -13,7 +13,9 @@ a worker thread (the event loop never waits on the engine):
 - plus at most one prefill call (a chunk of one C call sized by engine time:
   ds4d.serving.chunking, or a rewind, a disk load, a checkpoint: ds4d.state.sync) of the
   request first in priority order: "completion" before "chat" before "background", and
-  round robin within a priority.
+  round robin within a priority; when no request has one, a chunk of a decoding request's
+  draft-model session catching up with its slot (a new prompt: ds4d.serving.draft), under
+  the same budget, so a draft model's prompt is not evaluated inside a decode step.
 
 Fairness: a prefill chunk earns the decoding requests as much engine time as it took
 (its credit); while that lasts, steps decode only, so a generating request gets a burst
@@ -57,10 +59,11 @@ from ds4d.engine.sampler import sample
 from ds4d.engine.steering import Steering
 from ds4d.serving.chunking import ChunkSizer
 from ds4d.serving.decoding import DecodeStep, Decoding
+from ds4d.serving.draft import DraftModel
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.prompt import Prepared
 from ds4d.serving.slots import SlotPool
-from ds4d.serving.speculation import accept, exact_keys
+from ds4d.serving.speculation import accept
 from ds4d.serving.stepcost import StepCost
 from ds4d.state.kvstate import KVState
 from ds4d.state.matching import Plan
@@ -140,6 +143,18 @@ class LoopHooks(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class DraftCatchUp:
+    """Prefill work for a decoding request's draft session: evaluate up to `n` of the
+    tokens of its slot's session that it lacks (ds4d.serving.draft.DraftModel.catch_up)."""
+
+    model: DraftModel
+    n: int
+
+
+PrefillCall = EngineCall | DraftCatchUp
+
+
 @dataclass
 class _Outcome:
     """What a step's worker call did, for the loop to hand out."""
@@ -176,7 +191,6 @@ class EngineLoop:
         self.calls = calls if calls is not None else KVCalls(kv)
         self.sizer = sizer if sizer is not None else ChunkSizer()
         self.cost = cost
-        self._exact_keys = exact_keys(engine.gguf.architecture)  # a draft's limit, if any
         self.queue_size = queue_size
         self.clock = clock  # times engine work (chunk sizes, the decode credit)
         self._inbox: list[tuple[str, Work]] = []
@@ -327,13 +341,13 @@ class EngineLoop:
             work.phase = Phase.PREFILL
         self._wake.set()
 
-    def _plan_step(self) -> tuple[list[tuple[Work, DecodeStep]], tuple[Work, EngineCall] | None]:
+    def _plan_step(self) -> tuple[list[tuple[Work, DecodeStep]], tuple[Work, PrefillCall] | None]:
         decodes = []
         for w in self._active:
             if w.phase == Phase.DECODE:
                 assert w.decoding is not None
                 decodes.append((w, w.decoding.step()))
-        prefill = None
+        prefill: tuple[Work, PrefillCall] | None = None
         if any(w.phase == Phase.PLANNING for w in self._active):
             # A request that just got its slot is planned (on a worker, in a moment)
             # before the next prefill call is picked: it takes its turn in the round, not
@@ -344,6 +358,16 @@ class EngineLoop:
         for w in waiting:
             sync = w.sync
             assert sync is not None and w.slot is not None
+            if w.decoding is not None:  # the prompt is in; its draft session's is coming
+                catch_up = self._draft_catch_up(w)
+                if catch_up is None:
+                    self._begin_decode(w)
+                    decodes.append((w, w.decoding.step()))
+                    continue
+                if decodes and self._credit > 0 and w.priority != "completion":
+                    continue
+                prefill = (w, catch_up)
+                break
             depth = w.slot.session.n_tokens
             size = self.sizer.size(depth, sync.remaining())
             whole = sync.prefilling and not sync.evaluating and sync.remaining() <= size
@@ -355,10 +379,38 @@ class EngineLoop:
                 if w.phase == Phase.DECODE:
                     assert w.decoding is not None
                     decodes.append((w, w.decoding.step()))
+                    continue
+                if w.phase != Phase.PREFILL:  # nothing to generate: it ended
+                    continue
+                catch_up = self._draft_catch_up(w)  # its draft session's prompt, next
+                if catch_up is not None and not (decodes and self._credit > 0):
+                    prefill = (w, catch_up)
+                    break
                 continue
             prefill = (w, call)
             break
+        if prefill is None and not (decodes and self._credit > 0):
+            for w in sorted((w for w in self._active if w.phase == Phase.DECODE),
+                            key=lambda w: (RANK[w.priority], w.served, w.seq)):  # fmt: skip
+                catch_up = self._draft_catch_up(w)
+                if catch_up is not None:
+                    prefill = (w, catch_up)
+                    break
         return decodes, prefill
+
+    def _draft_catch_up(self, work: Work) -> DraftCatchUp | None:
+        """A chunk of catching up for the request's draft session, when it lacks more of
+        its slot's tokens than a drafting step evaluates and its draft model would draft
+        (Speculation.model_catch_up); sessions change only on the engine thread, between
+        these plans."""
+        spec = work.decoding.speculation if work.decoding is not None else None
+        if spec is None or spec.model is None:
+            return None
+        behind = spec.model_catch_up(self._session(work))
+        if behind <= 0:
+            return None
+        depth = self._session(work).n_tokens - behind
+        return DraftCatchUp(spec.model, self.sizer.size(depth, behind))
 
     def _start_decoding(self, work: Work) -> None:
         sync, slot = work.sync, work.slot
@@ -377,13 +429,24 @@ class EngineLoop:
         self._send(work, [Usage(len(r.tokens), 0, r.cached_tokens, r.source)])
         room = slot.ctx - slot.session.n_tokens - 1
         work.decoding = self.hooks.decoding(work.prepared, slot.session, room)
-        work.phase = Phase.DECODE
         if work.decoding.done:  # nothing to generate (max_tokens 0)
+            work.phase = Phase.DECODE
             events, finish = work.decoding.finish()
             self._end(work, events, finish)
+        elif self._draft_catch_up(work) is None:
+            work.phase = Phase.DECODE
+        # else its draft model's session evaluates the prompt first, as prefill work (the
+        # request stays in PREFILL; decode time begins after it)
+
+    def _begin_decode(self, work: Work) -> None:
+        """A request whose draft session caught up with its prompt starts to decode."""
+        now = time.perf_counter()
+        work.prepared.record.prefill_s = now - work.prefill_t0
+        work.decode_t0 = now
+        work.phase = Phase.DECODE
 
     async def _step(
-        self, decodes: list[tuple[Work, DecodeStep]], prefill: tuple[Work, EngineCall] | None
+        self, decodes: list[tuple[Work, DecodeStep]], prefill: tuple[Work, PrefillCall] | None
     ) -> None:
         self._steps += 1
         whole = False
@@ -431,7 +494,7 @@ class EngineLoop:
                 self._send(work, events)
 
     def _compute(
-        self, decodes: list[tuple[Work, DecodeStep]], prefill: tuple[Work, EngineCall] | None
+        self, decodes: list[tuple[Work, DecodeStep]], prefill: tuple[Work, PrefillCall] | None
     ) -> _Outcome:
         """On the engine's thread: the step's batched decode, then its prefill call."""
         out = _Outcome()
@@ -443,7 +506,13 @@ class EngineLoop:
             work, call = prefill
             assert work.sync is not None and work.slot is not None
             try:
-                work.sync.took(call, run_call(self.calls, work.slot.session, call))
+                if isinstance(call, DraftCatchUp):
+                    t0 = self.clock()
+                    n = call.model.catch_up(work.slot.session, call.n)
+                    if self.cost is not None:
+                        self.cost.observe_catch_up(n, self.clock() - t0)
+                else:
+                    work.sync.took(call, run_call(self.calls, work.slot.session, call))
             except Exception as e:
                 out.failed[work] = e
         out.decode_s, out.prefill_s = mid - start, self.clock() - mid
@@ -536,8 +605,6 @@ class EngineLoop:
         frontier = self.kv.next_frontier(session) if self.kv is not None else None
         if frontier is not None:
             limit = min(limit, frontier - after)
-        if self._exact_keys is not None:  # nor past the keys its chunks are exact for
-            limit = min(limit, self._exact_keys - after)
         draft = decoding.speculation.draft(decoding, step, int(limit))
         if draft and step.allowed is not None and not (step.allowed == draft[0]).any():
             return []  # the constraint cuts the draft at its first token (later ones are

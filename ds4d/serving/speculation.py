@@ -65,32 +65,35 @@ MODES: tuple[SpeculativeMode, ...] = ("off", "lookup", "draft")
 VERIFY_ROWS = 8
 MAX_DRAFT = VERIFY_ROWS - 1
 
-# Keys up to which a family's verification chunk is measured bitwise its decode steps,
-# where that is not every depth: gemma3's rows at 512 keys and past, of a chunk begun
-# before, differ in the last bits (tests/engine/test_batch_forward.py; cause not found),
-# so its drafts stop short of 512 keys and it decodes plainly beyond.
-EXACT_KEYS: dict[str, int] = {"gemma3": 512}
-
-
-def exact_keys(architecture: str) -> int | None:
-    """The most keys a verification chunk of this architecture may reach (None: any)."""
-    return EXACT_KEYS.get(architecture)
+# The most tokens a draft session may lack and still draft (it evaluates them first): the
+# last step's (the accepted draft's last token). A draft session further behind (a new
+# prompt, tokens generated without it) is brought up by the engine loop's prefill work
+# (`model_catch_up`), and meanwhile the request drafts by prompt lookup.
+FOLLOW_TOKENS = 2
 
 
 class Speculation:
     """One request's drafts: its prompt lookup or draft model, its draft length, and what
     they did. `seed` is the request's: a draft model's sampled drafts are drawn from a
-    generator of their own, derived from it (the request's own draws stay its own)."""
+    generator of their own, derived from it (the request's own draws stay its own).
+
+    With a draft model, the model drafts while its length (`model_length`: its own
+    acceptance rate and the measured costs) pays and its session is caught up; otherwise
+    the request drafts by prompt lookup (`length`: lookup's rate), which costs no draft
+    passes and no catching up, so a request whose draft model does not pay loses nothing
+    to it, and one whose text turns copyable still drafts."""
 
     def __init__(self, max_draft: int = MAX_DRAFT, model: DraftModel | None = None,
                  seed: int | None = None, cost: StepCost | None = None) -> None:  # fmt: skip
         self.max_draft = min(max_draft, MAX_DRAFT)
-        self.length = DraftLength(self.max_draft)
+        self.length = DraftLength(self.max_draft)  # prompt lookup's
+        self.model_length = DraftLength(self.max_draft)  # the draft model's
         self.model = model
         self.cost = cost  # the served model's measured step costs (None: the rate alone)
         self._rng = np.random.default_rng(None if seed is None else [seed, DRAFT_STREAM])
         self._qs: list[np.ndarray] | None = None  # the last draft's distributions
         self._lookup: PromptLookup | None = None
+        self._by_model = False  # whether the last draft was the draft model's
         self.drafted = 0
         self.accepted = 0
 
@@ -99,17 +102,23 @@ class Speculation:
         prompt is indexed, or the draft session synced, here), at most `limit`; [] for a
         plain step."""
         self._qs = None
-        k = min(self.length.next(self.cost, drafting=self.model is not None), limit,
-                self.max_draft)  # fmt: skip
-        if k <= 0 or not decoding.pending:
+        self._by_model = False
+        if not decoding.pending or limit <= 0:
             return []
-        if self.model is not None:
-            proposal = self.model.propose(decoding.session, decoding.pending[0], k,
-                                          step.params, step.allowed, self._rng)  # fmt: skip
-            if self.cost is not None:
-                self.cost.observe_draft(proposal.passes, proposal.pass_s)
-            self._qs = proposal.qs
-            return proposal.tokens
+        if self.model is not None and self.model.behind(decoding.session) <= FOLLOW_TOKENS:
+            k = min(self.model_length.next(self.cost, drafting=True), limit, self.max_draft)
+            if k > 0:
+                proposal = self.model.propose(decoding.session, decoding.pending[0], k,
+                                              step.params, step.allowed, self._rng)  # fmt: skip
+                if self.cost is not None:
+                    self.cost.observe_draft(proposal.passes, proposal.pass_s)
+                    self.cost.observe_catch_up(proposal.caught_up, proposal.catch_up_s)
+                self._qs = proposal.qs
+                self._by_model = True
+                return proposal.tokens
+        k = min(self.length.next(self.cost), limit, self.max_draft)
+        if k <= 0:
+            return []
         lookup = self._lookup
         if lookup is None:
             lookup = self._lookup = PromptLookup(decoding.session.tokens[: decoding.n_prompt])
@@ -121,10 +130,26 @@ class Speculation:
         distributions, else the point-mass rule."""
         return RatioDraw(self._qs) if self._qs is not None else exact_draw
 
+    def model_catch_up(self, session: Session) -> int:
+        """How many tokens the draft session should catch up with as prefill work: those it
+        lacks, when more than it evaluates at a drafting step and its draft model would
+        draft now (its length pays, or a probe does, the catching up counted); else 0."""
+        if self.model is None or self.model_length.next(self.cost, drafting=True) <= 0:
+            return 0
+        behind = self.model.behind(session)
+        return behind if behind > FOLLOW_TOKENS else 0
+
     def observe(self, drafted: int, accepted: int) -> None:
         self.drafted += drafted
         self.accepted += accepted
-        self.length.observe(drafted, accepted)
+        if drafted == 0:  # a plain step: neither drafted
+            self.length.observe(0, 0)
+            self.model_length.observe(0, 0)
+        elif self._by_model:
+            self.model_length.observe(drafted, accepted)
+        else:  # the draft model (if any) did not draft: its session falls behind
+            self.length.observe(drafted, accepted)
+            self.model_length.observe(0, 0)
 
 
 # Mixed into a seeded request's seed for its draft model's own generator.

@@ -20,6 +20,17 @@ the prior, so a draft model as slow as the target stops drafting at once and the
 steps that follow measure t(1) itself. A draft model's cost is what drafting took per
 drafted token, every pass and its bookkeeping, in steps where the draft session only
 caught up with the last step.
+
+A probe (a short draft when no length pays, to notice a workload that turns copyable)
+costs what its chunk costs beyond a plain step, its draft passes, and, with a draft model,
+the draft session's catching up with every token it skipped: `catch_up` measures that per
+token (one eval of the tokens skipped; measured on the Qwen2.5-Coder pair, 0.5B beside
+1.5B: 0.09-0.17 of a target step a token, docs/speculative.md). A probe is made only when
+its cost is at most `PROBE_SHARE` of the plain steps taken since the last draft
+(`probe_pays`): a lookup probe of 2 (a chunk of 3 costing 1.6-2.7 steps) every 32 to 60
+tokens; a draft model's, whose catching up alone costs more than that share of every
+token skipped, not at all (a request that stopped drafting with its draft model drafts by
+prompt lookup: ds4d.serving.speculation).
 """
 
 from __future__ import annotations
@@ -27,6 +38,8 @@ from __future__ import annotations
 PRIOR_SLOPE = 0.35  # t(n) / t(1) = 1 + PRIOR_SLOPE (n - 1) until measured
 DRAFT_PRIOR = 0.25  # t_d / t(1) until measured
 DECAY = 0.8  # weight of the past in each running average
+CATCH_UP_PRIOR = 0.1  # a draft session's catch-up, target steps a token, until measured
+PROBE_SHARE = 0.03  # the most of the plain steps' time that probes may cost (>= 0.97x)
 
 
 class StepCost:
@@ -35,6 +48,7 @@ class StepCost:
         self.rows = rows
         self._chunk: list[float | None] = [None] * (rows + 1)  # seconds by chunk length
         self._draft: float | None = None  # seconds of one draft-model pass
+        self._catch_up: float | None = None  # seconds a token of a draft session's catch-up
 
     def observe_chunk(self, n: int, seconds: float) -> None:
         """A plain step (n = 1) or a verification chunk of n tokens took `seconds`."""
@@ -45,6 +59,28 @@ class StepCost:
         """`passes` single-token passes of the draft model took `seconds` together."""
         if passes > 0 and seconds > 0:
             self._draft = _average(self._draft, seconds / passes)
+
+    def observe_catch_up(self, tokens: int, seconds: float) -> None:
+        """A draft session evaluated `tokens` it had skipped in `seconds` (one eval)."""
+        if tokens > 0 and seconds > 0:
+            self._catch_up = _average(self._catch_up, seconds / tokens)
+
+    def catch_up_relative(self) -> float:
+        """A draft session's catch-up per token skipped, in target steps."""
+        one = self._step()
+        if one is None or self._catch_up is None:
+            return CATCH_UP_PRIOR
+        return self._catch_up / one
+
+    def probe_pays(self, k: int, idle: int, *, drafting: bool) -> bool:
+        """Whether a probe of k drafted tokens after `idle` plain steps costs at most
+        PROBE_SHARE of those steps: its chunk beyond a plain step, its draft passes and
+        (`drafting`: a draft model) the draft session's catching up with the `idle`
+        tokens it skipped."""
+        cost = self.relative(k + 1) - 1.0
+        if drafting:
+            cost += k * self.draft_relative(True) + idle * self.catch_up_relative()
+        return cost <= PROBE_SHARE * idle
 
     def relative(self, n: int) -> float:
         """t(n) / t(1): measured when both are, else the prior."""

@@ -20,7 +20,7 @@ time (its idle threads poll for work). Every request of a workload starts from t
 KV state: a two-token request of the same prompt just before, so the measured one reuses
 the whole prompt (a prompt prefilled to its end and one reused from the slot can give
 last-bit different logits, and a different greedy text), and a draft model's session
-holds it already (its first drafting step evaluates the prompt: decode time otherwise). The decode rate is the
+holds it already (its session evaluates a new prompt as prefill work). The decode rate is the
 server's own: ds4d's /metrics (generated tokens over decode seconds, drafted and accepted
 tokens), llama-server's response `timings` (predicted tokens over predicted ms,
 draft_n, draft_n_accepted).

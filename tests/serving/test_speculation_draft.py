@@ -151,6 +151,19 @@ def test_the_draft_session_follows_its_slot_across_requests(engine, model_path):
         assert len(held) > 0 and tokens_on[: len(held)] == held
 
 
+def test_the_draft_session_takes_the_prompt_as_prefill_work(engine, model_path):
+    """A request of one token never drafts (nothing is left to draft for), yet its draft
+    session holds the prompt after it: the engine loop evaluated it as prefill work, not
+    at a drafting step (a request that drafted would otherwise pay it inside a decode
+    step)."""
+    draft = steered_draft(model_path, STEER_DEFAULT, 2048)
+    try:
+        ((_, tokens, held),) = one_slot(engine, "draft", [chat(REWRITE, max_tokens=1)], draft)
+    finally:
+        draft.close()
+    assert len(held) >= len(tokens) - 2 and tokens[: len(held)] == held
+
+
 def test_a_sampled_request_with_a_draft_model_keeps_drafts_and_finishes(engine, model_path):
     sampling = Sampling(temperature=0.8, top_p=0.95, seed=7)
     draft = steered_draft(model_path, STEER_DEFAULT, 2048)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from ds4d.serving.lookup import DraftLength
-from ds4d.serving.stepcost import StepCost
+from ds4d.serving.stepcost import PROBE_SHARE, StepCost
 
 
 def measured(per_token: float, draft_pass: float | None = None) -> StepCost:
@@ -45,15 +47,32 @@ def test_unmeasured_lengths_use_the_prior():
     assert cost.relative(5) == StepCost(8).relative(5)
 
 
-def test_the_draft_length_probes_when_no_length_pays():
+def test_the_draft_length_probes_when_no_length_pays_as_often_as_its_budget_allows():
+    """A probe of 2 whose chunk of 3 costs 3 steps (2 beyond a plain step) is made once
+    the plain steps since the last draft are worth 2 / PROBE_SHARE of them, not before."""
     length = DraftLength(7, probe=2, probe_every=3)
     slow = measured(1.0)
     assert length.next(slow) == 0
-    for _ in range(3):
+    needed = math.ceil(2 / PROBE_SHARE)
+    for idle in range(1, needed + 1):
         length.observe(0, 0)
-    assert length.next(slow) == 2  # a probe, to notice when drafting starts to pay
+        assert length.next(slow) == (2 if idle >= needed else 0), idle
     fast = measured(0.1)
     assert length.next(fast) == 7  # the optimistic start: the rate is 1
+
+
+def test_a_draft_model_whose_catching_up_costs_more_than_the_budget_never_probes():
+    """A draft model's probe pays for its session's catching up with every token skipped:
+    at 0.1 of a step a token (the Qwen2.5-Coder pair) that alone is above PROBE_SHARE, so
+    however long the plain run, it does not probe; at 0.01 a token it does, after a few tens of tokens."""
+    cost = measured(0.1, draft_pass=0.45)
+    cost.observe_catch_up(32, 32 * 0.010 * 0.1)
+    assert abs(cost.catch_up_relative() - 0.1) < 1e-9
+    assert not any(cost.probe_pays(2, idle, drafting=True) for idle in range(1, 5000))
+    assert cost.probe_pays(2, 200, drafting=False)  # prompt lookup's probe: no catching up
+    cheap = measured(0.1, draft_pass=0.05)
+    cheap.observe_catch_up(32, 32 * 0.010 * 0.01)
+    assert not cheap.probe_pays(2, 10, drafting=True) and cheap.probe_pays(2, 32, drafting=True)
 
 
 def test_a_draft_model_as_slow_as_the_target_stops_before_a_plain_step_is_measured():
