@@ -68,7 +68,7 @@ MAX_DRAFT = VERIFY_ROWS - 1
 # The most tokens a draft session may lack and still draft (it evaluates them first): the
 # last step's (the accepted draft's last token). A draft session further behind (a new
 # prompt, tokens generated without it) is brought up by the engine loop's prefill work
-# (`model_catch_up`), and meanwhile the request drafts by prompt lookup.
+# (`model_catch_up`), and meanwhile the request does not draft.
 FOLLOW_TOKENS = 2
 
 
@@ -79,9 +79,9 @@ class Speculation:
 
     With a draft model, the model drafts while its length (`model_length`: its own
     acceptance rate and the measured costs) pays and its session is caught up; otherwise
-    the request drafts by prompt lookup (`length`: lookup's rate), which costs no draft
-    passes and no catching up, so a request whose draft model does not pay loses nothing
-    to it, and one whose text turns copyable still drafts."""
+    the step is plain. The draft model's figures stay its own: a request with a draft
+    model never drafts by prompt lookup (`length` is lookup's rate, for requests without
+    one)."""
 
     def __init__(self, max_draft: int = MAX_DRAFT, model: DraftModel | None = None,
                  seed: int | None = None, cost: StepCost | None = None) -> None:  # fmt: skip
@@ -105,17 +105,20 @@ class Speculation:
         self._by_model = False
         if not decoding.pending or limit <= 0:
             return []
-        if self.model is not None and self.model.behind(decoding.session) <= FOLLOW_TOKENS:
+        if self.model is not None:
+            if self.model.behind(decoding.session) > FOLLOW_TOKENS:
+                return []
             k = min(self.model_length.next(self.cost, drafting=True), limit, self.max_draft)
-            if k > 0:
-                proposal = self.model.propose(decoding.session, decoding.pending[0], k,
-                                              step.params, step.allowed, self._rng)  # fmt: skip
-                if self.cost is not None:
-                    self.cost.observe_draft(proposal.passes, proposal.pass_s)
-                    self.cost.observe_catch_up(proposal.caught_up, proposal.catch_up_s)
-                self._qs = proposal.qs
-                self._by_model = True
-                return proposal.tokens
+            if k <= 0:
+                return []
+            proposal = self.model.propose(decoding.session, decoding.pending[0], k,
+                                          step.params, step.allowed, self._rng)  # fmt: skip
+            if self.cost is not None:
+                self.cost.observe_draft(proposal.passes, proposal.pass_s)
+                self.cost.observe_catch_up(proposal.caught_up, proposal.catch_up_s)
+            self._qs = proposal.qs
+            self._by_model = True
+            return proposal.tokens
         k = min(self.length.next(self.cost), limit, self.max_draft)
         if k <= 0:
             return []
@@ -147,9 +150,8 @@ class Speculation:
             self.model_length.observe(0, 0)
         elif self._by_model:
             self.model_length.observe(drafted, accepted)
-        else:  # the draft model (if any) did not draft: its session falls behind
+        else:  # prompt lookup's (a request without a draft model)
             self.length.observe(drafted, accepted)
-            self.model_length.observe(0, 0)
 
 
 # Mixed into a seeded request's seed for its draft model's own generator.
