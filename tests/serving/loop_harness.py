@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
+from trio.testing import MockClock
 
 from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import ChatRequest, Event, Finish, Priority, Sampling, TextDelta
@@ -128,5 +129,7 @@ async def until(ready: Callable[[], bool]) -> None:
     time passes. A poll, not an event, because what it waits for may be finished by a
     worker thread (a matching plan, a step), which no clock or trio event reports to the
     test; each round lets those threads and the loop run."""
+    # virtual time only: a test that calls this without a MockClock would wait on the wall
+    assert isinstance(trio.lowlevel.current_clock(), MockClock), "until() needs a MockClock"
     while not ready():
         await trio.sleep(0.001)  # virtual time (the MockClock jumps)
