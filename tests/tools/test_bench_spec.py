@@ -51,10 +51,10 @@ def test_bench_spec_measures_off_lookup_and_draft(tmp_path: Path, model_path: Pa
             assert int(r["drafted"]) == 0
     # How much each workload drafts is the cost rule's choice (ds4d.serving.stepcost: it
     # stops drafting once the measured costs say drafts do not pay, which depends on the
-    # machine); each drafting mode drafted somewhere.
-    for mode in ("lookup", "draft"):
-        assert any(int(r["drafted"]) > 0 for r in rows if r["mode"] == mode), mode
-    # the draft is the target itself (its logits only last-bit different where it
-    # evaluated several tokens in one call): its drafted tokens are nearly all kept
+    # machine). Prompt lookup costs no draft pass, and the rewrite copies: it drafts. The
+    # draft model here is the target itself, a pass as slow as a step: the rule may stop
+    # it in the warm-up request before any measured one, so whether it drafts is not
+    # asserted (tests/serving/test_speculation_draft.py drafts with the rule off).
+    assert any(int(r["drafted"]) > 0 for r in rows if r["mode"] == "lookup")
     draft = [r for r in rows if r["mode"] == "draft"]
     assert all(int(r["accepted"]) >= 0.9 * int(r["drafted"]) for r in draft)
