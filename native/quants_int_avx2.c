@@ -10,10 +10,10 @@
  * int32). VPMADDUBSW saturates its int16 pair sums; the ranges keep it exact:
  *  - Q4_0, Q4_1: codes 0..15, limbs |l0| <= 127 and |l1|, |l2| <= 64 (quants_int.h: a residual
  *    of at most 1/2, times 2^7), so |c0·q0 + c1·q1| <= 2·15·127 = 3810;
- *  - Q8_0: its biased code w + 128 reaches 255, and 2·255·127 would saturate; so the sum is
- *    split, Σ (w + 128)·q = Σ w·q + 128·Σ q, with Σ w·q as VPMADDUBSW(|w|, q·sign(w)):
- *    |w| <= 128, so a pair is at most 2·128·127 = 32512 < 2^15; the activations' own term
- *    128·Σ q goes in int16 as 2^7·(q0 pair) + (q1 pair), at most 2^7·254 + 128 = 32640.
+ *  - Q8_0: its biased code w + 128 reaches 255: against l1 and l2 (|q| <= 64) a pair is at
+ *    most 2·255·64 = 32640 < 2^15, but 2·255·127 would saturate, so limb 0's sum is split,
+ *    Σ (w + 128)·l0 = Σ w·l0 + 128·Σ l0, with Σ w·l0 as VPMADDUBSW(|w|, l0·sign(w)) (|w| <=
+ *    128: a pair is at most 2·128·127 = 32512) and Σ l0 as VPMADDUBSW(1, l0).
  * Every sum is an exact integer, so the order of the integer additions is free; the float
  * steps (conversion, the limb FMA, acc = fma(f, ws·xs, acc), the bias FMA, the tree) run in
  * the reference's order.
@@ -28,8 +28,8 @@
 
 /* ---- the block format (Q8_0, Q4_0, Q4_1) ------------------------------------------------- */
 
-/* Codes of block b of the group at grp, 32 bytes in value order: Q8_0's signed w (its bias is
- * added in the dot product, above), the nibbles of Q4_0 and Q4_1. */
+/* Codes of block b of the group at grp, 32 bytes in value order: Q8_0's signed w, the nibbles
+ * of Q4_0 and Q4_1. */
 DS4N_INLINE __m256i block_codes(int type, const uint8_t *grp, int b) {
     if (type == DS4N_Q8_0)
         return _mm256_loadu_si256((const __m256i *)((const block_q8_0 *)grp + b)->qs);
@@ -40,24 +40,24 @@ DS4N_INLINE __m256i block_codes(int type, const uint8_t *grp, int b) {
     return _mm256_and_si256(z, _mm256_set1_epi8(0x0f));
 }
 
-/* Σ c·q over each lane's 4 values (int32 lanes 0..7 of the block), for one limb q. Q8_0: the
- * Σ w·q part only, with c its |w|; the caller adds 128·Σ q (act_term). */
-DS4N_INLINE __m256i lane_dot(int type, __m256i c, __m256i w, __m256i q, __m256i mul16) {
-    const __m256i p = type == DS4N_Q8_0 ? _mm256_maddubs_epi16(c, _mm256_sign_epi8(q, w))
-                                        : _mm256_maddubs_epi16(c, q);
-    return _mm256_madd_epi16(p, mul16);
-}
-
-/* Q8_0's activation terms of one block and token: 128·Σ (128·l0 + l1) per lane, and with three
- * limbs 128·Σ l2 (in *t2, from q2p: read only then). */
-DS4N_INLINE __m256i act_term(__m256i q0, __m256i q1, const int8_t *q2p, int L, __m256i *t2) {
-    const __m256i ones8 = _mm256_set1_epi8(1), k128 = _mm256_set1_epi16(128);
-    const __m256i p = _mm256_add_epi16(_mm256_slli_epi16(_mm256_maddubs_epi16(ones8, q0), 7),
-                                       _mm256_maddubs_epi16(ones8, q1));
+/* h = 2^7·Σ c·l0 + Σ c·l1 over each lane's 4 values (int32 lanes 0..7 of the block), and with
+ * three limbs Σ c·l2 (*s2). c: the codes (Q8_0: w + 128), w and wabs: Q8_0's signed codes and
+ * their magnitudes, for limb 0 (above). */
+DS4N_INLINE __m256i block_lanes(int type, __m256i c, __m256i w, __m256i wabs, const int8_t *q,
+                                int64_t K, int L, __m256i *s2) {
+    const __m256i ones16 = _mm256_set1_epi16(1), k128 = _mm256_set1_epi16(128);
+    const __m256i q0 = _mm256_loadu_si256((const __m256i *)q);
+    const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + K));
+    __m256i h0; /* 2^7·Σ c·l0 */
+    if (type == DS4N_Q8_0)
+        h0 = _mm256_add_epi32(
+            _mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(q0, w)), k128),
+            _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), q0), _mm256_set1_epi16(1 << 14)));
+    else
+        h0 = _mm256_madd_epi16(_mm256_maddubs_epi16(c, q0), k128);
     if (L == 3)
-        *t2 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, _mm256_loadu_si256((const __m256i *)q2p)),
-                                k128);
-    return _mm256_madd_epi16(p, k128);
+        *s2 = _mm256_madd_epi16(_mm256_maddubs_epi16(c, _mm256_loadu_si256((const __m256i *)(q + 2 * K))), ones16);
+    return _mm256_add_epi32(h0, _mm256_madd_epi16(_mm256_maddubs_epi16(c, q1), ones16));
 }
 
 /* ws and mb of a group of n blocks, as ds4n_int_scales computes them (the same products,
@@ -104,34 +104,37 @@ DS4N_INLINE float finish(__m256 lo, __m256 hi, __m256 accm) {
     return _mm_cvtss_f32(_mm_sub_ss(a, m));
 }
 
-/* One group (n blocks: codes c, Q8_0's |w| in cabs) against one token's limbs q (stride K)
- * and its scales S = ws·xs and M = mb·xs, into acc (lo, hi) and accm. */
-DS4N_INLINE void group_token(int type, int n, const __m256i *c, const __m256i *cabs,
+/* One group (n blocks: codes c, Q8_0's signed codes w and magnitudes wabs) against one
+ * token's limbs q (stride K) and its scales S = ws·xs and M = mb·xs, into acc (lo, hi) and
+ * accm. */
+DS4N_INLINE void group_token(int type, int n, const __m256i *c, const __m256i *w, const __m256i *wabs,
                              const int8_t *q, int64_t K, int L, __m256 S, __m256 M, __m256 bsum,
                              __m256 *lo, __m256 *hi, __m256 *accm) {
-    const __m256i k128 = _mm256_set1_epi16(128), ones16 = _mm256_set1_epi16(1);
     const __m256 third = _mm256_set1_ps(0x1p-7f);
     for (int b = 0; b < n; b++) {
-        const __m256i q0 = _mm256_loadu_si256((const __m256i *)(q + 32 * b));
-        const __m256i q1 = _mm256_loadu_si256((const __m256i *)(q + K + 32 * b));
-        const __m256i u = type == DS4N_Q8_0 ? cabs[b] : c[b];
-        __m256i h = _mm256_add_epi32(lane_dot(type, u, c[b], q0, k128), lane_dot(type, u, c[b], q1, ones16));
-        /* the third limb's row exists only with three limbs */
-        const int8_t *q2p = L == 3 ? q + 2 * K + 32 * b : q;
-        __m256i s2 = _mm256_setzero_si256(), t2 = _mm256_setzero_si256();
-        if (L == 3) s2 = lane_dot(type, u, c[b], _mm256_loadu_si256((const __m256i *)q2p), ones16);
-        if (type == DS4N_Q8_0) {
-            h = _mm256_add_epi32(h, act_term(q0, q1, q2p, L, &t2));
-            if (L == 3) s2 = _mm256_add_epi32(s2, t2);
-        }
+        __m256i s2 = _mm256_setzero_si256();
+        const __m256i h = block_lanes(type, c[b], type == DS4N_Q8_0 ? w[b] : c[b],
+                                      type == DS4N_Q8_0 ? wabs[b] : c[b], q + 32 * b, K, L, &s2);
         __m256 f = _mm256_cvtepi32_ps(h);
         if (L == 3) f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), third, f);
-        const __m256 w = _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(b));
-        if (b % 2) *hi = _mm256_fmadd_ps(f, w, *hi);
-        else *lo = _mm256_fmadd_ps(f, w, *lo);
+        const __m256 ws = _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(b));
+        if (b % 2) *hi = _mm256_fmadd_ps(f, ws, *hi);
+        else *lo = _mm256_fmadd_ps(f, ws, *lo);
     }
     /* the bias of blocks past n: M and bsum are zero there, fma(0, 0, +0) keeps +0 */
     *accm = _mm256_fmadd_ps(M, bsum, *accm);
+}
+
+/* The codes of a group's n blocks: c (Q8_0: biased), and Q8_0's w and |w|. */
+DS4N_INLINE void group_codes(int type, const uint8_t *grp, int n, __m256i *c, __m256i *w, __m256i *wabs) {
+    for (int b = 0; b < n; b++) {
+        c[b] = block_codes(type, grp, b);
+        if (type == DS4N_Q8_0) {
+            w[b] = c[b];
+            wabs[b] = _mm256_abs_epi8(c[b]);
+            c[b] = _mm256_xor_si256(c[b], _mm256_set1_epi8((char)0x80)); /* w + 128 */
+        }
+    }
 }
 
 /* xs and bsum of a group's n blocks (zero past n: not read). */
@@ -151,19 +154,21 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
         const uint8_t *grp = w + gi * gb;
         /* n < 8 only in the last group of a row */
         const int n = nb - gi * 8 < 8 ? (int)(nb - gi * 8) : 8;
-        __m256i c[8], cabs[8];
-        for (int b = 0; b < n; b++) {
-            c[b] = block_codes(type, grp, b);
-            if (type == DS4N_Q8_0) cabs[b] = _mm256_abs_epi8(c[b]);
-        }
+        __m256i c[8] = {0}, cw[8] = {0}, cabs[8] = {0}; /* a tail group sets n of them */
+        if (n == 8) group_codes(type, grp, 8, c, cw, cabs);
+        else group_codes(type, grp, n, c, cw, cabs);
         __m256 ws8, mb8;
         group_scales(type, grp, n, &ws8, &mb8);
         for (int t = 0; t < T; t++) {
             const int64_t tt = t0 + t;
             const __m256 xs8 = load_n(xq->xs + tt * nb + gi * 8, n);
-            group_token(type, n, c, cabs, xq->q + tt * L * K + gi * DS4N_INT_GROUP, K, L,
-                        _mm256_mul_ps(ws8, xs8), _mm256_mul_ps(mb8, xs8),
-                        load_n(xq->bsum + tt * nb + gi * 8, n), &lo[t], &hi[t], &accm[t]);
+            const int8_t *q = xq->q + tt * L * K + gi * DS4N_INT_GROUP;
+            const __m256 S = _mm256_mul_ps(ws8, xs8), M = _mm256_mul_ps(mb8, xs8);
+            const __m256 bsum8 = load_n(xq->bsum + tt * nb + gi * 8, n);
+            /* a constant n unrolls the blocks' loop (the codes' arrays then stay in registers
+             * where they fit) */
+            if (n == 8) group_token(type, 8, c, cw, cabs, q, K, L, S, M, bsum8, &lo[t], &hi[t], &accm[t]);
+            else group_token(type, n, c, cw, cabs, q, K, L, S, M, bsum8, &lo[t], &hi[t], &accm[t]);
         }
     }
     for (int t = 0; t < T; t++) y[t * ldy] = finish(lo[t], hi[t], accm[t]);
@@ -184,15 +189,14 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
         const __m256 xs8 = load_n(xq->xs + gi * 8, n), bsum8 = load_n(xq->bsum + gi * 8, n);
         for (int r = 0; r < R; r++) {
             const uint8_t *grp = w + r * stride + gi * gb;
-            __m256i c[8], cabs[8];
-            for (int b = 0; b < n; b++) {
-                c[b] = block_codes(type, grp, b);
-                if (type == DS4N_Q8_0) cabs[b] = _mm256_abs_epi8(c[b]);
-            }
+            __m256i c[8] = {0}, cw[8] = {0}, cabs[8] = {0}; /* a tail group sets n of them */
+            if (n == 8) group_codes(type, grp, 8, c, cw, cabs);
+            else group_codes(type, grp, n, c, cw, cabs);
             __m256 ws8, mb8;
             group_scales(type, grp, n, &ws8, &mb8);
-            group_token(type, n, c, cabs, q, K, L, _mm256_mul_ps(ws8, xs8), _mm256_mul_ps(mb8, xs8),
-                        bsum8, &lo[r], &hi[r], &accm[r]);
+            const __m256 S = _mm256_mul_ps(ws8, xs8), M = _mm256_mul_ps(mb8, xs8);
+            if (n == 8) group_token(type, 8, c, cw, cabs, q, K, L, S, M, bsum8, &lo[r], &hi[r], &accm[r]);
+            else group_token(type, n, c, cw, cabs, q, K, L, S, M, bsum8, &lo[r], &hi[r], &accm[r]);
         }
     }
     for (int r = 0; r < R; r++) y[r] = finish(lo[r], hi[r], accm[r]);
