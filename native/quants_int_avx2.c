@@ -104,17 +104,27 @@ DS4N_INLINE float finish(__m256 lo, __m256 hi, __m256 accm) {
     return _mm_cvtss_f32(_mm_sub_ss(a, m));
 }
 
-/* One group (n blocks: codes c, Q8_0's signed codes w and magnitudes wabs) against one
- * token's limbs q (stride K) and its scales S = ws·xs and M = mb·xs, into acc (lo, hi) and
- * accm. */
-DS4N_INLINE void group_token(int type, int n, const __m256i *c, const __m256i *w, const __m256i *wabs,
+/* The codes of block b: c (Q8_0: biased), and Q8_0's w and |w|. */
+DS4N_INLINE void codes_of(int type, const uint8_t *grp, int b, __m256i *c, __m256i *w, __m256i *wabs) {
+    *c = *w = *wabs = block_codes(type, grp, b);
+    if (type == DS4N_Q8_0) {
+        *wabs = _mm256_abs_epi8(*w);
+        *c = _mm256_xor_si256(*w, _mm256_set1_epi8((char)0x80)); /* w + 128 */
+    }
+}
+
+/* One group (n blocks at grp; with cc, their codes unpacked by codes_of: c, w, |w| per block)
+ * against one token's limbs q (stride K) and its scales S = ws·xs and M = mb·xs, into acc
+ * (lo, hi) and accm. */
+DS4N_INLINE void group_token(int type, const int n, const uint8_t *grp, const __m256i (*cc)[3],
                              const int8_t *q, int64_t K, int L, __m256 S, __m256 M, __m256 bsum,
                              __m256 *lo, __m256 *hi, __m256 *accm) {
     const __m256 third = _mm256_set1_ps(0x1p-7f);
     for (int b = 0; b < n; b++) {
-        __m256i s2 = _mm256_setzero_si256();
-        const __m256i h = block_lanes(type, c[b], type == DS4N_Q8_0 ? w[b] : c[b],
-                                      type == DS4N_Q8_0 ? wabs[b] : c[b], q + 32 * b, K, L, &s2);
+        __m256i c, w, wabs, s2 = _mm256_setzero_si256();
+        if (cc) c = cc[b][0], w = cc[b][1], wabs = cc[b][2];
+        else codes_of(type, grp, b, &c, &w, &wabs);
+        const __m256i h = block_lanes(type, c, w, wabs, q + 32 * b, K, L, &s2);
         __m256 f = _mm256_cvtepi32_ps(h);
         if (L == 3) f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s2), third, f);
         const __m256 ws = _mm256_permutevar8x32_ps(S, _mm256_set1_epi32(b));
@@ -125,18 +135,6 @@ DS4N_INLINE void group_token(int type, int n, const __m256i *c, const __m256i *w
     *accm = _mm256_fmadd_ps(M, bsum, *accm);
 }
 
-/* The codes of a group's n blocks: c (Q8_0: biased), and Q8_0's w and |w|. */
-DS4N_INLINE void group_codes(int type, const uint8_t *grp, int n, __m256i *c, __m256i *w, __m256i *wabs) {
-    for (int b = 0; b < n; b++) {
-        c[b] = block_codes(type, grp, b);
-        if (type == DS4N_Q8_0) {
-            w[b] = c[b];
-            wabs[b] = _mm256_abs_epi8(c[b]);
-            c[b] = _mm256_xor_si256(c[b], _mm256_set1_epi8((char)0x80)); /* w + 128 */
-        }
-    }
-}
-
 /* xs and bsum of a group's n blocks (zero past n: not read). */
 DS4N_INLINE __m256 load_n(const float *p, int n) {
     if (n == 8) return _mm256_loadu_ps(p);
@@ -144,32 +142,39 @@ DS4N_INLINE __m256 load_n(const float *p, int n) {
     return _mm256_maskload_ps(p, mask);
 }
 
+/* Group gi (n blocks at grp) of one row against tokens t0 .. t0 + T - 1. One token unpacks
+ * each block's codes where it uses them; more unpack them once for all. Called with a
+ * constant n for the full groups, so the blocks' loop unrolls. */
+DS4N_INLINE void int_group(int type, const uint8_t *grp, const int n, const struct ds4n_xq *xq,
+                           int64_t gi, int64_t t0, const int T, __m256 *lo, __m256 *hi,
+                           __m256 *accm) {
+    const int L = xq->limbs;
+    const int64_t K = xq->K, nb = xq->nb;
+    __m256 ws8, mb8;
+    group_scales(type, grp, n, &ws8, &mb8);
+    __m256i cc[8][3];
+    if (T > 1)
+        for (int b = 0; b < n; b++) codes_of(type, grp, b, &cc[b][0], &cc[b][1], &cc[b][2]);
+    for (int t = 0; t < T; t++) {
+        const int64_t tt = t0 + t;
+        const __m256 xs8 = load_n(xq->xs + tt * nb + gi * 8, n);
+        group_token(type, n, grp, T > 1 ? (const __m256i (*)[3])cc : NULL,
+                    xq->q + tt * L * K + gi * DS4N_INT_GROUP, K, L, _mm256_mul_ps(ws8, xs8),
+                    _mm256_mul_ps(mb8, xs8), load_n(xq->bsum + tt * nb + gi * 8, n), &lo[t],
+                    &hi[t], &accm[t]);
+    }
+}
+
 DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0, float *y,
                          int64_t ldy, const int T) {
-    const int L = xq->limbs;
-    const int64_t K = xq->K, nb = xq->nb, gb = ds4n_int_group_bytes(type);
+    const int64_t nb = xq->nb, gb = ds4n_int_group_bytes(type);
     __m256 lo[DS4N_SMALL_T], hi[DS4N_SMALL_T], accm[DS4N_SMALL_T];
     for (int t = 0; t < T; t++) lo[t] = hi[t] = accm[t] = _mm256_setzero_ps();
     for (int64_t gi = 0; gi * 8 < nb; gi++) {
-        const uint8_t *grp = w + gi * gb;
         /* n < 8 only in the last group of a row */
         const int n = nb - gi * 8 < 8 ? (int)(nb - gi * 8) : 8;
-        __m256i c[8] = {0}, cw[8] = {0}, cabs[8] = {0}; /* a tail group sets n of them */
-        if (n == 8) group_codes(type, grp, 8, c, cw, cabs);
-        else group_codes(type, grp, n, c, cw, cabs);
-        __m256 ws8, mb8;
-        group_scales(type, grp, n, &ws8, &mb8);
-        for (int t = 0; t < T; t++) {
-            const int64_t tt = t0 + t;
-            const __m256 xs8 = load_n(xq->xs + tt * nb + gi * 8, n);
-            const int8_t *q = xq->q + tt * L * K + gi * DS4N_INT_GROUP;
-            const __m256 S = _mm256_mul_ps(ws8, xs8), M = _mm256_mul_ps(mb8, xs8);
-            const __m256 bsum8 = load_n(xq->bsum + tt * nb + gi * 8, n);
-            /* a constant n unrolls the blocks' loop (the codes' arrays then stay in registers
-             * where they fit) */
-            if (n == 8) group_token(type, 8, c, cw, cabs, q, K, L, S, M, bsum8, &lo[t], &hi[t], &accm[t]);
-            else group_token(type, n, c, cw, cabs, q, K, L, S, M, bsum8, &lo[t], &hi[t], &accm[t]);
-        }
+        if (n == 8) int_group(type, w + gi * gb, 8, xq, gi, t0, T, lo, hi, accm);
+        else int_group(type, w + gi * gb, n, xq, gi, t0, T, lo, hi, accm);
     }
     for (int t = 0; t < T; t++) y[t * ldy] = finish(lo[t], hi[t], accm[t]);
 }
@@ -179,24 +184,15 @@ DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, i
  * so y[r] is bitwise the one-row kernel's. */
 DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const struct ds4n_xq *xq,
                            float *y, const int R) {
-    const int L = xq->limbs;
-    const int64_t K = xq->K, nb = xq->nb, gb = ds4n_int_group_bytes(type);
+    const int64_t nb = xq->nb, gb = ds4n_int_group_bytes(type);
     __m256 lo[DS4N_MV_ROWS], hi[DS4N_MV_ROWS], accm[DS4N_MV_ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = accm[r] = _mm256_setzero_ps();
     for (int64_t gi = 0; gi * 8 < nb; gi++) {
         const int n = nb - gi * 8 < 8 ? (int)(nb - gi * 8) : 8;
-        const int8_t *q = xq->q + gi * DS4N_INT_GROUP;
-        const __m256 xs8 = load_n(xq->xs + gi * 8, n), bsum8 = load_n(xq->bsum + gi * 8, n);
         for (int r = 0; r < R; r++) {
             const uint8_t *grp = w + r * stride + gi * gb;
-            __m256i c[8] = {0}, cw[8] = {0}, cabs[8] = {0}; /* a tail group sets n of them */
-            if (n == 8) group_codes(type, grp, 8, c, cw, cabs);
-            else group_codes(type, grp, n, c, cw, cabs);
-            __m256 ws8, mb8;
-            group_scales(type, grp, n, &ws8, &mb8);
-            const __m256 S = _mm256_mul_ps(ws8, xs8), M = _mm256_mul_ps(mb8, xs8);
-            if (n == 8) group_token(type, 8, c, cw, cabs, q, K, L, S, M, bsum8, &lo[r], &hi[r], &accm[r]);
-            else group_token(type, n, c, cw, cabs, q, K, L, S, M, bsum8, &lo[r], &hi[r], &accm[r]);
+            if (n == 8) int_group(type, grp, 8, xq, gi, 0, 1, &lo[r], &hi[r], &accm[r]);
+            else int_group(type, grp, n, xq, gi, 0, 1, &lo[r], &hi[r], &accm[r]);
         }
     }
     for (int r = 0; r < R; r++) y[r] = finish(lo[r], hi[r], accm[r]);
