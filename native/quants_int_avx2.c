@@ -267,20 +267,85 @@ DS4N_INLINE void sb_dot(const __m256i w[16], const int16_t *a, __m256i *lo, __m2
     *hi = _mm256_add_epi32(s[1], s[3]);
 }
 
-/* One super-block (unpacked: W, d, dmin, m) against one token's limbs a (stride lda), its xs
- * and block sums as, into lo and hi: ds4n_sb_group_ref's float steps in its order. */
-DS4N_INLINE void sb_token(int type, const __m256i W[16], float d, float dmin, __m256i m,
-                          const int16_t *a, int64_t lda, int nl, float xs, const int32_t *as,
-                          int64_t nb, __m256 *lo, __m256 *hi) {
+/* One token against one super-block, its weights unpacked as they are used (16 vectors do
+ * not fit beside the sums in AVX2's 16 registers; one token has no use for them after):
+ * the lane sums of limb 0 in *s0 (lo, hi), of limb 1 (nl = 2) in *s1, each vector's product
+ * exactly sb_weights' w[v] times the activations, so the sums are sb_dot's. */
+DS4N_INLINE void sb_fused(int type, const uint8_t *blk, const int16_t *a, int64_t lda, int nl,
+                          __m256i s0[2], __m256i s1[2], float *d, float *dmin, __m256i *m) {
+    __m256i c0[4], c1[4];
+    for (int i = 0; i < 4; i++) c0[i] = c1[i] = _mm256_setzero_si256();
+#define SB_STEP(v, wv)                                                                         \
+    do {                                                                                       \
+        const __m256i w_ = (wv);                                                               \
+        c0[(v) % 4] = _mm256_add_epi32(c0[(v) % 4], _mm256_madd_epi16(w_, _mm256_loadu_si256((const __m256i *)(a + 16 * (v))))); \
+        if (nl == 2)                                                                           \
+            c1[(v) % 4] = _mm256_add_epi32(c1[(v) % 4], _mm256_madd_epi16(w_, _mm256_loadu_si256((const __m256i *)(a + lda + 16 * (v))))); \
+    } while (0)
+    if (type == DS4N_Q4_K) {
+        const block_q4_K *p = (const block_q4_K *)blk;
+        uint32_t x, y, z;
+        memcpy(&x, p->scales, 4), memcpy(&y, p->scales + 4, 4), memcpy(&z, p->scales + 8, 4);
+        const uint64_t sc = (uint64_t)(x & 0x3f3f3f3f) |
+                            (uint64_t)((z & 0x0f0f0f0f) | ((x >> 6) & 0x03030303) << 4) << 32;
+        const uint64_t mn = (uint64_t)(y & 0x3f3f3f3f) |
+                            (uint64_t)(((z >> 4) & 0x0f0f0f0f) | ((y >> 6) & 0x03030303) << 4) << 32;
+        *d = _cvtsh_ss(p->d);
+        *dmin = _cvtsh_ss(p->dmin);
+        *m = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
+        const __m256i nib = _mm256_set1_epi8(0x0f);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            const __m256i zz = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * q));
+            const __m256i l = _mm256_and_si256(zz, nib), h = _mm256_and_si256(_mm256_srli_epi16(zz, 4), nib);
+            const __m256i k0 = _mm256_set1_epi16((short)(sc >> (16 * q) & 0xff));
+            const __m256i k1 = _mm256_set1_epi16((short)(sc >> (16 * q + 8) & 0xff));
+            SB_STEP(4 * q, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(l)), k0));
+            SB_STEP(4 * q + 1, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(l, 1)), k0));
+            SB_STEP(4 * q + 2, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(h)), k1));
+            SB_STEP(4 * q + 3, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1)), k1));
+        }
+    } else { /* DS4N_Q6_K */
+        const block_q6_K *p = (const block_q6_K *)blk;
+        *d = _cvtsh_ss(p->d);
+        *dmin = 0.0f;
+        *m = _mm256_setzero_si256();
+        const __m256i nib = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+        const __m256i bias = _mm256_set1_epi16(32);
+        /* unrolled: the sums' indices must be constants to stay in registers */
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32));
+            const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
+            const __m256i q[4] = {
+                _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)),
+                _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, hi2)),
+                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
+                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)),
+            };
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+                const int v = 8 * h + 2 * r;
+                SB_STEP(v, _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q[r])), bias),
+                                              _mm256_set1_epi16(p->scales[v])));
+                SB_STEP(v + 1, _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q[r], 1)), bias),
+                                                  _mm256_set1_epi16(p->scales[v + 1])));
+            }
+        }
+    }
+#undef SB_STEP
+    s0[0] = _mm256_add_epi32(c0[0], c0[2]), s0[1] = _mm256_add_epi32(c0[1], c0[3]);
+    s1[0] = _mm256_add_epi32(c1[0], c1[2]), s1[1] = _mm256_add_epi32(c1[1], c1[3]);
+}
+
+/* ds4n_sb_group_ref's float steps, in its order, from the lane sums s0 (limb 0) and s1. */
+DS4N_INLINE void sb_float(int type, const __m256i s0[2], const __m256i s1[2], int nl, float d,
+                          float dmin, __m256i m, float xs, const int32_t *as, int64_t nb,
+                          __m256 *lo, __m256 *hi) {
     const __m256 third = _mm256_set1_ps(0x1p-7f);
-    __m256i s0, s1;
-    sb_dot(W, a, &s0, &s1);
-    __m256 f0 = _mm256_cvtepi32_ps(s0), f1 = _mm256_cvtepi32_ps(s1);
+    __m256 f0 = _mm256_cvtepi32_ps(s0[0]), f1 = _mm256_cvtepi32_ps(s0[1]);
     if (nl == 2) {
-        __m256i u0, u1;
-        sb_dot(W, a + lda, &u0, &u1);
-        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u0), third, f0);
-        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u1), third, f1);
+        f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[0]), third, f0);
+        f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[1]), third, f1);
     }
     const __m256 D = _mm256_set1_ps(d * xs);
     *lo = _mm256_fmadd_ps(f0, D, *lo);
@@ -295,12 +360,38 @@ DS4N_INLINE void sb_token(int type, const __m256i W[16], float d, float dmin, __
     }
 }
 
+/* One token against super-block blk (unpacked as used), into lo and hi. */
+DS4N_INLINE void sb_token1(int type, const uint8_t *blk, const int16_t *a, int64_t lda, int nl,
+                           float xs, const int32_t *as, int64_t nb, __m256 *lo, __m256 *hi) {
+    __m256i s0[2], s1[2], m;
+    float d, dmin;
+    sb_fused(type, blk, a, lda, nl, s0, s1, &d, &dmin, &m);
+    sb_float(type, s0, s1, nl, d, dmin, m, xs, as, nb, lo, hi);
+}
+
+/* One super-block (unpacked: W, d, dmin, m) against one token's limbs a (stride lda), its xs
+ * and block sums as, into lo and hi: ds4n_sb_group_ref's float steps in its order. */
+DS4N_INLINE void sb_token(int type, const __m256i W[16], float d, float dmin, __m256i m,
+                          const int16_t *a, int64_t lda, int nl, float xs, const int32_t *as,
+                          int64_t nb, __m256 *lo, __m256 *hi) {
+    __m256i s0[2], s1[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+    sb_dot(W, a, &s0[0], &s0[1]);
+    if (nl == 2) sb_dot(W, a + lda, &s1[0], &s1[1]);
+    sb_float(type, s0, s1, nl, d, dmin, m, xs, as, nb, lo, hi);
+}
+
 /* Groups [g0, g1) of row w against tokens t0 .. t0 + T - 1, into lo[T] and hi[T]. */
 DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
                            int64_t g1, int64_t t0, __m256 *lo, __m256 *hi, const int T) {
     const int nl = xq->limbs - 1;
     const int64_t nb = xq->nb, ng = nb / 8;
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
+    if (T == 1) { /* one token: the weights unpacked as they are used */
+        for (int64_t g = g0; g < g1; g++)
+            sb_token1(type, w + g * bb, xq->a + t0 * nl * xq->lda + g * DS4N_INT_GROUP, xq->lda, nl,
+                      xq->xs[t0 * ng + g], xq->asum + t0 * nl * nb + 8 * g, nb, &lo[0], &hi[0]);
+        return;
+    }
     for (int64_t g = g0; g < g1; g++) {
         __m256i W[16], m;
         float d, dmin;
@@ -352,13 +443,9 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
     __m256 lo[DS4N_MV_ROWS], hi[DS4N_MV_ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++)
-        for (int r = 0; r < R; r++) {
-            __m256i W[16], m;
-            float d, dmin;
-            sb_weights(type, w + r * stride + g * bb, W, &d, &dmin, &m);
-            sb_token(type, W, d, dmin, m, xq->a + g * DS4N_INT_GROUP, xq->lda, nl, xq->xs[g],
-                     xq->asum + 8 * g, nb, &lo[r], &hi[r]);
-        }
+        for (int r = 0; r < R; r++)
+            sb_token1(type, w + r * stride + g * bb, xq->a + g * DS4N_INT_GROUP, xq->lda, nl,
+                      xq->xs[g], xq->asum + 8 * g, nb, &lo[r], &hi[r]);
     for (int r = 0; r < R; r++) y[r] = hsum16(lo[r], hi[r]);
 }
 
