@@ -142,33 +142,51 @@ static int cpu_has_vnni(void) {
 }
 #endif
 
+/* A level's own kernels: every table entry non-NULL for the types int_scalar serves. */
+struct int_set {
+    const ds4n_int_fn *row;
+    const ds4n_int_rows_fn *rows;
+    const ds4n_sb_part_fn *part;
+    ds4n_sb_tile_fn tile;
+    ds4n_sb_unpack_fn unpack;
+    quantize_fn quantize;
+};
+
+#if defined(__x86_64__) || defined(_M_X64)
+static const struct int_set int_avx512 = {ds4n_int_avx512, ds4n_int_rows_avx512, ds4n_sb_part_avx512,
+                                          ds4n_sb_tile_avx512, ds4n_sb_unpack_avx512,
+                                          ds4n_xq_quantize_avx512};
+static const struct int_set int_avx2 = {ds4n_int_avx2, ds4n_int_rows_avx2, ds4n_sb_part_avx2,
+                                        ds4n_sb_tile_avx2, ds4n_sb_unpack_avx2,
+                                        ds4n_xq_quantize_avx2};
+#endif
+
 void ds4n_int_select(int level) {
-    const ds4n_int_fn *own = NULL;
+    const struct int_set *own = NULL;
     active_quantize = xq_quantize_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
-    if (level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) active_quantize = ds4n_xq_quantize_avx512;
-    if ((level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) && cpu_has_vnni())
-        own = ds4n_int_avx512;
+    /* AVX-512 without VNNI runs the AVX2 kernels (bitwise the same as every level's), with
+     * the AVX-512 quantizer (the limbs are the same from every quantizer). */
+    if (level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX)
+        own = cpu_has_vnni() ? &int_avx512 : &int_avx2;
+    if (level == DS4N_SIMD_AVX2) own = &int_avx2;
+    if (own) active_quantize = level == DS4N_SIMD_AVX2 ? own->quantize : ds4n_xq_quantize_avx512;
 #endif
     /* Levels without kernels of their own run the scalar ones: slower, bitwise the same. */
     for (int t = 0; t < DS4N_TYPE_SLOTS; t++)
-        active_int[t] = own && own[t] ? own[t] : int_scalar[t];
-    memset(active_int_rows, 0, sizeof active_int_rows); /* the scalar level: row by row */
-#if defined(__x86_64__) || defined(_M_X64)
-    if (own) memcpy(active_int_rows, ds4n_int_rows_avx512, sizeof active_int_rows);
-#endif
+        active_int[t] = own && own->row[t] ? own->row[t] : int_scalar[t];
+    /* The scalar level: decode row by row, prefill on the part kernels (a scalar tile would
+     * only repeat their arithmetic, slowly); the tile kernels are tested bitwise against them. */
+    memset(active_int_rows, 0, sizeof active_int_rows);
     active_sb_part[0] = part_ref_q4_K;
     active_sb_part[1] = part_ref_q6_K;
-#if defined(__x86_64__) || defined(_M_X64)
-    if (own) memcpy(active_sb_part, ds4n_sb_part_avx512, sizeof active_sb_part);
-#endif
-    /* The scalar level keeps the part kernels for prefill (a scalar tile would only repeat
-     * their arithmetic, slowly); the tile kernels are tested bitwise against them. */
     active_sb_tile = NULL;
     active_sb_unpack = NULL;
-#if defined(__x86_64__) || defined(_M_X64)
-    if (own) active_sb_tile = ds4n_sb_tile_avx512, active_sb_unpack = ds4n_sb_unpack_avx512;
-#endif
+    if (!own) return;
+    memcpy(active_int_rows, own->rows, sizeof active_int_rows);
+    memcpy(active_sb_part, own->part, sizeof active_sb_part);
+    active_sb_tile = own->tile;
+    active_sb_unpack = own->unpack;
 }
 
 ds4n_sb_tile_fn ds4n_active_sb_tile(void) { return active_sb_tile; }

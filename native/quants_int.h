@@ -455,6 +455,15 @@ void ds4n_sb_tile_avx512(int type, const struct ds4n_sb_panel *p, int64_t i0, in
                          float *acc, float *y, int64_t ldy);
 void ds4n_sb_unpack_avx512(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i);
 void ds4n_xq_quantize_avx512(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+/* The AVX2 kernels: the AVX2 level's, and AVX-512 CPUs' without VNNI. */
+extern const ds4n_int_fn ds4n_int_avx2[DS4N_TYPE_SLOTS];
+extern const ds4n_sb_part_fn ds4n_sb_part_avx2[2]; /* Q4_K, Q6_K */
+extern const ds4n_int_rows_fn ds4n_int_rows_avx2[DS4N_TYPE_SLOTS];
+void ds4n_sb_tile_avx2(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
+                       const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
+                       float *acc, float *y, int64_t ldy);
+void ds4n_sb_unpack_avx2(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i);
+void ds4n_xq_quantize_avx2(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
 #endif
 
 #endif

@@ -1,6 +1,7 @@
 /* Checks every SIMD kernel set this CPU runs against the scalar one, for every type:
  * dequantize must be bit-identical, dot and matmul (decode and prefill shapes, 1 and 2
- * threads) equal within float32 rounding, and 2..8 tokens bitwise the single-token result.
+ * threads) equal within float32 rounding, and 2..8 tokens bitwise the single-token result;
+ * the integer path (int2, int3) bitwise the scalar reference's (check_int).
  * Built natively (every x86 level the CPU runs: AVX2, AVX-512, AMX) and cross-compiled for
  * aarch64 and run under qemu (NEON) by `make -C native check-neon`. Exit status 1 on any
  * mismatch. Uses only the public ds4n.h API. */
@@ -177,6 +178,50 @@ static void check_small_batch(int i, int simd, ds4n_pool *pool, int64_t K, int64
     free(w);
 }
 
+/* The integer path (precision int2, int3: limbs 2, 3) of the types with integer kernels: the
+ * level's kernels must give bitwise the scalar reference's results (quants_int.h defines the
+ * arithmetic once, lane for lane) in every shape the engine runs: decode row by row and in
+ * the 4-row long-row kernels (rows over 1 KB) with their tails of 1..3 rows, batched decode
+ * (every T of 1..8), and prefill (the part kernels' slices and the tile kernels' 2 x 4 tiles,
+ * with remainders of rows and tokens; 260 tokens: more than a tile chunk). K: a part group at
+ * a row's end (a lone block, three blocks) for the 32-value types, a part slice for the
+ * K-quants. Outliers in the activations, as residual streams have, so the scales differ. */
+static void check_int(int i, int simd, ds4n_pool *pool, int64_t K, int64_t rows, int limbs) {
+    enum { TMAX = 260 };
+    static const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 70, TMAX};
+    int64_t row_bytes;
+    uint8_t *w = random_weights(i, rows, K, &row_bytes);
+    float *X = malloc(sizeof(float) * TMAX * (size_t)K);
+    float *Ys = malloc(sizeof(float) * TMAX * (size_t)rows), *Yf = malloc(sizeof(float) * TMAX * (size_t)rows);
+    for (int64_t k = 0; k < TMAX * K; k++) X[k] = rnd_float() * (rnd() % 97 == 0 ? 40.0f : 1.0f);
+    ds4n_pool_set_precision(pool, limbs);
+    for (size_t c = 0; c < sizeof token_counts / sizeof *token_counts; c++) {
+        const int64_t T = token_counts[c];
+        ds4n_set_simd(DS4N_SIMD_SCALAR);
+        ds4n_matmul(pool, TYPES[i].type, w, rows, K, X, T, Ys);
+        ds4n_set_simd(simd);
+        ds4n_matmul(pool, TYPES[i].type, w, rows, K, X, T, Yf);
+        for (int64_t j = 0; j < T * rows; j++)
+            if (memcmp(&Yf[j], &Ys[j], 4) != 0) {
+                char what[96];
+                snprintf(what, sizeof what, "int%d (K %d, %d rows, T=%d, token %d row %d)", limbs,
+                         (int)K, (int)rows, (int)T, (int)(j / rows), (int)(j % rows));
+                fail(what, TYPES[i].name, Yf[j], Ys[j]);
+                break;
+            }
+    }
+    ds4n_pool_set_precision(pool, 0);
+    free(Ys);
+    free(Yf);
+    free(X);
+    free(w);
+}
+
+static int has_int_kernel(int type) {
+    return type == DS4N_Q4_0 || type == DS4N_Q4_1 || type == DS4N_Q8_0 || type == DS4N_Q4_K ||
+           type == DS4N_Q6_K;
+}
+
 /* MXFP4 blocks with every E8M0 scale byte (subnormal halves at 0 and 1, overflow at 255):
  * the SIMD dequantizer must be bit-identical to the scalar one there too. */
 static void check_mxfp4_exponents(int simd) {
@@ -200,7 +245,7 @@ static void check_mxfp4_exponents(int simd) {
 
 int main(void) {
     const char *names[] = {"scalar", "avx2", "neon", "avx512", "amx"};
-    ds4n_pool *pool = ds4n_pool_new(2);
+    ds4n_pool *pool = ds4n_pool_new(2), *pool1 = ds4n_pool_new(1);
     const int n_types = (int)(sizeof TYPES / sizeof *TYPES);
     int checked = 0;
     /* Every SIMD level this CPU runs (ds4n_set_simd falls back to scalar for the others). */
@@ -223,12 +268,27 @@ int main(void) {
                 check_small_batch(i, simd, pool, 96, 13);
             }
         }
+        for (int i = 0; i < n_types; i++) {
+            if (!has_int_kernel(TYPES[i].type)) continue;
+            static const int64_t k_block[] = {96, 576, 608, 1888}, k_super[] = {256, 1280, 2304};
+            const int super = ds4n_type_block_size(TYPES[i].type) == 256;
+            const int64_t *ks = super ? k_super : k_block;
+            const int nk = super ? 3 : 4;
+            static const int64_t row_counts[] = {1, 3, 19};
+            for (int k = 0; k < nk; k++)
+                for (size_t r = 0; r < sizeof row_counts / sizeof *row_counts; r++)
+                    for (int limbs = 2; limbs <= 3; limbs++) {
+                        check_int(i, simd, pool1, ks[k], row_counts[r], limbs);
+                        check_int(i, simd, pool, ks[k], row_counts[r], limbs);
+                    }
+        }
         check_mxfp4_exponents(simd);
         printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
                failures > before ? "FAILED" : "ok");
         checked++;
     }
     ds4n_pool_free(pool);
+    ds4n_pool_free(pool1);
     ds4n_set_simd(DS4N_SIMD_AUTO);
     if (!checked) printf("check_kernels: this CPU has no SIMD kernel set; nothing to compare\n");
     return failures ? 1 : 0;

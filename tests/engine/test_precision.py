@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds4d.engine import Engine, EngineError
+from ds4d.engine import Engine, EngineError, native
 from tests.engine.test_batch_forward import SMALL_SCHEDULE, assert_alone_equal, run_batched
+from tests.native.test_kernels import SIMD_LEVELS
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 314, 1945, 3149]
 
@@ -55,6 +56,28 @@ def test_integer_path_changes_the_logits_a_little(int_engine: Engine, model_path
         got = b.compute_logits()
     assert got.tobytes() != want.tobytes()
     assert np.abs(got - want).max() < 0.05 * want.std()
+
+
+@pytest.mark.parametrize("level", SIMD_LEVELS, ids=[native.SIMD_NAMES[x] for x in SIMD_LEVELS])
+def test_integer_path_whole_forward_at_each_level(int_engine: Engine, level: int) -> None:
+    """The integer path's whole forward at each SIMD level this CPU runs against the scalar
+    level's. The integer matmuls are bitwise the scalar reference (tests/engine/
+    test_int_kernels.py), but attention, norms and activations are the level's float
+    kernels (within ~1e-6 of the scalar ones), and a perturbation that small flips the
+    rounding of a few activations' last limb, so the logits are not bitwise: measured on
+    this model, int2 0.018 apart (AVX2 vs scalar; its distance from exact is 0.023-0.027),
+    int3 0.0002, exact 0.00005, against a spread of 9.2. The bound is 5x that; a kernel
+    wrong in one lane or block moves logits by far more."""
+    got = {}
+    try:
+        for lvl in (native.SIMD_SCALAR, level):
+            native.set_simd(lvl)
+            with int_engine.new_session(64) as s:
+                got[lvl] = s.eval_all_logits(PROMPT).copy()  # 14 tokens: the prefill path
+    finally:
+        native.set_simd(native.SIMD_AUTO)
+    want = got[native.SIMD_SCALAR]
+    assert np.abs(got[level] - want).max() < 0.01 * want.std()
 
 
 def test_types_without_integer_kernels_stay_exact() -> None:
