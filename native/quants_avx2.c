@@ -378,14 +378,28 @@ DS4N_INLINE void tile_f16_legacy_pass(int type, int64_t bb, const uint8_t *w, in
 }
 
 /* rows_f16_legacy's arithmetic for R rows and T tokens: one tile when its R·T accumulators fit
- * DS4N_TILE_ACC, else row by row with every token (16 registers leave no room for a tile of
- * more rows: a 4 x 2 pass and its spills measured slower than one row at T = 3..8). */
+ * DS4N_TILE_ACC, else tiles of two rows with every token while those fit (T = 3, 4), else row by
+ * row with every token. Every pass takes all T tokens, so each block is unpacked once: a 4 x 2
+ * pass (blocks unpacked twice) and its spills measured slower than one row at T = 3..8; on
+ * Zen 3 two rows at T = 3 measured 2-6 % cheaper than one (x loaded once for both), at T = 4
+ * 0-4 %, and at T = 2 tiles of two rows or one were 0-11 % dearer than the 4 x 2 tile
+ * (docs/serving-loop.md, "The small-batch step on AVX2"). */
 DS4N_INLINE void tile_f16_legacy(int type, int64_t bb, const void *w, int64_t row_stride,
                                  const float *x, int64_t ldx, const float *xsum, int64_t n,
                                  float *y, int64_t ldy, const int R, const int T) {
     const float *xs = xsum + T * (n / QK);
     if (R * T <= DS4N_TILE_ACC) {
         tile_f16_legacy_pass(type, bb, w, row_stride, x, ldx, xs, T, n, y, ldy, R, T);
+        return;
+    }
+    if (2 * T <= DS4N_TILE_ACC) { /* T = 3, 4: pairs of rows, then the odd one */
+        int r = 0;
+        for (; r + 2 <= R; r += 2)
+            tile_f16_legacy_pass(type, bb, (const uint8_t *)w + r * row_stride, row_stride, x,
+                                 ldx, xs, T, n, y + r, ldy, 2, T);
+        if (r < R)
+            tile_f16_legacy_pass(type, bb, (const uint8_t *)w + r * row_stride, row_stride, x,
+                                 ldx, xs, T, n, y + r, ldy, 1, T);
         return;
     }
     for (int r = 0; r < R; r++)

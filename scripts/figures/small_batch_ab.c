@@ -1,0 +1,167 @@
+/* The small-batch step's kernels (T = 2..8 tokens against one matrix: several sessions'
+ * decode steps, or a verification chunk) as multiples of the single-token matvec, and, given
+ * two builds of the library, B against A, all in one process: both libraries are loaded
+ * (dlopen), and every round times T = 1, 2, 3, 4, 8 with A then B, on this thread's CPU time
+ * (one thread, no pool). Each figure is the median over rounds of a ratio taken within one
+ * round, so both sides of it ran under the same load on a shared machine. The weights are
+ * COPIES distinct copies read in turn (1: one matrix, warm in the caches, the kernel's own
+ * cost; more: as many as exceed the L3, as a model's layers stream from memory).
+ *
+ *   cc -O2 -o /tmp/small_batch_ab scripts/figures/small_batch_ab.c -ldl
+ *   /tmp/small_batch_ab A/libds4n.so B/libds4n.so|- TYPE ROWS K SIMD COPIES ROUNDS
+ *   # e.g. native/build/libds4n.so - 3 576 576 1 1 41: Q4_1, the AVX2 level, one copy
+ *
+ * TYPE is GGML's number (Q4_1 3, Q8_0 8), SIMD a ds4n_set_simd level (0 scalar, 1 AVX2,
+ * 3 AVX-512). It checks every token's row against its T = 1 result (bitwise), and the two
+ * builds against each other, and says so when they differ. */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+typedef void (*matmul_fn)(void *, int, const void *, int64_t, int64_t, const float *, int64_t,
+                          float *);
+typedef int64_t (*type_fn)(int);
+typedef int (*simd_fn)(int);
+
+enum { N_T = 5, MAX_T = 8 };
+static const int Ts[N_T] = {1, 2, 3, 4, 8};
+
+static matmul_fn load(const char *path, int simd, void **lib) {
+    *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!*lib) {
+        fprintf(stderr, "%s\n", dlerror());
+        exit(1);
+    }
+    if (((simd_fn)dlsym(*lib, "ds4n_set_simd"))(simd) != simd) {
+        fprintf(stderr, "%s: SIMD level %d is not available here\n", path, simd);
+        exit(2);
+    }
+    return (matmul_fn)dlsym(*lib, "ds4n_matmul");
+}
+
+static double cpu_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* Random codes with finite f16 scales (about 0.002 .. 0.06) where the type keeps them. */
+static void *weights(int type, int64_t bytes, int64_t block_bytes) {
+    uint8_t *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (p == MAP_FAILED) {
+        perror("mmap");
+        exit(1);
+    }
+    madvise(p, (size_t)bytes, MADV_HUGEPAGE);
+    for (int64_t i = 0; i < bytes; i++) p[i] = (uint8_t)rand();
+    const int two = type == 3 || type == 7; /* Q4_1, Q5_1: d and m */
+    for (int64_t b = 0; b < bytes / block_bytes; b++)
+        for (int j = 0; j <= two; j++) {
+            const uint16_t h = (uint16_t)(((5 + rand() % 7) << 10) | (rand() & 0x3ff));
+            memcpy(p + b * block_bytes + 2 * j, &h, 2);
+        }
+    return p;
+}
+
+/* One pass over every copy at T tokens: seconds per matmul. */
+static double timed(matmul_fn mm, int type, void **W, int copies, int64_t rows, int64_t K,
+                    const float *X, int T, float *Y) {
+    const double t0 = cpu_seconds();
+    for (int c = 0; c < copies; c++) mm(NULL, type, W[c], rows, K, X, T, Y);
+    return (cpu_seconds() - t0) / copies;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 9) {
+        fprintf(stderr, "usage: small_batch_ab A.so B.so|- TYPE ROWS K SIMD COPIES ROUNDS\n");
+        return 2;
+    }
+    const int two = strcmp(argv[2], "-") != 0, nlib = two ? 2 : 1;
+    const int type = atoi(argv[3]), simd = atoi(argv[6]), copies = atoi(argv[7]);
+    const int64_t rows = atoll(argv[4]), K = atoll(argv[5]);
+    const int rounds = atoi(argv[8]);
+    void *lib[2];
+    matmul_fn mm[2];
+    for (int l = 0; l < nlib; l++) mm[l] = load(argv[1 + l], simd, &lib[l]);
+    const int64_t block_bytes = ((type_fn)dlsym(lib[0], "ds4n_type_block_bytes"))(type);
+    const int64_t block_size = ((type_fn)dlsym(lib[0], "ds4n_type_block_size"))(type);
+    if (block_bytes <= 0 || K % block_size != 0 || rows < 1 || rounds < 1 || copies < 1) {
+        fprintf(stderr, "bad type, K, rows, copies or rounds\n");
+        return 2;
+    }
+    const int64_t bytes = rows * (K / block_size * block_bytes);
+    void **W = malloc(sizeof *W * (size_t)copies);
+    for (int c = 0; c < copies; c++) W[c] = weights(type, bytes, block_bytes);
+    float *X = malloc(sizeof(float) * MAX_T * (size_t)K);
+    for (int64_t i = 0; i < MAX_T * K; i++) X[i] = (float)rand() / (float)RAND_MAX - 0.5f;
+    float *Y[2][N_T];
+    for (int l = 0; l < nlib; l++)
+        for (int i = 0; i < N_T; i++) Y[l][i] = calloc((size_t)(MAX_T * rows), sizeof(float));
+
+    /* t[l][i][round], the ratios within each round */
+    double *t[2][N_T], *vs1[2][N_T], *ba[N_T];
+    for (int i = 0; i < N_T; i++) {
+        ba[i] = malloc(sizeof(double) * (size_t)rounds);
+        for (int l = 0; l < nlib; l++) {
+            t[l][i] = malloc(sizeof(double) * (size_t)rounds);
+            vs1[l][i] = malloc(sizeof(double) * (size_t)rounds);
+        }
+    }
+    for (int r = 0; r < rounds; r++) {
+        for (int i = 0; i < N_T; i++)
+            for (int l = 0; l < nlib; l++) {
+                /* ABBA within the round: neither build always runs first */
+                const int ll = (r + i) % 2 && two ? 1 - l : l;
+                t[ll][i][r] = timed(mm[ll], type, W, copies, rows, K, X, Ts[i], Y[ll][i]);
+            }
+        for (int i = 0; i < N_T; i++) {
+            for (int l = 0; l < nlib; l++) vs1[l][i][r] = t[l][i][r] / t[l][0][r];
+            if (two) ba[i][r] = t[1][i][r] / t[0][i][r];
+        }
+    }
+    /* every token bitwise its T = 1 result (with T = 1 run on each token alone), both builds alike */
+    int differ = 0;
+    for (int l = 0; l < nlib; l++)
+        for (int tok = 0; tok < MAX_T; tok++) {
+            float *one = malloc(sizeof(float) * (size_t)rows);
+            mm[l](NULL, type, W[copies - 1], rows, K, X + tok * K, 1, one);
+            for (int i = 1; i < N_T; i++)
+                if (tok < Ts[i] && memcmp(one, Y[l][i] + tok * rows, sizeof(float) * (size_t)rows))
+                    differ = 1;
+            free(one);
+        }
+    for (int i = 0; two && i < N_T; i++)
+        if (memcmp(Y[0][i], Y[1][i], sizeof(float) * (size_t)(Ts[i] * rows))) differ = 1;
+    if (differ) printf("THE RESULTS DIFFER\n");
+
+    printf("type %d %lldx%lld simd %d copies %d rounds %d\n", type, (long long)rows,
+           (long long)K, simd, copies, rounds);
+    for (int l = 0; l < nlib; l++) {
+        const double one = median(t[l][0], rounds);
+        printf("  %s: T=1 %.1f us (%.2f ns/block); T=2,3,4,8 / T=1:", l ? "B" : "A", one * 1e6,
+               one * 1e9 / ((double)rows * (double)K / 32));
+        for (int i = 1; i < N_T; i++) printf(" %.2f", median(vs1[l][i], rounds));
+        printf("\n");
+    }
+    if (two) {
+        printf("  B / A time at T=1,2,3,4,8:");
+        for (int i = 0; i < N_T; i++) printf(" %.3f", median(ba[i], rounds));
+        printf("\n");
+    }
+    return 0;
+}
