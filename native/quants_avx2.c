@@ -377,13 +377,20 @@ DS4N_INLINE void tile_f16_legacy_pass(int type, int64_t bb, const uint8_t *w, in
     }
 }
 
+/* Bytes of x (T tokens of n floats) a one-row pass may read for every row and still find in
+ * L1 (32 KiB on Zen 3, with room for the rows' blocks). */
+#define X_L1_BYTES (24 * 1024)
+
 /* rows_f16_legacy's arithmetic for R rows and T tokens: one tile when its R·T accumulators fit
  * DS4N_TILE_ACC, else tiles of two rows with every token while those fit (T = 3, 4), else row by
- * row with every token. Every pass takes all T tokens, so each block is unpacked once: a 4 x 2
- * pass (blocks unpacked twice) and its spills measured slower than one row at T = 3..8; on
- * Zen 3 two rows at T = 3 measured 2-6 % cheaper than one (x loaded once for both), at T = 4
- * 0-4 %, and at T = 2 tiles of two rows or one were 0-11 % dearer than the 4 x 2 tile
- * (docs/serving-loop.md, "The small-batch step on AVX2"). */
+ * row with every token, unless the T tokens' x would not stay in L1 (the down projection's 1536
+ * values at T = 8: 48 KiB), when each pair of rows takes the tokens in two halves. A pass of
+ * every token unpacks each block once: a 4 x 2 pass (blocks unpacked twice) and its spills
+ * measured slower than one row at T = 3..8 with x in L1. Zen 3, paired in one process (docs/
+ * serving-loop.md, "The small-batch step on AVX2"): two rows at T = 3 2-6 % cheaper than one
+ * (x loaded once for both), at T = 4 0-4 %; at T = 2 tiles of two rows or one 0-11 % dearer
+ * than the 4 x 2 tile; the halves at T = 8 12 % cheaper with 1536 values, 10 % dearer with
+ * 576 (x in L1). */
 DS4N_INLINE void tile_f16_legacy(int type, int64_t bb, const void *w, int64_t row_stride,
                                  const float *x, int64_t ldx, const float *xsum, int64_t n,
                                  float *y, int64_t ldy, const int R, const int T) {
@@ -400,6 +407,20 @@ DS4N_INLINE void tile_f16_legacy(int type, int64_t bb, const void *w, int64_t ro
         if (r < R)
             tile_f16_legacy_pass(type, bb, (const uint8_t *)w + r * row_stride, row_stride, x,
                                  ldx, xs, T, n, y + r, ldy, 1, T);
+        return;
+    }
+    if (T * n * (int64_t)sizeof(float) > X_L1_BYTES) { /* two passes of two rows, T/2 tokens */
+        const int G = (T + 1) / 2;
+        int r = 0;
+        for (; r + 2 <= R; r += 2) {
+            const uint8_t *wr = (const uint8_t *)w + r * row_stride;
+            tile_f16_legacy_pass(type, bb, wr, row_stride, x, ldx, xs, T, n, y + r, ldy, 2, G);
+            tile_f16_legacy_pass(type, bb, wr, row_stride, x + G * ldx, ldx, xs + G, T, n,
+                                 y + r + G * ldy, ldy, 2, T - G);
+        }
+        for (; r < R; r++)
+            tile_f16_legacy_pass(type, bb, (const uint8_t *)w + r * row_stride, row_stride, x, ldx,
+                                 xs, T, n, y + r, ldy, 1, T);
         return;
     }
     for (int r = 0; r < R; r++)

@@ -262,10 +262,14 @@ int main(void) {
                 check_small_batch(i, simd, NULL, 768, row_counts[c]);
                 check_small_batch(i, simd, pool, 768, row_counts[c]);
             }
-            /* An odd number of blocks (and rows fewer than a tile), for the 32-value types. */
+            /* An odd number of blocks (and rows fewer than a tile), for the 32-value types; and
+             * rows long enough that 5..8 tokens of x outgrow L1 (the AVX2 tiles then take the
+             * tokens in two halves), odd and even row counts. */
             if (ds4n_type_block_size(TYPES[i].type) <= 32) {
                 check_matmul(i, simd, pool, 96);
                 check_small_batch(i, simd, pool, 96, 13);
+                check_small_batch(i, simd, NULL, 1536, 7);
+                check_small_batch(i, simd, pool, 1536, 13);
             }
         }
         for (int i = 0; i < n_types; i++) {
