@@ -7,10 +7,10 @@
 #
 # DS4D is a tree's ds4d (its own venv); LIB, when given, is the native library it loads
 # (DS4D_NATIVE_LIB), so two builds of native/ can share one venv. Each run is
-#   DS4D bench serve --start --label NAME-ROUND --clients 1,2,4 --csv CSV -- --slots 4
-# as in docs/serving-loop.md.
+#   DS4D bench serve --start --label NAME-ROUND --clients $CLIENTS --csv CSV -- --slots 4
+# as in docs/serving-loop.md (CLIENTS from the environment, default 1,2,4).
 set -u
-rounds=$1 csv=$2 log=$3
+rounds=$1 csv=$2 log=$3 clients=${CLIENTS:-1,2,4}
 shift 3
 trees=("$@")
 n=${#trees[@]}
@@ -22,10 +22,10 @@ for ((r = 1; r <= rounds; r++)); do
         [[ $rest == *:* ]] && lib=${rest#*:}
         echo "$(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg) start $name-$r" >>"$log"
         if [[ -n $lib ]]; then
-            DS4D_NATIVE_LIB=$lib "$ds4d" bench serve --start --label "$name-$r" --clients 1,2,4 \
+            DS4D_NATIVE_LIB=$lib "$ds4d" bench serve --start --label "$name-$r" --clients "$clients" \
                 --csv "$csv" -- --slots 4 >"$log.$name-$r.out" 2>&1
         else
-            "$ds4d" bench serve --start --label "$name-$r" --clients 1,2,4 \
+            "$ds4d" bench serve --start --label "$name-$r" --clients "$clients" \
                 --csv "$csv" -- --slots 4 >"$log.$name-$r.out" 2>&1
         fi
         echo "$(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg) end $name-$r rc $?" >>"$log"
