@@ -16,6 +16,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "figure_util.h"
+
 #include "ds4n.h"
 
 struct build {
@@ -36,23 +38,8 @@ static int64_t mat_bytes(const struct mat *m) {
     return m->rows * (m->K / 256) * (m->type == DS4N_Q4_K ? 144 : 210); /* Q4_K, Q6_K */
 }
 
-/* Random codes with finite f16 scales (about 0.002 .. 0.06), on huge pages. */
 static void fill(struct mat *m) {
-    const int64_t n = mat_bytes(m), bb = m->type == DS4N_Q4_K ? 144 : 210;
-    m->w = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m->w == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    madvise(m->w, (size_t)n, MADV_HUGEPAGE);
-    uint8_t *p = m->w;
-    for (int64_t i = 0; i < n; i++) p[i] = (uint8_t)rand();
-    const int off = m->type == DS4N_Q6_K ? 208 : 0, two = m->type == DS4N_Q4_K; /* d, dmin */
-    for (int64_t b = 0; b < n / bb; b++)
-        for (int j = 0; j <= two; j++) {
-            const uint16_t h = (uint16_t)(((5 + rand() % 7) << 10) | (rand() & 0x3ff));
-            memcpy(p + b * bb + off + 2 * j, &h, 2);
-        }
+    m->w = fig_weights(m->type, mat_bytes(m), m->type == DS4N_Q4_K ? 144 : 210);
 }
 
 struct job {
@@ -67,22 +54,6 @@ static void task(void *ctx, int ith, int nth) {
     for (int i = 0; i < j->n; i++)
         cur->part(j->m[i]->type, j->m[i]->w, j->m[i]->rows, j->m[i]->K, j->x, 1, j->y[i], ith,
                   nth);
-}
-
-static double now(int threads) {
-    struct timespec ts;
-    clock_gettime(threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* llama.cpp's use_more_bits(i, n): the first and last eighth, and every third between. */
-static int more_bits(int i, int n) {
-    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
 static struct build load(const char *path, int threads, int limbs) {
@@ -140,7 +111,7 @@ int main(int argc, char **argv) {
     struct mat (*ly)[7] = calloc((size_t)L, sizeof *ly);
     int64_t total = 0;
     for (int i = 0; i < L; i++) {
-        const int hi = more_bits(i, L) ? DS4N_Q6_K : DS4N_Q4_K;
+        const int hi = fig_more_bits(i, L) ? DS4N_Q6_K : DS4N_Q4_K;
         const struct mat m[7] = {{DS4N_Q4_K, E, E, 0}, {DS4N_Q4_K, KV, E, 0}, {hi, KV, E, 0},
                                  {DS4N_Q4_K, E, E, 0}, {DS4N_Q4_K, F, E, 0},  {DS4N_Q4_K, F, E, 0},
                                  {hi, E, F, 0}};
@@ -161,15 +132,15 @@ int main(int argc, char **argv) {
     double *ratio = malloc(sizeof(double) * (size_t)tokens);
     for (int k = -1; k < tokens; k++) /* token -1 warms up */
         for (int a = 0; a < 2; a++) {
-            const double t0 = now(threads);
+            const double t0 = fig_now(threads);
             token(&builds[a], ly, L, &head, x, buf, logits[a]);
-            if (k >= 0) t[a][k] = now(threads) - t0;
+            if (k >= 0) t[a][k] = fig_now(threads) - t0;
         }
     if (memcmp(logits[0], logits[1], sizeof(float) * (size_t)V) != 0)
         printf("THE LOGITS DIFFER\n");
     for (int k = 0; k < tokens; k++) ratio[k] = t[0][k] / t[1][k];
-    for (int a = 0; a < 2; a++) qsort(t[a], (size_t)tokens, sizeof(double), cmp_double);
-    qsort(ratio, (size_t)tokens, sizeof(double), cmp_double);
+    for (int a = 0; a < 2; a++) qsort(t[a], (size_t)tokens, sizeof(double), fig_cmp_double);
+    qsort(ratio, (size_t)tokens, sizeof(double), fig_cmp_double);
     const double ma = t[0][tokens / 2], mb = t[1][tokens / 2];
     printf("%s, %d thread(s), limbs %d, %d tokens: A %.1f ms (%.1f GB/s), B %.1f ms (%.1f GB/s); "
            "B / A speed %.2f (quartiles %.2f .. %.2f)\n",

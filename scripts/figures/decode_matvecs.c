@@ -22,6 +22,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "figure_util.h"
+
 #include "ds4n.h"
 
 enum { P_QKV, P_O, P_GATE_UP, P_DOWN, P_HEAD, N_PARTS };
@@ -43,26 +45,8 @@ static int64_t row_bytes(int type, int64_t K) {
 
 static int64_t mat_bytes(const struct mat *m) { return m->rows * row_bytes(m->type, m->K); }
 
-/* Random codes with finite f16 scales in [0.002, 0.05). */
 static void fill(struct mat *m) {
-    const int64_t n = mat_bytes(m), bb = ds4n_type_block_bytes(m->type);
-    m->w = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m->w == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    madvise(m->w, (size_t)n, MADV_HUGEPAGE);
-    uint8_t *p = m->w;
-    for (int64_t i = 0; i < n; i++) p[i] = (uint8_t)rand();
-    const int offs_k4[2] = {0, 2}, offs_k6[1] = {208};
-    const int *offs = m->type == DS4N_Q4_K ? offs_k4 : offs_k6;
-    const int n_offs = m->type == DS4N_Q4_K ? 2 : 1;
-    for (int64_t b = 0; b < n / bb; b++)
-        for (int j = 0; j < n_offs; j++) {
-            /* f16 with exponent 5..11 (about 0.002 .. 0.06) and a random mantissa */
-            const uint16_t h = (uint16_t)(((5 + rand() % 7) << 10) | (rand() & 0x3ff));
-            memcpy(p + b * bb + offs[j], &h, 2);
-        }
+    m->w = fig_weights(m->type, mat_bytes(m), ds4n_type_block_bytes(m->type));
 }
 
 struct job {
@@ -77,22 +61,6 @@ static void task(void *ctx, int ith, int nth) {
     for (int i = 0; i < j->n; i++)
         ds4n_matmul_part(j->m[i]->type, j->m[i]->w, j->m[i]->rows, j->m[i]->K, j->x, 1, j->y[i],
                          ith, nth);
-}
-
-static double now(int threads) {
-    struct timespec ts;
-    clock_gettime(threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-/* llama.cpp's use_more_bits(i, n): the first and last eighth, and every third between. */
-static int more_bits(int i, int n) {
-    return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
 int main(int argc, char **argv) {
@@ -111,7 +79,7 @@ int main(int argc, char **argv) {
     struct layer *ly = calloc((size_t)L, sizeof *ly);
     int64_t part_bytes[N_PARTS] = {0};
     for (int i = 0; i < L; i++) {
-        const int hi = more_bits(i, L) ? DS4N_Q6_K : DS4N_Q4_K;
+        const int hi = fig_more_bits(i, L) ? DS4N_Q6_K : DS4N_Q4_K;
         ly[i] = (struct layer){
             .q = {DS4N_Q4_K, E, E, 0}, .k = {DS4N_Q4_K, KV, E, 0}, .v = {hi, KV, E, 0},
             .o = {DS4N_Q4_K, E, E, 0}, .gate = {DS4N_Q4_K, F, E, 0}, .up = {DS4N_Q4_K, F, E, 0},
@@ -139,7 +107,7 @@ int main(int argc, char **argv) {
     double *times = calloc((size_t)(N_PARTS + 1) * (size_t)tokens, sizeof *times);
     for (int t = 0; t <= tokens; t++) { /* token 0 warms up */
         double sum[N_PARTS] = {0};
-        const double t_tok = now(threads);
+        const double t_tok = fig_now(threads);
         for (int i = 0; i < L; i++) {
             struct job jq = {{&ly[i].q, &ly[i].k, &ly[i].v}, 3, x, {q, k, v}};
             struct job jo = {{&ly[i].o}, 1, x, {o}};
@@ -147,23 +115,23 @@ int main(int argc, char **argv) {
             struct job jd = {{&ly[i].down}, 1, xf, {d}};
             struct job *js[4] = {&jq, &jo, &jg, &jd};
             for (int p = 0; p < 4; p++) {
-                const double t0 = now(threads);
+                const double t0 = fig_now(threads);
                 ds4n_pool_run(pool, task, js[p]);
-                sum[p] += now(threads) - t0;
+                sum[p] += fig_now(threads) - t0;
             }
         }
         struct job jh = {{&head}, 1, x, {logits}};
-        const double t0 = now(threads);
+        const double t0 = fig_now(threads);
         ds4n_pool_run(pool, task, &jh);
-        sum[P_HEAD] += now(threads) - t0;
-        const double tok = now(threads) - t_tok;
+        sum[P_HEAD] += fig_now(threads) - t0;
+        const double tok = fig_now(threads) - t_tok;
         if (t == 0) continue;
         for (int p = 0; p < N_PARTS; p++) times[p * tokens + t - 1] = sum[p];
         times[N_PARTS * tokens + t - 1] = tok;
     }
     double med[N_PARTS + 1];
     for (int p = 0; p <= N_PARTS; p++) {
-        qsort(times + p * tokens, (size_t)tokens, sizeof *times, cmp_double);
+        qsort(times + p * tokens, (size_t)tokens, sizeof *times, fig_cmp_double);
         med[p] = times[p * tokens + tokens / 2];
     }
     /* How the workers joined the dispatches (the native profile's pool counters), over a

@@ -22,6 +22,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "figure_util.h"
+
 typedef void *(*pool_new_fn)(int);
 typedef int (*set_precision_fn)(void *, int);
 typedef void (*matmul_fn)(void *, int, const void *, int64_t, int64_t, const float *, int64_t,
@@ -48,42 +50,6 @@ static struct build load(const char *path, int threads, int limbs) {
     return b;
 }
 
-static double now(int threads) {
-    struct timespec ts;
-    clock_gettime(threads == 1 ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
-/* Random codes with finite f16 scales (about 0.002 .. 0.06) where the type keeps them. */
-static void *weights(int type, int64_t bytes, int64_t block_bytes) {
-    uint8_t *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    madvise(p, (size_t)bytes, MADV_HUGEPAGE);
-    for (int64_t i = 0; i < bytes; i++) p[i] = (uint8_t)rand();
-    /* d (and the min, or Q4_K's dmin) lead the block; Q6_K's d ends it */
-    const int off = type == 14 ? 208 : 0, two = type == 3 || type == 12;
-    for (int64_t b = 0; b < bytes / block_bytes; b++)
-        for (int j = 0; j <= two; j++) {
-            const uint16_t h = (uint16_t)(((5 + rand() % 7) << 10) | (rand() & 0x3ff));
-            memcpy(p + b * block_bytes + off + 2 * j, &h, 2);
-        }
-    return p;
-}
-
 int main(int argc, char **argv) {
     if (argc != 10) {
         fprintf(stderr, "usage: matvec_ab A.so B.so TYPE LIMBS THREADS ROWS K TOTAL_MB ROUNDS\n");
@@ -103,23 +69,23 @@ int main(int argc, char **argv) {
     const int64_t bytes = rows * (K / block_size * block_bytes);
     const int copies = (int)((total + bytes - 1) / bytes) > 0 ? (int)((total + bytes - 1) / bytes) : 1;
     void **W = malloc(sizeof *W * (size_t)copies);
-    for (int c = 0; c < copies; c++) W[c] = weights(type, bytes, block_bytes);
+    for (int c = 0; c < copies; c++) W[c] = fig_weights(type, bytes, block_bytes);
     float *x = malloc(sizeof(float) * (size_t)K);
     float *ya = malloc(sizeof(float) * (size_t)rows), *yb = malloc(sizeof(float) * (size_t)rows);
     for (int64_t i = 0; i < K; i++) x[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     double *ta = malloc(sizeof(double) * (size_t)rounds), *tb = malloc(sizeof(double) * (size_t)rounds);
     double *ratio = malloc(sizeof(double) * (size_t)rounds);
     for (int r = 0; r < rounds; r++) {
-        double t0 = now(threads);
+        double t0 = fig_now(threads);
         for (int c = 0; c < copies; c++) a.matmul(a.pool, type, W[c], rows, K, x, 1, ya);
-        ta[r] = (now(threads) - t0) / copies;
-        t0 = now(threads);
+        ta[r] = (fig_now(threads) - t0) / copies;
+        t0 = fig_now(threads);
         for (int c = 0; c < copies; c++) b.matmul(b.pool, type, W[c], rows, K, x, 1, yb);
-        tb[r] = (now(threads) - t0) / copies;
+        tb[r] = (fig_now(threads) - t0) / copies;
         ratio[r] = ta[r] / tb[r];
     }
     if (memcmp(ya, yb, sizeof(float) * (size_t)rows) != 0) printf("THE RESULTS DIFFER\n");
-    const double ma = median(ta, rounds), mb = median(tb, rounds), mr = median(ratio, rounds);
+    const double ma = fig_median(ta, rounds), mb = fig_median(tb, rounds), mr = fig_median(ratio, rounds);
     printf("type %d limbs %d threads %d, %lld x %lld (%d copies of %.2f MB): A %.1f GB/s, "
            "B %.1f GB/s; B / A speed %.2f (quartiles %.2f .. %.2f)\n",
            type, limbs, threads, (long long)rows, (long long)K, copies, (double)bytes / 1e6,

@@ -22,6 +22,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "figure_util.h"
+
 typedef void (*matmul_fn)(void *, int, const void *, int64_t, int64_t, const float *, int64_t,
                           float *);
 typedef int64_t (*type_fn)(int);
@@ -43,47 +45,12 @@ static matmul_fn load(const char *path, int simd, void **lib) {
     return (matmul_fn)dlsym(*lib, "ds4n_matmul");
 }
 
-static double cpu_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
-
-/* Random codes with finite f16 scales (about 0.002 .. 0.06) where the type keeps them. */
-static void *weights(int type, int64_t bytes, int64_t block_bytes) {
-    uint8_t *p = mmap(NULL, (size_t)bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                      -1, 0);
-    if (p == MAP_FAILED) {
-        perror("mmap");
-        exit(1);
-    }
-    madvise(p, (size_t)bytes, MADV_HUGEPAGE);
-    for (int64_t i = 0; i < bytes; i++) p[i] = (uint8_t)rand();
-    const int two = type == 3 || type == 7; /* Q4_1, Q5_1: d and m */
-    for (int64_t b = 0; b < bytes / block_bytes; b++)
-        for (int j = 0; j <= two; j++) {
-            const uint16_t h = (uint16_t)(((5 + rand() % 7) << 10) | (rand() & 0x3ff));
-            memcpy(p + b * block_bytes + 2 * j, &h, 2);
-        }
-    return p;
-}
-
 /* One pass over every copy at T tokens: seconds per matmul. */
 static double timed(matmul_fn mm, int type, void **W, int copies, int64_t rows, int64_t K,
                     const float *X, int T, float *Y) {
-    const double t0 = cpu_seconds();
+    const double t0 = fig_now(1);
     for (int c = 0; c < copies; c++) mm(NULL, type, W[c], rows, K, X, T, Y);
-    return (cpu_seconds() - t0) / copies;
+    return (fig_now(1) - t0) / copies;
 }
 
 int main(int argc, char **argv) {
@@ -106,7 +73,7 @@ int main(int argc, char **argv) {
     }
     const int64_t bytes = rows * (K / block_size * block_bytes);
     void **W = malloc(sizeof *W * (size_t)copies);
-    for (int c = 0; c < copies; c++) W[c] = weights(type, bytes, block_bytes);
+    for (int c = 0; c < copies; c++) W[c] = fig_weights(type, bytes, block_bytes);
     float *X = malloc(sizeof(float) * MAX_T * (size_t)K);
     for (int64_t i = 0; i < MAX_T * K; i++) X[i] = (float)rand() / (float)RAND_MAX - 0.5f;
     float *Y[2][N_T];
@@ -152,15 +119,15 @@ int main(int argc, char **argv) {
     printf("type %d %lldx%lld simd %d copies %d rounds %d\n", type, (long long)rows,
            (long long)K, simd, copies, rounds);
     for (int l = 0; l < nlib; l++) {
-        const double one = median(t[l][0], rounds);
+        const double one = fig_median(t[l][0], rounds);
         printf("  %s: T=1 %.1f us (%.2f ns/block); T=2,3,4,8 / T=1:", l ? "B" : "A", one * 1e6,
                one * 1e9 / ((double)rows * (double)K / 32));
-        for (int i = 1; i < N_T; i++) printf(" %.2f", median(vs1[l][i], rounds));
+        for (int i = 1; i < N_T; i++) printf(" %.2f", fig_median(vs1[l][i], rounds));
         printf("\n");
     }
     if (two) {
         printf("  B / A time at T=1,2,3,4,8:");
-        for (int i = 0; i < N_T; i++) printf(" %.3f", median(ba[i], rounds));
+        for (int i = 0; i < N_T; i++) printf(" %.3f", fig_median(ba[i], rounds));
         printf("\n");
     }
     return 0;
