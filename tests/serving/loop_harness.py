@@ -77,6 +77,13 @@ async def read(server: ModelServer, req: ChatRequest, compute: FakeCompute, into
                stop_after: int | None = None) -> None:  # fmt: skip
     """Run `req`, keeping its events in `into`; leave (cancel it) after `stop_after` tokens."""
     prepared = await server.prepare(req, "completions", "prompt")
+    await read_prepared(server, prepared, compute, into, stop_after)
+
+
+async def read_prepared(server: ModelServer, prepared: Prepared, compute: FakeCompute,
+                        into: Reading, stop_after: int | None = None) -> None:  # fmt: skip
+    """`read` of a request already prepared: it is submitted before this task's first
+    checkpoint, so requests started together in one nursery reach the loop together."""
     into.submitted_at = compute.clock.now
     async with server.generate(prepared) as events:
         async for ev in events:

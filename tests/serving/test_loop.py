@@ -26,7 +26,6 @@ from ds4d.chat.types import Finish
 from ds4d.daemon.power import PowerGovernor
 from ds4d.serving.chunking import TARGET_S
 from ds4d.serving.gate import ComputeGate
-from ds4d.serving.loop import Phase
 from tests.serving.fake_engine import FakeClock, FakeCompute, Pass, text_tokens
 from tests.serving.loop_harness import (
     Reading,
@@ -34,6 +33,7 @@ from tests.serving.loop_harness import (
     prompt,
     read,
     read_events,
+    read_prepared,
     request,
     submit_at_pass,
     until,
@@ -240,20 +240,21 @@ def test_a_full_queue_is_refused_and_a_waiting_request_gets_the_next_free_slot(e
 
 
 def test_decoding_requests_advance_in_one_batch_per_step(engine, compute):
-    gate = ComputeGate()
-    server = make_server(engine, compute, slots=3, gate=gate)
+    server = make_server(engine, compute, slots=3)
     readings = [Reading() for _ in range(3)]
 
     async def body() -> None:
+        # Prepared first (on worker threads, in real time), then submitted in one batch of
+        # trio's scheduler: the loop takes all three before any plan of theirs is made
+        # (a plan's result comes back in a later batch), and picks no prefill while one
+        # is planning, so the three start together. (Holding the engine gate until all
+        # three were planned deadlocked whenever the first was planned before the others
+        # were submitted: the loop then waited on the gate with its inbox unread.)
+        reqs = [request(prompt(20, 1 + i, compute), 30) for i in range(3)]
+        prepared = [await server.prepare(r, "completions", "prompt") for r in reqs]
         async with trio.open_nursery() as nursery:
-            # No step until all three are planned: the plans run on worker threads, whose
-            # real time a loaded machine stretches while the fake engine's steps take none
-            # (one request could otherwise finish before the others have their plans).
-            async with gate.turn():
-                for i in range(3):
-                    req = request(prompt(20, 1 + i, compute), 30)
-                    nursery.start_soon(read, server, req, compute, readings[i])
-                await until(lambda: sum(w.phase == Phase.PREFILL for w in server.loop._active) >= 3)
+            for p, reading in zip(prepared, readings, strict=True):
+                nursery.start_soon(read_prepared, server, p, compute, reading)
 
     run_virtual(lambda: with_server(server, body))
     decodes = [p for p in compute.passes if max(p.tokens) == 1]
