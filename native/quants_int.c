@@ -2,8 +2,7 @@
  * choice of kernels per SIMD level. The arithmetic is defined in quants_int.h. */
 #include "quants_int.h"
 
-typedef void (*quantize_fn)(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
-static quantize_fn active_quantize;
+static ds4n_xq_quantize_fn active_quantize;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
@@ -142,35 +141,17 @@ static int cpu_has_vnni(void) {
 }
 #endif
 
-/* A level's own kernels: every table entry non-NULL for the types int_scalar serves. */
-struct int_set {
-    const ds4n_int_fn *row;
-    const ds4n_int_rows_fn *rows;
-    const ds4n_sb_part_fn *part;
-    ds4n_sb_tile_fn tile;
-    ds4n_sb_unpack_fn unpack;
-    quantize_fn quantize;
-};
-
-#if defined(__x86_64__) || defined(_M_X64)
-static const struct int_set int_avx512 = {ds4n_int_avx512, ds4n_int_rows_avx512, ds4n_sb_part_avx512,
-                                          ds4n_sb_tile_avx512, ds4n_sb_unpack_avx512,
-                                          ds4n_xq_quantize_avx512};
-static const struct int_set int_avx2 = {ds4n_int_avx2, ds4n_int_rows_avx2, ds4n_sb_part_avx2,
-                                        ds4n_sb_tile_avx2, ds4n_sb_unpack_avx2,
-                                        ds4n_xq_quantize_avx2};
-#endif
-
 void ds4n_int_select(int level) {
-    const struct int_set *own = NULL;
+    const struct ds4n_int_set *own = NULL;
     active_quantize = xq_quantize_scalar;
 #if defined(__x86_64__) || defined(_M_X64)
     /* AVX-512 without VNNI runs the AVX2 kernels (bitwise the same as every level's), with
      * the AVX-512 quantizer (the limbs are the same from every quantizer). */
-    if (level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX)
-        own = cpu_has_vnni() ? &int_avx512 : &int_avx2;
-    if (level == DS4N_SIMD_AVX2) own = &int_avx2;
-    if (own) active_quantize = level == DS4N_SIMD_AVX2 ? own->quantize : ds4n_xq_quantize_avx512;
+    if (level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) {
+        own = cpu_has_vnni() ? &ds4n_int_avx512 : &ds4n_int_avx2;
+        active_quantize = ds4n_int_avx512.quantize;
+    }
+    if (level == DS4N_SIMD_AVX2) own = &ds4n_int_avx2, active_quantize = own->quantize;
 #endif
     /* Levels without kernels of their own run the scalar ones: slower, bitwise the same. */
     for (int t = 0; t < DS4N_TYPE_SLOTS; t++)

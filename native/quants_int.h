@@ -445,25 +445,35 @@ static inline int64_t ds4n_int_group_bytes(int type) {
     }
 }
 
+/* A SIMD level's own kernels: every table entry non-NULL for the types the scalar level
+ * serves; the part kernels for Q4_K and Q6_K. */
+typedef void (*ds4n_xq_quantize_fn)(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+struct ds4n_int_set {
+    ds4n_int_fn row[DS4N_TYPE_SLOTS];
+    ds4n_int_rows_fn rows[DS4N_TYPE_SLOTS];
+    ds4n_sb_part_fn part[2]; /* Q4_K, Q6_K */
+    ds4n_sb_tile_fn tile;
+    ds4n_sb_unpack_fn unpack;
+    ds4n_xq_quantize_fn quantize;
+};
+
+/* A level file's set, from its kernels' shared names (int_*, rows_*, part_*, sb_tile,
+ * sb_unpack, xq_quantize: static in each level's file). */
+#define DS4N_INT_DEFINE_SET(name)                                                                  \
+    const struct ds4n_int_set name = {                                                             \
+        .row = {[DS4N_Q8_0] = int_q8_0, [DS4N_Q4_0] = int_q4_0, [DS4N_Q4_1] = int_q4_1,            \
+                [DS4N_Q4_K] = int_q4_K, [DS4N_Q6_K] = int_q6_K},                                   \
+        .rows = {[DS4N_Q8_0] = rows_q8_0, [DS4N_Q4_0] = rows_q4_0, [DS4N_Q4_1] = rows_q4_1,        \
+                 [DS4N_Q4_K] = rows_q4_K, [DS4N_Q6_K] = rows_q6_K},                                \
+        .part = {part_q4_K, part_q6_K},                                                            \
+        .tile = sb_tile,                                                                           \
+        .unpack = sb_unpack,                                                                       \
+        .quantize = xq_quantize,                                                                   \
+    }
+
 #if defined(__x86_64__) || defined(_M_X64)
-/* The AVX-512 VNNI kernels (NULL entries: none); usable when ds4n_cpu_has_vnni(). */
-extern const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS];
-extern const ds4n_sb_part_fn ds4n_sb_part_avx512[2]; /* Q4_K, Q6_K */
-extern const ds4n_int_rows_fn ds4n_int_rows_avx512[DS4N_TYPE_SLOTS];
-void ds4n_sb_tile_avx512(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
-                         const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
-                         float *acc, float *y, int64_t ldy);
-void ds4n_sb_unpack_avx512(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i);
-void ds4n_xq_quantize_avx512(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
-/* The AVX2 kernels: the AVX2 level's, and AVX-512 CPUs' without VNNI. */
-extern const ds4n_int_fn ds4n_int_avx2[DS4N_TYPE_SLOTS];
-extern const ds4n_sb_part_fn ds4n_sb_part_avx2[2]; /* Q4_K, Q6_K */
-extern const ds4n_int_rows_fn ds4n_int_rows_avx2[DS4N_TYPE_SLOTS];
-void ds4n_sb_tile_avx2(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
-                       const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
-                       float *acc, float *y, int64_t ldy);
-void ds4n_sb_unpack_avx2(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i);
-void ds4n_xq_quantize_avx2(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1);
+extern const struct ds4n_int_set ds4n_int_avx512; /* usable when the CPU has AVX-512 VNNI */
+extern const struct ds4n_int_set ds4n_int_avx2;   /* AVX2, and AVX-512 without VNNI */
 #endif
 
 #endif

@@ -200,58 +200,75 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
 
 /* ---- the super-block format (Q4_K, Q6_K; quants_int.h) ---------------------------------- */
 
+/* Q4_K's d, dmin and 8 mins (as int32 in m); returns the 8 six-bit scales, a byte each. */
+DS4N_INLINE uint64_t q4k_scales(const block_q4_K *p, float *d, float *dmin, __m256i *m) {
+    uint32_t a, b, c;
+    memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
+    /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
+    const uint64_t sc = (uint64_t)(a & 0x3f3f3f3f) |
+                        (uint64_t)((c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4) << 32;
+    const uint64_t mn = (uint64_t)(b & 0x3f3f3f3f) |
+                        (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4) << 32;
+    *d = _cvtsh_ss(p->d);
+    *dmin = _cvtsh_ss(p->dmin);
+    *m = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
+    return sc;
+}
+
+/* Q4_K's vectors 4q .. 4q + 3 of 16 int16 code·scale (values 64q .. 64q + 63). */
+DS4N_INLINE void q4k_quad(const block_q4_K *p, uint64_t sc, int q, __m256i w[4]) {
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    const __m256i z = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * q));
+    const __m256i l = _mm256_and_si256(z, nib), h = _mm256_and_si256(_mm256_srli_epi16(z, 4), nib);
+    const __m256i s0 = _mm256_set1_epi16((short)(sc >> (16 * q) & 0xff));
+    const __m256i s1 = _mm256_set1_epi16((short)(sc >> (16 * q + 8) & 0xff));
+    w[0] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(l)), s0);
+    w[1] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(l, 1)), s0);
+    w[2] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(h)), s1);
+    w[3] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1)), s1);
+}
+
+/* Q6_K's 6-bit codes (0..63) of half h as 4 vectors of 32 bytes: q[r] holds the values of
+ * 16-groups 8h + 2r and 8h + 2r + 1. */
+DS4N_INLINE void q6k_codes(const block_q6_K *p, int h, __m256i q[4]) {
+    const __m256i nib = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32));
+    const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, hi2));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
+                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2));
+}
+
+/* Q6_K's vector v (the lower 16 bytes of q, or the upper: half) as int16 (code - 32)·scale. */
+DS4N_INLINE __m256i q6k_vec(const block_q6_K *p, __m256i q, int half, int v) {
+    const __m256i c = _mm256_cvtepu8_epi16(half ? _mm256_extracti128_si256(q, 1) : _mm256_castsi256_si128(q));
+    return _mm256_mullo_epi16(_mm256_sub_epi16(c, _mm256_set1_epi16(32)), _mm256_set1_epi16(p->scales[v]));
+}
+
 /* A Q4_K or Q6_K super-block as 16 vectors of 16 int16 code·scale (vector v: values 16v ..
  * 16v + 15), its d (and Q4_K's dmin), and Q4_K's 8 mins as int32 in m. */
 DS4N_INLINE void sb_weights(int type, const uint8_t *blk, __m256i w[16], float *d, float *dmin,
                             __m256i *m) {
     if (type == DS4N_Q4_K) {
         const block_q4_K *p = (const block_q4_K *)blk;
-        uint32_t a, b, c;
-        memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
-        /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
-        const uint64_t sc = (uint64_t)(a & 0x3f3f3f3f) |
-                            (uint64_t)((c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4) << 32;
-        const uint64_t mn = (uint64_t)(b & 0x3f3f3f3f) |
-                            (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4) << 32;
-        *d = _cvtsh_ss(p->d);
-        *dmin = _cvtsh_ss(p->dmin);
-        *m = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
-        const __m256i nib = _mm256_set1_epi8(0x0f);
-        for (int q = 0; q < 4; q++) {
-            const __m256i z = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * q));
-            const __m256i l = _mm256_and_si256(z, nib), h = _mm256_and_si256(_mm256_srli_epi16(z, 4), nib);
-            const __m256i s0 = _mm256_set1_epi16((short)(sc >> (16 * q) & 0xff));
-            const __m256i s1 = _mm256_set1_epi16((short)(sc >> (16 * q + 8) & 0xff));
-            w[4 * q] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(l)), s0);
-            w[4 * q + 1] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(l, 1)), s0);
-            w[4 * q + 2] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(h)), s1);
-            w[4 * q + 3] = _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1)), s1);
-        }
+        const uint64_t sc = q4k_scales(p, d, dmin, m);
+        for (int q = 0; q < 4; q++) q4k_quad(p, sc, q, w + 4 * q);
         return;
     }
     const block_q6_K *p = (const block_q6_K *)blk; /* DS4N_Q6_K */
     *d = _cvtsh_ss(p->d);
     *dmin = 0.0f;
     *m = _mm256_setzero_si256();
-    const __m256i nib = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
-    const __m256i bias = _mm256_set1_epi16(32);
     for (int h = 0; h < 2; h++) {
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h));
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32));
-        const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)),
-            _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, hi2)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
-                            _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)),
-        };
+        __m256i q[4];
+        q6k_codes(p, h, q);
         for (int r = 0; r < 4; r++) {
             const int v = 8 * h + 2 * r; /* values 16v .. 16v + 31: 16-groups v, v + 1 */
-            const __m256i lo = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(q[r]));
-            const __m256i up = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(q[r], 1));
-            w[v] = _mm256_mullo_epi16(_mm256_sub_epi16(lo, bias), _mm256_set1_epi16(p->scales[v]));
-            w[v + 1] = _mm256_mullo_epi16(_mm256_sub_epi16(up, bias), _mm256_set1_epi16(p->scales[v + 1]));
+            w[v] = q6k_vec(p, q[r], 0, v);
+            w[v + 1] = q6k_vec(p, q[r], 1, v + 1);
         }
     }
 }
@@ -284,51 +301,28 @@ DS4N_INLINE void sb_fused(int type, const uint8_t *blk, const int16_t *a, int64_
     } while (0)
     if (type == DS4N_Q4_K) {
         const block_q4_K *p = (const block_q4_K *)blk;
-        uint32_t x, y, z;
-        memcpy(&x, p->scales, 4), memcpy(&y, p->scales + 4, 4), memcpy(&z, p->scales + 8, 4);
-        const uint64_t sc = (uint64_t)(x & 0x3f3f3f3f) |
-                            (uint64_t)((z & 0x0f0f0f0f) | ((x >> 6) & 0x03030303) << 4) << 32;
-        const uint64_t mn = (uint64_t)(y & 0x3f3f3f3f) |
-                            (uint64_t)(((z >> 4) & 0x0f0f0f0f) | ((y >> 6) & 0x03030303) << 4) << 32;
-        *d = _cvtsh_ss(p->d);
-        *dmin = _cvtsh_ss(p->dmin);
-        *m = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
-        const __m256i nib = _mm256_set1_epi8(0x0f);
+        const uint64_t sc = q4k_scales(p, d, dmin, m);
         _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-            const __m256i zz = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * q));
-            const __m256i l = _mm256_and_si256(zz, nib), h = _mm256_and_si256(_mm256_srli_epi16(zz, 4), nib);
-            const __m256i k0 = _mm256_set1_epi16((short)(sc >> (16 * q) & 0xff));
-            const __m256i k1 = _mm256_set1_epi16((short)(sc >> (16 * q + 8) & 0xff));
-            SB_STEP(4 * q, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(l)), k0));
-            SB_STEP(4 * q + 1, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(l, 1)), k0));
-            SB_STEP(4 * q + 2, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(h)), k1));
-            SB_STEP(4 * q + 3, _mm256_mullo_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(h, 1)), k1));
+            __m256i w[4];
+            q4k_quad(p, sc, q, w);
+            SB_STEP(4 * q, w[0]);
+            SB_STEP(4 * q + 1, w[1]);
+            SB_STEP(4 * q + 2, w[2]);
+            SB_STEP(4 * q + 3, w[3]);
         }
     } else { /* DS4N_Q6_K */
         const block_q6_K *p = (const block_q6_K *)blk;
         *d = _cvtsh_ss(p->d);
         *dmin = 0.0f;
         *m = _mm256_setzero_si256();
-        const __m256i nib = _mm256_set1_epi8(0x0f), hi2 = _mm256_set1_epi8(0x30);
-        const __m256i bias = _mm256_set1_epi16(32);
         /* unrolled: the sums' indices must be constants to stay in registers */
         _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(p->ql + 64 * h + 32));
-            const __m256i qh = _mm256_loadu_si256((const __m256i *)(p->qh + 32 * h));
-            const __m256i q[4] = {
-                _mm256_or_si256(_mm256_and_si256(l0, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)),
-                _mm256_or_si256(_mm256_and_si256(l1, nib), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), nib), _mm256_and_si256(qh, hi2)),
-                _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), nib),
-                                _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)),
-            };
+            __m256i q[4];
+            q6k_codes(p, h, q);
             _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
                 const int v = 8 * h + 2 * r;
-                SB_STEP(v, _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_castsi256_si128(q[r])), bias),
-                                              _mm256_set1_epi16(p->scales[v])));
-                SB_STEP(v + 1, _mm256_mullo_epi16(_mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm256_extracti128_si256(q[r], 1)), bias),
-                                                  _mm256_set1_epi16(p->scales[v + 1])));
+                SB_STEP(v, q6k_vec(p, q[r], 0, v));
+                SB_STEP(v + 1, q6k_vec(p, q[r], 1, v + 1));
             }
         }
     }
@@ -451,7 +445,7 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
 
 /* ---- the prefill tile (ds4n_sb_tile_fn) -------------------------------------------------- */
 
-void ds4n_sb_unpack_avx2(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i) {
+static void sb_unpack(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i) {
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     for (int64_t g = 0; g < p->ng; g++) {
         const int64_t at = i * p->ng + g;
@@ -564,9 +558,9 @@ DS4N_INLINE void sb_tile_rc(int type, const struct ds4n_sb_panel *p, int64_t i0,
 _Static_assert(DS4N_SB_TILE_R == 2 && DS4N_SB_TILE_C == 4,
                "tile_half keeps 2 x 4 sums in registers; SB_TILE_SWITCH covers up to 2 x 4");
 
-void ds4n_sb_tile_avx2(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
-                       const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
-                       float *acc, float *y, int64_t ldy) {
+static void sb_tile(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
+                    const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
+                    float *acc, float *y, int64_t ldy) {
     if (type == DS4N_Q4_K) {
         if (xq->limbs == 3) SB_TILE_SWITCH(DS4N_Q4_K, 2) else SB_TILE_SWITCH(DS4N_Q4_K, 1)
     } else {
@@ -693,22 +687,6 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
 #undef RN
 }
 
-DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx2, sb_quantize_group)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group)
 
-const ds4n_int_fn ds4n_int_avx2[DS4N_TYPE_SLOTS] = {
-    [DS4N_Q8_0] = int_q8_0,
-    [DS4N_Q4_0] = int_q4_0,
-    [DS4N_Q4_1] = int_q4_1,
-    [DS4N_Q4_K] = int_q4_K,
-    [DS4N_Q6_K] = int_q6_K,
-};
-
-const ds4n_int_rows_fn ds4n_int_rows_avx2[DS4N_TYPE_SLOTS] = {
-    [DS4N_Q8_0] = rows_q8_0,
-    [DS4N_Q4_0] = rows_q4_0,
-    [DS4N_Q4_1] = rows_q4_1,
-    [DS4N_Q4_K] = rows_q4_K,
-    [DS4N_Q6_K] = rows_q6_K,
-};
-
-const ds4n_sb_part_fn ds4n_sb_part_avx2[2] = {part_q4_K, part_q6_K};
+DS4N_INT_DEFINE_SET(ds4n_int_avx2);

@@ -339,12 +339,9 @@ _Static_assert(DS4N_MV_ROWS == 4, "SB_ROWS_KERNEL covers 1..4 rows");
 SB_ROWS_KERNEL(q4_K, DS4N_Q4_K)
 SB_ROWS_KERNEL(q6_K, DS4N_Q6_K)
 
-
-const ds4n_sb_part_fn ds4n_sb_part_avx512[2] = {part_q4_K, part_q6_K};
-
 /* ---- the prefill tile (ds4n_sb_tile_fn) -------------------------------------------------- */
 
-void ds4n_sb_unpack_avx512(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i) {
+static void sb_unpack(int type, const uint8_t *row, struct ds4n_sb_panel *p, int64_t i) {
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     for (int64_t g = 0; g < p->ng; g++) {
         const int64_t at = i * p->ng + g;
@@ -457,9 +454,9 @@ DS4N_INLINE void sb_tile_rc(int type, const struct ds4n_sb_panel *p, int64_t i0,
 _Static_assert(DS4N_SB_TILE_R >= 2 && DS4N_SB_TILE_R <= 4 && DS4N_SB_TILE_C <= 4,
                "SB_TILE_SWITCH covers up to 4 x 4");
 
-void ds4n_sb_tile_avx512(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
-                         const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
-                         float *acc, float *y, int64_t ldy) {
+static void sb_tile(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
+                    const struct ds4n_xq *xq, int64_t t0, int C, int64_t g0, int64_t g1,
+                    float *acc, float *y, int64_t ldy) {
     if (type == DS4N_Q4_K) {
         if (xq->limbs == 3) SB_TILE_SWITCH(DS4N_Q4_K, 2) else SB_TILE_SWITCH(DS4N_Q4_K, 1)
     } else {
@@ -597,20 +594,6 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
 #undef RN
 }
 
-DS4N_INT_DEFINE_QUANTIZE(ds4n_xq_quantize_avx512, sb_quantize_group)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group)
 
-const ds4n_int_fn ds4n_int_avx512[DS4N_TYPE_SLOTS] = {
-    [DS4N_Q8_0] = int_q8_0,
-    [DS4N_Q4_0] = int_q4_0,
-    [DS4N_Q4_1] = int_q4_1,
-    [DS4N_Q4_K] = int_q4_K,
-    [DS4N_Q6_K] = int_q6_K,
-};
-
-const ds4n_int_rows_fn ds4n_int_rows_avx512[DS4N_TYPE_SLOTS] = {
-    [DS4N_Q8_0] = rows_q8_0,
-    [DS4N_Q4_0] = rows_q4_0,
-    [DS4N_Q4_1] = rows_q4_1,
-    [DS4N_Q4_K] = rows_q4_K,
-    [DS4N_Q6_K] = rows_q6_K,
-};
+DS4N_INT_DEFINE_SET(ds4n_int_avx512);
