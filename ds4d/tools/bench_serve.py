@@ -1,6 +1,7 @@
 """`ds4d bench serve`: a serving benchmark. K concurrent clients each replay a growing
 multi-turn conversation against a running server and the run reports aggregate generated
-tokens/s, time to first token p50/p95 and inter-token latency p95, for each K.
+tokens/s, time to first token p50/p95 and inter-token latency p95 (p99 and the longest
+gap in the CSV), for each K.
 
 The workload is a function of the seed and the text file alone, so the same command run
 against ds4d and against another OpenAI-compatible server (llama.cpp's `llama-server`)
@@ -55,6 +56,8 @@ CSV_FIELDS = (
     "itl_p50_s",
     "itl_p95_s",
     "latency_p95_s",
+    "itl_p99_s",
+    "itl_max_s",
 )
 
 # The counter of generated tokens in each server's /metrics, to check the usage the
@@ -79,6 +82,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="start a ds4d daemon for the run (with the ds4d flags given after `--`), on a "
         "free port with private, temporary cache and state directories",
     )
+    p.add_argument("--serve-python", metavar="PYTHON",
+                   help="with --start: the interpreter that runs `ds4d serve` (default: this "
+                   "one); another checkout's venv python serves that checkout's daemon to "
+                   "this client, to compare two trees with one workload")  # fmt: skip
     p.add_argument(
         "--api",
         choices=("openai", "anthropic"),
@@ -414,6 +421,8 @@ class Row:
     itl_p50_s: float | None
     itl_p95_s: float | None
     latency_p95_s: float | None
+    itl_p99_s: float | None = None
+    itl_max_s: float | None = None
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -491,6 +500,8 @@ def summarize(label: str, api: str, clients: int, results: list[Result], wall: f
         itl_p50_s=percentile(gaps, 50),
         itl_p95_s=percentile(gaps, 95),
         latency_p95_s=percentile([r.latency_s for r in ok], 95),
+        itl_p99_s=percentile(gaps, 99),
+        itl_max_s=max(gaps) if gaps else None,
     )
 
 
@@ -539,11 +550,12 @@ def server_delta(target: Target, before: int | None, expected: int) -> int | Non
 
 
 @contextmanager
-def started_daemon(serve_args: list[str]) -> Iterator[str]:
-    """A private `ds4d serve` of this interpreter (ds4d.tools.serve_process), its output
-    echoed; yields its base URL."""
+def started_daemon(serve_args: list[str], python: str | None = None) -> Iterator[str]:
+    """A private `ds4d serve` of this interpreter or `python` (ds4d.tools.serve_process),
+    its output echoed; yields its base URL."""
     try:
-        with private_daemon(serve_args, start_timeout=START_TIMEOUT_S, echo=True) as url:
+        with private_daemon(serve_args, start_timeout=START_TIMEOUT_S, echo=True,
+                            python=python) as url:  # fmt: skip
             yield url
     except ServeProcessError as e:
         raise CliError(str(e)) from None
@@ -624,8 +636,8 @@ def _print_row(row: Row) -> None:
 
     print(f"{row.label[:16]:<16} {row.clients:>3} {row.requests:>5} {row.errors:>4} "
           f"{row.completion_tokens:>7} {row.wall_s:>8.2f} {row.gen_tps:>8.2f} "
-          f"{s(row.ttft_p50_s)} {s(row.ttft_p95_s)} {s(row.itl_p95_s, 1000, 8, 1)}",
-          flush=True)  # fmt: skip
+          f"{s(row.ttft_p50_s)} {s(row.ttft_p95_s)} {s(row.itl_p95_s, 1000, 8, 1)} "
+          f"{s(row.itl_p99_s, 1000, 8, 1)}", flush=True)  # fmt: skip
 
 
 # --- the command ----------------------------------------------------------------------
@@ -663,13 +675,15 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--stream-share must be within 0..1", 2)
     if args.serve_args and not args.start:
         raise CliError("flags after `--` are for `ds4d serve` and need --start", 2)
+    if args.serve_python and not args.start:
+        raise CliError("--serve-python needs --start", 2)
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         raise CliError("--plot needs matplotlib: pip install 'ds4d[plot]'", 2)
     words = _words(args.text)
     shape = Shape(args.turns, args.max_tokens, args.first_words, args.long_words,
                   args.turn_words, args.reply_words, args.stream_share)  # fmt: skip
     if args.start:
-        with started_daemon(list(args.serve_args)) as url:
+        with started_daemon(list(args.serve_args), args.serve_python) as url:
             return _bench(args, url, args.label or "ds4d", ks, words, shape)
     url = args.url.rstrip("/")
     if not url.startswith(("http://", "https://")):
@@ -689,7 +703,8 @@ def _bench(args: argparse.Namespace, url: str, label: str, ks: list[int], words:
           f"max_tokens {shape.max_tokens}, long prompt {shape.long_words} words, "
           f"{args.replies} replies", flush=True)  # fmt: skip
     print(f"{'label':<16} {'K':>3} {'reqs':>5} {'errs':>4} {'gen tok':>7} {'wall s':>8} "
-          f"{'gen t/s':>8} {'ttft p50':>8} {'ttft p95':>8} {'itl p95':>8}", flush=True)  # fmt: skip
+          f"{'gen t/s':>8} {'ttft p50':>8} {'ttft p95':>8} {'itl p95':>8} {'itl p99':>8}",
+          flush=True)  # fmt: skip
     rows = []
     log = None
     if args.requests_log:

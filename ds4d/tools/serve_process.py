@@ -142,11 +142,12 @@ DEFAULT_LAUNCHER = ("-m", "ds4d")
 
 
 def serve_command(port: int, serve_args: Sequence[str],
-                  launcher: Sequence[str] = DEFAULT_LAUNCHER) -> list[str]:  # fmt: skip
+                  launcher: Sequence[str] = DEFAULT_LAUNCHER, python: str | None = None) -> list[str]:  # fmt: skip
     """`launcher` follows the interpreter: `-m ds4d`, or a script that runs ds4d's CLI
-    (the soak's memory probe)."""
-    return [sys.executable, *launcher, "serve", "--host", "127.0.0.1", "--port", str(port),
-            *serve_args]  # fmt: skip
+    (the soak's memory probe). `python`: the interpreter, default this one (another
+    checkout's venv runs that checkout's daemon)."""
+    return [python or sys.executable, *launcher, "serve", "--host", "127.0.0.1",
+            "--port", str(port), *serve_args]  # fmt: skip
 
 
 def start_serve(
@@ -159,16 +160,20 @@ def start_serve(
     echo: bool = False,
     append: bool = False,
     launcher: Sequence[str] = DEFAULT_LAUNCHER,
+    python: str | None = None,
 ) -> ServeProcess:
     """`ds4d serve --host 127.0.0.1 --port <free port> *serve_args`, once ready; stopped
     (and ServeProcessError raised) if it is not. The caller stops it (`stop`). echo: print
     the command first; append: add to the log file rather than replace it."""
     port = free_port()
-    cmd = serve_command(port, serve_args, launcher)
+    cmd = serve_command(port, serve_args, launcher, python)
     if echo:
         print(f"# starting: {' '.join(cmd)}", flush=True)
     with open(log_path, "ab" if append else "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(env))
+        except OSError as e:  # an interpreter that is not there
+            raise ServeProcessError(f"cannot run {cmd[0]}: {e.strerror}") from None
     daemon = ServeProcess(f"http://127.0.0.1:{port}", proc, log_path)
     try:
         wait(daemon.ready, start_timeout, "ds4d serve did not become healthy")
@@ -189,11 +194,12 @@ def serve_process(
     wait: Wait = poll_until,
     echo: bool = False,
     launcher: Sequence[str] = DEFAULT_LAUNCHER,
+    python: str | None = None,
 ) -> Iterator[ServeProcess]:
     """start_serve's daemon for the block, stopped at its end (SIGTERM, SIGKILL after
     stop_timeout seconds)."""
     daemon = start_serve(serve_args, env=env, log_path=log_path, start_timeout=start_timeout,
-                         wait=wait, echo=echo, launcher=launcher)  # fmt: skip
+                         wait=wait, echo=echo, launcher=launcher, python=python)  # fmt: skip
     try:
         yield daemon
     finally:
@@ -202,7 +208,7 @@ def serve_process(
 
 @contextmanager
 def private_daemon(serve_args: Sequence[str], *, start_timeout: float,
-                   echo: bool = False) -> Iterator[str]:  # fmt: skip
+                   echo: bool = False, python: str | None = None) -> Iterator[str]:  # fmt: skip
     """serve_process's daemon with private XDG directories under a fresh temporary root
     (its disk KV starts cold; the user's own daemon and admin socket are left alone),
     removed after the block: yields its base URL. The root is short: the admin socket's
@@ -211,7 +217,7 @@ def private_daemon(serve_args: Sequence[str], *, start_timeout: float,
     try:
         env = private_env({var: root / var.lower() for var in XDG_DIRS})
         with serve_process(serve_args, env=env, log_path=root / "ds4d.log",
-                           start_timeout=start_timeout, echo=echo) as daemon:  # fmt: skip
+                           start_timeout=start_timeout, echo=echo, python=python) as daemon:  # fmt: skip
             yield daemon.url
     finally:
         shutil.rmtree(root, ignore_errors=True)

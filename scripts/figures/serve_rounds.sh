@@ -9,8 +9,13 @@
 # (DS4D_NATIVE_LIB), so two builds of native/ can share one venv. Each run is
 #   DS4D bench serve --start --label NAME-ROUND --clients $CLIENTS --csv CSV -- --slots 4
 # as in docs/serving-loop.md (CLIENTS from the environment, default 1,2,4).
+#
+# With CLIENT=PATH/ds4d in the environment every run is that ds4d's bench client instead, the
+# tree's daemon started by `--serve-python` with the python beside the tree's DS4D (its venv):
+# one client for every tree, and each request's gaps kept in LOG.requests.jsonl
+# (`--requests-log`).
 set -u
-rounds=$1 csv=$2 log=$3 clients=${CLIENTS:-1,2,4}
+rounds=$1 csv=$2 log=$3 clients=${CLIENTS:-1,2,4} client=${CLIENT:-}
 shift 3
 trees=("$@")
 n=${#trees[@]}
@@ -21,7 +26,11 @@ for ((r = 1; r <= rounds; r++)); do
         ds4d=${rest%%:*} lib=""
         [[ $rest == *:* ]] && lib=${rest#*:}
         echo "$(date -u +%H:%M:%S) load $(cut -d' ' -f1 /proc/loadavg) start $name-$r" >>"$log"
-        if [[ -n $lib ]]; then
+        if [[ -n $client ]]; then
+            env ${lib:+DS4D_NATIVE_LIB=$lib} "$client" bench serve --start --serve-python "$(dirname "$ds4d")/python" \
+                --label "$name-$r" --clients "$clients" --csv "$csv" --requests-log "$log.requests.jsonl" \
+                -- --slots 4 >"$log.$name-$r.out" 2>&1
+        elif [[ -n $lib ]]; then
             DS4D_NATIVE_LIB=$lib "$ds4d" bench serve --start --label "$name-$r" --clients "$clients" \
                 --csv "$csv" -- --slots 4 >"$log.$name-$r.out" 2>&1
         else

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,7 +133,9 @@ def check_run(row: dict[str, str], log: list[dict], clients: int, shape: Shape) 
     wall = float(row["wall_s"])
     assert wall > 0 and float(row["gen_tps"]) == pytest.approx(completion / wall, rel=1e-3)
     assert 0 < float(row["ttft_p50_s"]) <= float(row["ttft_p95_s"]) <= wall
-    assert 0 < float(row["itl_p50_s"]) <= float(row["itl_p95_s"])
+    assert 0 < float(row["itl_p50_s"]) <= float(row["itl_p95_s"]) <= float(row["itl_p99_s"])
+    gaps = [g for r in log for g in r["gaps_s"]]
+    assert float(row["itl_max_s"]) == pytest.approx(max(gaps), abs=1e-4)
     assert 0 < float(row["latency_p95_s"]) <= wall
     for r in log:
         assert 1 <= r["completion_tokens"] <= shape.max_tokens and r["text"]
@@ -154,10 +157,16 @@ def check_run(row: dict[str, str], log: list[dict], clients: int, shape: Shape) 
 
 def test_start_runs_k_clients_against_a_real_daemon(tmp_path: Path) -> None:
     out_csv, out_png, out_log = tmp_path / "s.csv", tmp_path / "s.png", tmp_path / "s.jsonl"
-    r = ds4d("bench", "serve", "--start", "--clients", "2", *TINY, "--csv", str(out_csv),
-             "--plot", str(out_png), "--requests-log", str(out_log),
-             "--", "--slots", "2", "--threads", "2", "--no-kv-disk")  # fmt: skip
+    # --serve-python: the daemon runs under the interpreter given (here one that says it
+    # ran, then is this venv's), as another checkout's would
+    python, ran = tmp_path / "python", tmp_path / "ran"
+    python.write_text(f'#!/bin/sh\necho "$@" > {ran}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    r = ds4d("bench", "serve", "--start", "--serve-python", str(python), "--clients", "2",
+             *TINY, "--csv", str(out_csv), "--plot", str(out_png), "--requests-log",
+             str(out_log), "--", "--slots", "2", "--threads", "2", "--no-kv-disk")  # fmt: skip
     assert r.returncode == 0, r.stderr
+    assert ran.read_text().startswith("-m ds4d serve ")
     fields, rows = read_csv(out_csv)
     assert tuple(fields) == CSV_FIELDS
     assert [(x["label"], x["api"]) for x in rows] == [("ds4d", "openai")]
@@ -189,6 +198,12 @@ def test_bad_arguments_are_one_line_errors(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--clients" in r.stderr and "Traceback" not in r.stderr
     r = ds4d("bench", "serve", "--url", "http://127.0.0.1:9", "--", "--slots", "4")
     assert r.returncode == 2 and "--start" in r.stderr
+    r = ds4d("bench", "serve", "--url", "http://127.0.0.1:9", "--serve-python", "python3")
+    assert r.returncode == 2 and "--serve-python needs --start" in r.stderr
+    missing = tmp_path / "no-such-python"
+    r = ds4d("bench", "serve", "--start", "--serve-python", str(missing), "--turns", "1")
+    assert r.returncode == 1 and f"cannot run {missing}" in r.stderr
+    assert "Traceback" not in r.stderr
     r = ds4d("bench", "serve", "--url", "http://127.0.0.1:9", "--turns", "1")  # no server
     assert r.returncode == 1 and r.stderr.startswith("ds4d: http://127.0.0.1:9/v1/chat")
     assert "Traceback" not in r.stderr
