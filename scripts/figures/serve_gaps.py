@@ -5,7 +5,7 @@ difference in one percentile can be read against the whole distribution (a sched
 lets one stream run in bursts has many short gaps and a few long ones; one that batches
 every stream in every step has gaps of one batched step).
 
-    python3 scripts/figures/serve_gaps.py LOG.requests.jsonl [...] --trees before,main
+    .venv/bin/python scripts/figures/serve_gaps.py LOG.requests.jsonl [...] --trees before,main
 
 A measuring aid, not a test: it prints figures, asserts nothing.
 """
@@ -17,15 +17,10 @@ import json
 import math
 from collections import defaultdict
 
+from ds4d.tools.bench_serve import percentile
+
 QUANTILES = (50, 75, 90, 95, 97, 99)
 EDGES_MS = (5, 10, 15, 20, 25, 30, 40, 60, 100, 200, 400, 1000, math.inf)
-
-
-def quantile(s: list[float], q: float) -> float:
-    pos = (len(s) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def main() -> None:
@@ -52,7 +47,7 @@ def main() -> None:
             s = sorted(gaps[k][tree])
             if not s:
                 continue
-            qs = " ".join(f"{quantile(s, q):6.1f}" for q in QUANTILES)
+            qs = " ".join(f"{percentile(s, q) or 0.0:6.1f}" for q in QUANTILES)
             print(f"  {tree:>8} {len(rounds[(k, tree)]):>6} {len(s):>6} {qs} {s[-1]:7.1f} "
                   f"{sum(s) / len(s):6.1f}")  # fmt: skip
         print(
