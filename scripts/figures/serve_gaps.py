@@ -1,6 +1,6 @@
 """The inter-token gaps of serving-bench rounds, whole: every tree's gaps pooled over its
 rounds (the `--requests-log` JSON lines that scripts/figures/serve_rounds.sh writes with
-CLIENT=), for each client count K, as quantiles and as a histogram on a log scale, so a
+CLIENT=; gzipped or not), for each client count K, as quantiles and as a histogram on a log scale, so a
 difference in one percentile can be read against the whole distribution (a scheduler that
 lets one stream run in bursts has many short gaps and a few long ones; one that batches
 every stream in every step has gaps of one batched step).
@@ -13,6 +13,7 @@ A measuring aid, not a test: it prints figures, asserts nothing.
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 from collections import defaultdict
@@ -32,13 +33,13 @@ def main() -> None:
     gaps: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     rounds: dict[tuple[int, str], set[str]] = defaultdict(set)
     for path in args.log:
-        with open(path) as f:
+        with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
             for line in f:
                 r = json.loads(line)
                 tree, _, rnd = r["label"].rpartition("-")
                 if tree in trees and not r["error"]:
                     gaps[r["clients"]][tree] += [g * 1e3 for g in r["gaps_s"]]
-                    rounds[(r["clients"], tree)].add(rnd)
+                    rounds[(r["clients"], tree)].add(f"{path}:{rnd}")
     for k in sorted(gaps):
         print(f"K = {k}: inter-token gaps pooled over the rounds, ms")
         head = " ".join(f"{'p' + str(q):>6}" for q in QUANTILES)

@@ -3,7 +3,8 @@ tree's median tokens/s and inter-token p95 (and p99, where the CSV has it) over 
 and for each pair of trees the median of the per-round ratios and how many rounds the second
 tree's p95 (p99) was higher. A round
 is the runs labelled NAME-N with the same N (they ran back to back, so under about the same
-load); a round missing a tree's row is left out of that pair's ratios.
+load); a round missing a tree's row is left out of that pair's ratios. Rounds of
+different CSV files are different rounds, whatever their numbers.
 
     python3 scripts/figures/serve_rounds_summary.py CSV [CSV ...] --trees before,main,branch
 
@@ -23,14 +24,14 @@ def load(paths: list[str]) -> dict[tuple[str, int, str], dict[str, float]]:
     """(tree, K, round) -> {"tps": gen tokens/s, "p95": inter-token p95 in ms, and "p99"
     in ms when the CSV has it}."""
     rows: dict[tuple[str, int, str], dict[str, float]] = {}
-    for path in paths:
+    for i, path in enumerate(paths):
         with open(path, newline="") as f:
             for r in csv.DictReader(f):
                 tree, _, rnd = r["label"].rpartition("-")
                 row = {"tps": float(r["gen_tps"]), "p95": float(r["itl_p95_s"]) * 1e3}
                 if r.get("itl_p99_s"):
                     row["p99"] = float(r["itl_p99_s"]) * 1e3
-                rows[(tree, int(r["clients"]), rnd)] = row
+                rows[(tree, int(r["clients"]), f"{i}:{rnd}")] = row
     return rows
 
 
