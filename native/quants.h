@@ -160,6 +160,10 @@ struct ds4n_kernel_set {
     struct ds4n_row_kernels row[DS4N_TYPE_SLOTS];
     ds4n_tile_fn tile;
     int tile_cols; /* C of the micro-kernel (0: DS4N_TILE_COLS) */
+    /* 1: the decode matvecs leave every row stream to the hardware prefetchers (matmul.c
+     * fetches short rows ahead by hand otherwise), where that measured faster on the
+     * level's CPUs. */
+    int hw_prefetch;
 };
 
 struct ds4n_type_traits {
@@ -173,6 +177,7 @@ const struct ds4n_type_traits *ds4n_traits(int type);
 const struct ds4n_row_kernels *ds4n_active_kernels(int type);
 ds4n_tile_fn ds4n_active_tile(void);
 int ds4n_active_tile_cols(void);
+int ds4n_active_hw_prefetch(void);
 
 extern const struct ds4n_kernel_set ds4n_scalar_set;
 #if defined(__x86_64__) || defined(_M_X64)

@@ -667,4 +667,10 @@ DS4N_F16_LEGACY_ROWS(q5_0, DS4N_Q5_0, block_q5_0)
 DS4N_F16_LEGACY_ROWS(q5_1, DS4N_Q5_1, block_q5_1)
 DS4N_F16_LEGACY_ROWS(q8_0, DS4N_Q8_0, block_q8_0)
 
-DS4N_DEFINE_KERNEL_SET(ds4n_avx2_set, ds4n_tile_avx2, 0)
+/* No prefetch by hand on this level: on Zen 3 every decode matvec with rows of at most
+ * matmul.c's PREFETCH_ROW_MAX bytes ran 4-22 % faster from memory without it (paired A/B in one
+ * process, scripts/figures/matvec_ab.c, 1 thread: Q4_K 1536 x 1536 and 8960 x 1536 1.12 and
+ * 1.07, Q4_1 576 x 1536 1.17-1.22, Q8_0 49152 x 576 1.17, Q4_1 1536 x 576 1.04; docs/
+ * benchmarks-real-sizes.md, "The Qwen2.5-Coder-1.5B shape on AVX2"), and the integer path's
+ * 4-rows-in-step decode kernel then serves the 1.5B's 864-byte Q4_K rows too (1.08-1.09). */
+DS4N_DEFINE_KERNEL_SET(ds4n_avx2_set, ds4n_tile_avx2, 0, 1)

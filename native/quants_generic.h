@@ -622,7 +622,7 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
  * (0: DS4N_TILE_COLS). */
 #define DS4N_ROW(T, name) [DS4N_##T] = {dequant_##name, dot_##name, NULL, NULL, NULL}
 #define DS4N_ROW_MV(T, name) [DS4N_##T] = {dequant_##name, dot_##name, rows_##name, cols_##name, NULL}
-#define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn, cols)                                  \
+#define DS4N_DEFINE_KERNEL_SET(set_name, tile_fn, cols, hw)                              \
     const struct ds4n_kernel_set set_name = {                                            \
         .row = {                                                                         \
             DS4N_ROW(F32, f32), DS4N_ROW(F16, f16), DS4N_ROW(BF16, bf16),                \
@@ -634,7 +634,7 @@ DS4N_FLOAT_KERNELS(bf16, DS4N_BF16)
             DS4N_ROW(IQ2_XXS, iq2_xxs), DS4N_ROW_MV(IQ4_NL, iq4_nl),                     \
             DS4N_ROW(IQ4_XS, iq4_xs), DS4N_ROW_MV(MXFP4, mxfp4),                         \
         },                                                                               \
-        .tile = tile_fn, .tile_cols = cols,                                              \
+        .tile = tile_fn, .tile_cols = cols, .hw_prefetch = hw,                           \
     };
 
 #endif

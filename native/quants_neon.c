@@ -192,4 +192,4 @@ static inline void nibble_codes(const uint8_t *qs, const int8_t *table, v16 q[2]
 
 #include "quants_generic.h"
 
-DS4N_DEFINE_KERNEL_SET(ds4n_neon_set, ds4n_tile_neon, 0)
+DS4N_DEFINE_KERNEL_SET(ds4n_neon_set, ds4n_tile_neon, 0, 0)

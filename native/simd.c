@@ -12,6 +12,7 @@
 static struct ds4n_row_kernels active[DS4N_TYPE_SLOTS];
 static ds4n_tile_fn active_tile;
 static int active_tile_cols;
+static int active_hw_prefetch;
 static int active_level;
 
 #ifdef DS4N_HAVE_AVX2
@@ -95,6 +96,7 @@ int ds4n_set_simd(int level) {
     }
     active_tile = set->tile;
     active_tile_cols = set->tile_cols ? set->tile_cols : DS4N_TILE_COLS;
+    active_hw_prefetch = set->hw_prefetch;
     active_level = level;
     ds4n_int_select(level);
     return level;
@@ -114,6 +116,10 @@ ds4n_tile_fn ds4n_active_tile(void) {
 
 int ds4n_active_tile_cols(void) {
     return active_tile_cols;
+}
+
+int ds4n_active_hw_prefetch(void) {
+    return active_hw_prefetch;
 }
 
 /* Chosen at load, before any kernel call (and so before any worker thread exists). */
