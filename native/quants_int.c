@@ -8,9 +8,10 @@ static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
 size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T) {
     const int64_t nb = K / QK;
-    if (sb) /* a, xs per group, asum */
+    if (sb) /* a, xs per group, asum, the byte planes */
         return (size_t)(align64(T * (limbs - 1) * (K + DS4N_SB_PAD) * 2) + align64(T * (nb / 8) * 4) +
-                        align64(T * (limbs - 1) * nb * 4));
+                        align64(T * (limbs - 1) * nb * 4) +
+                        align64(T * (limbs - 1) * (K + DS4N_SB_PAD) * 4));
     return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4));
 }
 
@@ -26,6 +27,8 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, i
         xq->xs = (float *)p;
         p += align64(T * (nb / 8) * 4);
         xq->asum = (int32_t *)p;
+        p += align64(T * (limbs - 1) * nb * 4);
+        xq->ab = p;
         return;
     }
     xq->q = (int8_t *)p;
