@@ -57,7 +57,8 @@ struct ds4n_xq {
     int32_t *asum; /* [((t*(limbs-1) + k)*nb + b]: Σ of limb k over block b (32 values) */
     /* sb = 1: each limb of a again, byte-split for VPMADDUBSW (ds4n_sb_split_group below):
      * limb k of token t at ab + (t*(limbs-1) + k)*4*lda, the low bytes (lda of them), the
-     * high bytes (lda), then the pair sums (lda int16). Derived from a, never the reverse. */
+     * high bytes (lda), then the pair sums (lda int16). Derived from a, never the reverse.
+     * NULL when T > DS4N_SMALL_T (prefill's chunks: their kernels take a). */
     uint8_t *ab;
 };
 
@@ -222,10 +223,11 @@ static inline int16_t *ds4n_xq_pc(const struct ds4n_xq *xq, int64_t t, int k) {
     return (int16_t *)(ds4n_xq_lo(xq, t, k) + 2 * xq->lda);
 }
 
-/* A quantizer over ds4n_int_quantize_block and sb_group (ds4n_sb_quantize_group or a SIMD
- * version of it), compiled in each SIMD file with its flags (the steps are exact or correctly
- * rounded, so every build gives the same limbs). */
-#define DS4N_INT_DEFINE_QUANTIZE(fname, sb_group)                                              \
+/* A quantizer over ds4n_int_quantize_block, sb_group (ds4n_sb_quantize_group or a SIMD
+ * version of it) and sb_split (ds4n_sb_split_group or a SIMD version), compiled in each SIMD
+ * file with its flags (the steps are exact or correctly rounded, so every build gives the
+ * same limbs). */
+#define DS4N_INT_DEFINE_QUANTIZE(fname, sb_group, sb_split)                                    \
     void fname(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {                   \
         const int L = xq->limbs;                                                               \
         if (xq->sb) {                                                                          \
@@ -236,10 +238,10 @@ static inline int16_t *ds4n_xq_pc(const struct ds4n_xq *xq, int64_t t, int k) {
                     sb_group(X + t * xq->K + o, L, xq->a + t * (L - 1) * xq->lda + o, xq->lda, \
                              xq->xs + t * ng + g, xq->asum + t * (L - 1) * xq->nb + 8 * g,     \
                              xq->nb);                                                          \
-                    for (int k = 0; k < L - 1; k++)                                            \
-                        ds4n_sb_split_group(xq->a + (t * (L - 1) + k) * xq->lda + o,           \
-                                            ds4n_xq_lo(xq, t, k) + o, ds4n_xq_hi(xq, t, k) + o, \
-                                            ds4n_xq_pc(xq, t, k) + o);                         \
+                    for (int k = 0; xq->ab && k < L - 1; k++)                                  \
+                        sb_split(xq->a + (t * (L - 1) + k) * xq->lda + o,                      \
+                                 ds4n_xq_lo(xq, t, k) + o, ds4n_xq_hi(xq, t, k) + o,           \
+                                 ds4n_xq_pc(xq, t, k) + o);                                    \
                 }                                                                              \
             return;                                                                            \
         }                                                                                      \

@@ -446,6 +446,18 @@ DS4N_INLINE void sb_token1(int type, const uint8_t *blk, const uint8_t *ab, int6
     sb_float(type, s0, s1, nl, d, dmin, m, xs, as, nb, lo, hi);
 }
 
+/* One token against super-block blk from the int16 limbs (a at the group): a prefill chunk's
+ * lone token, whose xq has no byte planes (ds4n_xq_init makes them for decode and small
+ * batches only). */
+DS4N_INLINE void sb_token1_int16(int type, const uint8_t *blk, const int16_t *a, int64_t lda,
+                                 int nl, float xs, const int32_t *as, int64_t nb, __m256 *lo,
+                                 __m256 *hi) {
+    __m256i s0[2], s1[2], m;
+    float d, dmin;
+    sb_fused(type, blk, a, lda, nl, s0, s1, &d, &dmin, &m);
+    sb_float(type, s0, s1, nl, d, dmin, m, xs, as, nb, lo, hi);
+}
+
 /* One super-block (unpacked: W, d, dmin, m) against one token's limbs a (stride lda), its xs
  * and block sums as, into lo and hi: ds4n_sb_group_ref's float steps in its order. */
 DS4N_INLINE void sb_token(int type, const __m256i W[16], float d, float dmin, __m256i m,
@@ -465,10 +477,19 @@ DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq,
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     if (T == 1) { /* one token: the weights unpacked as they are used */
         for (int64_t g = g0; g < g1; g++)
-            sb_token1(type, w + g * bb, ds4n_xq_lo(xq, t0, 0), g * DS4N_INT_GROUP, xq->lda, nl,
-                      xq->xs[t0 * ng + g], xq->asum + t0 * nl * nb + 8 * g, nb, &lo[0], &hi[0]);
+            if (xq->ab)
+                sb_token1(type, w + g * bb, ds4n_xq_lo(xq, t0, 0), g * DS4N_INT_GROUP, xq->lda, nl,
+                          xq->xs[t0 * ng + g], xq->asum + t0 * nl * nb + 8 * g, nb, &lo[0], &hi[0]);
+            else
+                sb_token1_int16(type, w + g * bb, xq->a + t0 * nl * xq->lda + g * DS4N_INT_GROUP,
+                                xq->lda, nl, xq->xs[t0 * ng + g], xq->asum + t0 * nl * nb + 8 * g,
+                                nb, &lo[0], &hi[0]);
         return;
     }
+    /* Several tokens: the int16 products, the weights unpacked once (16 vectors of code·scale)
+     * for all. The byte form was measured slower here (docs/integer-path.md): per token it
+     * takes two VPMADDUBSW, two unpacks and two VPMADDWD where the int16 form takes two
+     * VPMADDWD, and its saving, the weights' unpacking, is shared by the tokens anyway. */
     for (int64_t g = g0; g < g1; g++) {
         __m256i W[16], m;
         float d, dmin;
@@ -519,6 +540,10 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     __m256 lo[DS4N_MV_ROWS], hi[DS4N_MV_ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    if (!xq->ab) { /* not from the engine (decode's xq has the planes): row by row */
+        for (int r = 0; r < R; r++) sb_row(type, w + r * stride, xq, 0, y + r, 1, 1);
+        return;
+    }
     for (int64_t g = 0; g < ng; g++)
         for (int r = 0; r < R; r++)
             sb_token1(type, w + r * stride + g * bb, ds4n_xq_lo(xq, 0, 0), g * DS4N_INT_GROUP, xq->lda, nl,
@@ -770,6 +795,27 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
 #undef RN
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group)
+/* ds4n_sb_split_group in vectors: the same bytes and pair sums (the unpack here is the
+ * kernels' unpack, so pc comes out in their order). */
+static void sb_split_group(const int16_t *a, uint8_t *lo, int8_t *hi, int16_t *pc) {
+    const __m256i ff = _mm256_set1_epi16(0xff), ones = _mm256_set1_epi8(1);
+    for (int i = 0; i < DS4N_INT_GROUP / 32; i++) {
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a + 32 * i));
+        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + 32 * i + 16));
+        /* packs work per 128-bit lane: the qword permute puts the 32 bytes in order */
+        const __m256i l = _mm256_permute4x64_epi64(
+            _mm256_packus_epi16(_mm256_and_si256(a0, ff), _mm256_and_si256(a1, ff)), 0xd8);
+        const __m256i h = _mm256_permute4x64_epi64(
+            _mm256_packs_epi16(_mm256_srai_epi16(a0, 8), _mm256_srai_epi16(a1, 8)), 0xd8);
+        _mm256_storeu_si256((__m256i *)(lo + 32 * i), l);
+        _mm256_storeu_si256((__m256i *)(hi + 32 * i), h);
+        const __m256i lp = _mm256_slli_epi16(_mm256_maddubs_epi16(l, ones), 5);
+        const __m256i hp = _mm256_slli_epi16(_mm256_maddubs_epi16(ones, h), 5);
+        _mm256_storeu_si256((__m256i *)(pc + 32 * i), _mm256_unpacklo_epi16(lp, hp));
+        _mm256_storeu_si256((__m256i *)(pc + 32 * i + 16), _mm256_unpackhi_epi16(lp, hp));
+    }
+}
+
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group, sb_split_group)
 
 DS4N_INT_DEFINE_SET(ds4n_int_avx2);
