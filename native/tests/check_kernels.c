@@ -193,10 +193,11 @@ static void check_small_batch(int i, int simd, ds4n_pool *pool, int64_t K, int64
  * byte taken as (a + 128) / 256, would leave int8), 0, ±1, ±255, ±256 and random ones; and
  * weights at their extremes in the first rows: Q4_K's codes 15 under the scales and mins 63,
  * Q6_K's codes 63 under the scale -128, codes 0 (weight -32) under 127, codes 63 under 127:
- * every bound of the byte split's VPMADDUBSW pair sums (quants_int_avx2.c) is reached. */
+ * every bound of the byte split's VPMADDUBSW pair sums (quants_int_avx2.c) is reached. No |v|
+ * reaches 2^15: the group's scale would double, and its values halve. */
 static const float SB_EXTREMES[] = {32767.99f, -32767.99f, 32767.0f, -32767.0f, 32640.0f,
                                     32639.6f, 32767.4f, -32640.0f, -32641.0f, -32513.0f,
-                                    -32512.6f, -32768.0f, 255.0f, 256.0f, -256.0f, -255.0f,
+                                    -32512.6f, 255.0f, 256.0f, -256.0f, -255.0f,
                                     -1.0f, 1.0f, 0.0f, 128.0f, -128.0f, -129.0f, 127.5f,
                                     16383.7f, -16384.3f, 32000.25f, -31999.75f, 383.0f};
 
