@@ -11,7 +11,10 @@ size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T) {
     if (sb) /* a, xs per group, asum, the byte planes */
         return (size_t)(align64(T * (limbs - 1) * (K + DS4N_SB_PAD) * 2) + align64(T * (nb / 8) * 4) +
                         align64(T * (limbs - 1) * nb * 4) +
-                        (T <= DS4N_SMALL_T ? align64(T * (limbs - 1) * (K + DS4N_SB_PAD) * 4) : 0));
+                        /* the planes of up to DS4N_SMALL_T tokens: a chunk's buffer also
+                         * serves a last, short chunk, which has them */
+                        align64((T < DS4N_SMALL_T ? T : DS4N_SMALL_T) * (limbs - 1) *
+                                (K + DS4N_SB_PAD) * 4));
     return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4));
 }
 

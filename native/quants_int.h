@@ -62,7 +62,7 @@ struct ds4n_xq {
     uint8_t *ab;
 };
 
-/* Bytes ds4n_xq_init needs for T tokens of K values. */
+/* Bytes ds4n_xq_init needs for up to T tokens of K values (any count up to T fits). */
 size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T);
 /* Lays the arrays of xq out in buf (ds4n_xq_bytes long, 64-byte aligned). */
 void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, int64_t T);
