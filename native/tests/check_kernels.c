@@ -331,7 +331,10 @@ int main(void) {
                     for (int limbs = 2; limbs <= 3; limbs++) {
                         check_int(i, simd, pool1, ks[k], row_counts[r], limbs, 0);
                         check_int(i, simd, pool, ks[k], row_counts[r], limbs, 0);
-                        if (super) check_int(i, simd, pool1, ks[k], row_counts[r], limbs, 1);
+                        /* the extremes on the long rows only (decode's rows kernels, a
+                         * part slice): check-neon runs this under qemu in make test */
+                        if (super && k > 0 && row_counts[r] == 19)
+                            check_int(i, simd, pool1, ks[k], row_counts[r], limbs, 1);
                     }
         }
         check_mxfp4_exponents(simd);
