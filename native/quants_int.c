@@ -8,9 +8,13 @@ static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
 
 size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T) {
     const int64_t nb = K / QK;
-    if (sb) /* a, xs per group, asum */
+    if (sb) /* a, xs per group, asum, the byte planes */
         return (size_t)(align64(T * (limbs - 1) * (K + DS4N_SB_PAD) * 2) + align64(T * (nb / 8) * 4) +
-                        align64(T * (limbs - 1) * nb * 4));
+                        align64(T * (limbs - 1) * nb * 4) +
+                        /* the planes of up to DS4N_SMALL_T tokens: a chunk's buffer also
+                         * serves a last, short chunk, which has them */
+                        align64((T < DS4N_SMALL_T ? T : DS4N_SMALL_T) * (limbs - 1) *
+                                (K + DS4N_SB_PAD) * 4));
     return (size_t)(align64(T * limbs * K) + 2 * align64(T * nb * 4));
 }
 
@@ -26,6 +30,9 @@ void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, i
         xq->xs = (float *)p;
         p += align64(T * (nb / 8) * 4);
         xq->asum = (int32_t *)p;
+        p += align64(T * (limbs - 1) * nb * 4);
+        /* the byte planes serve the one-token kernels, and cost prefill's chunks a pass */
+        xq->ab = T <= DS4N_SMALL_T ? p : NULL;
         return;
     }
     xq->q = (int8_t *)p;
@@ -52,7 +59,7 @@ void ds4n_sb_panel_init(struct ds4n_sb_panel *p, void *buf, int64_t rows, int64_
     p->m = (int32_t *)b;
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar, ds4n_sb_quantize_group)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar, ds4n_sb_quantize_group, ds4n_sb_split_group)
 
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
     active_quantize(xq, X, t0, t1);

@@ -55,9 +55,14 @@ struct ds4n_xq {
     int16_t *a;    /* limb k (k < limbs - 1) of token t: a + (t*(limbs-1) + k)*lda */
     int64_t lda;   /* K + DS4N_SB_PAD: rows 4 KB apart would share L1 sets */
     int32_t *asum; /* [((t*(limbs-1) + k)*nb + b]: Σ of limb k over block b (32 values) */
+    /* sb = 1: each limb of a again, byte-split for VPMADDUBSW (ds4n_sb_split_group below):
+     * limb k of token t at ab + (t*(limbs-1) + k)*4*lda, the low bytes (lda of them), the
+     * high bytes (lda), then the pair sums (lda int16). Derived from a, never the reverse.
+     * NULL when T > DS4N_SMALL_T (prefill's chunks: their kernels take a). */
+    uint8_t *ab;
 };
 
-/* Bytes ds4n_xq_init needs for T tokens of K values. */
+/* Bytes ds4n_xq_init needs for up to T tokens of K values (any count up to T fits). */
 size_t ds4n_xq_bytes(int limbs, int sb, int64_t K, int64_t T);
 /* Lays the arrays of xq out in buf (ds4n_xq_bytes long, 64-byte aligned). */
 void ds4n_xq_init(struct ds4n_xq *xq, void *buf, int limbs, int sb, int64_t K, int64_t T);
@@ -183,20 +188,61 @@ static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int
     *xs = ds4n_pow2f(E - 14);
 }
 
-/* A quantizer over ds4n_int_quantize_block and sb_group (ds4n_sb_quantize_group or a SIMD
- * version of it), compiled in each SIMD file with its flags (the steps are exact or correctly
- * rounded, so every build gives the same limbs). */
-#define DS4N_INT_DEFINE_QUANTIZE(fname, sb_group)                                              \
+/* The byte split of one group of one limb (256 int16 values at a): a = 256·h + l exactly,
+ * l = the low byte read unsigned (0..255), h = (a - l) / 256 (-128..127 for any int16: the
+ * high byte read signed). Two signed bytes would not do: 256·h + l then spans
+ * [-32896, 32639], and the clamp lets a reach 32767. So VPMADDUBSW takes l as its unsigned
+ * operand against the codes, and the codes as its unsigned operand against h.
+ * pc holds, per vector of 32 values and its 16 value pairs m (values 2m, 2m + 1), 32·(l pair
+ * sum) and 32·(h pair sum) interleaved, pairs in the order 0..3, 8..11, 4..7, 12..15 (the
+ * order AVX2's in-lane unpack of two 16-lane vectors gives): Q6_K's bias, 32·Σ a over a pair,
+ * split the same way (Σ (q - 32)·a = Σ q·a - 32·Σ a). */
+static inline void ds4n_sb_split_group(const int16_t *a, uint8_t *lo, int8_t *hi, int16_t *pc) {
+    static const int order[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    for (int j = 0; j < DS4N_INT_GROUP; j++) {
+        const int l = (uint16_t)a[j] & 0xff;
+        lo[j] = (uint8_t)l;
+        hi[j] = (int8_t)((a[j] - l) / 256);
+    }
+    for (int v = 0; v < DS4N_INT_GROUP / 32; v++)
+        for (int s = 0; s < 16; s++) {
+            const int j = 32 * v + 2 * order[s];
+            pc[32 * v + 2 * s] = (int16_t)(32 * (lo[j] + lo[j + 1]));
+            pc[32 * v + 2 * s + 1] = (int16_t)(32 * (hi[j] + hi[j + 1]));
+        }
+}
+
+/* The byte planes of limb k of token t (ds4n_xq.ab). */
+static inline uint8_t *ds4n_xq_lo(const struct ds4n_xq *xq, int64_t t, int k) {
+    return xq->ab + (t * (xq->limbs - 1) + k) * 4 * xq->lda;
+}
+static inline int8_t *ds4n_xq_hi(const struct ds4n_xq *xq, int64_t t, int k) {
+    return (int8_t *)(ds4n_xq_lo(xq, t, k) + xq->lda);
+}
+static inline int16_t *ds4n_xq_pc(const struct ds4n_xq *xq, int64_t t, int k) {
+    return (int16_t *)(ds4n_xq_lo(xq, t, k) + 2 * xq->lda);
+}
+
+/* A quantizer over ds4n_int_quantize_block, sb_group (ds4n_sb_quantize_group or a SIMD
+ * version of it) and sb_split (ds4n_sb_split_group or a SIMD version), compiled in each SIMD
+ * file with its flags (the steps are exact or correctly rounded, so every build gives the
+ * same limbs). */
+#define DS4N_INT_DEFINE_QUANTIZE(fname, sb_group, sb_split)                                    \
     void fname(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {                   \
         const int L = xq->limbs;                                                               \
         if (xq->sb) {                                                                          \
             const int64_t ng = xq->nb / 8;                                                     \
             for (int64_t t = t0; t < t1; t++)                                                  \
-                for (int64_t g = 0; g < ng; g++)                                               \
-                    sb_group(X + t * xq->K + g * DS4N_INT_GROUP, L,                            \
-                                           xq->a + t * (L - 1) * xq->lda + g * DS4N_INT_GROUP, \
-                                           xq->lda, xq->xs + t * ng + g,                       \
-                                           xq->asum + t * (L - 1) * xq->nb + 8 * g, xq->nb);   \
+                for (int64_t g = 0; g < ng; g++) {                                             \
+                    const int64_t o = g * DS4N_INT_GROUP;                                      \
+                    sb_group(X + t * xq->K + o, L, xq->a + t * (L - 1) * xq->lda + o, xq->lda, \
+                             xq->xs + t * ng + g, xq->asum + t * (L - 1) * xq->nb + 8 * g,     \
+                             xq->nb);                                                          \
+                    for (int k = 0; xq->ab && k < L - 1; k++)                                  \
+                        sb_split(xq->a + (t * (L - 1) + k) * xq->lda + o,                      \
+                                 ds4n_xq_lo(xq, t, k) + o, ds4n_xq_hi(xq, t, k) + o,           \
+                                 ds4n_xq_pc(xq, t, k) + o);                                    \
+                }                                                                              \
             return;                                                                            \
         }                                                                                      \
         for (int64_t t = t0; t < t1; t++)                                                      \

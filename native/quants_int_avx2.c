@@ -331,6 +331,88 @@ DS4N_INLINE void sb_fused(int type, const uint8_t *blk, const int16_t *a, int64_
     s1[0] = _mm256_add_epi32(c1[0], c1[2]), s1[1] = _mm256_add_epi32(c1[1], c1[3]);
 }
 
+/* The byte-split form of sb_fused (one token, T = 1): the activations as quants_int.h's byte
+ * planes (a = 256·h + l, l unsigned, h signed) and the weights as bytes, the codes alone
+ * (Q4_K 0..15, Q6_K 0..63) without their scales: per vector of 32 values and limb,
+ *   pl = VPMADDUBSW(l, c), ph = VPMADDUBSW(c, h)   int16 pair sums: lane m = values 2m, 2m+1;
+ *   VPMADDWD(unpack(pl, ph), (s, 256·s))            int32: s·(pl + 256·ph) = s·Σ c·a per pair,
+ * the unpack (in-lane: pairs 0..3, 8..11 then 4..7, 12..15) pairing each lane's l and h sums
+ * so that one VPMADDWD widens, applies the sub-block scale s and the 2^8 of h. Q6_K's codes
+ * carry a bias of 32, taken off before the widening: pl - 32·Σl and ph - 32·Σh over the pair
+ * (the planes' pc, in the unpack's order), so the sum is s·Σ (c - 32)·a as sb_weights' w.
+ * Bounds (no saturation, no wrap): pl <= 2·255·63 = 32130, |ph| <= 2·63·128 = 16128; Q6_K's
+ * pl - 32·Σl in [-16320, 32130], ph - 32·Σh in [-24320, 24194]; 256·s fits int16 (Q4_K s <= 63:
+ * 16128; Q6_K s in -128..127: -32768..32512). Every lane sum is the exact integer sb_fused
+ * gets, in another order of the (exact) additions; lanes come out permuted and are put back
+ * in order once per super-block. */
+DS4N_INLINE void sb_bytes_step(const __m256i c, const __m256i k, int q6, const uint8_t *lo,
+                               int64_t lda, const int16_t *pc, __m256i *X, __m256i *Y) {
+    const __m256i pl = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)lo), c);
+    const __m256i ph = _mm256_maddubs_epi16(c, _mm256_loadu_si256((const __m256i *)(lo + lda)));
+    __m256i u = _mm256_unpacklo_epi16(pl, ph), v = _mm256_unpackhi_epi16(pl, ph);
+    if (q6) { /* the bias: the pair sums of l and h, times 32, in the unpack's order */
+        u = _mm256_sub_epi16(u, _mm256_loadu_si256((const __m256i *)pc));
+        v = _mm256_sub_epi16(v, _mm256_loadu_si256((const __m256i *)(pc + 16)));
+    }
+    *X = _mm256_add_epi32(*X, _mm256_madd_epi16(u, k));
+    *Y = _mm256_add_epi32(*Y, _mm256_madd_epi16(v, k));
+}
+
+/* One token against one super-block in the byte form (above): ab is the token's limb-0
+ * low-byte plane (ds4n_xq_lo), o the group's first value; the lane sums as sb_fused's, in s0
+ * (lo, hi) and s1. */
+DS4N_INLINE void sb_fused_bytes(int type, const uint8_t *blk, const uint8_t *ab, int64_t o,
+                                int64_t lda, int nl, __m256i s0[2], __m256i s1[2], float *d,
+                                float *dmin, __m256i *m) {
+    const int16_t *pc = (const int16_t *)(ab + 2 * lda) + o;
+    ab += o;
+    __m256i X0 = _mm256_setzero_si256(), Y0 = X0, X1 = X0, Y1 = X0;
+#define SB_BSTEP(i, c, k, q6)                                                                  \
+    do {                                                                                       \
+        sb_bytes_step((c), (k), (q6), ab + 32 * (i), lda, pc + 32 * (i), &X0, &Y0);            \
+        if (nl == 2)                                                                           \
+            sb_bytes_step((c), (k), (q6), ab + 4 * lda + 32 * (i), lda, pc + 2 * lda + 32 * (i), \
+                          &X1, &Y1);                                                           \
+    } while (0)
+    if (type == DS4N_Q4_K) {
+        const block_q4_K *p = (const block_q4_K *)blk;
+        const uint64_t sc = q4k_scales(p, d, dmin, m);
+        const __m256i nib = _mm256_set1_epi8(0x0f);
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
+            const __m256i z = _mm256_loadu_si256((const __m256i *)(p->qs + 32 * q));
+            const int s0_ = (int)(sc >> (16 * q) & 0xff), s1_ = (int)(sc >> (16 * q + 8) & 0xff);
+            /* (s, 256·s) as one int32: s + 2^24·s, s <= 63 */
+            SB_BSTEP(2 * q, _mm256_and_si256(z, nib), _mm256_set1_epi32(s0_ | s0_ << 24), 0);
+            SB_BSTEP(2 * q + 1, _mm256_and_si256(_mm256_srli_epi16(z, 4), nib),
+                     _mm256_set1_epi32(s1_ | s1_ << 24), 0);
+        }
+    } else { /* DS4N_Q6_K */
+        const block_q6_K *p = (const block_q6_K *)blk;
+        *d = _cvtsh_ss(p->d);
+        *dmin = 0.0f;
+        *m = _mm256_setzero_si256();
+        /* (s, 256·s) of the 16 scales as int32, in the unpack's order: kl holds scales
+         * 0..3 | 8..11, kh 4..7 | 12..15 */
+        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p->scales));
+        const __m256i t16 = _mm256_slli_epi16(s16, 8);
+        const __m256i kl = _mm256_unpacklo_epi16(s16, t16), kh = _mm256_unpackhi_epi16(s16, t16);
+        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
+            __m256i q[4];
+            q6k_codes(p, h, q);
+            _Pragma("GCC unroll 4") for (int r = 0; r < 4; r++) {
+                /* scales v = 8h + 2r (values 16v ..) and v + 1: lanes of kl (v % 8 < 4) or kh */
+                const int v = 8 * h + 2 * r, at = 4 * (v / 8) + v % 4;
+                const __m256i idx = _mm256_setr_epi32(at, at, at, at, at + 1, at + 1, at + 1, at + 1);
+                SB_BSTEP(4 * h + r, q[r], _mm256_permutevar8x32_epi32(v % 8 < 4 ? kl : kh, idx), 1);
+            }
+        }
+    }
+#undef SB_BSTEP
+    /* X holds lanes 0..3 | 8..11, Y 4..7 | 12..15 */
+    s0[0] = _mm256_permute2x128_si256(X0, Y0, 0x20), s0[1] = _mm256_permute2x128_si256(X0, Y0, 0x31);
+    s1[0] = _mm256_permute2x128_si256(X1, Y1, 0x20), s1[1] = _mm256_permute2x128_si256(X1, Y1, 0x31);
+}
+
 /* ds4n_sb_group_ref's float steps, in its order, from the lane sums s0 (limb 0) and s1. */
 DS4N_INLINE void sb_float(int type, const __m256i s0[2], const __m256i s1[2], int nl, float d,
                           float dmin, __m256i m, float xs, const int32_t *as, int64_t nb,
@@ -354,9 +436,22 @@ DS4N_INLINE void sb_float(int type, const __m256i s0[2], const __m256i s1[2], in
     }
 }
 
-/* One token against super-block blk (unpacked as used), into lo and hi. */
-DS4N_INLINE void sb_token1(int type, const uint8_t *blk, const int16_t *a, int64_t lda, int nl,
-                           float xs, const int32_t *as, int64_t nb, __m256 *lo, __m256 *hi) {
+/* One token against super-block blk (unpacked as used, in the byte form: ab, the token's
+ * limb-0 low-byte plane, o the group's first value), into lo and hi. */
+DS4N_INLINE void sb_token1(int type, const uint8_t *blk, const uint8_t *ab, int64_t o, int64_t lda,
+                           int nl, float xs, const int32_t *as, int64_t nb, __m256 *lo, __m256 *hi) {
+    __m256i s0[2], s1[2], m;
+    float d, dmin;
+    sb_fused_bytes(type, blk, ab, o, lda, nl, s0, s1, &d, &dmin, &m);
+    sb_float(type, s0, s1, nl, d, dmin, m, xs, as, nb, lo, hi);
+}
+
+/* One token against super-block blk from the int16 limbs (a at the group): a prefill chunk's
+ * lone token, whose xq has no byte planes (ds4n_xq_init makes them for decode and small
+ * batches only). */
+DS4N_INLINE void sb_token1_int16(int type, const uint8_t *blk, const int16_t *a, int64_t lda,
+                                 int nl, float xs, const int32_t *as, int64_t nb, __m256 *lo,
+                                 __m256 *hi) {
     __m256i s0[2], s1[2], m;
     float d, dmin;
     sb_fused(type, blk, a, lda, nl, s0, s1, &d, &dmin, &m);
@@ -382,10 +477,19 @@ DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq,
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     if (T == 1) { /* one token: the weights unpacked as they are used */
         for (int64_t g = g0; g < g1; g++)
-            sb_token1(type, w + g * bb, xq->a + t0 * nl * xq->lda + g * DS4N_INT_GROUP, xq->lda, nl,
-                      xq->xs[t0 * ng + g], xq->asum + t0 * nl * nb + 8 * g, nb, &lo[0], &hi[0]);
+            if (xq->ab)
+                sb_token1(type, w + g * bb, ds4n_xq_lo(xq, t0, 0), g * DS4N_INT_GROUP, xq->lda, nl,
+                          xq->xs[t0 * ng + g], xq->asum + t0 * nl * nb + 8 * g, nb, &lo[0], &hi[0]);
+            else
+                sb_token1_int16(type, w + g * bb, xq->a + t0 * nl * xq->lda + g * DS4N_INT_GROUP,
+                                xq->lda, nl, xq->xs[t0 * ng + g], xq->asum + t0 * nl * nb + 8 * g,
+                                nb, &lo[0], &hi[0]);
         return;
     }
+    /* Several tokens: the int16 products, the weights unpacked once (16 vectors of code·scale)
+     * for all. The byte form was measured slower here (docs/integer-path.md): per token it
+     * takes two VPMADDUBSW, two unpacks and two VPMADDWD where the int16 form takes two
+     * VPMADDWD, and its saving, the weights' unpacking, is shared by the tokens anyway. */
     for (int64_t g = g0; g < g1; g++) {
         __m256i W[16], m;
         float d, dmin;
@@ -436,9 +540,13 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     __m256 lo[DS4N_MV_ROWS], hi[DS4N_MV_ROWS];
     for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
+    if (!xq->ab) { /* not from the engine (decode's xq has the planes): row by row */
+        for (int r = 0; r < R; r++) sb_row(type, w + r * stride, xq, 0, y + r, 1, 1);
+        return;
+    }
     for (int64_t g = 0; g < ng; g++)
         for (int r = 0; r < R; r++)
-            sb_token1(type, w + r * stride + g * bb, xq->a + g * DS4N_INT_GROUP, xq->lda, nl,
+            sb_token1(type, w + r * stride + g * bb, ds4n_xq_lo(xq, 0, 0), g * DS4N_INT_GROUP, xq->lda, nl,
                       xq->xs[g], xq->asum + 8 * g, nb, &lo[r], &hi[r]);
     for (int r = 0; r < R; r++) y[r] = hsum16(lo[r], hi[r]);
 }
@@ -687,6 +795,27 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
 #undef RN
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group)
+/* ds4n_sb_split_group in vectors: the same bytes and pair sums (the unpack here is the
+ * kernels' unpack, so pc comes out in their order). */
+static void sb_split_group(const int16_t *a, uint8_t *lo, int8_t *hi, int16_t *pc) {
+    const __m256i ff = _mm256_set1_epi16(0xff), ones = _mm256_set1_epi8(1);
+    for (int i = 0; i < DS4N_INT_GROUP / 32; i++) {
+        const __m256i a0 = _mm256_loadu_si256((const __m256i *)(a + 32 * i));
+        const __m256i a1 = _mm256_loadu_si256((const __m256i *)(a + 32 * i + 16));
+        /* packs work per 128-bit lane: the qword permute puts the 32 bytes in order */
+        const __m256i l = _mm256_permute4x64_epi64(
+            _mm256_packus_epi16(_mm256_and_si256(a0, ff), _mm256_and_si256(a1, ff)), 0xd8);
+        const __m256i h = _mm256_permute4x64_epi64(
+            _mm256_packs_epi16(_mm256_srai_epi16(a0, 8), _mm256_srai_epi16(a1, 8)), 0xd8);
+        _mm256_storeu_si256((__m256i *)(lo + 32 * i), l);
+        _mm256_storeu_si256((__m256i *)(hi + 32 * i), h);
+        const __m256i lp = _mm256_slli_epi16(_mm256_maddubs_epi16(l, ones), 5);
+        const __m256i hp = _mm256_slli_epi16(_mm256_maddubs_epi16(ones, h), 5);
+        _mm256_storeu_si256((__m256i *)(pc + 32 * i), _mm256_unpacklo_epi16(lp, hp));
+        _mm256_storeu_si256((__m256i *)(pc + 32 * i + 16), _mm256_unpackhi_epi16(lp, hp));
+    }
+}
+
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group, sb_split_group)
 
 DS4N_INT_DEFINE_SET(ds4n_int_avx2);

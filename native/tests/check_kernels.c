@@ -186,14 +186,60 @@ static void check_small_batch(int i, int simd, ds4n_pool *pool, int64_t K, int64
  * with remainders of rows and tokens; 260 tokens: more than a tile chunk). K: a part group at
  * a row's end (a lone block, three blocks) for the 32-value types, a part slice for the
  * K-quants. Outliers in the activations, as residual streams have, so the scales differ. */
-static void check_int(int i, int simd, ds4n_pool *pool, int64_t K, int64_t rows, int limbs) {
+/* The super-block format's extremes (extremes = 1): activations x = v / 2^14 with each 256-value
+ * group's first |v| just under 2^15, so the group's scale is 2^-14 and every other value's
+ * limb 0 is v rounded (limb 1, with three limbs, v's fraction times 2^7): the clamp's ±32767,
+ * the values whose low byte is 0x80 or 0xff (where a split into two signed bytes, or a high
+ * byte taken as (a + 128) / 256, would leave int8), 0, ±1, ±255, ±256 and random ones; and
+ * weights at their extremes in the first rows: Q4_K's codes 15 under the scales and mins 63,
+ * Q6_K's codes 63 under the scale -128, codes 0 (weight -32) under 127, codes 63 under 127:
+ * every bound of the byte split's VPMADDUBSW pair sums (quants_int_avx2.c) is reached. No |v|
+ * reaches 2^15: the group's scale would double, and its values halve. */
+static const float SB_EXTREMES[] = {32767.99f, -32767.99f, 32767.0f, -32767.0f, 32640.0f,
+                                    32639.6f, 32767.4f, -32640.0f, -32641.0f, -32513.0f,
+                                    -32512.6f, 255.0f, 256.0f, -256.0f, -255.0f,
+                                    -1.0f, 1.0f, 0.0f, 128.0f, -128.0f, -129.0f, 127.5f,
+                                    16383.7f, -16384.3f, 32000.25f, -31999.75f, 383.0f};
+
+static void extreme_activations(float *X, int64_t n) {
+    const int ne = (int)(sizeof SB_EXTREMES / sizeof *SB_EXTREMES);
+    for (int64_t k = 0; k < n; k++) {
+        float v;
+        if (k % 256 == 0) v = (rnd() & 1) ? 32767.99f : -32767.99f;
+        else if (rnd() % 4) v = SB_EXTREMES[rnd() % (uint32_t)ne];
+        else v = (float)((int32_t)(rnd() % 65535) - 32767) + (float)(rnd() % 128) / 128.0f;
+        X[k] = v * 0x1p-14f;
+    }
+}
+
+static void extreme_weights(int type, uint8_t *w, int64_t rows, int64_t row_bytes) {
+    const int64_t bb = ds4n_type_block_bytes(type);
+    for (int64_t r = 0; r < rows && r < 3; r++)
+        for (uint8_t *blk = w + r * row_bytes; blk < w + (r + 1) * row_bytes; blk += bb) {
+            if (type == DS4N_Q4_K) { /* d, dmin, 12 scale bytes, 128 code bytes */
+                memset(blk + 4, 0xff, 12 + 128);
+                continue;
+            }
+            /* Q6_K: 128 low-nibble bytes, 64 high-bit bytes, 16 int8 scales, d */
+            memset(blk, r == 1 ? 0x00 : 0xff, 128 + 64);
+            memset(blk + 192, r == 0 ? 0x80 : 0x7f, 16);
+        }
+}
+
+static void check_int(int i, int simd, ds4n_pool *pool, int64_t K, int64_t rows, int limbs,
+                      int extremes) {
     enum { TMAX = 260 };
     static const int64_t token_counts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 70, TMAX};
     int64_t row_bytes;
     uint8_t *w = random_weights(i, rows, K, &row_bytes);
     float *X = malloc(sizeof(float) * TMAX * (size_t)K);
     float *Ys = malloc(sizeof(float) * TMAX * (size_t)rows), *Yf = malloc(sizeof(float) * TMAX * (size_t)rows);
-    for (int64_t k = 0; k < TMAX * K; k++) X[k] = rnd_float() * (rnd() % 97 == 0 ? 40.0f : 1.0f);
+    if (extremes) {
+        extreme_activations(X, TMAX * K);
+        extreme_weights(TYPES[i].type, w, rows, row_bytes);
+    } else {
+        for (int64_t k = 0; k < TMAX * K; k++) X[k] = rnd_float() * (rnd() % 97 == 0 ? 40.0f : 1.0f);
+    }
     ds4n_pool_set_precision(pool, limbs);
     for (size_t c = 0; c < sizeof token_counts / sizeof *token_counts; c++) {
         const int64_t T = token_counts[c];
@@ -204,8 +250,9 @@ static void check_int(int i, int simd, ds4n_pool *pool, int64_t K, int64_t rows,
         for (int64_t j = 0; j < T * rows; j++)
             if (memcmp(&Yf[j], &Ys[j], 4) != 0) {
                 char what[96];
-                snprintf(what, sizeof what, "int%d (K %d, %d rows, T=%d, token %d row %d)", limbs,
-                         (int)K, (int)rows, (int)T, (int)(j / rows), (int)(j % rows));
+                snprintf(what, sizeof what, "int%d%s (K %d, %d rows, T=%d, token %d row %d)", limbs,
+                         extremes ? " extremes" : "", (int)K, (int)rows, (int)T, (int)(j / rows),
+                         (int)(j % rows));
                 fail(what, TYPES[i].name, Yf[j], Ys[j]);
                 break;
             }
@@ -282,8 +329,12 @@ int main(void) {
             for (int k = 0; k < nk; k++)
                 for (size_t r = 0; r < sizeof row_counts / sizeof *row_counts; r++)
                     for (int limbs = 2; limbs <= 3; limbs++) {
-                        check_int(i, simd, pool1, ks[k], row_counts[r], limbs);
-                        check_int(i, simd, pool, ks[k], row_counts[r], limbs);
+                        check_int(i, simd, pool1, ks[k], row_counts[r], limbs, 0);
+                        check_int(i, simd, pool, ks[k], row_counts[r], limbs, 0);
+                        /* the extremes on the long rows only (decode's rows kernels, a
+                         * part slice): check-neon runs this under qemu in make test */
+                        if (super && k > 0 && row_counts[r] == 19)
+                            check_int(i, simd, pool1, ks[k], row_counts[r], limbs, 1);
                     }
         }
         check_mxfp4_exponents(simd);

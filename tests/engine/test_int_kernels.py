@@ -187,3 +187,31 @@ def test_super_block_sums_at_their_bound_do_not_overflow(qtype: str, precision: 
             got = run(pool, precision, qtype, raw, 2, K, X, level)
             exact = X.astype(np.float64) @ W.T
             assert np.allclose(got, exact, rtol=rtol, atol=rtol * np.abs(W).sum()), (level, got)
+
+
+# Limb-0 values (units of the group's scale 2^-14) at the byte split's edges (AVX2 decodes
+# the K-quants on a = 256·h + l, l the low byte unsigned, h the high byte signed): the clamp
+# (32767.99 rounds to 2^15 and clamps to 2^15 - 1), low bytes 0x80 and 0xff near both ends
+# (where two signed bytes, or a high byte rounded instead of floored, leave int8), ±255,
+# ±256, ±1, 0, and fractions for int3's second limb.
+EDGES = [32767.99, -32767.99, 32767.0, -32767.0, 32640.0, 32639.6, 32767.4, -32640.0,
+         -32641.0, -32513.0, -32512.6, 255.0, 256.0, -256.0, -255.0, -1.0, 1.0, 0.0, 128.0,
+         -128.0, -129.0, 127.5, 16383.7, -16384.3, 383.0]  # fmt: skip
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_super_block_activations_at_the_byte_split_edges(
+    qtype: str, precision: str, pool: native.Pool
+) -> None:
+    rng = np.random.default_rng(6)
+    rows, K = 7, 1280
+    raw = random_weights(qtype, rows, K, rng)
+    V = rng.choice(np.array(EDGES, np.float32), size=(9, K))
+    V[:, ::256] = 32767.99 * rng.choice([-1.0, 1.0], size=(9, K // 256))  # each group's scale 2^-14
+    X = (V * 2.0**-14).astype(np.float32)
+    for T in (1, 2, 5, 9):
+        want = run(pool, precision, qtype, raw, rows, K, X[:T], native.SIMD_SCALAR)
+        for level in LEVELS:
+            got = run(pool, precision, qtype, raw, rows, K, X[:T], level)
+            assert got.tobytes() == want.tobytes(), (native.SIMD_NAMES[level], T)
