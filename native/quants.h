@@ -81,6 +81,16 @@ static inline void ds4n_k_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_
     }
 }
 
+/* All eight pairs of ds4n_k_scale_min at once, four bytes at a time: the scales in *sc and
+ * the mins in *mn, pair j in byte j (the SIMD levels' Q4_K unpacking). */
+static inline void ds4n_k_scale_min8(const uint8_t *s, uint64_t *sc, uint64_t *mn) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
+    *sc = (uint64_t)(a & 0x3f3f3f3f) | (uint64_t)((c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4) << 32;
+    *mn = (uint64_t)(b & 0x3f3f3f3f) |
+          (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4) << 32;
+}
+
 /* dequant_q4_K and dequant_q5_K over a kernel sub32(d, dmin, scales, qs, qh or NULL, y) that
  * expands one super-block: the two types differ only in Q5_K's fifth bits. */
 #define DS4N_DEFINE_Q45_K_DEQUANT(sub32)                                      \

@@ -202,13 +202,8 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
 
 /* Q4_K's d, dmin and 8 mins (as int32 in m); returns the 8 six-bit scales, a byte each. */
 DS4N_INLINE uint64_t q4k_scales(const block_q4_K *p, float *d, float *dmin, __m256i *m) {
-    uint32_t a, b, c;
-    memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
-    /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
-    const uint64_t sc = (uint64_t)(a & 0x3f3f3f3f) |
-                        (uint64_t)((c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4) << 32;
-    const uint64_t mn = (uint64_t)(b & 0x3f3f3f3f) |
-                        (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4) << 32;
+    uint64_t sc, mn;
+    ds4n_k_scale_min8(p->scales, &sc, &mn);
     *d = _cvtsh_ss(p->d);
     *dmin = _cvtsh_ss(p->dmin);
     *m = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));

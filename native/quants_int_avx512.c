@@ -139,13 +139,8 @@ DS4N_INLINE void sb_weights(int type, const uint8_t *blk, __m512i w[8], float *d
                             __m512i *m) {
     if (type == DS4N_Q4_K) {
         const block_q4_K *p = (const block_q4_K *)blk;
-        uint32_t a, b, c;
-        memcpy(&a, p->scales, 4), memcpy(&b, p->scales + 4, 4), memcpy(&c, p->scales + 8, 4);
-        /* the 6-bit pairs of ds4n_k_scale_min, four bytes at a time */
-        const uint64_t sc = (uint64_t)(a & 0x3f3f3f3f) |
-                            (uint64_t)((c & 0x0f0f0f0f) | ((a >> 6) & 0x03030303) << 4) << 32;
-        const uint64_t mn = (uint64_t)(b & 0x3f3f3f3f) |
-                            (uint64_t)(((c >> 4) & 0x0f0f0f0f) | ((b >> 6) & 0x03030303) << 4) << 32;
+        uint64_t sc, mn;
+        ds4n_k_scale_min8(p->scales, &sc, &mn);
         *d = _cvtsh_ss(p->d);
         *dmin = _cvtsh_ss(p->dmin);
         *m = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mn));
