@@ -13,9 +13,11 @@ a worker thread (the event loop never waits on the engine):
 - plus at most one prefill call (a chunk of one C call sized by engine time:
   ds4d.serving.chunking, or a rewind, a disk load, a checkpoint: ds4d.state.sync) of the
   request first in priority order: "completion" before "chat" before "background", and
-  round robin within a priority; when no request has one, a chunk of a decoding request's
-  draft-model session catching up with its slot (a new prompt: ds4d.serving.draft), under
-  the same budget, so a draft model's prompt is not evaluated inside a decode step.
+  round robin within a priority (a request whose prompt is all in goes first: its first
+  token does not wait for another prompt's chunk); when no request has one, a chunk of a
+  decoding request's draft-model session catching up with its slot (a new prompt:
+  ds4d.serving.draft), under the same budget, so a draft model's prompt is not evaluated
+  inside a decode step.
 
 Fairness: a prefill chunk earns the decoding requests as much engine time as it took
 (its credit); while that lasts, steps decode only, so a generating request gets a burst
@@ -117,6 +119,11 @@ class Work:
     @property
     def priority(self) -> Priority:
         return self.prepared.request.priority
+
+    @property
+    def prompt_in(self) -> bool:
+        """Its prompt's chunks are all evaluated (what is left is no chunk)."""
+        return self.sync is not None and self.sync.evaluating and self.sync.remaining() == 0
 
 
 class LoopHooks(Protocol):
@@ -353,8 +360,11 @@ class EngineLoop:
             # before the next prefill call is picked: it takes its turn in the round, not
             # one chunk later.
             return decodes, None
+        # Round robin within a priority, except that a request whose chunks are all in
+        # goes first: what it has left (a save at a stop, keeping its state, the switch to
+        # decoding) is no chunk, and its first token should not wait for another prompt's.
         waiting = sorted((w for w in self._active if w.phase == Phase.PREFILL),
-                         key=lambda w: (RANK[w.priority], w.served, w.seq))  # fmt: skip
+                         key=lambda w: (RANK[w.priority], not w.prompt_in, w.served, w.seq))  # fmt: skip
         for w in waiting:
             sync = w.sync
             assert sync is not None and w.slot is not None

@@ -5,7 +5,8 @@ MockClock (autojump); times are engine seconds on the fake's clock, so every bou
 exact whatever the machine's speed and load.
 
 The guarantees: a completion-priority request arriving during a long prefill gets its
-first token within one chunk budget, and its chunks go before other prefills; a
+first token within one chunk budget, and its chunks go before other prefills; a short chat
+prompt's first token comes right after its one chunk, before the long prefill goes on; a
 cancellation takes effect at the next step; a newer request with the same supersede key
 cancels the older one; completion and chat slots never evict each other; decoding
 requests advance in one batch per step, in bursts between another's prefill chunks, and
@@ -94,6 +95,39 @@ def test_a_completion_arriving_during_a_6000_token_prefill_gets_its_first_token_
     assert all(p.end - p.start <= TARGET_S + 1e-9 for p in long_chunks)  # one budget each
     # only the chunk in flight when it arrived ran before its first token
     after = [p for p in long_chunks if p.end > quick.submitted_at and p.start < first]
+    assert len(after) <= 1, after
+
+
+def test_a_short_chat_prompt_gets_its_first_token_before_the_long_prefill_goes_on(engine, compute):
+    """Round robin between two chat prefills: the short prompt's one chunk comes after the
+    long prompt's chunk in flight, and its first token in the step after, before the long
+    prompt's next chunk (once its prompt is in, it decodes; it does not wait its turn)."""
+    server = make_server(engine, compute, slots=2)
+    long, short = Reading(), Reading()
+    own_prefill = 24
+
+    async def body() -> None:
+        async with trio.open_nursery() as nursery:
+            deep = trio.Event()
+            token = trio.lowlevel.current_trio_token()
+
+            def on_pass(p: Pass) -> None:  # engine thread: a chunk 3000 tokens in
+                if not deep.is_set() and p.start >= 3000 * compute.prefill_s:
+                    trio.from_thread.run_sync(deep.set, trio_token=token)
+
+            compute.on_pass = on_pass
+            nursery.start_soon(read, server, request(prompt(6000, 1, compute), 4), compute, long)
+            await deep.wait()
+            await read(server, request(prompt(own_prefill, 2, compute), 4), compute, short)
+            nursery.cancel_scope.cancel()
+
+    run_virtual(lambda: with_server(server, body))
+    first = short.first_token_at
+    assert first is not None and short.finish == Finish("length")
+    bound = TARGET_S + own_prefill * compute.prefill_s + compute.decode_s
+    assert first - short.submitted_at <= bound + 1e-9, (first - short.submitted_at, bound)
+    long_chunks = [p for p in compute.passes if sum(p.tokens) > own_prefill]
+    after = [p for p in long_chunks if p.end > short.submitted_at and p.start < first]
     assert len(after) <= 1, after
 
 
