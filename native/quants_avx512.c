@@ -485,4 +485,7 @@ DS4N_ROWS_KERNEL(q6_K_R, rows_q6_body, 0)
 #define cols_q6_body(unused, ...) cols_q6(__VA_ARGS__)
 DS4N_COLS_KERNEL(q6_K_T, cols_q6_body, 0)
 
-DS4N_DEFINE_KERNEL_SET(ds4n_avx512_set, ds4n_tile_avx512, DS4N_TILE_COLS_MAX, 0)
+/* hw_prefetch: on Zen 4 the hand prefetch of short rows (matmul.c) measured 5-23 % slower than
+ * the hardware prefetchers alone, as on Zen 3 (docs/benchmarks-real-sizes.md, "Decode at the
+ * bound on Zen 4"). */
+DS4N_DEFINE_KERNEL_SET(ds4n_avx512_set, ds4n_tile_avx512, DS4N_TILE_COLS_MAX, 1)
