@@ -483,6 +483,7 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
         const __m256 bsum8 = _mm256_maskz_loadu_ps(blocks, xq->bsum + gi * 8);
         for (int r = 0; r < R; r++) {
             const uint8_t *grp = w + r * stride + gi * gb;
+            ds4n_prefetch_ahead(grp, gb);
             __m256 ws8, mb8;
             group_scales(type, grp, n, &ws8, &mb8);
             const __m512 S = _mm512_castps256_ps512(_mm256_mul_ps(ws8, xs8));
