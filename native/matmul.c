@@ -69,6 +69,15 @@ static int64_t prefetch_rows(int64_t row_bytes) {
                : 0;
 }
 
+/* The same for the integer path: the super-block types as prefetch_rows says; the block
+ * formats (Q8_0, Q4_0, Q4_1) fetch rows of at most PREFETCH_ROW_MAX by hand on every level,
+ * one row at a time, since their rows kernel measured slower on such rows (Zen 4, AVX-512:
+ * int2 Q4_1 576 x 1536, 960-byte rows, 0.75-0.92x). */
+static int64_t int_prefetch_rows(int sb, int64_t row_bytes) {
+    return sb ? prefetch_rows(row_bytes)
+              : row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
+}
+
 static int uses_rows_kernel(const struct ds4n_row_kernels *k, int64_t K) {
     return k->rows && K % QK == 0 && K / QK <= XSUM_MAX;
 }
@@ -372,15 +381,15 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
         ds4n_xq_init(&xq, buf, limbs, sb, m->K, tc);
         ds4n_xq_quantize(&xq, m->X + t0 * m->K, 0, tc);
         float *Y = m->Y + t0 * m->rows;
-        const ds4n_int_rows_fn rows =
-            m->T == 1 && !prefetch_rows(row_bytes) ? ds4n_active_int_rows(m->type) : NULL;
+        const int64_t ahead = int_prefetch_rows(sb, row_bytes);
+        const ds4n_int_rows_fn rows = m->T == 1 && !ahead ? ds4n_active_int_rows(m->type) : NULL;
         if (rows) {
             int_decode_rows(m, rows, &xq, r0, r1);
             continue;
         }
         if (tc <= DS4N_SMALL_T) {
             const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS;
-            const int64_t len = n / streams, ahead = prefetch_rows(row_bytes);
+            const int64_t len = n / streams;
             for (int64_t j = 0; j < len; j++)
                 for (int64_t s = 0; s < streams; s++) {
                     const int64_t r = r0 + s * len + j;
