@@ -60,12 +60,22 @@ static void block_sums(const float *x, int64_t nb, float *xsum) {
  * give each worker a few hundred short rows in DS4N_MV_ROWS streams: the decode paths also
  * fetch each stream's row PREFETCH_BYTES ahead by hand. Long rows are left to the hardware:
  * a burst of prefetches per row measured slower there; so is every row on a level whose set
- * says so (hw_prefetch: AVX2, where the prefetches measured slower at every row length).
+ * says so (hw_prefetch: AVX2 on Zen 3 and AVX-512 on Zen 4, where the prefetches measured
+ * slower at every row length).
  * Returns how many rows ahead (0: none). */
 static int64_t prefetch_rows(int64_t row_bytes) {
     return !ds4n_active_hw_prefetch() && row_bytes <= PREFETCH_ROW_MAX
                ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes
                : 0;
+}
+
+/* The same for the integer path: the super-block types as prefetch_rows says; the block
+ * formats (Q8_0, Q4_0, Q4_1) fetch rows of at most PREFETCH_ROW_MAX by hand on every level,
+ * one row at a time, since their rows kernel measured slower on such rows (Zen 4, AVX-512:
+ * int2 Q4_1 576 x 1536, 960-byte rows, 0.75-0.92x). */
+static int64_t int_prefetch_rows(int sb, int64_t row_bytes) {
+    return sb ? prefetch_rows(row_bytes)
+              : row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
 }
 
 static int uses_rows_kernel(const struct ds4n_row_kernels *k, int64_t K) {
@@ -320,10 +330,11 @@ static void sb_panels(const struct matmul_job *m, const struct ds4n_xq *xq, int6
  * hw_prefetch level): DS4N_MV_ROWS streams, each a contiguous run of rows, read in step as
  * matvec_rows reads them. Row by row, a long row is one stream at a time: the down
  * projections (K 8192-8960) ran at 9 GB/s a core that way against 13-14 in step
- * (scripts/figures/decode_matvecs.c). Short rows stay row by row with their prefetch, which
- * measured 8-10% faster than a burst of prefetches for four rows at once (AVX-512); on AVX2
+ * (scripts/figures/decode_matvecs.c). Short rows on a level that prefetches by hand (NEON,
+ * scalar) stay row by row with their prefetch, which measured 8-10% faster than a burst of
+ * prefetches for four rows at once (AVX-512, before it left rows to the hardware); on AVX2
  * the 1.5B's 864-byte Q4_K rows ran 1.08-1.09x in step without prefetch than row by row
- * with it.
+ * with it, and 1.10x on AVX-512 (Zen 4).
  * Each y is bitwise the one-row kernel's (the rows kernel's contract). */
 static void int_decode_rows(const struct matmul_job *m, ds4n_int_rows_fn rows,
                             const struct ds4n_xq *xq, int64_t r0, int64_t r1) {
@@ -370,15 +381,15 @@ static int int_rows(const struct matmul_job *m, ds4n_int_fn kern, int limbs, int
         ds4n_xq_init(&xq, buf, limbs, sb, m->K, tc);
         ds4n_xq_quantize(&xq, m->X + t0 * m->K, 0, tc);
         float *Y = m->Y + t0 * m->rows;
-        const ds4n_int_rows_fn rows =
-            m->T == 1 && !prefetch_rows(row_bytes) ? ds4n_active_int_rows(m->type) : NULL;
+        const int64_t ahead = int_prefetch_rows(sb, row_bytes);
+        const ds4n_int_rows_fn rows = m->T == 1 && !ahead ? ds4n_active_int_rows(m->type) : NULL;
         if (rows) {
             int_decode_rows(m, rows, &xq, r0, r1);
             continue;
         }
         if (tc <= DS4N_SMALL_T) {
             const int64_t n = r1 - r0, streams = n < DS4N_MV_ROWS ? n : DS4N_MV_ROWS;
-            const int64_t len = n / streams, ahead = prefetch_rows(row_bytes);
+            const int64_t len = n / streams;
             for (int64_t j = 0; j < len; j++)
                 for (int64_t s = 0; s < streams; s++) {
                     const int64_t r = r0 + s * len + j;

@@ -21,4 +21,18 @@ DS4N_PREFETCH_FN ds4n_prefetch_l2(const void *p, int64_t bytes) {
     for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 2);
 }
 
+/* A decode rows kernel's lead within each of its row streams: before a block of every row
+ * is decoded, the block that far ahead in the same stream is requested (a stream is a run of
+ * consecutive rows, so "ahead" runs on into the next rows). With two cores streaming, the
+ * hardware prefetchers alone left the AVX-512 kernels waiting on memory (Zen 4: 1.03-1.49x
+ * with it on two threads, about 1.0x on one; docs/benchmarks-real-sizes.md, "Decode at the
+ * bound on Zen 4"). 0: none. Addresses past the matrix are harmless: a prefetch never
+ * faults. */
+#ifndef DS4N_STREAM_AHEAD
+#define DS4N_STREAM_AHEAD 1024
+#endif
+DS4N_PREFETCH_FN ds4n_prefetch_ahead(const void *block, int64_t bytes) {
+    if (DS4N_STREAM_AHEAD > 0) ds4n_prefetch_l1((const char *)block + DS4N_STREAM_AHEAD, bytes);
+}
+
 #endif

@@ -7,6 +7,7 @@
  * low: bytes go to 32-bit lanes straight from memory (one p5 op per 16 codes), nibbles are
  * split with AND and shift (either port), the Q5 fifth bits and IQ2 signs are applied under
  * mask registers, and 4-bit lookup tables are one lane permute per 16 codes. */
+#include "prefetch.h"
 #include "quants_avx512.h"
 #include "iq2xxs_tables.h"
 #include "nibble_tables.h"
@@ -329,6 +330,7 @@ DS4N_INLINE void rows_k45(int five, const void *w, int64_t row_stride, const flo
     for (int64_t i = 0; i < n / QK_K; i++, p += bb, x += QK_K, xsum += 8) {
         const __m512 xs = k45_xsums(xsum);
         for (int r = 0; r < R; r++) {
+            ds4n_prefetch_ahead(p + r * row_stride, (int64_t)bb);
             const __m512 v = k45_scale_mins(p + r * row_stride);
             accm[r] = k45_min_fma(v, xs, accm[r]);
             k45_park(sm[r], v);
@@ -428,6 +430,7 @@ DS4N_INLINE void rows_q6(const void *w, int64_t row_stride, const float *x, cons
     for (int64_t i = 0; i < n / QK_K; i++, p += sizeof(block_q6_K), x += QK_K) {
         for (int r = 0; r < R; r++) {
             const block_q6_K *b = (const block_q6_K *)(p + r * row_stride);
+            ds4n_prefetch_ahead(b, (int64_t)sizeof(block_q6_K));
             k45_park(sc[r], q6_scales(b));
             q6_bytes(b, codes[r]);
         }
@@ -485,4 +488,7 @@ DS4N_ROWS_KERNEL(q6_K_R, rows_q6_body, 0)
 #define cols_q6_body(unused, ...) cols_q6(__VA_ARGS__)
 DS4N_COLS_KERNEL(q6_K_T, cols_q6_body, 0)
 
-DS4N_DEFINE_KERNEL_SET(ds4n_avx512_set, ds4n_tile_avx512, DS4N_TILE_COLS_MAX, 0)
+/* hw_prefetch: on Zen 4 the hand prefetch of short rows (matmul.c) measured 5-23 % slower than
+ * the hardware prefetchers alone, as on Zen 3 (docs/benchmarks-real-sizes.md, "Decode at the
+ * bound on Zen 4"). */
+DS4N_DEFINE_KERNEL_SET(ds4n_avx512_set, ds4n_tile_avx512, DS4N_TILE_COLS_MAX, 1)

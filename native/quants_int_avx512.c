@@ -6,6 +6,7 @@
  * T tokens of a call (batched decode and prefill tiles), the only difference from T = 1. */
 #include <immintrin.h>
 
+#include "prefetch.h"
 #include "quants_int.h"
 #include "quants_simd.h"
 
@@ -303,6 +304,7 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
         for (int r = 0; r < R; r++) {
             __m512i W[8], m;
             float d, dmin;
+            ds4n_prefetch_ahead(w + r * stride + g * bb, bb);
             sb_weights(type, w + r * stride + g * bb, W, &d, &dmin, &m);
             __m512 f = _mm512_cvtepi32_ps(sb_dot(W, a, 2));
             if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + xq->lda, 2)), third, f);
@@ -481,6 +483,7 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
         const __m256 bsum8 = _mm256_maskz_loadu_ps(blocks, xq->bsum + gi * 8);
         for (int r = 0; r < R; r++) {
             const uint8_t *grp = w + r * stride + gi * gb;
+            ds4n_prefetch_ahead(grp, gb);
             __m256 ws8, mb8;
             group_scales(type, grp, n, &ws8, &mb8);
             const __m512 S = _mm512_castps256_ps512(_mm256_mul_ps(ws8, xs8));

@@ -6,7 +6,7 @@
  * the same logits.
  *
  *   cc -O2 -I native -o /tmp/decode_ab scripts/figures/decode_ab.c -ldl
- *   /tmp/decode_ab A/libds4n.so B/libds4n.so 1.5b|1.7b THREADS LIMBS TOKENS
+ *   /tmp/decode_ab A/libds4n.so B/libds4n.so 1.5b|1.7b|8b THREADS LIMBS TOKENS
  *
  * One thread: its CPU time; more: wall time. */
 #include <dlfcn.h>
@@ -97,12 +97,13 @@ static void token(const struct build *b, struct mat (*ly)[7], int L, const struc
 
 int main(int argc, char **argv) {
     if (argc != 7) {
-        fprintf(stderr, "usage: decode_ab A.so B.so 1.5b|1.7b THREADS LIMBS TOKENS\n");
+        fprintf(stderr, "usage: decode_ab A.so B.so 1.5b|1.7b|8b THREADS LIMBS TOKENS\n");
         return 2;
     }
     int E, L, KV, F, V;
     if (!strcmp(argv[3], "1.5b")) E = 1536, L = 28, KV = 256, F = 8960, V = 151936;
     else if (!strcmp(argv[3], "1.7b")) E = 2048, L = 24, KV = 2048, F = 8192, V = 49152;
+    else if (!strcmp(argv[3], "8b")) E = 4096, L = 36, KV = 1024, F = 12288, V = 151936;
     else return fprintf(stderr, "unknown shape %s\n", argv[3]), 2;
     const int threads = atoi(argv[4]), limbs = atoi(argv[5]), tokens = atoi(argv[6]);
     if (tokens < 1) return 2;

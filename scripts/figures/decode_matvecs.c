@@ -9,7 +9,8 @@
  *   LD_LIBRARY_PATH=native/build /tmp/decode_matvecs SHAPE THREADS LIMBS TOKENS
  *
  * SHAPE: 1.5b (Qwen2.5-Coder-1.5B: 1536 wide, 28 layers, K/V 256 rows, FFN 8960, 151936
- * vocab) or 1.7b (SmolLM2-1.7B: 2048, 24, 2048, 8192, 49152). Types as llama.cpp's Q4_K_M
+ * vocab), 1.7b (SmolLM2-1.7B: 2048, 24, 2048, 8192, 49152) or 8b (Qwen3-8B: 4096, 36,
+ * 1024, 12288, 151936; its 4096 query rows are the width). Types as llama.cpp's Q4_K_M
  * gives them: Q4_K, with attn_v and ffn_down Q6_K in the layers its use_more_bits rule picks,
  * the head Q6_K. LIMBS: 0 exact, 2 int2, 3 int3. Prints, per part, the time per token (one
  * thread: its CPU time; several: wall time; the median token of TOKENS) and the GB/s, then
@@ -65,12 +66,13 @@ static void task(void *ctx, int ith, int nth) {
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: decode_matvecs 1.5b|1.7b THREADS LIMBS TOKENS\n");
+        fprintf(stderr, "usage: decode_matvecs 1.5b|1.7b|8b THREADS LIMBS TOKENS\n");
         return 2;
     }
     int E, L, KV, F, V;
     if (!strcmp(argv[1], "1.5b")) E = 1536, L = 28, KV = 256, F = 8960, V = 151936;
     else if (!strcmp(argv[1], "1.7b")) E = 2048, L = 24, KV = 2048, F = 8192, V = 49152;
+    else if (!strcmp(argv[1], "8b")) E = 4096, L = 36, KV = 1024, F = 12288, V = 151936;
     else return fprintf(stderr, "unknown shape %s\n", argv[1]), 2;
     const int threads = atoi(argv[2]), limbs = atoi(argv[3]), tokens = atoi(argv[4]);
     ds4n_pool *pool = ds4n_pool_new(threads);
