@@ -477,6 +477,9 @@ DS4N_INLINE void cols_q6(const void *w, const float *x, int64_t ldx, const float
 #define DS4N_OWN_K45_MATVEC
 #define DS4N_OWN_Q6_K_MATVEC
 #define DS4N_TILE_ACC 24 /* of 32 zmm: a row's block is 2, and the x operands load from L1 */
+/* The block formats' rows kernel requests each stream's blocks DS4N_STREAM_AHEAD ahead, as
+ * this file's K-quant rows kernels do (prefetch.h; measured on Zen 4 only). */
+#define DS4N_ROWS_LEAD
 #include "quants_generic.h"
 
 DS4N_ROWS_KERNEL(q4_K, rows_k45, 0)

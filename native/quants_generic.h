@@ -130,6 +130,9 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     if (pairs && f16_quads_fit(block_bytes, row_stride)) {
         float dm4[4][2 * DS4N_MV_ROWS];
         for (; i + 4 <= n / QK; i += 4) {
+#ifdef DS4N_ROWS_LEAD
+            for (int r = 0; r < R; r++) ds4n_prefetch_ahead(p + r * row_stride, 4 * block_bytes);
+#endif
             f16_quads(p, block_bytes, row_stride, R, dm4);
             for (int k = 0; k < 4; k++, p += block_bytes, x += QK)
                 for (int r = 0; r < R; r++) {
@@ -141,6 +144,9 @@ DS4N_INLINE void rows_legacy(int type, int64_t block_bytes, const void *w, int64
     }
 #endif
     for (; i < n / QK; i++, p += block_bytes, x += QK) {
+#ifdef DS4N_ROWS_LEAD
+        for (int r = 0; r < R; r++) ds4n_prefetch_ahead(p + r * row_stride, block_bytes);
+#endif
         if (pairs) f16_pairs(p, row_stride, R, dm);
         for (int r = 0; r < R; r++) {
             load_legacy(type, p + r * row_stride, &b);
