@@ -60,9 +60,13 @@ def _state_of(server, slot: int | None) -> int:
     return id(server.pool.slots[slot].session._state)
 
 
-def test_a_completion_arriving_during_a_6000_token_prefill_gets_its_first_token_within_one_chunk(
-    engine, compute
+@pytest.mark.parametrize("priority", ["completion", "chat"])
+def test_a_request_arriving_during_a_6000_token_prefill_gets_its_first_token_within_one_chunk(
+    engine, compute, priority
 ):
+    """A completion goes first by its priority; a chat prompt of one chunk by the round
+    robin's rule that a request whose prompt is in goes first: its first token comes in the
+    step after its chunk, before the long prompt's next chunk, not a turn later."""
     server = make_server(engine, compute, slots=2)
     long, quick = Reading(), Reading()
     own_prefill = 24
@@ -80,7 +84,7 @@ def test_a_completion_arriving_during_a_6000_token_prefill_gets_its_first_token_
             nursery.start_soon(read, server, request(prompt(6000, 1, compute), 4), compute, long)
             await deep.wait()  # the long prefill's chunk is being computed
             ids = prompt(own_prefill, 2, compute)
-            await read(server, request(ids, 4, "completion"), compute, quick)
+            await read(server, request(ids, 4, priority), compute, quick)
             nursery.cancel_scope.cancel()
 
     run_virtual(lambda: with_server(server, body))
@@ -95,39 +99,6 @@ def test_a_completion_arriving_during_a_6000_token_prefill_gets_its_first_token_
     assert all(p.end - p.start <= TARGET_S + 1e-9 for p in long_chunks)  # one budget each
     # only the chunk in flight when it arrived ran before its first token
     after = [p for p in long_chunks if p.end > quick.submitted_at and p.start < first]
-    assert len(after) <= 1, after
-
-
-def test_a_short_chat_prompt_gets_its_first_token_before_the_long_prefill_goes_on(engine, compute):
-    """Round robin between two chat prefills: the short prompt's one chunk comes after the
-    long prompt's chunk in flight, and its first token in the step after, before the long
-    prompt's next chunk (once its prompt is in, it decodes; it does not wait its turn)."""
-    server = make_server(engine, compute, slots=2)
-    long, short = Reading(), Reading()
-    own_prefill = 24
-
-    async def body() -> None:
-        async with trio.open_nursery() as nursery:
-            deep = trio.Event()
-            token = trio.lowlevel.current_trio_token()
-
-            def on_pass(p: Pass) -> None:  # engine thread: a chunk 3000 tokens in
-                if not deep.is_set() and p.start >= 3000 * compute.prefill_s:
-                    trio.from_thread.run_sync(deep.set, trio_token=token)
-
-            compute.on_pass = on_pass
-            nursery.start_soon(read, server, request(prompt(6000, 1, compute), 4), compute, long)
-            await deep.wait()
-            await read(server, request(prompt(own_prefill, 2, compute), 4), compute, short)
-            nursery.cancel_scope.cancel()
-
-    run_virtual(lambda: with_server(server, body))
-    first = short.first_token_at
-    assert first is not None and short.finish == Finish("length")
-    bound = TARGET_S + own_prefill * compute.prefill_s + compute.decode_s
-    assert first - short.submitted_at <= bound + 1e-9, (first - short.submitted_at, bound)
-    long_chunks = [p for p in compute.passes if sum(p.tokens) > own_prefill]
-    after = [p for p in long_chunks if p.end > short.submitted_at and p.start < first]
     assert len(after) <= 1, after
 
 
