@@ -63,10 +63,12 @@ static void block_sums(const float *x, int64_t nb, float *xsum) {
  * says so (hw_prefetch: AVX2 on Zen 3 and AVX-512 on Zen 4, where the prefetches measured
  * slower at every row length).
  * Returns how many rows ahead (0: none). */
+static int64_t rows_ahead(int64_t row_bytes) {
+    return row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
+}
+
 static int64_t prefetch_rows(int64_t row_bytes) {
-    return !ds4n_active_hw_prefetch() && row_bytes <= PREFETCH_ROW_MAX
-               ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes
-               : 0;
+    return ds4n_active_hw_prefetch() ? 0 : rows_ahead(row_bytes);
 }
 
 /* The same for the integer path: the super-block types as prefetch_rows says; the block
@@ -74,8 +76,7 @@ static int64_t prefetch_rows(int64_t row_bytes) {
  * one row at a time, since their rows kernel measured slower on such rows (Zen 4, AVX-512:
  * int2 Q4_1 576 x 1536, 960-byte rows, 0.75-0.92x). */
 static int64_t int_prefetch_rows(int sb, int64_t row_bytes) {
-    return sb ? prefetch_rows(row_bytes)
-              : row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
+    return sb ? prefetch_rows(row_bytes) : rows_ahead(row_bytes);
 }
 
 static int uses_rows_kernel(const struct ds4n_row_kernels *k, int64_t K) {

@@ -122,8 +122,11 @@ class Work:
 
     @property
     def prompt_in(self) -> bool:
-        """Its prompt's chunks are all evaluated (what is left is no chunk)."""
-        return self.sync is not None and self.sync.evaluating and self.sync.remaining() == 0
+        """Its prompt's chunks are all evaluated and what is left is no chunk. A request
+        whose draft model's session is still catching up (`decoding` set) has chunks left:
+        it takes its turn in the round robin."""
+        s = self.sync
+        return self.decoding is None and s is not None and s.evaluating and s.remaining() == 0
 
 
 class LoopHooks(Protocol):

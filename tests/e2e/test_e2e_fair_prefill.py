@@ -6,9 +6,9 @@ more, not one chunk per generated token.
 Measured in the daemon's prefill engine calls (`ds4d_prefill_chunks_total`), not in
 seconds: the long prompt must still be prefilling when the short answer ends, and the
 chunks counted from the short request's entry (its stream's first chunk) to its first
-and its last token bound
-how long it waited, whatever the machine's speed (each chunk is sized to a fixed engine
-time, so the decode steps' share of the credit it earns does not depend on the load)."""
+and its last token bound how long it waited, whatever the machine's speed (each chunk is
+sized to a fixed engine time, so the decode steps' share of the credit it earns does not
+depend on the load)."""
 
 from __future__ import annotations
 
