@@ -1,6 +1,6 @@
-"""A model server on the fake compute (tests/serving/fake_engine.py), and what the loop
-tests do with it: prompts of a given length, requests, reading a request's events with
-the engine time each one arrived at."""
+"""A model server on the fake compute (tests/serving/fake_engine.py), optionally with a
+draft model on the same compute, and what the loop tests do with it: prompts of a given
+length, requests, reading a request's events with the engine time each one arrived at."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ds4d.chat.formats import chat_format_for
 from ds4d.chat.types import ChatRequest, Event, Finish, Priority, Sampling, TextDelta
 from ds4d.daemon.metrics import Metrics
 from ds4d.engine.engine import Engine
+from ds4d.serving.draft import DraftModel
 from ds4d.serving.gate import ComputeGate
 from ds4d.serving.model import ModelServer
 from ds4d.serving.prompt import Prepared
@@ -24,7 +25,9 @@ from tests.serving.fake_engine import FakeCompute, fake_engine
 
 def make_server(real: Engine, compute: FakeCompute, *, slots: int = 2, completion_slots: int = 0,
                 ctx: int = 8192, queue_size: int = 4, gate: ComputeGate | None = None,
-                target_s: float = 0.25) -> ModelServer:  # fmt: skip
+                target_s: float = 0.25, draft: DraftModel | None = None) -> ModelServer:  # fmt: skip
+    """With `draft`, the server speculates in "draft" mode, its draft length from the
+    acceptance rate alone (no step cost: what it drafts depends on no timing)."""
     engine = fake_engine(real, compute)
     sessions = [Slot(i, engine.new_session(ctx), ctx) for i in range(slots)]
     state = StateService.create(tokenizer=engine.tokenizer, fingerprint="fake", ctx=ctx,
@@ -32,7 +35,18 @@ def make_server(real: Engine, compute: FakeCompute, *, slots: int = 2, completio
     return ModelServer(engine, chat_format_for(engine, ctx), ctx, sessions, state,
                        gate if gate is not None else ComputeGate(), Metrics(),
                        completion_slots=completion_slots, queue_size=queue_size,
-                       chunk_target_s=target_s, clock=compute.clock)  # fmt: skip
+                       chunk_target_s=target_s, clock=compute.clock,
+                       speculative="draft" if draft is not None else "off", draft=draft,
+                       cost_aware=draft is None)  # fmt: skip
+
+
+def fake_draft(real: Engine, compute: FakeCompute, ctx: int = 8192) -> DraftModel:
+    """The real DraftModel (ds4d.serving.draft) over a second engine on the same fake
+    compute: its passes cost engine time on the same clock and are recorded with the
+    target's (each under its draft session's state); its logits are the fake's, so every
+    draft is the target's own next tokens. Not to be closed (its engine's pool is
+    `real`'s)."""
+    return DraftModel(fake_engine(real, compute), ctx)
 
 
 def prompt(n: int, start: int, compute: FakeCompute) -> list[int]:

@@ -7,6 +7,7 @@ exact whatever the machine's speed and load.
 The guarantees: a completion-priority request arriving during a long prefill gets its
 first token within one chunk budget, and its chunks go before other prefills; a short chat
 prompt's first token comes right after its one chunk, before the long prefill goes on; a
+request whose draft model catches up with its prompt takes its turn in the round robin; a
 cancellation takes effect at the next step; a newer request with the same supersede key
 cancels the older one; completion and chat slots never evict each other; decoding
 requests advance in one batch per step, in bursts between another's prefill chunks, and
@@ -16,6 +17,7 @@ models' loops on one gate never compute at once."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -23,13 +25,15 @@ import trio
 from trio.testing import MockClock, wait_all_tasks_blocked
 
 from ds4d.chat.errors import Overloaded
-from ds4d.chat.types import Finish
+from ds4d.chat.types import Finish, Sampling
 from ds4d.daemon.power import PowerGovernor
 from ds4d.serving.chunking import TARGET_S
 from ds4d.serving.gate import ComputeGate
+from ds4d.serving.speculation import FOLLOW_TOKENS
 from tests.serving.fake_engine import FakeClock, FakeCompute, Pass, text_tokens
 from tests.serving.loop_harness import (
     Reading,
+    fake_draft,
     make_server,
     prompt,
     read,
@@ -100,6 +104,61 @@ def test_a_request_arriving_during_a_6000_token_prefill_gets_its_first_token_wit
     # only the chunk in flight when it arrived ran before its first token
     after = [p for p in long_chunks if p.end > quick.submitted_at and p.start < first]
     assert len(after) <= 1, after
+
+
+def test_a_draft_models_catch_up_chunks_take_turns_with_another_prompts_chunks(engine, compute):
+    """Two chat prompts, A (1000 tokens, speculating with a draft model) and B (3000, not
+    speculating), submitted together, A first. When A's prompt is in, its draft session
+    lacks all of it and takes it as catch-up chunks (prefill work: ds4d.serving.draft)
+    before A decodes. Those chunks are chunks: A takes its turn in the round robin
+    (`Work.prompt_in` is false while its draft catches up), it does not go before B's
+    every chunk until its draft has caught up. The order of the prefill calls while B has
+    chunks left (A: A's prompt chunk, B: B's, D: a catch-up chunk of A's draft session):
+    A and B alternate, A's prompt chunks then its catch-up chunks, except at the switch,
+    where A's first catch-up chunk follows its last prompt chunk directly (that step's
+    plan picked A as a request whose prompt is in, before its catch-up was known):
+    ABAB...A DBDB...D, then B's remaining chunks."""
+    draft = fake_draft(engine, compute)
+    server = make_server(engine, compute, slots=2, draft=draft)
+    readings = {"A": Reading(), "B": Reading()}
+    drafted: dict[str, int] = {}
+
+    async def body() -> None:
+        a = request(prompt(1000, 1, compute), 8)
+        b = request(prompt(3000, 2, compute), 2)
+        b = dataclasses.replace(b, sampling=Sampling(temperature=0, speculative=False))
+        prepared = {"A": await server.prepare(a, "completions", "prompt"),
+                    "B": await server.prepare(b, "completions", "prompt")}  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            for name in ("A", "B"):  # from one task: A is submitted first
+                readings[name].submitted_at = compute.clock.now
+                events = server.loop.submit(prepared[name])[1]
+                nursery.start_soon(read_events, events, compute, readings[name])
+        for name in ("A", "B"):
+            readings[name].slot = prepared[name].record.slot
+            drafted[name] = prepared[name].record.drafted_tokens
+
+    run_virtual(lambda: with_server(server, body))
+    assert [readings[n].finish for n in ("A", "B")] == [Finish("length")] * 2
+    assert drafted["A"] > 0 and drafted["B"] == 0  # A's draft model drafted once caught up
+    slots = {_state_of(server, readings[n].slot): n for n in ("A", "B")}
+    # The prefill calls in order: a prompt chunk of A or B (its session's pass of more than
+    # one token), or a catch-up chunk of A's draft session (a pass of a session that is no
+    # slot's, of more tokens than a drafting step's own catching up evaluates). After the
+    # last catch-up chunk, A's passes of more than one token are its verification chunks.
+    calls = ""
+    for p in compute.passes:
+        for state, n in zip(p.states, p.tokens, strict=True):
+            if state in slots and n > 1:
+                calls += slots[state]
+            elif state not in slots and n > FOLLOW_TOKENS:
+                calls += "D"
+    last = calls.rindex("D")
+    n_prompt, n_catch_up = calls[:last].count("A"), calls.count("D")
+    assert n_catch_up >= 3, calls  # the draft catches up over several chunks
+    assert "B" in calls[last + 1 :], calls  # B still had chunks when the catch-up ended
+    expected = "AB" * (n_prompt - 1) + "A" + "DB" * (n_catch_up - 1) + "D"
+    assert calls[: last + 1] == expected, calls
 
 
 def test_a_completions_chunks_go_before_other_prefills(engine, compute):
