@@ -290,8 +290,7 @@ SB_KERNEL(q6_K, DS4N_Q6_K)
  * the one-row kernel's four, L2-resident). The group's activations are loaded R times, from
  * L1. */
 DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const struct ds4n_xq *xq,
-                          float *y, const int R) {
-    const int nl = xq->limbs - 1;
+                          float *y, const int R, const int nl) {
     const int64_t nb = xq->nb, ng = nb / 8;
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
     const __m512 third = _mm512_set1_ps(0x1p-7f);
@@ -300,7 +299,12 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
     for (int64_t g = 0; g < ng; g++) {
         const float xs = xq->xs[g];
         const int16_t *a = xq->a + g * DS4N_INT_GROUP;
-        const int32_t *as = xq->asum + 8 * g;
+        /* the group's block sums (Q4_K's mins), loaded once for the R rows */
+        const __m512i as0 = _mm512_maskz_loadu_epi32(0xff, xq->asum + 8 * g);
+        const __m512i as1 = nl == 2 ? _mm512_maskz_loadu_epi32(0xff, xq->asum + nb + 8 * g) : as0;
+        /* unrolled, so that the accumulators stay in registers and the loads above are not
+         * repeated for each row */
+#pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512i W[8], m;
             float d, dmin;
@@ -310,11 +314,9 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
             if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sb_dot(W, a + xq->lda, 2)), third, f);
             acc[r] = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc[r]);
             if (type == DS4N_Q4_K) {
-                __m512 mm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(m, _mm512_maskz_loadu_epi32(0xff, as)));
+                __m512 mm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(m, as0));
                 if (nl == 2)
-                    mm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(
-                                             m, _mm512_maskz_loadu_epi32(0xff, as + nb))),
-                                         third, mm);
+                    mm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(m, as1)), third, mm);
                 acc[r] = _mm512_mask3_fnmadd_ps(mm, _mm512_set1_ps(dmin * xs), acc[r], 0x00ff);
             }
         }
@@ -325,11 +327,16 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
 #define SB_ROWS_KERNEL(name, type)                                                             \
     static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
                             int R) {                                                           \
-        switch (R) {                                                                           \
-        case 1: sb_rows1(type, w, stride, xq, y, 1); break;                                    \
-        case 2: sb_rows1(type, w, stride, xq, y, 2); break;                                    \
-        case 3: sb_rows1(type, w, stride, xq, y, 3); break;                                    \
-        default: sb_rows1(type, w, stride, xq, y, 4); break;                                   \
+        const int nl = xq->limbs - 1; /* a constant in each case: int2 or int3 */              \
+        switch (R + 4 * (nl == 2)) {                                                           \
+        case 1: sb_rows1(type, w, stride, xq, y, 1, 1); break;                                 \
+        case 2: sb_rows1(type, w, stride, xq, y, 2, 1); break;                                 \
+        case 3: sb_rows1(type, w, stride, xq, y, 3, 1); break;                                 \
+        case 4: sb_rows1(type, w, stride, xq, y, 4, 1); break;                                 \
+        case 5: sb_rows1(type, w, stride, xq, y, 1, 2); break;                                 \
+        case 6: sb_rows1(type, w, stride, xq, y, 2, 2); break;                                 \
+        case 7: sb_rows1(type, w, stride, xq, y, 3, 2); break;                                 \
+        default: sb_rows1(type, w, stride, xq, y, 4, 2); break;                                \
         }                                                                                      \
     }
 _Static_assert(DS4N_MV_ROWS == 4, "SB_ROWS_KERNEL covers 1..4 rows");
