@@ -288,7 +288,10 @@ SB_KERNEL(q6_K, DS4N_Q6_K)
  * y[r] is bitwise the one-row kernel's (its integer sums are exact in any order: two chains
  * of dot products per row here, the R rows' chains overlapping, measured 3-4 % faster than
  * the one-row kernel's four, L2-resident). The group's activations are loaded R times, from
- * L1. */
+ * L1. R and the activation limbs nl (1: int2, 2: int3) are constants in each copy, and the
+ * row loop is unrolled: GCC otherwise kept the R accumulators in memory, reloaded the block
+ * sums for every row and tested nl in every super-block (decode 1.11-1.32x without that,
+ * docs/benchmarks-real-sizes.md). */
 DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const struct ds4n_xq *xq,
                           float *y, const int R, const int nl) {
     const int64_t nb = xq->nb, ng = nb / 8;
@@ -302,8 +305,6 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
         /* the group's block sums (Q4_K's mins), loaded once for the R rows */
         const __m512i as0 = _mm512_maskz_loadu_epi32(0xff, xq->asum + 8 * g);
         const __m512i as1 = nl == 2 ? _mm512_maskz_loadu_epi32(0xff, xq->asum + nb + 8 * g) : as0;
-        /* unrolled, so that the accumulators stay in registers and the loads above are not
-         * repeated for each row */
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512i W[8], m;
@@ -324,20 +325,24 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
     for (int r = 0; r < R; r++) y[r] = finish16(acc[r]);
 }
 
+/* sb_rows1 with R a constant as well as nl: one copy per (rows, limbs). */
+DS4N_INLINE void sb_rows(int type, const uint8_t *w, int64_t stride, const struct ds4n_xq *xq,
+                         float *y, int R, const int nl) {
+    switch (R) {
+    case 1: sb_rows1(type, w, stride, xq, y, 1, nl); break;
+    case 2: sb_rows1(type, w, stride, xq, y, 2, nl); break;
+    case 3: sb_rows1(type, w, stride, xq, y, 3, nl); break;
+    default: sb_rows1(type, w, stride, xq, y, 4, nl); break;
+    }
+}
+
 #define SB_ROWS_KERNEL(name, type)                                                             \
     static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
                             int R) {                                                           \
-        const int nl = xq->limbs - 1; /* a constant in each case: int2 or int3 */              \
-        switch (R + 4 * (nl == 2)) {                                                           \
-        case 1: sb_rows1(type, w, stride, xq, y, 1, 1); break;                                 \
-        case 2: sb_rows1(type, w, stride, xq, y, 2, 1); break;                                 \
-        case 3: sb_rows1(type, w, stride, xq, y, 3, 1); break;                                 \
-        case 4: sb_rows1(type, w, stride, xq, y, 4, 1); break;                                 \
-        case 5: sb_rows1(type, w, stride, xq, y, 1, 2); break;                                 \
-        case 6: sb_rows1(type, w, stride, xq, y, 2, 2); break;                                 \
-        case 7: sb_rows1(type, w, stride, xq, y, 3, 2); break;                                 \
-        default: sb_rows1(type, w, stride, xq, y, 4, 2); break;                                \
-        }                                                                                      \
+        if (xq->limbs == 2)                                                                    \
+            sb_rows(type, w, stride, xq, y, R, 1); /* int2: one int16 limb */                  \
+        else                                                                                   \
+            sb_rows(type, w, stride, xq, y, R, 2); /* int3 */                                  \
     }
 _Static_assert(DS4N_MV_ROWS == 4, "SB_ROWS_KERNEL covers 1..4 rows");
 SB_ROWS_KERNEL(q4_K, DS4N_Q4_K)
