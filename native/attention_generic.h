@@ -113,11 +113,12 @@ INLINE void attend(const ds4n_attn_job *j, float *scratch, int rg, int kvt) {
 /* The tiles need whole 16-float head chunks and tile-aligned key ranges; anything else
  * (and an unknown KV type) takes the scalar kernel. rg and the type are constants in each
  * call so each inlines specialised. A lone row (decode without grouped-query heads: one
- * query head per kv head) is a group of 1, not 3: two padding rows tripled the products
- * (the 1.7B's decode attention 1.2x faster, docs/benchmarks-real-sizes.md). A set with the registers for it (ATTN_RG4) takes groups
- * of 4 rows when they fit the rows exactly and 6 would not (4 query heads per kv head, one
- * or two tokens: groups of 6 would compute 2 of every 6 rows as padding). Each row's
- * arithmetic is the same whatever its group. */
+ * query head per kv head) is a group of 1, not 3: two padding rows tripled its products
+ * (the 1.7B's decode attention 1.2x faster, docs/benchmarks-real-sizes.md). A set with the
+ * registers for it (ATTN_RG4) takes groups of 4 rows when they fit the rows exactly and 6
+ * would not (4 query heads per kv head, one or two tokens: groups of 6 would compute 2 of
+ * every 6 rows as padding). Each row's arithmetic is the same whatever its group
+ * (tests/reference/check_attention.c checks it bitwise). */
 #ifndef ATTN_RG4
 #define ATTN_RG4 0
 #endif

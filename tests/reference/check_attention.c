@@ -1,7 +1,8 @@
 /* Checks the SIMD attention, SwiGLU and GeGLU kernels against the scalar ones on random jobs:
  * prefill blocks, decode rows, split key ranges, grouped heads of several sizes, sliding
  * windows and attention sinks, over a float32, an f16 and a q8_0 KV cache (the scalar kernel
- * also against the definition on the values the cache holds). Built and run by
+ * also against the definition on the values the cache holds), and each token's rows of a
+ * job run alone (a decode step, in other row groups) bitwise against the whole job's. Built and run by
  * tests/engine/test_llama_forward.py and `make -C native check-neon` (natively for AVX2 and, on a CPU
  * that has it, AVX-512; under qemu for NEON).
  * Prints the largest difference; exits 1 when it exceeds the bound. */
@@ -87,7 +88,8 @@ static void naive(const ds4n_attn_job *j, int r, double *out) {
 
 /* One SIMD set against the scalar kernels (and the scalar kernel against the definition);
  * returns the largest difference. */
-static float check_set(const struct simd_set *set, int hd, void *const *kt, void *const *vt) {
+static float check_set(const struct simd_set *set, int hd, void *const *kt, void *const *vt,
+                       int *row_mismatch) {
     float *scratch = malloc(sizeof(float) * ds4n_attn_scratch_floats(64, hd));
     float worst = 0.0f, worst_type[3] = {0};
     /* window > 0: a sliding window; sinks: per-head sink logits (normalized jobs only);
@@ -124,6 +126,11 @@ static float check_set(const struct simd_set *set, int hd, void *const *kt, void
         {6, 8, 100, 0, 1L << 40, 0, 16, 1, 130}, {4, 4, 200, 0, 1L << 40, 0, 37, 0, 260},
         {2, 3, 250, 192, 1L << 40, 1, 50, 0, 420}, {3, 2, 90, 64, 256, 1, 0, 0, 300},
         {16, 2, 3, 0, 1L << 40, 0, 4, 1, 19},   {1, 4, 450, 384, 1L << 40, 1, 100, 0, 512},
+        /* lone rows (one query head per kv head: groups of 1), split, windowed, with a sink,
+         * not causal, and several tokens of them */
+        {1, 1, 450, 384, 1L << 40, 1, 0, 0, 0}, {1, 1, 450, 128, 384, 1, 100, 0, 0},
+        {1, 1, 300, 0, 1L << 40, 0, 37, 0, 0},  {1, 1, 300, 0, 1L << 40, 0, 0, 1, 0},
+        {1, 1, 0, 0, 1L << 40, 0, 37, 0, 300},  {7, 1, 200, 0, 1L << 40, 0, 50, 1, 0},
     };
     const float sink_logits[8] = {0.5f, -1.0f, 8.0f, 0.0f, 2.0f, -3.0f, 1.0f, 30.0f};
     for (int kvt = DS4N_KV_F32; kvt <= DS4N_KV_Q8_0; kvt++) {
@@ -155,6 +162,21 @@ static float check_set(const struct simd_set *set, int hd, void *const *kt, void
             if (cases[c].split) { j.m = m2; j.l = l2; }
             set->attn(&j, scratch);
             for (int i = 0; i < R * hd; i++) w = fmaxf(w, fabsf(o1[i] - o2[i]));
+            /* Each token's rows alone (a decode step: other groups, for one head per kv head
+             * a group of 1) are bitwise its rows in the whole job. */
+            if (!cases[c].split && cases[c].n_tok > 1)
+                for (int t = 0; t < cases[c].n_tok; t++) {
+                    float *o3 = calloc((size_t)cases[c].G * hd, sizeof(float));
+                    ds4n_attn_job one = j;
+                    one.q = q + t * j.q_stride;
+                    one.o = o3;
+                    one.n_tok = 1;
+                    one.pos0 = cases[c].pos0 + t;
+                    set->attn(&one, scratch);
+                    if (memcmp(o3, o2 + t * j.o_stride, sizeof(float) * cases[c].G * hd) != 0)
+                        *row_mismatch += 1;
+                    free(o3);
+                }
             if (cases[c].split)
                 for (int r = 0; r < R; r++) {
                     if (m1[r] != m2[r] && fabsf(m1[r] - m2[r]) > 1e-5f) w = fmaxf(w, 1.0f);
@@ -165,8 +187,9 @@ static float check_set(const struct simd_set *set, int hd, void *const *kt, void
             worst_type[kvt] = fmaxf(worst_type[kvt], w);
         }
     }
-    printf("%s attention over f32 / f16 / q8_0 KV: max |diff| %.3g / %.3g / %.3g\n", set->name,
-           worst_type[0], worst_type[1], worst_type[2]);
+    printf("%s attention over f32 / f16 / q8_0 KV: max |diff| %.3g / %.3g / %.3g; a token's "
+           "rows alone not bitwise its rows in the job: %d\n",
+           set->name, worst_type[0], worst_type[1], worst_type[2], *row_mismatch);
     free(scratch);
     /* SwiGLU over a range that reaches both saturated ends of the sigmoid. */
     enum { NG = 1003 };
@@ -224,7 +247,8 @@ int main(void) {
             printf("%s: not run by this CPU\n", SETS[i].name);
             continue;
         }
-        failed |= !(check_set(&SETS[i], hd, kt, vt) < 1e-4f);
+        int row_mismatch = 0;
+        failed |= !(check_set(&SETS[i], hd, kt, vt, &row_mismatch) < 1e-4f) || row_mismatch;
     }
     for (int t = 0; t < 3; t++) {
         free(kt[t]);
