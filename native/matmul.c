@@ -56,6 +56,11 @@ static void block_sums(const float *x, int64_t nb, float *xsum) {
     }
 }
 
+/* How many rows ahead make PREFETCH_BYTES, for rows of at most PREFETCH_ROW_MAX (0: none). */
+static int64_t rows_ahead(int64_t row_bytes) {
+    return row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
+}
+
 /* The hardware prefetchers follow long sequential streams, but a small model's matrices
  * give each worker a few hundred short rows in DS4N_MV_ROWS streams: the decode paths also
  * fetch each stream's row PREFETCH_BYTES ahead by hand. Long rows are left to the hardware:
@@ -63,10 +68,6 @@ static void block_sums(const float *x, int64_t nb, float *xsum) {
  * says so (hw_prefetch: AVX2 on Zen 3 and AVX-512 on Zen 4, where the prefetches measured
  * slower at every row length).
  * Returns how many rows ahead (0: none). */
-static int64_t rows_ahead(int64_t row_bytes) {
-    return row_bytes <= PREFETCH_ROW_MAX ? (PREFETCH_BYTES + row_bytes - 1) / row_bytes : 0;
-}
-
 static int64_t prefetch_rows(int64_t row_bytes) {
     return ds4n_active_hw_prefetch() ? 0 : rows_ahead(row_bytes);
 }
