@@ -20,7 +20,7 @@ from ds4d.serving.model import ModelServer
 from ds4d.serving.prompt import Prepared
 from ds4d.state.service import StateService
 from ds4d.state.slots import Slot
-from tests.serving.fake_engine import FakeCompute, fake_engine
+from tests.serving.fake_engine import FakeCompute, Pass, fake_engine
 
 
 def make_server(real: Engine, compute: FakeCompute, *, slots: int = 2, completion_slots: int = 0,
@@ -115,22 +115,24 @@ async def read_events(events: trio.MemoryReceiveChannel[Event], compute: FakeCom
             into.events.append((compute.clock.now, ev))
 
 
-def submit_at_pass(server: ModelServer, compute: FakeCompute, n: int, prepared: Prepared,
-                   into: Reading) -> trio.Event:  # fmt: skip
-    """Submit `prepared` from inside the engine's n-th pass (so while it computes: the
-    loop cannot have moved on); the returned event is set once it is submitted, and its
-    channel is `into.channel[0]`."""
+def submit_at_pass(server: ModelServer, compute: FakeCompute, when: int | Callable[[Pass], bool],
+                   prepared: Prepared, into: Reading) -> trio.Event:  # fmt: skip
+    """Submit `prepared` from inside the engine's pass `when` (its number, or the first pass
+    it holds for), so while it computes: the loop cannot have moved on, however long the
+    test's own task or a worker thread takes to be scheduled. The returned event is set
+    once it is submitted, and its channel is `into.channel[0]`."""
     token = trio.lowlevel.current_trio_token()
     submitted = trio.Event()
     into.channel = []
+    due = when if callable(when) else lambda p: len(compute.passes) == when
 
     def submit() -> None:
         into.submitted_at = compute.clock.now
         into.channel.append(server.loop.submit(prepared)[1])
         submitted.set()
 
-    def on_pass(p: object) -> None:
-        if len(compute.passes) == n:
+    def on_pass(p: Pass) -> None:
+        if not into.channel and due(p):
             trio.from_thread.run_sync(submit, trio_token=token)
 
     compute.on_pass = on_pass
