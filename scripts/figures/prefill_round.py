@@ -9,7 +9,8 @@ load average as it starts.
 
     LLAMA_CPP_LIB_PATH=PEER_BUILD/bin .venv/bin/python scripts/figures/prefill_round.py \
         --peer-python PEER/bin/python --peer-script scripts/figures/llamacpp_speed.py \
-        --model A.gguf [B.gguf ...] [--ctx 512 4096] [--precision exact int2] [--rounds 3]
+        --model A.gguf [B.gguf ...] [--ctx 512 4096] [--precision exact int2] [--rounds 3] \
+        [--bound]
 
 A measuring tool, not a test: it prints figures and asserts nothing.
 """
@@ -20,10 +21,13 @@ import argparse
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+import gguf
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = REPO / "tests" / "data" / "text" / "promessi_sposi.txt"
@@ -40,6 +44,34 @@ def ds4d(model: str, ctx: int, gen: int, threads: int, precision: str) -> tuple[
         with out.open() as f:
             row = next(csv.DictReader(f))
     return float(row["prefill_tps"]), float(row["gen_tps"])
+
+
+def decode_bytes(model: str, ctx: int) -> int:
+    """What one decode step at ctx positions reads: the weights (the token embedding only
+    as the output head, when there is no output.weight) and K and V of every layer in f16."""
+    r = gguf.GGUFReader(model)
+    names = {t.name for t in r.tensors}
+    tied = "output.weight" not in names
+    weights = sum(int(t.n_bytes) for t in r.tensors if t.name != "token_embd.weight" or tied)
+    arch = str(bytes(r.fields["general.architecture"].parts[-1]), "utf-8")
+
+    def key(name: str) -> int:
+        return int(r.fields[f"{arch}.{name}"].parts[-1][0])
+
+    head_dim = (key("attention.key_length") if f"{arch}.attention.key_length" in r.fields
+                else key("embedding_length") // key("attention.head_count"))  # fmt: skip
+    return weights + ctx * 2 * key("block_count") * key("attention.head_count_kv") * head_dim * 2
+
+
+def read_bound(n_bytes: int, threads: int) -> float:
+    """The machine's read bandwidth now (bytes/s, huge pages), over a buffer of n_bytes."""
+    argv = [sys.executable, "-m", "ds4d", "bench", "--bandwidth", "--bandwidth-mib",
+            str(max(1, n_bytes >> 20)), "--threads", str(threads)]  # fmt: skip
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, cwd=REPO).stdout
+    m = re.search(r"([0-9.]+) GB/s on huge pages", out)
+    if m is None:
+        raise SystemExit(f"no bandwidth in: {out!r}")
+    return float(m.group(1)) * 1e9
 
 
 def llamacpp(peer: str, script: str, model: str, ctx: int, gen: int,
@@ -60,14 +92,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--bound", action="store_true",
+                    help="measure the read bound before each run; decode GB/s against it")  # fmt: skip
     a = ap.parse_args()
     engines = [*a.precision, "llama.cpp"]
     best: dict[tuple[str, int, str], list[float]] = {}
     loads: dict[tuple[str, int], list[float]] = {}
+    # per (model, ctx, engine): the best decode's share of the bound measured before its run
+    shares: dict[tuple[str, int, str], float] = {}
+    bounds: dict[tuple[str, int], list[float]] = {}
     for rnd in range(a.rounds):
         for model in a.model:
             for ctx in a.ctx:
                 for engine in engines:
+                    bound = read_bound(decode_bytes(model, ctx), a.threads) if a.bound else 0.0
                     load = os.getloadavg()[0]
                     loads.setdefault((model, ctx), []).append(load)
                     if engine == "llama.cpp":
@@ -75,8 +113,16 @@ def main() -> None:
                                             a.gen_tokens, a.threads)  # fmt: skip
                     else:
                         pre, dec = ds4d(model, ctx, a.gen_tokens, a.threads, engine)
+                    note = ""
+                    if a.bound:
+                        gbs = dec * decode_bytes(model, ctx + a.gen_tokens // 2)
+                        bounds.setdefault((model, ctx), []).append(bound)
+                        k = (model, ctx, engine)
+                        shares[k] = max(shares.get(k, 0.0), gbs / bound)
+                        note = f", {gbs / 1e9:.1f} GB/s of a {bound / 1e9:.1f} GB/s bound"
                     print(f"round {rnd + 1} {Path(model).name} ctx {ctx} {engine}: prefill "
-                          f"{pre:.1f} t/s, decode {dec:.1f} t/s (load {load:.1f})", flush=True)  # fmt: skip
+                          f"{pre:.1f} t/s, decode {dec:.1f} t/s{note} (load {load:.1f})",
+                          flush=True)  # fmt: skip
                     b = best.setdefault((model, ctx, engine), [0.0, 0.0])
                     b[0], b[1] = max(b[0], pre), max(b[1], dec)
     print("\n| model | ctx | engine | prefill t/s | vs llama.cpp | decode t/s | vs llama.cpp "
@@ -90,6 +136,19 @@ def main() -> None:
                 print(f"| {Path(model).stem} | {ctx} | {engine} | {pre:.1f} | "
                       f"{pre / peer[0]:.2f}x | {dec:.1f} | {dec / peer[1]:.2f}x | "
                       f"{lo:.1f}-{hi:.1f} |")  # fmt: skip
+    if a.bound:
+        print("\n| model | ctx | engine | decode GB/s (best) | best share of its run's bound "
+              "| bounds GB/s |\n|---|---|---|---|---|---|")  # fmt: skip
+        for model in a.model:
+            for ctx in a.ctx:
+                bs = bounds[(model, ctx)]
+                for engine in engines:
+                    gbs = best[(model, ctx, engine)][1] * decode_bytes(
+                        model, ctx + a.gen_tokens // 2
+                    )
+                    print(f"| {Path(model).stem} | {ctx} | {engine} | {gbs / 1e9:.1f} | "
+                          f"{shares[(model, ctx, engine)]:.0%} | {min(bs) / 1e9:.1f}-"
+                          f"{max(bs) / 1e9:.1f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
