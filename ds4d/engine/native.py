@@ -245,6 +245,12 @@ def simd_level() -> int:
     return int(lib.ds4n_simd_level())
 
 
+def type_supported(qtype: int | str) -> bool:
+    """True when the native kernels run the type (an id or a name)."""
+    t = TYPES.get(qtype, -1) if isinstance(qtype, str) else int(qtype)
+    return t >= 0 and bool(lib.ds4n_type_supported(t))
+
+
 def type_id(qtype: int | str) -> int:
     """A GGML type id from an id, a name, or a gguf.GGMLQuantizationType."""
     t = TYPES[qtype] if isinstance(qtype, str) else int(qtype)
