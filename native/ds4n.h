@@ -113,9 +113,9 @@ int ds4n_mac_peak(int type, int limbs, int64_t iters, int reps, ds4n_mac_peak_in
 int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, float min_p,
                     float temperature, double u);
 
-/* Decode profile (off by default; costs one relaxed load per hook when off). enable(1)
- * clears the counters and starts timing every pool dispatch and matmul part; mark() closes
- * one forward pass (call it between tokens). read() copies up to max entries (one per
+/* Decode and prefill profile (off by default; costs one relaxed load per hook when off).
+ * enable(1) clears the counters and starts timing every pool dispatch and matmul part; mark()
+ * closes one forward pass (call it between tokens, or a prefill's chunks). read() copies up to max entries (one per
  * matmul shape: type, decode or prefill, rows, K), returns how many exist, and fills
  * totals[DS4N_PROFILE_TOTALS]: dispatches, dispatch wall ns, busy ns (summed over
  * threads), wall and busy ns of non-matmul pool work (attention), wall ns of the marked
@@ -123,7 +123,8 @@ int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, 
  * (dispatch wall beyond its busiest thread's time: publishing, wake-up, barrier), join ns
  * (summed delay from a dispatch's start to each worker's first share), joins (workers that
  * ran a share), absent (workers that ran none: asleep or descheduled, their shares taken by
- * others). The busiest thread's time is shared among the matmuls and other work by busy time. */
+ * others). The busiest thread's time is shared among the matmuls and other work by busy time.
+ * An entry's tokens is the T of its calls summed: its multiply-adds are tokens x rows x K. */
 typedef struct {
     int32_t type, prefill;
     int64_t rows, K, calls, wall_ns, busy_ns;
