@@ -311,7 +311,7 @@ def write_parts_plot(path: Path, parts: list[Part], title: str) -> None:
     phases = [ph for ph in ("decode", "prefill") if any(p.phase == ph for p in parts)]
     n_ctx = len({p.ctx for p in parts})
     fig, axes = plt.subplots(len(phases), 1, squeeze=False,
-                             figsize=(9, len(phases) * (1.2 + 0.6 * n_ctx)))  # fmt: skip
+                             figsize=(11, len(phases) * (1.4 + 0.6 * n_ctx)))  # fmt: skip
     for ax, phase in zip(axes[:, 0], phases, strict=True):
         _plot_phase(ax, [p for p in parts if p.phase == phase], phase)
     axes[0, 0].set_title(title)
@@ -344,4 +344,4 @@ def _plot_phase(ax: Any, parts: list[Part], phase: str) -> None:
     ax.scatter(bound, y, marker="|", s=400, color="black", zorder=3, label=label)
     ax.set_yticks(y, [f"ctx {c}" for c in ctxs])
     ax.set_xlabel(unit)
-    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the bars
