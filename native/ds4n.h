@@ -115,8 +115,9 @@ int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, 
 
 /* Decode and prefill profile (off by default; costs one relaxed load per hook when off).
  * enable(1) clears the counters and starts timing every pool dispatch and matmul part; mark()
- * closes one forward pass (call it between tokens, or a prefill's chunks). read() copies up to max entries (one per
- * matmul shape: type, decode or prefill, rows, K), returns how many exist, and fills
+ * closes one forward pass (call it between tokens, or a prefill's chunks). read() copies up
+ * to max entries (one per matmul shape: type, decode or prefill, rows, K), returns how many
+ * exist, and fills
  * totals[DS4N_PROFILE_TOTALS]: dispatches, dispatch wall ns, busy ns (summed over
  * threads), wall and busy ns of non-matmul pool work (attention), wall ns of the marked
  * forward passes from first dispatch start to last dispatch end, passes marked, sync ns

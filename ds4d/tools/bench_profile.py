@@ -60,7 +60,7 @@ class Part:
     bytes_per_token: int  # memory the part must read (0: not a streaming part)
     gb_per_s: float
     fraction_of_bound: float  # bytes / bandwidth over the time taken (0: not applicable)
-    phase: str = "decode"  # or "prefill": ms and bytes per prompt token
+    phase: str = "decode"  # or "prefill": ms per prompt token, no bytes (not bound by them)
     macs_per_token: int = 0  # weight multiply-adds (prefill's matmul parts; 0: not counted)
     gmac_per_s: float = 0.0
     fraction_of_peak: float = 0.0  # MACs / compute peak over the time taken (0: no peak)
@@ -233,7 +233,7 @@ def _split_prefill(engine: Engine, entries: list[native.ProfileEntry], totals: d
                           gb_per_s=0.0, fraction_of_bound=0.0, phase="prefill",
                           macs_per_token=round(macs / n),
                           gmac_per_s=macs / s / 1e9 if s > 0 else 0.0,
-                          fraction_of_peak=at_peak / s if s > 0 and macs and at_peak == at_peak
+                          fraction_of_peak=at_peak / s if s > 0 and macs and not math.isnan(at_peak)
                           else 0.0))  # fmt: skip
     return parts
 

@@ -314,7 +314,8 @@ static void check_peak(int simd) {
             }
         }
     ds4n_mac_peak_info info;
-    if (ds4n_mac_peak(DS4N_Q4_1, 1, 2000, 1, &info) != -1 || ds4n_mac_peak(DS4N_Q4_1, 0, 0, 1, &info) != -1) {
+    if (ds4n_mac_peak(DS4N_Q4_1, 1, 2000, 1, &info) != -1 ||
+        ds4n_mac_peak(DS4N_Q4_1, 0, 0, 1, &info) != -1) {
         printf("peak: a bad argument accepted\n");
         failures++;
     }

@@ -211,8 +211,7 @@ def _check_prefill_split(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("precision", ["exact", "int2"])
-def test_profile_prefill_splits_the_prompt_and_counts_the_tensors_macs(model_path,
-                                                                       precision: str) -> None:  # fmt: skip
+def test_profile_prefill_splits_the_prompt_and_counts_the_macs(model_path, precision: str) -> None:
     with Engine.open(model_path, threads=2, precision=precision) as engine:
         _check_prefill_split(engine)
 
