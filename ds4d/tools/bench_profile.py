@@ -19,8 +19,9 @@ would take at the read bandwidth measured by ds4n_read_bandwidth, over the time 
 
 The prompt's prefill is profiled the same way (profile_prefill: the span a frontier adds,
 prefilled in the engine's chunks), per prompt token: matmul <type> (the layers' weight
-matmuls of a chunk), output head (the last token's logits), attention, pool sync, native
-serial and python. Prefill is bound by arithmetic, not by memory, so each matmul part is
+matmuls of a chunk), output head (the last token's logits), attention (the pool's other work:
+attention over the chunk, and the FFN's activation, a dispatch of its own when a chunk has
+several tokens), pool sync, native serial and python. Prefill is bound by arithmetic, not by memory, so each matmul part is
 held against the compute peak instead: its multiply-adds (rows x K x tokens, summed from
 the logged calls) over its time, and the time they would take at the peak of the
 instruction its kernel runs at the engine's precision (ds4n_mac_peak: one core's measured
