@@ -9,12 +9,13 @@
 
 AARCH64_CC   ?= aarch64-linux-gnu-gcc
 QEMU_AARCH64 ?= qemu-aarch64
-KERNEL_SRCS  := quants.c quants_int.c simd.c threadpool.c matmul.c profile.c
-NEON_SRCS    := quants_neon.c matmul_neon.c
+KERNEL_SRCS  := quants.c quants_int.c simd.c threadpool.c matmul.c profile.c macpeak.c
+NEON_SRCS    := quants_neon.c matmul_neon.c macpeak_neon.c
 CHECK_SRC    := tests/check_kernels.c
 ATTN_CHECK   := ../tests/reference/check_attention.c
 CHECK_CFLAGS := -O2 -std=c11 -Wall -Wextra -Wno-unused-parameter -Werror -pthread -D_GNU_SOURCE -I. -I$(BUILD)
-KERNEL_HDRS  := ds4n.h quants.h quants_int.h quants_neon.h $(BUILD)/iq2xxs_tables.h $(BUILD)/nibble_tables.h
+KERNEL_HDRS  := ds4n.h quants.h quants_int.h quants_neon.h macpeak.h macpeak_generic.h \
+                $(BUILD)/iq2xxs_tables.h $(BUILD)/nibble_tables.h
 
 .PHONY: check-neon-native check-neon-cross
 check-neon: check-neon-native check-neon-cross

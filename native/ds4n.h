@@ -85,6 +85,25 @@ void ds4n_matmul_part(int type, const void *W, int64_t rows, int64_t K,
  * passes. -1 if it cannot allocate. */
 double ds4n_read_bandwidth(ds4n_pool *pool, int64_t bytes, int reps, int huge_pages);
 
+/* The compute bound prefill is measured against: the multiply-add rate of ONE core (the
+ * calling thread, in its CPU time; a caller scales it by its threads) for the instruction the
+ * prefill kernel of `type` at `limbs` (0: exact, 2 or 3: the integer path) runs on the SIMD
+ * level in force: f32 FMA on the exact path (and for types with no integer kernel), else the
+ * integer kernels' dot product (AVX-512 VNNI: VPDPBUSD for the block format, VPDPWSSD for the
+ * super-block format; AVX2: VPMADDUBSW with VPMADDWD, VPMADDWD). lane_rate is the
+ * instruction's multiply-adds per second, best of reps runs of iters rounds of 12 chains;
+ * products its multiply-adds per weight multiply-add (1 for f32, limbs for the block format,
+ * limbs - 1 for the super-block format); rate = lane_rate / products, the weight
+ * multiply-adds (rows x K x tokens) per second the kernel could reach doing nothing else.
+ * A level without a kernel of its own for the path has no probe: instr NULL, rates 0 (the
+ * scalar level; the integer path on NEON). Returns 0, or -1 for a bad argument. */
+typedef struct {
+    const char *instr; /* the instruction timed (static text), NULL: no probe */
+    int32_t products;
+    double lane_rate, rate;
+} ds4n_mac_peak_info;
+int ds4n_mac_peak(int type, int limbs, int64_t iters, int reps, ds4n_mac_peak_info *out);
+
 /* Next-token draw from the candidates' logits values[0..n): top_k (0 = off), then top_p
  * (1 = off), then min_p (0 = off), judged at temperature 1, then temperature (> 0) reshapes
  * the draw among the survivors; u in [0, 1) is the one uniform number the draw uses.
@@ -94,21 +113,24 @@ double ds4n_read_bandwidth(ds4n_pool *pool, int64_t bytes, int reps, int huge_pa
 int64_t ds4n_sample(const float *values, int64_t n, int32_t top_k, float top_p, float min_p,
                     float temperature, double u);
 
-/* Decode profile (off by default; costs one relaxed load per hook when off). enable(1)
- * clears the counters and starts timing every pool dispatch and matmul part; mark() closes
- * one forward pass (call it between tokens). read() copies up to max entries (one per
- * matmul shape: type, decode or prefill, rows, K), returns how many exist, and fills
+/* Decode and prefill profile (off by default; costs one relaxed load per hook when off).
+ * enable(1) clears the counters and starts timing every pool dispatch and matmul part; mark()
+ * closes one forward pass (call it between tokens, or a prefill's chunks). read() copies up
+ * to max entries (one per matmul shape: type, decode or prefill, rows, K), returns how many
+ * exist, and fills
  * totals[DS4N_PROFILE_TOTALS]: dispatches, dispatch wall ns, busy ns (summed over
  * threads), wall and busy ns of non-matmul pool work (attention), wall ns of the marked
  * forward passes from first dispatch start to last dispatch end, passes marked, sync ns
  * (dispatch wall beyond its busiest thread's time: publishing, wake-up, barrier), join ns
  * (summed delay from a dispatch's start to each worker's first share), joins (workers that
  * ran a share), absent (workers that ran none: asleep or descheduled, their shares taken by
- * others). The busiest thread's time is shared among the matmuls and other work by busy time. */
+ * others). The busiest thread's time is shared among the matmuls and other work by busy time.
+ * An entry's tokens is the T of its calls summed: its multiply-adds are tokens x rows x K. */
 typedef struct {
     int32_t type, prefill;
     int64_t rows, K, calls, wall_ns, busy_ns;
     int64_t parts; /* shares run: calls x threads */
+    int64_t tokens; /* tokens multiplied, summed over the calls (T of each) */
 } ds4n_profile_entry;
 #define DS4N_PROFILE_TOTALS 11
 void ds4n_profile_enable(int on);

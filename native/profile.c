@@ -23,6 +23,7 @@ atomic_int ds4n_profiling;
 
 static ds4n_profile_entry entries[MAX_ENTRIES];
 static int n_entries;
+static int64_t token_parts[MAX_ENTRIES]; /* the entries' T summed over every share */
 static int64_t dispatches, wall_ns, busy_ns, other_wall_ns, other_busy_ns, span_ns, passes;
 static int64_t sync_ns, join_ns, joins, absent;
 static int64_t first_start, last_end; /* of the open forward pass; first_start 0: none */
@@ -45,6 +46,7 @@ void ds4n_profile_matmul(int type, int64_t rows, int64_t K, int64_t T, int64_t n
         if (log->part[i].type == type && log->part[i].rows == rows && log->part[i].K == K &&
             log->part[i].prefill == prefill) {
             log->part[i].ns += ns;
+            log->part[i].tokens += T;
             log->part[i].count++;
             return;
         }
@@ -54,6 +56,7 @@ void ds4n_profile_matmul(int type, int64_t rows, int64_t K, int64_t T, int64_t n
     log->part[log->n].rows = rows;
     log->part[log->n].K = K;
     log->part[log->n].ns = ns;
+    log->part[log->n].tokens = T;
     log->part[log->n].count = 1;
     log->n++;
 }
@@ -66,6 +69,7 @@ static ds4n_profile_entry *entry(int type, int prefill, int64_t rows, int64_t K)
     if (n_entries == MAX_ENTRIES) return NULL;
     ds4n_profile_entry *e = &entries[n_entries++];
     memset(e, 0, sizeof *e);
+    token_parts[e - entries] = 0;
     e->type = type, e->prefill = prefill, e->rows = rows, e->K = K;
     return e;
 }
@@ -99,6 +103,8 @@ void ds4n_profile_dispatch(struct ds4n_prof_log *logs, int n_logs, int64_t t0, i
             if (!e) continue;
             e->parts += p->count;
             e->calls = e->parts / n_logs;
+            token_parts[e - entries] += p->tokens;
+            e->tokens = token_parts[e - entries] / n_logs;
             e->busy_ns += p->ns;
             e->wall_ns += (int64_t)((double)p->ns * per_busy);
         }

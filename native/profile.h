@@ -12,7 +12,7 @@
  * dispatching thread after the dispatch is complete. */
 struct ds4n_prof_part {
     int type, prefill, count; /* count: parts of this shape merged here */
-    int64_t rows, K, ns;
+    int64_t rows, K, ns, tokens; /* tokens: the merged parts' T, summed */
 };
 struct ds4n_prof_log {
     int n;

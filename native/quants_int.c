@@ -140,6 +140,7 @@ static ds4n_int_rows_fn active_int_rows[DS4N_TYPE_SLOTS];
 static ds4n_sb_part_fn active_sb_part[2]; /* Q4_K, Q6_K */
 static ds4n_sb_tile_fn active_sb_tile;
 static ds4n_sb_unpack_fn active_sb_unpack;
+static const struct ds4n_int_set *active_set;
 
 #if defined(__x86_64__) || defined(_M_X64)
 static int cpu_has_vnni(void) {
@@ -170,6 +171,7 @@ void ds4n_int_select(int level) {
     active_sb_part[1] = part_ref_q6_K;
     active_sb_tile = NULL;
     active_sb_unpack = NULL;
+    active_set = own;
     if (!own) return;
     memcpy(active_int_rows, own->rows, sizeof active_int_rows);
     memcpy(active_sb_part, own->part, sizeof active_sb_part);
@@ -178,6 +180,7 @@ void ds4n_int_select(int level) {
 }
 
 ds4n_sb_tile_fn ds4n_active_sb_tile(void) { return active_sb_tile; }
+const struct ds4n_int_set *ds4n_active_int_set(void) { return active_set; }
 ds4n_sb_unpack_fn ds4n_active_sb_unpack(void) { return active_sb_unpack; }
 
 ds4n_sb_part_fn ds4n_active_sb_part(int type) { return active_sb_part[type == DS4N_Q6_K]; }

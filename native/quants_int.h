@@ -517,6 +517,9 @@ struct ds4n_int_set {
         .quantize = xq_quantize,                                                                   \
     }
 
+/* The level's own set in force, or NULL: the scalar kernels serve every level without one. */
+const struct ds4n_int_set *ds4n_active_int_set(void);
+
 #if defined(__x86_64__) || defined(_M_X64)
 extern const struct ds4n_int_set ds4n_int_avx512; /* usable when the CPU has AVX-512 VNNI */
 extern const struct ds4n_int_set ds4n_int_avx2;   /* AVX2, and AVX-512 without VNNI */

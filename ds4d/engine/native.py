@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -44,7 +45,16 @@ class ProfileEntry(ctypes.Structure):
     _fields_ = [
         ("type", ctypes.c_int32), ("prefill", ctypes.c_int32), ("rows", ctypes.c_int64),
         ("K", ctypes.c_int64), ("calls", ctypes.c_int64), ("wall_ns", ctypes.c_int64),
-        ("busy_ns", ctypes.c_int64), ("parts", ctypes.c_int64),
+        ("busy_ns", ctypes.c_int64), ("parts", ctypes.c_int64), ("tokens", ctypes.c_int64),
+    ]  # fmt: skip
+
+
+class MacPeakInfo(ctypes.Structure):
+    """ds4n_mac_peak_info: one core's multiply-add peak for a prefill kernel's instruction."""
+
+    _fields_ = [
+        ("instr", ctypes.c_char_p), ("products", ctypes.c_int32),
+        ("lane_rate", ctypes.c_double), ("rate", ctypes.c_double),
     ]  # fmt: skip
 
 
@@ -113,6 +123,10 @@ def _load() -> ctypes.CDLL:
             [ctypes.c_int, vp, i64, i64, c_float_p, i64, c_float_p, ctypes.c_int, ctypes.c_int],
         ),
         "ds4n_read_bandwidth": (ctypes.c_double, [vp, i64, ctypes.c_int, ctypes.c_int]),
+        "ds4n_mac_peak": (
+            ctypes.c_int,
+            [ctypes.c_int, ctypes.c_int, i64, ctypes.c_int, ctypes.POINTER(MacPeakInfo)],
+        ),
         "ds4n_sample": (
             i64,
             [
@@ -231,6 +245,12 @@ def simd_level() -> int:
     return int(lib.ds4n_simd_level())
 
 
+def type_supported(qtype: int | str) -> bool:
+    """True when the native kernels run the type (an id or a name)."""
+    t = TYPES.get(qtype, -1) if isinstance(qtype, str) else int(qtype)
+    return t >= 0 and bool(lib.ds4n_type_supported(t))
+
+
 def type_id(qtype: int | str) -> int:
     """A GGML type id from an id, a name, or a gguf.GGMLQuantizationType."""
     t = TYPES[qtype] if isinstance(qtype, str) else int(qtype)
@@ -328,6 +348,40 @@ def read_bandwidth(pool: Pool, n_bytes: int = 256 << 20, reps: int = 5,
     if bw <= 0:
         raise EngineError(f"cannot measure bandwidth over {n_bytes} bytes (out of memory?)")
     return float(bw)
+
+
+@dataclass(frozen=True)
+class MacPeak:
+    """The compute bound of one weight type's prefill at one precision (ds4n_mac_peak)."""
+
+    instr: str  # the instruction timed; "" when the SIMD level has no probe for this path
+    products: int  # its multiply-adds per weight multiply-add
+    lane_rate: float  # the instruction's multiply-adds per second, one core
+    per_core: float  # weight multiply-adds (rows x K x tokens) per second, one core
+    threads: int
+
+    @property
+    def rate(self) -> float:
+        """The per-core rate times the threads the engine runs: the bound of its matmuls."""
+        return self.per_core * self.threads
+
+
+def mac_peak(qtype: int | str, precision: str, threads: int = 1, iters: int = 1_000_000,
+             reps: int = 3) -> MacPeak:  # fmt: skip
+    """The multiply-add peak of the instruction the prefill kernel of qtype runs at precision
+    on the SIMD level in force, measured on the calling thread (its CPU time: one core's rate,
+    whatever else runs on the machine), scaled by threads. per_core 0 and instr "": the level
+    has no probe for that path (no kernel of its own)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r} (known: {', '.join(PRECISIONS)})")
+    info = MacPeakInfo()
+    got = lib.ds4n_mac_peak(type_id(qtype), PRECISIONS[precision], int(iters), int(reps),
+                            ctypes.byref(info))  # fmt: skip
+    if got != 0:
+        raise ValueError(f"bad peak arguments: type {qtype}, iters {iters}, reps {reps}")
+    instr = info.instr.decode() if info.instr else ""
+    return MacPeak(instr, int(info.products), float(info.lane_rate), float(info.rate),
+                   int(threads))  # fmt: skip
 
 
 class Profile:

@@ -13,8 +13,10 @@ one Engine.eval_batch per step, and each count's aggregate tokens/s is reported 
 one session's (`--csv` writes those rows).
 
 `--bandwidth` measures the machine's multi-threaded read bandwidth (the decode bound) and
-exits; `--profile` adds, at each frontier, a profiled generation that splits a token's time
-into its parts (see ds4d/tools/bench_profile.py), written with `--profile-csv` / `--profile-plot`.
+exits; `--profile` adds, at each frontier, a profiled prefill of the span it added (its time
+per prompt token by part, each matmul type's multiply-adds against the compute peak of the
+precision in force) and a profiled generation that splits a token's time into its parts
+(see ds4d/tools/bench_profile.py), written with `--profile-csv` / `--profile-plot`.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ds4d.daemon.exitcodes import CliError
 
 if TYPE_CHECKING:  # imported where used: `ds4d bench --help` loads no native library
     from ds4d.engine.engine import Engine, Session
+    from ds4d.engine.native import MacPeak
     from ds4d.tools.bench_profile import Part
 
 CSV_FIELDS = (
@@ -92,7 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile",
         action="store_true",
-        help="also profile a generation at each frontier (time per part)",
+        help="also profile the prefill and a generation at each frontier (time per part)",
     )
     p.add_argument("--profile-csv", type=Path, help="write the profile as CSV (implies --profile)")
     p.add_argument("--profile-plot", type=Path,
@@ -127,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
     if args.profile or args.profile_csv or args.profile_plot:
         profiler = _Profiler(engine, args.bandwidth_mib)
     rows = sweep(engine, tokens, args.ctx_start, args.ctx_max, args.step_incr, args.gen_tokens,
-                 after_generation=profiler)  # fmt: skip
+                 after_generation=profiler,
+                 after_prefill=profiler.prefill if profiler else None)  # fmt: skip
     if args.csv:
         write_csv(args.csv, rows)
     if args.plot:
@@ -137,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
             title=f"ds4d bench: {info.name}, {engine.threads} threads, kv {engine.kv_type}",
         )
     if profiler is not None:
-        profiler.report(args, title=f"ds4d decode profile: {info.name}, {engine.threads} threads")
+        profiler.report(args, title=f"ds4d profile: {info.name}, {engine.threads} threads, "
+                        f"precision {info.precision}")  # fmt: skip
     return 0
 
 
@@ -238,12 +243,29 @@ def run_bandwidth(args: argparse.Namespace) -> int:
 
 
 class _Profiler:
-    """The --profile hook of the sweep: a profiled generation at every frontier."""
+    """The --profile hooks of the sweep: a profiled prefill and generation at every frontier."""
 
     def __init__(self, engine: Engine, bandwidth_mib: int | None) -> None:
         self.engine = engine
         self.bandwidth_mib = bandwidth_mib
         self.parts: list[Part] = []
+        self.peaks: dict[int, MacPeak] | None = None  # measured at the first prefill
+
+    def prefill(self, session: Session, ctx: int, span: list[int]) -> None:
+        """Prefills the span again, profiled (rewound to where it started: the session is
+        back at ctx after)."""
+        from ds4d.tools import bench_profile as bp
+
+        if not span:
+            return
+        if self.peaks is None:
+            self.peaks = bp.model_peaks(self.engine)
+            bp.print_peaks(self.peaks, self.engine.info.precision)
+        session.rewind(ctx - len(span))
+        parts, pool = bp.profile_prefill(self.engine, session, span, self.peaks)
+        bp.print_prefill_parts(parts)
+        bp.print_pool(pool, per="chunk")
+        self.parts += parts
 
     def _bound(self, ctx: int) -> float:
         """The read bandwidth over a buffer of the bytes a decode step reads at ctx (or
@@ -287,10 +309,12 @@ def sweep(
     step: int,
     gen_tokens: int,
     after_generation: Callable[[Session, int, int, np.ndarray], None] | None = None,
+    after_prefill: Callable[[Session, int, list[int]], None] | None = None,
 ) -> list[Row]:
     """Runs the sweep on one session and returns one Row per frontier (also printed).
-    after_generation(session, ctx, gen_tokens, stop_ids), if given, runs at each frontier
-    after the timed generation (the session rewound to ctx), and must leave it at ctx."""
+    after_prefill(session, ctx, span) and then after_generation(session, ctx, gen_tokens,
+    stop_ids), if given, run at each frontier after the timed generation (the session rewound
+    to ctx; span: the tokens its prefill added), and must leave it at ctx."""
     session = engine.new_session(ctx_max + gen_tokens)
     stop_ids = np.fromiter(engine.tokenizer.eog_ids, dtype=np.int64)
     print(
@@ -326,6 +350,8 @@ def sweep(
             f"{row.peak_rss_bytes / 1e6:>12.1f}",
             flush=True,
         )
+        if after_prefill is not None:
+            after_prefill(session, ctx, span)
         if after_generation is not None:
             after_generation(session, ctx, gen_tokens, stop_ids)
     session.close()

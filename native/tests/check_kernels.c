@@ -290,6 +290,37 @@ static void check_mxfp4_exponents(int simd) {
         }
 }
 
+/* The peak probe (ds4n_mac_peak) of a level: f32 FMA for the exact path, wherever the level
+ * has a tile of its own; the integer dot products where it has integer kernels (x86), none on
+ * NEON (it runs the scalar integer kernels) nor on the scalar level. */
+static void check_peak(int simd) {
+    for (int limbs = 0; limbs <= 3; limbs += limbs ? 1 : 2)
+        for (int t = 0; t < 2; t++) {
+            const int type = t ? DS4N_Q4_K : DS4N_Q4_1, sb = t;
+            ds4n_mac_peak_info info;
+            if (ds4n_mac_peak(type, limbs, 2000, 1, &info) != 0) {
+                printf("peak: level %d limbs %d type %d: refused\n", simd, limbs, type);
+                failures++;
+                continue;
+            }
+            const int want = simd != DS4N_SIMD_SCALAR && (limbs == 0 || simd != DS4N_SIMD_NEON);
+            const int products = limbs == 0 ? 1 : sb ? limbs - 1 : limbs;
+            const int got = info.instr != NULL && info.lane_rate > 0 && info.lane_rate < 1e15;
+            if (got != want || info.products != products ||
+                (want && info.rate != info.lane_rate / products) || (!want && info.rate != 0)) {
+                printf("peak: level %d limbs %d type %d: %s %g x %d\n", simd, limbs, type,
+                       info.instr ? info.instr : "(none)", info.lane_rate, info.products);
+                failures++;
+            }
+        }
+    ds4n_mac_peak_info info;
+    if (ds4n_mac_peak(DS4N_Q4_1, 1, 2000, 1, &info) != -1 ||
+        ds4n_mac_peak(DS4N_Q4_1, 0, 0, 1, &info) != -1) {
+        printf("peak: a bad argument accepted\n");
+        failures++;
+    }
+}
+
 int main(void) {
     const char *names[] = {"scalar", "avx2", "neon", "avx512", "amx"};
     ds4n_pool *pool = ds4n_pool_new(2), *pool1 = ds4n_pool_new(1);
@@ -338,12 +369,15 @@ int main(void) {
                     }
         }
         check_mxfp4_exponents(simd);
+        check_peak(simd);
         printf("check_kernels: %s vs scalar, %d types: %s\n", names[simd], n_types,
                failures > before ? "FAILED" : "ok");
         checked++;
     }
     ds4n_pool_free(pool);
     ds4n_pool_free(pool1);
+    ds4n_set_simd(DS4N_SIMD_SCALAR);
+    check_peak(DS4N_SIMD_SCALAR);
     ds4n_set_simd(DS4N_SIMD_AUTO);
     if (!checked) printf("check_kernels: this CPU has no SIMD kernel set; nothing to compare\n");
     return failures ? 1 : 0;
