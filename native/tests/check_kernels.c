@@ -299,6 +299,11 @@ int main(void) {
     for (int simd = DS4N_SIMD_AVX2; simd <= DS4N_SIMD_AMX; simd++) {
         if (ds4n_set_simd(simd) != simd) continue;
         const int before = failures;
+        /* Which integer kernels check_int compares (check-neon runs the aarch64 build on CPUs
+         * with and without SDOT); every SIMD level has its own. */
+        const char *int_set = ds4n_int_kernel_set();
+        printf("check_kernels: %s: integer kernels %s\n", names[simd], int_set);
+        if (strcmp(int_set, "scalar") == 0) fail("integer kernel set", names[simd], 0, 1);
         for (int i = 0; i < n_types; i++) {
             check_rows(i, simd);
             check_matmul(i, simd, NULL, 512);
