@@ -73,6 +73,13 @@ DS4N_INLINE void sb_lanes(const int32x4_t s[8], int32x4_t L[4]) {
     for (int j = 0; j < 4; j++) L[j] = vpaddq_s32(s[2 * j], s[2 * j + 1]);
 }
 
+/* ds4n_f16_to_f32 by FCVT, exact for every half but a NaN (FCVT quiets signalling NaNs):
+ * infinities and NaNs take the scalar conversion, which keeps the payload. */
+DS4N_INLINE float f16_to_f32(uint16_t h) {
+    if ((h & 0x7c00) == 0x7c00) return ds4n_f16_to_f32(h);
+    return vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+}
+
 /* A super-block's scalars: d, dmin (Q4_K; 0 for Q6_K), Q4_K's 8 mins as int32 (m[0]: 0..3)
  * and its 8 scales (returned, a byte each). */
 DS4N_INLINE uint64_t sb_scalars(int type, const uint8_t *blk, float *d, float *dmin,
@@ -81,15 +88,15 @@ DS4N_INLINE uint64_t sb_scalars(int type, const uint8_t *blk, float *d, float *d
         const block_q4_K *p = (const block_q4_K *)blk;
         uint64_t sc, mn;
         ds4n_k_scale_min8(p->scales, &sc, &mn);
-        *d = ds4n_f16_to_f32(p->d);
-        *dmin = ds4n_f16_to_f32(p->dmin);
+        *d = f16_to_f32(p->d);
+        *dmin = f16_to_f32(p->dmin);
         const uint16x8_t m16 = vmovl_u8(vcreate_u8(mn));
         m[0] = vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(m16)));
         m[1] = vreinterpretq_s32_u32(vmovl_high_u16(m16));
         return sc;
     }
     const block_q6_K *p = (const block_q6_K *)blk;
-    *d = ds4n_f16_to_f32(p->d);
+    *d = f16_to_f32(p->d);
     *dmin = 0.0f;
     m[0] = m[1] = vdupq_n_s32(0);
     return 0;
@@ -123,7 +130,8 @@ DS4N_INLINE void sb_token1(int type, const uint8_t *blk, const int16_t *a, int64
     int32x4_t m[2], s0[8], s1[8], L0[4], L1[4];
     const uint64_t sc = sb_scalars(type, blk, &d, &dmin, m);
     for (int j = 0; j < 8; j++) s0[j] = s1[j] = vdupq_n_s32(0);
-    for (int i = 0; i < 8; i++) {
+    /* unrolled: each vector's nibble half, scale byte and Q6_K shift are then constants */
+    _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
         int16x8_t w[4];
         sb_vec(type, blk, sc, i, w);
         sb_mla(w, a + 32 * i, s0);
@@ -152,13 +160,13 @@ DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq,
         int32x4_t m[2];
         const uint64_t sc = sb_scalars(type, blk, &d, &dmin, m);
         int16x8_t W[8][4];
-        for (int i = 0; i < 8; i++) sb_vec(type, blk, sc, i, W[i]);
+        _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) sb_vec(type, blk, sc, i, W[i]);
         for (int t = 0; t < T; t++) {
             const int64_t tt = t0 + t;
             const int16_t *a = xq->a + tt * nl * lda + g * DS4N_INT_GROUP;
             int32x4_t s0[8], s1[8], L0[4], L1[4];
             for (int j = 0; j < 8; j++) s0[j] = s1[j] = vdupq_n_s32(0);
-            for (int i = 0; i < 8; i++) {
+            _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
                 sb_mla(W[i], a + 32 * i, s0);
                 if (nl == 2) sb_mla(W[i], a + lda + 32 * i, s1);
             }

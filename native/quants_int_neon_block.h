@@ -13,7 +13,7 @@
  *    pairs' pairs: the 4-value lanes).
  * Every sum is an exact integer, so the order of the integer additions is free; the float
  * steps (conversion, the limb FMA, acc = fma(f, ws·xs, acc), the bias FMA, the tree) run in
- * the reference's order. The scales are converted by ds4n_int_scales itself. */
+ * the reference's order. */
 #ifndef DS4N_QUANTS_INT_NEON_BLOCK_H
 #define DS4N_QUANTS_INT_NEON_BLOCK_H
 
@@ -25,6 +25,51 @@
 
 #include "quants_int.h"
 #include "quants_simd.h"
+
+/* ds4n_f16_to_f32 of n (<= 8) halves h[0], h[stride / 2], ... (zero past n): FCVTL, exact
+ * for every half but a NaN (it quiets signalling NaNs); a group holding an infinity or a NaN
+ * takes the scalar conversion, which keeps the payload. */
+DS4N_INLINE void f16x8(const uint8_t *h, int64_t stride, int n, float32x4_t v[2]) {
+    uint16_t b[8] = {0};
+    for (int i = 0; i < n; i++) memcpy(&b[i], h + i * stride, 2);
+    const uint16x8_t u = vld1q_u16(b);
+    const uint16x8_t e = vandq_u16(u, vdupq_n_u16(0x7c00));
+    if (vmaxvq_u16(vceqq_u16(e, vdupq_n_u16(0x7c00)))) {
+        float f[8];
+        for (int i = 0; i < 8; i++) f[i] = ds4n_f16_to_f32(b[i]);
+        v[0] = vld1q_f32(f), v[1] = vld1q_f32(f + 4);
+        return;
+    }
+    v[0] = vcvt_f32_f16(vreinterpret_f16_u16(vget_low_u16(u)));
+    v[1] = vcvt_high_f32_f16(vreinterpretq_f16_u16(u));
+}
+
+/* ws and mb of a group of n blocks at grp, as ds4n_int_scales computes them (the same
+ * products, rounded once each); zero past n. */
+DS4N_INLINE void group_scales(int type, const uint8_t *grp, int n, float32x4_t ws[2],
+                              float32x4_t mb[2]) {
+    const int64_t bb = type == DS4N_Q8_0   ? (int64_t)sizeof(block_q8_0)
+                       : type == DS4N_Q4_0 ? (int64_t)sizeof(block_q4_0)
+                                           : (int64_t)sizeof(block_q4_1);
+    f16x8(grp, bb, n, ws); /* d leads every layout */
+    if (type == DS4N_Q4_1) { /* -m */
+        f16x8(grp + 2, bb, n, mb);
+        mb[0] = vnegq_f32(mb[0]), mb[1] = vnegq_f32(mb[1]);
+        return;
+    }
+    const float k = type == DS4N_Q8_0 ? 128.0f : 8.0f;
+    mb[0] = vmulq_n_f32(ws[0], k), mb[1] = vmulq_n_f32(ws[1], k);
+}
+
+/* acc + f·s[lane] (one rounding), lane a constant once inlined. */
+DS4N_INLINE float32x4_t fma_lane(float32x4_t acc, float32x4_t f, float32x4_t s, int lane) {
+    switch (lane & 3) {
+    case 0: return vfmaq_laneq_f32(acc, f, s, 0);
+    case 1: return vfmaq_laneq_f32(acc, f, s, 1);
+    case 2: return vfmaq_laneq_f32(acc, f, s, 2);
+    default: return vfmaq_laneq_f32(acc, f, s, 3);
+    }
+}
 
 /* The codes of block b of the group at grp, 32 values in order as signed bytes: Q8_0's w
  * (not biased), the nibbles of Q4_0 and Q4_1. */
@@ -108,34 +153,32 @@ DS4N_INLINE void int_group(int type, const uint8_t *grp, const int n, const stru
                            float32x4_t (*accm)[2]) {
     const int L = xq->limbs;
     const int64_t K = xq->K, nb = xq->nb;
-    struct ds4n_int_group g;
-    ds4n_int_scales(type, grp, 0, n, &g); /* ws and mb: the reference's own conversion */
-    float32x4_t mb[2];
-    load8(g.mb, n, mb);
+    float32x4_t ws[2], mb[2];
+    group_scales(type, grp, n, ws, mb);
     int8x16_t cc[8][2];
     if (T > 1)
         for (int b = 0; b < n; b++) block_codes(type, grp, b, cc[b]);
     for (int t = 0; t < T; t++) {
         const int64_t tt = t0 + t;
-        const float *xs = xq->xs + tt * nb + gi * 8;
         const int8_t *q = xq->q + tt * L * K + gi * DS4N_INT_GROUP;
-        for (int b = 0; b < n; b++) {
+        float32x4_t x8[2], bs[2];
+        load8(xq->xs + tt * nb + gi * 8, n, x8);
+        load8(xq->bsum + tt * nb + gi * 8, n, bs);
+        /* ws·xs per block, rounded once */
+        const float32x4_t S[2] = {vmulq_f32(ws[0], x8[0]), vmulq_f32(ws[1], x8[1])};
+        _Pragma("GCC unroll 8") for (int b = 0; b < n; b++) {
             int8x16_t own[2];
             if (T == 1) block_codes(type, grp, b, own);
             int32x4_t h[2], s2[2];
             block_lanes(type, T == 1 ? own : cc[b], q + 32 * b, K, L, h, s2);
-            const float w = g.ws[b] * xs[b];
             for (int i = 0; i < 2; i++) {
                 float32x4_t f = vcvtq_f32_s32(h[i]);
                 if (L == 3) f = vfmaq_n_f32(f, vcvtq_f32_s32(s2[i]), 0x1p-7f);
-                acc[t][2 * (b % 2) + i] = vfmaq_n_f32(acc[t][2 * (b % 2) + i], f, w);
+                acc[t][2 * (b % 2) + i] = fma_lane(acc[t][2 * (b % 2) + i], f, S[b / 4], b % 4);
             }
         }
         /* the bias, per block: mb·xs rounded once, then the FMA with bsum; past n, mb and
          * bsum are zero and fma(0, 0, acc) keeps acc (never -0: it starts at +0) */
-        float32x4_t x8[2], bs[2];
-        load8(xs, n, x8);
-        load8(xq->bsum + tt * nb + gi * 8, n, bs);
         for (int i = 0; i < 2; i++)
             accm[t][i] = vfmaq_f32(accm[t][i], vmulq_f32(mb[i], x8[i]), bs[i]);
     }
