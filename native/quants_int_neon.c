@@ -25,7 +25,7 @@ DS4N_INLINE void sb_vec(int type, const uint8_t *blk, uint64_t sc, int i, int16x
         const block_q4_K *p = (const block_q4_K *)blk;
         const uint8_t *qs = p->qs + 32 * (i / 2);
         const uint8x16_t s = vdupq_n_u8((uint8_t)(sc >> (8 * i)));
-        for (int u = 0; u < 2; u++) {
+        _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
             const uint8x16_t z = vld1q_u8(qs + 16 * u);
             const uint8x16_t c = i % 2 ? vshrq_n_u8(z, 4) : vandq_u8(z, vdupq_n_u8(0x0f));
             /* nibble·scale <= 15·63: the unsigned product is the int16 */
@@ -39,7 +39,7 @@ DS4N_INLINE void sb_vec(int type, const uint8_t *blk, uint64_t sc, int i, int16x
     const block_q6_K *p = (const block_q6_K *)blk;
     const int h = i / 4, r = i % 4;
     const uint8_t *ql = p->ql + 64 * h + 32 * (r % 2), *qh = p->qh + 32 * h;
-    for (int u = 0; u < 2; u++) {
+    _Pragma("GCC unroll 2") for (int u = 0; u < 2; u++) {
         const uint8x16_t l = vld1q_u8(ql + 16 * u), hb = vld1q_u8(qh + 16 * u);
         const uint8x16_t lo = r >= 2 ? vshrq_n_u8(l, 4) : vandq_u8(l, vdupq_n_u8(0x0f));
         uint8x16_t top; /* (qh >> 2r & 3) << 4 */
@@ -58,10 +58,13 @@ DS4N_INLINE void sb_vec(int type, const uint8_t *blk, uint64_t sc, int i, int16x
     }
 }
 
+/* (The short loops below carry unroll pragmas: clang 14 otherwise keeps some of them rolled,
+ * with their vector arrays in memory, 2.3x gcc's instructions per super-block.) */
+
 /* The position sums of one vector: s[2q] += w·a over positions 8q .. 8q + 3, s[2q + 1] over
  * 8q + 4 .. 8q + 7 (a: the vector's 32 activations). */
 DS4N_INLINE void sb_mla(const int16x8_t w[4], const int16_t *a, int32x4_t s[8]) {
-    for (int q = 0; q < 4; q++) {
+    _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
         const int16x8_t A = vld1q_s16(a + 8 * q);
         s[2 * q] = vmlal_s16(s[2 * q], vget_low_s16(w[q]), vget_low_s16(A));
         s[2 * q + 1] = vmlal_high_s16(s[2 * q + 1], w[q], A);
@@ -70,7 +73,7 @@ DS4N_INLINE void sb_mla(const int16x8_t w[4], const int16_t *a, int32x4_t s[8]) 
 
 /* The 16 lane sums (lanes 4j .. 4j + 3 in L[j]) from the position sums. */
 DS4N_INLINE void sb_lanes(const int32x4_t s[8], int32x4_t L[4]) {
-    for (int j = 0; j < 4; j++) L[j] = vpaddq_s32(s[2 * j], s[2 * j + 1]);
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) L[j] = vpaddq_s32(s[2 * j], s[2 * j + 1]);
 }
 
 /* ds4n_f16_to_f32 by FCVT, exact for every half but a NaN (FCVT quiets signalling NaNs):
@@ -108,14 +111,14 @@ DS4N_INLINE void sb_float(int type, const int32x4_t L0[4], const int32x4_t L1[4]
                           float d, float dmin, const int32x4_t m[2], float xs, const int32_t *as,
                           int64_t nb, float32x4_t acc[4]) {
     const float D = d * xs;
-    for (int j = 0; j < 4; j++) {
+    _Pragma("GCC unroll 4") for (int j = 0; j < 4; j++) {
         float32x4_t f = vcvtq_f32_s32(L0[j]);
         if (nl == 2) f = vfmaq_n_f32(f, vcvtq_f32_s32(L1[j]), 0x1p-7f);
         acc[j] = vfmaq_n_f32(acc[j], f, D);
     }
     if (type != DS4N_Q4_K) return;
     const float Dm = dmin * xs;
-    for (int j = 0; j < 2; j++) { /* sub-blocks 4j .. 4j + 3 onto lanes 4j .. */
+    _Pragma("GCC unroll 2") for (int j = 0; j < 2; j++) { /* sub-blocks 4j .. 4j + 3 onto lanes 4j .. */
         float32x4_t g = vcvtq_f32_s32(vmulq_s32(m[j], vld1q_s32(as + 4 * j)));
         if (nl == 2) g = vfmaq_n_f32(g, vcvtq_f32_s32(vmulq_s32(m[j], vld1q_s32(as + nb + 4 * j))), 0x1p-7f);
         acc[j] = vfmsq_n_f32(acc[j], g, Dm); /* fma(-g, Dm, acc) */
@@ -129,7 +132,7 @@ DS4N_INLINE void sb_token1(int type, const uint8_t *blk, const int16_t *a, int64
     float d, dmin;
     int32x4_t m[2], s0[8], s1[8], L0[4], L1[4];
     const uint64_t sc = sb_scalars(type, blk, &d, &dmin, m);
-    for (int j = 0; j < 8; j++) s0[j] = s1[j] = vdupq_n_s32(0);
+    _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) s0[j] = s1[j] = vdupq_n_s32(0);
     /* unrolled: each vector's nibble half, scale byte and Q6_K shift are then constants */
     _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
         int16x8_t w[4];
@@ -165,7 +168,7 @@ DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq,
             const int64_t tt = t0 + t;
             const int16_t *a = xq->a + tt * nl * lda + g * DS4N_INT_GROUP;
             int32x4_t s0[8], s1[8], L0[4], L1[4];
-            for (int j = 0; j < 8; j++) s0[j] = s1[j] = vdupq_n_s32(0);
+            _Pragma("GCC unroll 8") for (int j = 0; j < 8; j++) s0[j] = s1[j] = vdupq_n_s32(0);
             _Pragma("GCC unroll 8") for (int i = 0; i < 8; i++) {
                 sb_mla(W[i], a + 32 * i, s0);
                 if (nl == 2) sb_mla(W[i], a + lda + 32 * i, s1);

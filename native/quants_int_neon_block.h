@@ -111,7 +111,7 @@ DS4N_INLINE int32x4_t lanes16(int type, int32x4_t acc, int8x16_t c, int8x16_t l)
 DS4N_INLINE void block_lanes(int type, const int8x16_t c[2], const int8_t *q, int64_t K, int L,
                              int32x4_t h[2], int32x4_t s2[2]) {
     const int32x4_t z = vdupq_n_s32(0);
-    for (int i = 0; i < 2; i++) {
+    _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++) {
         const int32x4_t s0 = lanes16(type, z, c[i], vld1q_s8(q + 16 * i));
         /* 2^7·s0 + Σ c·l1, accumulated onto the shifted limb-0 sums (exact) */
         h[i] = lanes16(type, vshlq_n_s32(s0, 7), c[i], vld1q_s8(q + K + 16 * i));
@@ -171,7 +171,7 @@ DS4N_INLINE void int_group(int type, const uint8_t *grp, const int n, const stru
             if (T == 1) block_codes(type, grp, b, own);
             int32x4_t h[2], s2[2];
             block_lanes(type, T == 1 ? own : cc[b], q + 32 * b, K, L, h, s2);
-            for (int i = 0; i < 2; i++) {
+            _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++) {
                 float32x4_t f = vcvtq_f32_s32(h[i]);
                 if (L == 3) f = vfmaq_n_f32(f, vcvtq_f32_s32(s2[i]), 0x1p-7f);
                 acc[t][2 * (b % 2) + i] = fma_lane(acc[t][2 * (b % 2) + i], f, S[b / 4], b % 4);
@@ -179,7 +179,7 @@ DS4N_INLINE void int_group(int type, const uint8_t *grp, const int n, const stru
         }
         /* the bias, per block: mb·xs rounded once, then the FMA with bsum; past n, mb and
          * bsum are zero and fma(0, 0, acc) keeps acc (never -0: it starts at +0) */
-        for (int i = 0; i < 2; i++)
+        _Pragma("GCC unroll 2") for (int i = 0; i < 2; i++)
             accm[t][i] = vfmaq_f32(accm[t][i], vmulq_f32(mb[i], x8[i]), bs[i]);
     }
 }
