@@ -2,6 +2,12 @@
  * choice of kernels per SIMD level. The arithmetic is defined in quants_int.h. */
 #include "quants_int.h"
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
 static ds4n_xq_quantize_fn active_quantize;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
@@ -152,13 +158,11 @@ static int cpu_has_vnni(void) {
 
 #if defined(__aarch64__)
 #if defined(__linux__)
-#include <sys/auxv.h>
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20) /* the Linux arm64 ABI's bit for SDOT/UDOT */
 #endif
 static int cpu_has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
 #elif defined(__APPLE__)
-#include <sys/sysctl.h>
 static int cpu_has_dotprod(void) {
     int v = 0;
     size_t n = sizeof v;
@@ -209,9 +213,10 @@ void ds4n_int_select(int level) {
      * repeat their arithmetic, slowly); the tile kernels are tested bitwise against them. */
     active_sb_part[0] = PICK(over, own, part[0], part_ref_q4_K);
     active_sb_part[1] = PICK(over, own, part[1], part_ref_q6_K);
-    active_sb_tile = PICK(over, own, tile, NULL);
-    /* a tile only with its own level's unpacker (the panel layout is the tile's) */
-    active_sb_unpack = active_sb_tile ? PICK(over, own, unpack, NULL) : NULL;
+    /* the tile and its unpacker from one set (the panel layout is the tile's) */
+    const struct ds4n_int_set *tiles = over && over->tile ? over : own;
+    active_sb_tile = tiles ? tiles->tile : NULL;
+    active_sb_unpack = tiles ? tiles->unpack : NULL;
 }
 #undef PICK
 
