@@ -63,6 +63,9 @@ void ds4n_pool_run(ds4n_pool *pool, void (*fn)(void *ctx, int ith, int nth), voi
 int ds4n_pool_set_precision(ds4n_pool *pool, int limbs);
 /* 1 when type has an integer-activation kernel. */
 int ds4n_int_type_supported(int type);
+/* The integer kernels of the current SIMD level, for logs and tests: "scalar", "avx2",
+ * "avx512-vnni", "neon", "neon+dotprod", ... (slots a set leaves out run the scalar ones). */
+const char *ds4n_int_kernel_set(void);
 
 /* Y[t*rows + r] = sum_k W[r][k] * X[t*K + k] for t < T, r < rows.
  * W: rows x K of the given type, row-major (GGUF layout: ne0 = K); X, Y float32.

@@ -11,8 +11,9 @@
  * an upper bound that leaves out the unpacking, the float steps and the loads.
  *
  * A level with no kernel of its own has no probe (instr NULL, rates 0), rather than a figure
- * for an instruction nothing runs: the scalar level (the compiler's code), and the integer
- * path on NEON (it runs the scalar kernels). */
+ * for an instruction nothing runs: the scalar level (the compiler's code). The integer path on
+ * NEON has kernels (SMLAL, SDOT: quants_int_neon*.c) but no probe of them yet, so it says
+ * none rather than quote another instruction's rate. */
 #include <string.h>
 
 #include "ds4n.h"

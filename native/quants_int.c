@@ -2,6 +2,12 @@
  * choice of kernels per SIMD level. The arithmetic is defined in quants_int.h. */
 #include "quants_int.h"
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
+
 static ds4n_xq_quantize_fn active_quantize;
 
 static int64_t align64(int64_t n) { return (n + 63) & ~(int64_t)63; }
@@ -142,6 +148,8 @@ static ds4n_sb_tile_fn active_sb_tile;
 static ds4n_sb_unpack_fn active_sb_unpack;
 static const struct ds4n_int_set *active_set;
 
+static const char *active_set_name = "scalar";
+
 #if defined(__x86_64__) || defined(_M_X64)
 static int cpu_has_vnni(void) {
     __builtin_cpu_init();
@@ -149,35 +157,72 @@ static int cpu_has_vnni(void) {
 }
 #endif
 
+#if defined(__aarch64__)
+#if defined(__linux__)
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20) /* the Linux arm64 ABI's bit for SDOT/UDOT */
+#endif
+static int cpu_has_dotprod(void) { return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0; }
+#elif defined(__APPLE__)
+static int cpu_has_dotprod(void) {
+    int v = 0;
+    size_t n = sizeof v;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &v, &n, NULL, 0) == 0 && v;
+}
+#else
+static int cpu_has_dotprod(void) { return 0; } /* unknown OS: the baseline kernels */
+#endif
+#endif
+
+/* Slot by slot, the first of over, own and the scalar one that has a kernel. */
+#define PICK(over, own, field, scalar)                                                         \
+    ((over) && (over)->field ? (over)->field : (own) && (own)->field ? (own)->field : (scalar))
+
 void ds4n_int_select(int level) {
-    const struct ds4n_int_set *own = NULL;
-    active_quantize = xq_quantize_scalar;
+    const struct ds4n_int_set *own = NULL, *over = NULL;
+    const char *name = "scalar";
+    ds4n_xq_quantize_fn quantize = NULL;
 #if defined(__x86_64__) || defined(_M_X64)
     /* AVX-512 without VNNI runs the AVX2 kernels (bitwise the same as every level's), with
      * the AVX-512 quantizer (the limbs are the same from every quantizer). */
     if (level == DS4N_SIMD_AVX512 || level == DS4N_SIMD_AMX) {
-        own = cpu_has_vnni() ? &ds4n_int_avx512 : &ds4n_int_avx2;
-        active_quantize = ds4n_int_avx512.quantize;
+        const int vnni = cpu_has_vnni();
+        own = vnni ? &ds4n_int_avx512 : &ds4n_int_avx2;
+        quantize = ds4n_int_avx512.quantize;
+        name = vnni ? "avx512-vnni" : "avx2 (avx512 quantizer)";
     }
-    if (level == DS4N_SIMD_AVX2) own = &ds4n_int_avx2, active_quantize = own->quantize;
+    if (level == DS4N_SIMD_AVX2) own = &ds4n_int_avx2, name = "avx2";
 #endif
-    /* Levels without kernels of their own run the scalar ones: slower, bitwise the same. */
-    for (int t = 0; t < DS4N_TYPE_SLOTS; t++)
-        active_int[t] = own && own->row[t] ? own->row[t] : int_scalar[t];
-    /* The scalar level: decode row by row, prefill on the part kernels (a scalar tile would
-     * only repeat their arithmetic, slowly); the tile kernels are tested bitwise against them. */
-    memset(active_int_rows, 0, sizeof active_int_rows);
-    active_sb_part[0] = part_ref_q4_K;
-    active_sb_part[1] = part_ref_q6_K;
-    active_sb_tile = NULL;
-    active_sb_unpack = NULL;
-    active_set = own;
-    if (!own) return;
-    memcpy(active_int_rows, own->rows, sizeof active_int_rows);
-    memcpy(active_sb_part, own->part, sizeof active_sb_part);
-    active_sb_tile = own->tile;
-    active_sb_unpack = own->unpack;
+#if defined(__aarch64__)
+    /* The SDOT build replaces the block-format kernels where the CPU has SDOT; every other
+     * slot is the baseline NEON set's. */
+    if (level == DS4N_SIMD_NEON) {
+        own = &ds4n_int_neon, name = "neon";
+        if (cpu_has_dotprod()) over = &ds4n_int_neon_dotprod, name = "neon+dotprod";
+    }
+#endif
+    active_set_name = name;
+    active_set = own; /* the set ds4n_mac_peak probes the instruction of */
+    /* Slots a level leaves NULL, and levels without kernels of their own, run the scalar
+     * ones: slower, bitwise the same. */
+    active_quantize = quantize ? quantize : PICK(over, own, quantize, xq_quantize_scalar);
+    for (int t = 0; t < DS4N_TYPE_SLOTS; t++) {
+        active_int[t] = PICK(over, own, row[t], int_scalar[t]);
+        /* The scalar level: decode row by row (the row kernel above). */
+        active_int_rows[t] = PICK(over, own, rows[t], NULL);
+    }
+    /* Prefill on the part kernels where the level has no tile (a scalar tile would only
+     * repeat their arithmetic, slowly); the tile kernels are tested bitwise against them. */
+    active_sb_part[0] = PICK(over, own, part[0], part_ref_q4_K);
+    active_sb_part[1] = PICK(over, own, part[1], part_ref_q6_K);
+    /* the tile and its unpacker from one set (the panel layout is the tile's) */
+    const struct ds4n_int_set *tiles = over && over->tile ? over : own;
+    active_sb_tile = tiles ? tiles->tile : NULL;
+    active_sb_unpack = tiles ? tiles->unpack : NULL;
 }
+#undef PICK
+
+const char *ds4n_int_kernel_set(void) { return active_set_name; }
 
 ds4n_sb_tile_fn ds4n_active_sb_tile(void) { return active_sb_tile; }
 const struct ds4n_int_set *ds4n_active_int_set(void) { return active_set; }

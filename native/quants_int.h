@@ -524,5 +524,11 @@ const struct ds4n_int_set *ds4n_active_int_set(void);
 extern const struct ds4n_int_set ds4n_int_avx512; /* usable when the CPU has AVX-512 VNNI */
 extern const struct ds4n_int_set ds4n_int_avx2;   /* AVX2, and AVX-512 without VNNI */
 #endif
+#if defined(__aarch64__)
+extern const struct ds4n_int_set ds4n_int_neon; /* every AArch64 CPU */
+/* The block-format kernels with SDOT (the rest NULL: ds4n_int_neon's), usable when the CPU
+ * has FEAT_DotProd. */
+extern const struct ds4n_int_set ds4n_int_neon_dotprod;
+#endif
 
 #endif

@@ -41,5 +41,8 @@ def test_simd_kernels_match_scalar_here_and_neon_under_qemu() -> None:
     if "check-neon: skipped" in out:  # outside CI only: in CI the target fails instead
         pytest.skip("needs aarch64-linux-gnu-gcc and qemu-aarch64")
     assert re.search(r"check_kernels: neon vs scalar, \d+ types: ok", out), out
+    # Under qemu, a CPU with SDOT and one without: both integer kernel sets compared.
+    assert "check_kernels: neon: integer kernels neon+dotprod" in out, out
+    assert "check_kernels: neon: integer kernels neon\n" in out, out
     # The attention check, natively (each set) and under qemu.
     assert out.count("SIMD vs scalar: max |diff|") == attention_here + 1, out

@@ -126,7 +126,7 @@ PEAK_PRODUCTS = {
 
 def has_probe(qtype: str, precision: str) -> bool:
     """Whether the level in force has a kernel of its own for the path, so a probe: not the
-    scalar level, nor the integer path on NEON (which runs the scalar integer kernels)."""
+    scalar level, nor the integer path on NEON (its kernels' instructions have no probe yet)."""
     level = native.simd_level()
     integer = precision != "exact" and native.int_type_supported(qtype)
     return level != native.SIMD_SCALAR and not (integer and level == native.SIMD_NEON)
