@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import re
@@ -46,6 +47,7 @@ def ds4d(model: str, ctx: int, gen: int, threads: int, precision: str) -> tuple[
     return float(row["prefill_tps"]), float(row["gen_tps"])
 
 
+@functools.cache  # parsing an 8B's GGUF takes seconds: once per model and context
 def decode_bytes(model: str, ctx: int) -> int:
     """What one decode step at ctx positions reads: the weights (the token embedding only
     as the output head, when there is no output.weight) and K and V of every layer in f16."""
