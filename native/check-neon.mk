@@ -12,7 +12,7 @@ QEMU_AARCH64 ?= qemu-aarch64
 KERNEL_SRCS  := quants.c quants_int.c simd.c threadpool.c matmul.c profile.c macpeak.c
 NEON_SRCS    := quants_neon.c matmul_neon.c quants_int_neon.c macpeak_neon.c
 # with their own flags (Makefile): the SDOT kernels
-DOTPROD_SRCS := quants_int_neon_dotprod.c
+DOTPROD_SRCS := quants_int_neon_dotprod.c macpeak_neon_dotprod.c
 DOTPROD_FLAGS := -march=armv8.2-a+dotprod
 # The kernels under two CPUs: qemu's `max` (SDOT, i8mm: the neon+dotprod integer kernels),
 # everything; then a Cortex-A53 (Armv8.0, no SDOT: the baseline NEON integer kernels), the
@@ -37,10 +37,13 @@ check-neon-native: $(BUILD)/libds4n.so $(CHECK_SRC)
 check-neon-cross: $(KERNEL_SRCS) $(NEON_SRCS) $(DOTPROD_SRCS) $(CHECK_SRC) $(KERNEL_HDRS)
 	@if command -v $(AARCH64_CC) >/dev/null 2>&1 && command -v $(QEMU_AARCH64) >/dev/null 2>&1; then \
 	  echo "$(AARCH64_CC) -static ... -o $(BUILD)/check_kernels_aarch64" && \
-	  $(AARCH64_CC) $(CHECK_CFLAGS) $(DOTPROD_FLAGS) -c $(DOTPROD_SRCS) \
-	    -o $(BUILD)/check_dotprod_aarch64.o && \
+	  for f in $(DOTPROD_SRCS); do \
+	    $(AARCH64_CC) $(CHECK_CFLAGS) $(DOTPROD_FLAGS) -c $$f -o $(BUILD)/check_$${f%.c}_aarch64.o \
+	      || exit 1; \
+	  done && \
 	  $(AARCH64_CC) -static $(CHECK_CFLAGS) $(KERNEL_SRCS) $(NEON_SRCS) \
-	    $(BUILD)/check_dotprod_aarch64.o $(CHECK_SRC) -o $(BUILD)/check_kernels_aarch64 -lm && \
+	    $(DOTPROD_SRCS:%.c=$(BUILD)/check_%_aarch64.o) $(CHECK_SRC) \
+	    -o $(BUILD)/check_kernels_aarch64 -lm && \
 	  echo "qemu-aarch64 -cpu max:" && $(QEMU_AARCH64) -cpu max $(BUILD)/check_kernels_aarch64 && \
 	  echo "qemu-aarch64 -cpu $(QEMU_CPU2):" && \
 	  $(QEMU_AARCH64) -cpu $(QEMU_CPU2) $(BUILD)/check_kernels_aarch64 int-block && \

@@ -11,9 +11,9 @@
  * an upper bound that leaves out the unpacking, the float steps and the loads.
  *
  * A level with no kernel of its own has no probe (instr NULL, rates 0), rather than a figure
- * for an instruction nothing runs: the scalar level (the compiler's code). The integer path on
- * NEON has kernels (SMLAL, SDOT: quants_int_neon*.c) but no probe of them yet, so it says
- * none rather than quote another instruction's rate. */
+ * for an instruction nothing runs: the scalar level (the compiler's code). On NEON the block
+ * format's instruction depends on the kernel chosen for the type (SDOT where the CPU has it,
+ * else SMULL), so the probe follows that choice. */
 #include <string.h>
 
 #include "ds4n.h"
@@ -40,9 +40,10 @@ static struct peak_choice float_peak(void) {
     }
 }
 
-static struct peak_choice int_peak(int sb) {
-#if defined(__x86_64__) || defined(_M_X64)
+static struct peak_choice int_peak(int type, int sb) {
     const struct ds4n_int_set *set = ds4n_active_int_set();
+#if defined(__x86_64__) || defined(_M_X64)
+    (void)type;
     if (set == &ds4n_int_avx512)
         return sb ? (struct peak_choice){ds4n_peak_avx512_dpwssd, "VPDPWSSD zmm (int16)"}
                   : (struct peak_choice){ds4n_peak_avx512_dpbusd, "VPDPBUSD zmm (uint8 x int8)"};
@@ -50,8 +51,16 @@ static struct peak_choice int_peak(int sb) {
         return sb ? (struct peak_choice){ds4n_peak_avx2_madd, "VPMADDWD ymm (int16)"}
                   : (struct peak_choice){ds4n_peak_avx2_maddubs,
                                          "VPMADDUBSW+VPMADDWD ymm (uint8 x int8)"};
+#elif defined(__aarch64__)
+    if (set == &ds4n_int_neon) {
+        if (sb) return (struct peak_choice){ds4n_peak_neon_smlal, "SMLAL 4s (int16)"};
+        const ds4n_int_fn dot = ds4n_int_neon_dotprod.row[type];
+        if (dot && ds4n_active_int_kernel(type) == dot)
+            return (struct peak_choice){ds4n_peak_neon_sdot, "SDOT 4s (int8)"};
+        return (struct peak_choice){ds4n_peak_neon_smull, "SMULL+SADALP (int8)"};
+    }
 #else
-    (void)sb;
+    (void)type, (void)sb, (void)set;
 #endif
     return (struct peak_choice){NULL, NULL};
 }
@@ -63,7 +72,7 @@ int ds4n_mac_peak(int type, int limbs, int64_t iters, int reps, ds4n_mac_peak_in
     memset(out, 0, sizeof *out);
     const int integer = limbs && ds4n_int_type_supported(type);
     const int sb = integer && ds4n_int_type_sb(type);
-    const struct peak_choice c = integer ? int_peak(sb) : float_peak();
+    const struct peak_choice c = integer ? int_peak(type, sb) : float_peak();
     out->products = !integer ? 1 : sb ? limbs - 1 : limbs;
     if (!c.fn) return 0;
     out->instr = c.instr;

@@ -18,6 +18,9 @@ double ds4n_peak_avx512_dpbusd(int64_t iters);
 #endif
 #if defined(__aarch64__)
 double ds4n_peak_neon_fma(int64_t iters);
+double ds4n_peak_neon_smlal(int64_t iters);
+double ds4n_peak_neon_smull(int64_t iters);
+double ds4n_peak_neon_sdot(int64_t iters); /* only where the CPU has SDOT */
 #endif
 
 #endif
