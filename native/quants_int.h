@@ -275,6 +275,52 @@ typedef void (*ds4n_sb_part_fn)(const void *w, const struct ds4n_xq *xq, int64_t
                                 int64_t t0, int T, float *acc, float *y, int64_t ldy);
 ds4n_sb_part_fn ds4n_active_sb_part(int type); /* Q4_K or Q6_K */
 
+/* The kernel tables' entry points, written once for every level's file: each takes its count
+ * at run time (R rows, 1..4; T tokens, 1..8) and calls the file's `impl` with it as a
+ * constant, so the compiler makes one copy of impl per count (their loops fully unrolled).
+ *   DS4N_INT_ROWS_KERNEL: rows_NAME, a ds4n_int_rows_fn over impl(type, w, stride, xq, y, R)
+ *   DS4N_INT_ROW_KERNEL:  int_NAME,  a ds4n_int_fn over impl(type, w, xq, t0, y, ldy, T)
+ *   DS4N_INT_PART_KERNEL: part_NAME, a ds4n_sb_part_fn over
+ *                         impl(type, w, xq, g0, g1, t0, acc, y, ldy, T) */
+#define DS4N_INT_ROWS_KERNEL(name, type, impl)                                                 \
+    static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
+                            int R) {                                                           \
+        switch (R) {                                                                           \
+        case 1: impl(type, w, stride, xq, y, 1); break;                                        \
+        case 2: impl(type, w, stride, xq, y, 2); break;                                        \
+        case 3: impl(type, w, stride, xq, y, 3); break;                                        \
+        default: impl(type, w, stride, xq, y, 4); break;                                       \
+        }                                                                                      \
+    }
+#define DS4N_INT_ROW_CASE(T_, type, impl)                                                      \
+    case T_: impl(type, w, xq, t0, y, ldy, T_); break;
+#define DS4N_INT_ROW_KERNEL(name, type, impl)                                                  \
+    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
+                           int64_t ldy) {                                                      \
+        switch (T) {                                                                           \
+            DS4N_INT_ROW_CASE(1, type, impl) DS4N_INT_ROW_CASE(2, type, impl)                  \
+            DS4N_INT_ROW_CASE(3, type, impl) DS4N_INT_ROW_CASE(4, type, impl)                  \
+            DS4N_INT_ROW_CASE(5, type, impl) DS4N_INT_ROW_CASE(6, type, impl)                  \
+            DS4N_INT_ROW_CASE(7, type, impl)                                                   \
+        default: impl(type, w, xq, t0, y, ldy, 8); break;                                      \
+        }                                                                                      \
+    }
+#define DS4N_INT_PART_CASE(T_, type, impl)                                                     \
+    case T_: impl(type, w, xq, g0, g1, t0, acc, y, ldy, T_); break;
+#define DS4N_INT_PART_KERNEL(name, type, impl)                                                 \
+    static void part_##name(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,  \
+                            int64_t t0, int T, float *acc, float *y, int64_t ldy) {            \
+        switch (T) {                                                                           \
+            DS4N_INT_PART_CASE(1, type, impl) DS4N_INT_PART_CASE(2, type, impl)                \
+            DS4N_INT_PART_CASE(3, type, impl) DS4N_INT_PART_CASE(4, type, impl)                \
+            DS4N_INT_PART_CASE(5, type, impl) DS4N_INT_PART_CASE(6, type, impl)                \
+            DS4N_INT_PART_CASE(7, type, impl)                                                  \
+        default: impl(type, w, xq, g0, g1, t0, acc, y, ldy, 8); break;                         \
+        }                                                                                      \
+    }
+_Static_assert(DS4N_MV_ROWS == 4, "DS4N_INT_ROWS_KERNEL covers 1..4 rows");
+_Static_assert(DS4N_SMALL_T == 8, "DS4N_INT_ROW_KERNEL and DS4N_INT_PART_KERNEL cover 1..8 tokens");
+
 /* Prefill of the super-block types on a level with a tile kernel: a panel of rows unpacked
  * once (code·scale as int16, the scales beside) serves every token of a chunk, and the tile
  * kernel runs R rows x C tokens of it (R <= DS4N_SB_TILE_R, C <= DS4N_SB_TILE_C) with every

@@ -673,55 +673,18 @@ static void sb_tile(int type, const struct ds4n_sb_panel *p, int64_t i0, int R,
 
 /* ---- the kernel tables ----------------------------------------------------------------- */
 
-#define ROWS_KERNEL(name, type, impl)                                                          \
-    static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
-                            int R) {                                                           \
-        switch (R) {                                                                           \
-        case 1: impl(type, w, stride, xq, y, 1); break;                                        \
-        case 2: impl(type, w, stride, xq, y, 2); break;                                        \
-        case 3: impl(type, w, stride, xq, y, 3); break;                                        \
-        default: impl(type, w, stride, xq, y, 4); break;                                       \
-        }                                                                                      \
-    }
-_Static_assert(DS4N_MV_ROWS == 4, "ROWS_KERNEL covers 1..4 rows");
-ROWS_KERNEL(q8_0, DS4N_Q8_0, int_rows1)
-ROWS_KERNEL(q4_0, DS4N_Q4_0, int_rows1)
-ROWS_KERNEL(q4_1, DS4N_Q4_1, int_rows1)
-ROWS_KERNEL(q4_K, DS4N_Q4_K, sb_rows1)
-ROWS_KERNEL(q6_K, DS4N_Q6_K, sb_rows1)
-
-#define ROW_CASE(T_, type, impl)                                                               \
-    case T_: impl(type, w, xq, t0, y, ldy, T_); break;
-#define ROW_KERNEL(name, type, impl)                                                           \
-    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
-                           int64_t ldy) {                                                      \
-        switch (T) {                                                                           \
-            ROW_CASE(1, type, impl) ROW_CASE(2, type, impl) ROW_CASE(3, type, impl)            \
-            ROW_CASE(4, type, impl) ROW_CASE(5, type, impl) ROW_CASE(6, type, impl)            \
-            ROW_CASE(7, type, impl)                                                            \
-        default: impl(type, w, xq, t0, y, ldy, 8); break;                                      \
-        }                                                                                      \
-    }
-_Static_assert(DS4N_SMALL_T == 8, "ROW_KERNEL covers 1..8 tokens");
-ROW_KERNEL(q8_0, DS4N_Q8_0, int_row)
-ROW_KERNEL(q4_0, DS4N_Q4_0, int_row)
-ROW_KERNEL(q4_1, DS4N_Q4_1, int_row)
-ROW_KERNEL(q4_K, DS4N_Q4_K, sb_row)
-ROW_KERNEL(q6_K, DS4N_Q6_K, sb_row)
-
-#define PART_CASE(T_, type)                                                                    \
-    case T_: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, T_); break;
-#define PART_KERNEL(name, type)                                                                \
-    static void part_##name(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,  \
-                            int64_t t0, int T, float *acc, float *y, int64_t ldy) {            \
-        switch (T) {                                                                           \
-            PART_CASE(1, type) PART_CASE(2, type) PART_CASE(3, type) PART_CASE(4, type)        \
-            PART_CASE(5, type) PART_CASE(6, type) PART_CASE(7, type)                           \
-        default: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, 8); break;                      \
-        }                                                                                      \
-    }
-PART_KERNEL(q4_K, DS4N_Q4_K)
-PART_KERNEL(q6_K, DS4N_Q6_K)
+DS4N_INT_ROWS_KERNEL(q8_0, DS4N_Q8_0, int_rows1)
+DS4N_INT_ROWS_KERNEL(q4_0, DS4N_Q4_0, int_rows1)
+DS4N_INT_ROWS_KERNEL(q4_1, DS4N_Q4_1, int_rows1)
+DS4N_INT_ROWS_KERNEL(q4_K, DS4N_Q4_K, sb_rows1)
+DS4N_INT_ROWS_KERNEL(q6_K, DS4N_Q6_K, sb_rows1)
+DS4N_INT_ROW_KERNEL(q8_0, DS4N_Q8_0, int_row)
+DS4N_INT_ROW_KERNEL(q4_0, DS4N_Q4_0, int_row)
+DS4N_INT_ROW_KERNEL(q4_1, DS4N_Q4_1, int_row)
+DS4N_INT_ROW_KERNEL(q4_K, DS4N_Q4_K, sb_row)
+DS4N_INT_ROW_KERNEL(q6_K, DS4N_Q6_K, sb_row)
+DS4N_INT_PART_KERNEL(q4_K, DS4N_Q4_K, sb_part)
+DS4N_INT_PART_KERNEL(q6_K, DS4N_Q6_K, sb_part)
 
 /* ---- the activation quantizer ---------------------------------------------------------- */
 

@@ -257,30 +257,10 @@ DS4N_INLINE void sb_part(int type, const uint8_t *w, const struct ds4n_xq *xq, i
         for (int t = 0; t < T; t++) _mm512_store_ps(accmem + 16 * t, acc[t]);
 }
 
-#define SB_CASE(T_, type)                                                                      \
-    case T_: sb_row(type, w, xq, t0, y, ldy, T_); break;
-#define SB_PART_CASE(T_, type)                                                                 \
-    case T_: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, T_); break;
-#define SB_KERNEL(name, type)                                                                  \
-    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
-                           int64_t ldy) {                                                      \
-        switch (T) {                                                                           \
-            SB_CASE(1, type) SB_CASE(2, type) SB_CASE(3, type) SB_CASE(4, type)                \
-            SB_CASE(5, type) SB_CASE(6, type) SB_CASE(7, type)                                 \
-        default: sb_row(type, w, xq, t0, y, ldy, 8); break;                                    \
-        }                                                                                      \
-    }                                                                                          \
-    static void part_##name(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,  \
-                            int64_t t0, int T, float *acc, float *y, int64_t ldy) {            \
-        switch (T) {                                                                           \
-            SB_PART_CASE(1, type) SB_PART_CASE(2, type) SB_PART_CASE(3, type)                  \
-            SB_PART_CASE(4, type) SB_PART_CASE(5, type) SB_PART_CASE(6, type)                  \
-            SB_PART_CASE(7, type)                                                              \
-        default: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, 8); break;                      \
-        }                                                                                      \
-    }
-SB_KERNEL(q4_K, DS4N_Q4_K)
-SB_KERNEL(q6_K, DS4N_Q6_K)
+DS4N_INT_ROW_KERNEL(q4_K, DS4N_Q4_K, sb_row)
+DS4N_INT_ROW_KERNEL(q6_K, DS4N_Q6_K, sb_row)
+DS4N_INT_PART_KERNEL(q4_K, DS4N_Q4_K, sb_part)
+DS4N_INT_PART_KERNEL(q6_K, DS4N_Q6_K, sb_part)
 
 /* Decode (ds4n_int_rows_fn): R rows from R streams, super-block by super-block, so the R
  * streams are read in step (a single long row is one stream, which the prefetchers do not
@@ -523,35 +503,12 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
     for (int r = 0; r < R; r++) y[r] = finish(acc[r], accm[r]);
 }
 
-#define INT_ROWS_KERNEL(name, type)                                                            \
-    static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
-                            int R) {                                                           \
-        switch (R) {                                                                           \
-        case 1: int_rows1(type, w, stride, xq, y, 1); break;                                   \
-        case 2: int_rows1(type, w, stride, xq, y, 2); break;                                   \
-        case 3: int_rows1(type, w, stride, xq, y, 3); break;                                   \
-        default: int_rows1(type, w, stride, xq, y, 4); break;                                  \
-        }                                                                                      \
-    }
-INT_ROWS_KERNEL(q8_0, DS4N_Q8_0)
-INT_ROWS_KERNEL(q4_0, DS4N_Q4_0)
-INT_ROWS_KERNEL(q4_1, DS4N_Q4_1)
-
-#define INT_CASE(T_, type)                                                                     \
-    case T_: int_row(type, w, xq, t0, y, ldy, T_); break;
-#define INT_KERNEL(name, type)                                                                 \
-    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
-                           int64_t ldy) {                                                      \
-        switch (T) {                                                                           \
-            INT_CASE(1, type) INT_CASE(2, type) INT_CASE(3, type) INT_CASE(4, type)            \
-            INT_CASE(5, type) INT_CASE(6, type) INT_CASE(7, type)                              \
-        default: int_row(type, w, xq, t0, y, ldy, 8); break;                                   \
-        }                                                                                      \
-    }
-_Static_assert(DS4N_SMALL_T == 8, "INT_KERNEL covers 1..8 tokens");
-INT_KERNEL(q8_0, DS4N_Q8_0)
-INT_KERNEL(q4_0, DS4N_Q4_0)
-INT_KERNEL(q4_1, DS4N_Q4_1)
+DS4N_INT_ROWS_KERNEL(q8_0, DS4N_Q8_0, int_rows1)
+DS4N_INT_ROWS_KERNEL(q4_0, DS4N_Q4_0, int_rows1)
+DS4N_INT_ROWS_KERNEL(q4_1, DS4N_Q4_1, int_rows1)
+DS4N_INT_ROW_KERNEL(q8_0, DS4N_Q8_0, int_row)
+DS4N_INT_ROW_KERNEL(q4_0, DS4N_Q4_0, int_row)
+DS4N_INT_ROW_KERNEL(q4_1, DS4N_Q4_1, int_row)
 
 /* ds4n_sb_quantize_group in vectors: the same exact steps (roundscale is rint, ties to even). */
 static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, float *xs,

@@ -223,47 +223,12 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
     for (int r = 0; r < R; r++) y[r] = tree16(acc[r]);
 }
 
-#define SB_ROWS_KERNEL(name, type)                                                             \
-    static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
-                            int R) {                                                           \
-        switch (R) {                                                                           \
-        case 1: sb_rows1(type, w, stride, xq, y, 1); break;                                    \
-        case 2: sb_rows1(type, w, stride, xq, y, 2); break;                                    \
-        case 3: sb_rows1(type, w, stride, xq, y, 3); break;                                    \
-        default: sb_rows1(type, w, stride, xq, y, 4); break;                                   \
-        }                                                                                      \
-    }
-SB_ROWS_KERNEL(q4_K, DS4N_Q4_K)
-SB_ROWS_KERNEL(q6_K, DS4N_Q6_K)
-
-#define SB_ROW_CASE(T_, type)                                                                  \
-    case T_: sb_row(type, w, xq, t0, y, ldy, T_); break;
-#define SB_ROW_KERNEL(name, type)                                                              \
-    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
-                           int64_t ldy) {                                                      \
-        switch (T) {                                                                           \
-            SB_ROW_CASE(1, type) SB_ROW_CASE(2, type) SB_ROW_CASE(3, type)                     \
-            SB_ROW_CASE(4, type) SB_ROW_CASE(5, type) SB_ROW_CASE(6, type)                     \
-            SB_ROW_CASE(7, type)                                                               \
-        default: sb_row(type, w, xq, t0, y, ldy, 8); break;                                    \
-        }                                                                                      \
-    }
-SB_ROW_KERNEL(q4_K, DS4N_Q4_K)
-SB_ROW_KERNEL(q6_K, DS4N_Q6_K)
-
-#define PART_CASE(T_, type)                                                                    \
-    case T_: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, T_); break;
-#define PART_KERNEL(name, type)                                                                \
-    static void part_##name(const void *w, const struct ds4n_xq *xq, int64_t g0, int64_t g1,  \
-                            int64_t t0, int T, float *acc, float *y, int64_t ldy) {            \
-        switch (T) {                                                                           \
-            PART_CASE(1, type) PART_CASE(2, type) PART_CASE(3, type) PART_CASE(4, type)        \
-            PART_CASE(5, type) PART_CASE(6, type) PART_CASE(7, type)                           \
-        default: sb_part(type, w, xq, g0, g1, t0, acc, y, ldy, 8); break;                      \
-        }                                                                                      \
-    }
-PART_KERNEL(q4_K, DS4N_Q4_K)
-PART_KERNEL(q6_K, DS4N_Q6_K)
+DS4N_INT_ROWS_KERNEL(q4_K, DS4N_Q4_K, sb_rows1)
+DS4N_INT_ROWS_KERNEL(q6_K, DS4N_Q6_K, sb_rows1)
+DS4N_INT_ROW_KERNEL(q4_K, DS4N_Q4_K, sb_row)
+DS4N_INT_ROW_KERNEL(q6_K, DS4N_Q6_K, sb_row)
+DS4N_INT_PART_KERNEL(q4_K, DS4N_Q4_K, sb_part)
+DS4N_INT_PART_KERNEL(q6_K, DS4N_Q6_K, sb_part)
 
 /* ---- the activation quantizer ---------------------------------------------------------- */
 

@@ -224,37 +224,11 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
 
 /* The block-format kernels of a set: int_q8_0 .. (ds4n_int_fn, T = 1..8) and rows_q8_0 ..
  * (ds4n_int_rows_fn, R = 1..4), static in the including file. */
-#define DS4N_NEON_ROWS_KERNEL(name, type)                                                      \
-    static void rows_##name(const void *w, int64_t stride, const struct ds4n_xq *xq, float *y, \
-                            int R) {                                                           \
-        switch (R) {                                                                           \
-        case 1: int_rows1(type, w, stride, xq, y, 1); break;                                   \
-        case 2: int_rows1(type, w, stride, xq, y, 2); break;                                   \
-        case 3: int_rows1(type, w, stride, xq, y, 3); break;                                   \
-        default: int_rows1(type, w, stride, xq, y, 4); break;                                  \
-        }                                                                                      \
-    }
-#define DS4N_NEON_ROW_CASE(T_, type)                                                           \
-    case T_: int_row(type, w, xq, t0, y, ldy, T_); break;
-#define DS4N_NEON_ROW_KERNEL(name, type)                                                       \
-    static void int_##name(const void *w, const struct ds4n_xq *xq, int64_t t0, int T, float *y, \
-                           int64_t ldy) {                                                      \
-        switch (T) {                                                                           \
-            DS4N_NEON_ROW_CASE(1, type) DS4N_NEON_ROW_CASE(2, type)                            \
-            DS4N_NEON_ROW_CASE(3, type) DS4N_NEON_ROW_CASE(4, type)                            \
-            DS4N_NEON_ROW_CASE(5, type) DS4N_NEON_ROW_CASE(6, type)                            \
-            DS4N_NEON_ROW_CASE(7, type)                                                        \
-        default: int_row(type, w, xq, t0, y, ldy, 8); break;                                   \
-        }                                                                                      \
-    }
-_Static_assert(DS4N_MV_ROWS == 4, "DS4N_NEON_ROWS_KERNEL covers 1..4 rows");
-_Static_assert(DS4N_SMALL_T == 8, "DS4N_NEON_ROW_KERNEL covers 1..8 tokens");
-
-DS4N_NEON_ROW_KERNEL(q8_0, DS4N_Q8_0)
-DS4N_NEON_ROW_KERNEL(q4_0, DS4N_Q4_0)
-DS4N_NEON_ROW_KERNEL(q4_1, DS4N_Q4_1)
-DS4N_NEON_ROWS_KERNEL(q8_0, DS4N_Q8_0)
-DS4N_NEON_ROWS_KERNEL(q4_0, DS4N_Q4_0)
-DS4N_NEON_ROWS_KERNEL(q4_1, DS4N_Q4_1)
+DS4N_INT_ROW_KERNEL(q8_0, DS4N_Q8_0, int_row)
+DS4N_INT_ROW_KERNEL(q4_0, DS4N_Q4_0, int_row)
+DS4N_INT_ROW_KERNEL(q4_1, DS4N_Q4_1, int_row)
+DS4N_INT_ROWS_KERNEL(q8_0, DS4N_Q8_0, int_rows1)
+DS4N_INT_ROWS_KERNEL(q4_0, DS4N_Q4_0, int_rows1)
+DS4N_INT_ROWS_KERNEL(q4_1, DS4N_Q4_1, int_rows1)
 
 #endif
