@@ -88,6 +88,15 @@ static inline float ds4n_round_small(float v) { return (v + 0x1.8p23f) - 0x1.8p2
  * float range a few steps on); no activation of a working model comes near it. */
 #define DS4N_INT_TINY 0x1p-100f
 
+/* A block whose values are not all finite, or all below DS4N_INT_TINY: zero limbs and sum,
+ * xs NaN (the row's result is NaN, as the float path's) or 0. Every level's quantizer. */
+static inline void ds4n_int_zero_block(int L, int8_t *q, int64_t K, float *xs, float *bsum,
+                                       int finite) {
+    for (int k = 0; k < L; k++) memset(q + k * K, 0, QK);
+    *xs = finite ? 0.0f : NAN;
+    *bsum = 0.0f;
+}
+
 static inline void ds4n_int_quantize_block(const float *x, int L, int8_t *q, int64_t K,
                                            float *xs, float *bsum) {
     float amax = 0.0f;
@@ -98,9 +107,7 @@ static inline void ds4n_int_quantize_block(const float *x, int L, int8_t *q, int
         amax = a > amax ? a : amax;
     }
     if (!finite || amax < DS4N_INT_TINY) {
-        for (int k = 0; k < L; k++) memset(q + k * K, 0, QK);
-        *xs = finite ? 0.0f : NAN;
-        *bsum = 0.0f;
+        ds4n_int_zero_block(L, q, K, xs, bsum, finite);
         return;
     }
     uint32_t bits;
@@ -147,6 +154,17 @@ static inline void ds4n_int_quantize_block(const float *x, int L, int8_t *q, int
  * Per 256 values and token: 8 integer dot-product instructions against one conversion and
  * one FMA (two with Q4_K's mins); the block format needs four of each. */
 
+/* The super-block format's ds4n_int_zero_block: a group not all finite, or all below
+ * DS4N_INT_TINY, gets zero limbs and block sums, xs NaN or 0. Every level's quantizer. */
+static inline void ds4n_sb_zero_group(int L, int16_t *a, int64_t K, float *xs, int32_t *asum,
+                                      int64_t nb, int finite) {
+    for (int k = 0; k < L - 1; k++) {
+        memset(a + k * K, 0, DS4N_INT_GROUP * sizeof *a);
+        memset(asum + k * nb, 0, 8 * sizeof *asum);
+    }
+    *xs = finite ? 0.0f : NAN;
+}
+
 /* Group g (256 values at x) of a token: limb k at a + k·K (K: the row stride, xq->lda), its
  * block sums at asum + k·nb. */
 static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int64_t K,
@@ -159,11 +177,7 @@ static inline void ds4n_sb_quantize_group(const float *x, int L, int16_t *a, int
         amax = v > amax ? v : amax;
     }
     if (!finite || amax < DS4N_INT_TINY) {
-        for (int k = 0; k < L - 1; k++) {
-            memset(a + k * K, 0, DS4N_INT_GROUP * sizeof *a);
-            memset(asum + k * nb, 0, 8 * sizeof *asum);
-        }
-        *xs = finite ? 0.0f : NAN;
+        ds4n_sb_zero_group(L, a, K, xs, asum, nb, finite);
         return;
     }
     uint32_t bits;

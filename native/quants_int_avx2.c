@@ -704,11 +704,7 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm_cvtss_f32(m4);
     if (bad || amax < DS4N_INT_TINY) {
-        for (int k = 0; k < L - 1; k++) {
-            memset(a + k * K, 0, DS4N_INT_GROUP * sizeof *a);
-            memset(asum + k * nb, 0, 8 * sizeof *asum);
-        }
-        *xs = bad ? NAN : 0.0f;
+        ds4n_sb_zero_group(L, a, K, xs, asum, nb, !bad);
         return;
     }
     uint32_t bits;

@@ -250,9 +250,7 @@ static void block_quantize(const float *x, int L, int8_t *q, int64_t K, float *x
     int finite;
     const float amax = abs_max(x, QK, &finite);
     if (!finite || amax < DS4N_INT_TINY) {
-        for (int k = 0; k < L; k++) memset(q + k * K, 0, QK);
-        *xs = finite ? 0.0f : NAN;
-        *bsum = 0.0f;
+        ds4n_int_zero_block(L, q, K, xs, bsum, finite);
         return;
     }
     uint32_t bits;
@@ -289,11 +287,7 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
     int finite;
     const float amax = abs_max(x, DS4N_INT_GROUP, &finite);
     if (!finite || amax < DS4N_INT_TINY) {
-        for (int k = 0; k < L - 1; k++) {
-            memset(a + k * K, 0, DS4N_INT_GROUP * sizeof *a);
-            memset(asum + k * nb, 0, 8 * sizeof *asum);
-        }
-        *xs = finite ? 0.0f : NAN;
+        ds4n_sb_zero_group(L, a, K, xs, asum, nb, finite);
         return;
     }
     uint32_t bits;
