@@ -93,13 +93,14 @@ double ds4n_read_bandwidth(ds4n_pool *pool, int64_t bytes, int reps, int huge_pa
  * prefill kernel of `type` at `limbs` (0: exact, 2 or 3: the integer path) runs on the SIMD
  * level in force: f32 FMA on the exact path (and for types with no integer kernel), else the
  * integer kernels' dot product (AVX-512 VNNI: VPDPBUSD for the block format, VPDPWSSD for the
- * super-block format; AVX2: VPMADDUBSW with VPMADDWD, VPMADDWD). lane_rate is the
+ * super-block format; AVX2: VPMADDUBSW with VPMADDWD, VPMADDWD; NEON: SDOT where the block
+ * format's SDOT kernels were chosen, else SMULL with SADALP, and SMLAL). lane_rate is the
  * instruction's multiply-adds per second, best of reps runs of iters rounds of 12 chains;
  * products its multiply-adds per weight multiply-add (1 for f32, limbs for the block format,
  * limbs - 1 for the super-block format); rate = lane_rate / products, the weight
  * multiply-adds (rows x K x tokens) per second the kernel could reach doing nothing else.
- * A level without a kernel of its own for the path has no probe: instr NULL, rates 0 (the
- * scalar level; the integer path on NEON). Returns 0, or -1 for a bad argument. */
+ * A level without a kernel of its own has no probe: instr NULL, rates 0 (the scalar level).
+ * Returns 0, or -1 for a bad argument. */
 typedef struct {
     const char *instr; /* the instruction timed (static text), NULL: no probe */
     int32_t products;

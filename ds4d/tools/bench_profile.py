@@ -133,18 +133,20 @@ def profile_decode(engine: Engine, session: Session, n_tokens: int, stop_ids: np
     return parts, pool_stats(totals, n_tokens)
 
 
+def _part_name(e: native.ProfileEntry, n_vocab: int, kind: str) -> str:
+    """An entry's part: the output head (its rows are the vocabulary), else `kind` and its type."""
+    name = native.TYPES_BY_ID.get(e.type, str(e.type))
+    return f"output head {name}" if e.rows == n_vocab else f"{kind} {name}"
+
+
 def _split(engine: Engine, entries: list[native.ProfileEntry], totals: dict[str, int],
            total_s: float, sample_s: float, n: int, ctx: int, bandwidth: float) -> list[Part]:  # fmt: skip
     n_vocab = engine.info.n_vocab
-    names = native.TYPES_BY_ID
     by_part: dict[str, list[float]] = {}  # name -> [wall s, bytes]
     for e in entries:
         if e.prefill:
             continue
-        head = e.rows == n_vocab
-        name = f"output head {names.get(e.type, e.type)}" if head else (
-            f"matvec {names.get(e.type, e.type)}")  # fmt: skip
-        acc = by_part.setdefault(name, [0.0, 0.0])
+        acc = by_part.setdefault(_part_name(e, n_vocab, "matvec"), [0.0, 0.0])
         acc[0] += e.wall_ns / 1e9
         acc[1] += e.calls * e.rows * native.row_bytes(e.type, e.K)
     # Mean keys over the run: the tokens sit at ctx+1 .. ctx+n.
@@ -211,11 +213,9 @@ def _split_prefill(engine: Engine, entries: list[native.ProfileEntry], totals: d
                    total_s: float, n: int, ctx: int,
                    peaks: dict[int, native.MacPeak]) -> list[Part]:  # fmt: skip
     n_vocab = engine.info.n_vocab
-    names = native.TYPES_BY_ID
     by_part: dict[str, list[float]] = {}  # name -> [wall s, MACs, s at the peak (NaN: none)]
     for e in entries:
-        kind = "output head" if e.rows == n_vocab else "matmul"
-        acc = by_part.setdefault(f"{kind} {names.get(e.type, e.type)}", [0.0, 0.0, 0.0])
+        acc = by_part.setdefault(_part_name(e, n_vocab, "matmul"), [0.0, 0.0, 0.0])
         macs = e.tokens * e.rows * e.K
         peak = peaks.get(e.type)
         acc[0] += e.wall_ns / 1e9
