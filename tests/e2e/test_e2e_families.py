@@ -155,16 +155,26 @@ def test_completions_return_raw_text(oai):
 
 
 def test_responses_reasoning_item_then_plain_message_without_thinking(oai):
-    r = oai.responses.create(model="m", input="hi", max_output_tokens=6)
+    # Seeded: unseeded, a random draw could close the thinking and stop within 6 tokens.
+    seeded = {"seed": 7}
+    r = oai.responses.create(model="m", input="hi", max_output_tokens=6, extra_body=seeded)
     u = r.usage
     check_usage(u.input_tokens, u.output_tokens, u.total_tokens, 6)
     assert r.output[0].type == "reasoning" and r.output[0].summary[0].text
     assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
     plain = oai.responses.create(
-        model="m", input="hi", max_output_tokens=6, reasoning={"effort": "none"}
+        model="m",
+        input="hi",
+        max_output_tokens=6,
+        reasoning={"effort": "none"},
+        extra_body=seeded,
     )
     assert [o.type for o in plain.output] == ["message"] and plain.output_text
-    events = list(oai.responses.create(model="m", input="hi", max_output_tokens=6, stream=True))
+    events = list(
+        oai.responses.create(
+            model="m", input="hi", max_output_tokens=6, stream=True, extra_body=seeded
+        )
+    )
     kinds = [e.type for e in events]
     assert kinds[-1] == "response.incomplete"  # the budget ran out while thinking
     assert any(k.startswith("response.reasoning") and k.endswith(".delta") for k in kinds)
