@@ -252,14 +252,24 @@ def print_peaks(peaks: dict[int, native.MacPeak], precision: str) -> None:
               f"threads = {p.rate / 1e9:.1f} G MAC/s", flush=True)  # fmt: skip
 
 
+def _cell(value: float, width: int, spec: str, present: bool, unit: str = "") -> str:
+    """A right-aligned column of the parts tables, blank where the part has no such figure."""
+    return f"{value:{width}{spec}}{unit}" if present else " " * (width + len(unit))
+
+
+def _part_cells(p: Part) -> str:
+    """The columns both parts tables open with: frontier, part, time and share."""
+    return f"{p.ctx:>7} {p.part:<22} {p.ms_per_token:9.3f} {100 * p.share:6.1f}%"
+
+
 def print_prefill_parts(parts: list[Part]) -> None:
     print(f"{'ctx':>7} {'prefill part':<22} {'ms/token':>9} {'share':>7} {'MMAC/token':>11} "
           f"{'G MAC/s':>8} {'of peak':>8}")  # fmt: skip
     for p in parts:
-        mm = f"{p.macs_per_token / 1e6:11.2f}" if p.macs_per_token else f"{'':11}"
-        g = f"{p.gmac_per_s:8.1f}" if p.macs_per_token else f"{'':8}"
-        fr = f"{100 * p.fraction_of_peak:7.1f}%" if p.fraction_of_peak else f"{'':8}"
-        print(f"{p.ctx:>7} {p.part:<22} {p.ms_per_token:9.3f} {100 * p.share:6.1f}% {mm} {g} {fr}")
+        mm = _cell(p.macs_per_token / 1e6, 11, ".2f", p.macs_per_token > 0)
+        g = _cell(p.gmac_per_s, 8, ".1f", p.macs_per_token > 0)
+        fr = _cell(100 * p.fraction_of_peak, 7, ".1f", p.fraction_of_peak > 0, "%")
+        print(f"{_part_cells(p)} {mm} {g} {fr}")
     token = parts[-1]
     peak_ms = token.ms_per_token * token.fraction_of_peak
     if peak_ms > 0:
@@ -278,10 +288,10 @@ def print_parts(parts: list[Part]) -> None:
     print(f"{'ctx':>7} {'part':<22} {'ms/token':>9} {'share':>7} {'MB/token':>9} {'GB/s':>7} "
           f"{'of bound':>9}")  # fmt: skip
     for p in parts:
-        mb = f"{p.bytes_per_token / 1e6:9.2f}" if p.bytes_per_token else f"{'':9}"
-        gb = f"{p.gb_per_s:7.1f}" if p.bytes_per_token else f"{'':7}"
-        fr = f"{100 * p.fraction_of_bound:8.1f}%" if p.bytes_per_token else f"{'':9}"
-        print(f"{p.ctx:>7} {p.part:<22} {p.ms_per_token:9.3f} {100 * p.share:6.1f}% {mb} {gb} {fr}")
+        mb = _cell(p.bytes_per_token / 1e6, 9, ".2f", p.bytes_per_token > 0)
+        gb = _cell(p.gb_per_s, 7, ".1f", p.bytes_per_token > 0)
+        fr = _cell(100 * p.fraction_of_bound, 8, ".1f", p.bytes_per_token > 0, "%")
+        print(f"{_part_cells(p)} {mb} {gb} {fr}")
     token = parts[-1]
     bound_ms = token.ms_per_token * token.fraction_of_bound
     if bound_ms > 0:
