@@ -3,9 +3,7 @@
  * a pair of blocks' codes as 64 unsigned bytes, VPDPBUSD sums each lane's 4 code × limb
  * products, and the float steps run on the same lanes in the same order as the reference, so
  * the results are bitwise the scalar kernels'. The codes of a group are unpacked once for all
- * T tokens of a call (batched decode and prefill tiles); one token of the K-quants (decode)
- * takes their codes as bytes against the activations' byte planes instead (the byte split,
- * below), which leaves out the int16 code·scale. */
+ * T tokens of a call (batched decode and prefill tiles), the only difference from T = 1. */
 #include <immintrin.h>
 
 #include "prefetch.h"
@@ -205,202 +203,12 @@ DS4N_INLINE float finish16(__m512 acc) {
     return _mm_cvtss_f32(a);
 }
 
-/* ---- the byte split (one token: decode's rows kernel and the T = 1 row kernel) ----------
- * quants_int_avx2.c's byte form in zmm: the int16 activation a = 256·h + l (l the low byte,
- * unsigned; h the high byte, signed; ds4n_sb_split_group) against the codes alone (Q4_K
- * 0..15, Q6_K 0..63), per 64 values (two of the format's vectors of 32) and limb:
- *   pl = VPMADDUBSW(l, c), ph = VPMADDUBSW(c, h)   int16 pair sums, lane m: values 2m, 2m + 1
- *   u, v = VPUNPCKL/HWD(pl, ph)                    each pair's l and h sums side by side
- *   X += VPDPWSSD(u, k), Y += VPDPWSSD(v, k)       k = (s, 256·s): s·Σ c·a per pair, in int32
- * so the sub-block scale, the 2^8 of h, the widening and the accumulation take one VNNI op
- * per 32 values, where the int16 kernel spends a VPMULLW per 32 codes on the scale beside its
- * VPDPWSSD, and the codes are never widened to int16. Every sub-block scale covers whole
- * 128-bit lanes (Q4_K: 32 values, two lanes; Q6_K: 16 values, one), so one k serves u and v.
- * Q6_K's bias of 32 comes off before the widening, from the planes' pair sums (pc, written
- * in AVX2's unpack order per 32 values: its first 16 int16 are what u's two 128-bit lanes
- * of that vector take, its last 16 v's). The bounds are quants_int_avx2.c's (no saturation,
- * no wrap): the lane sums are the exact integers sb_dot gets, in another order of exact
- * additions. AVX-512 CPUs without VNNI run the AVX2 kernels (ds4n_int_select), so this needs
- * no other path.
- * Lane order: X's 128-bit lanes hold the format's lanes 0..3, 8..11 of the even vector and
- * again of the odd one, Y's 4..7, 12..15 likewise; sb_fold adds the two vectors' halves,
- * leaving the lanes in the order P = 0..3, 8..11, 4..7, 12..15. The float steps are per lane
- * (the lanes' order does not matter to them) and run in P; swap_p puts the lanes back in
- * order for ds4n_int_finish's tree. */
-
-/* Q4_K's codes of values 64q .. 64q + 63 (sub-blocks 2q and 2q + 1): the 32 bytes' low
- * nibbles, then their high nibbles. */
-DS4N_INLINE __m512i q4k_codes64(const block_q4_K *p, int q) {
-    const __m512i z = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p->qs + 32 * q)));
-    return _mm512_and_si512(_mm512_mask_srli_epi16(z, 0xffff0000u, z, 4), _mm512_set1_epi8(0x0f));
-}
-
-/* Q6_K's 6-bit codes of half h (values 128h .. 128h + 127) as two vectors of 64 bytes:
- * c[0] values 128h .. +63 (the low nibbles of ql, qh's bits 0-1 then 2-3), c[1] the next 64
- * (the high nibbles, qh's bits 4-5 then 6-7). */
-DS4N_INLINE void q6k_codes128(const block_q6_K *p, int h, __m512i c[2]) {
-    const __m512i nib = _mm512_set1_epi8(0x0f), hi2 = _mm512_set1_epi8(0x30);
-    const __m512i l = _mm512_loadu_si512(p->ql + 64 * h);
-    const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p->qh + 32 * h)));
-    __m512i a = _mm512_slli_epi16(qh, 2);
-    a = _mm512_mask_slli_epi16(a, 0x0000ffffu, a, 2); /* low half << 4, high half << 2 */
-    const __m512i b = _mm512_mask_srli_epi16(qh, 0xffff0000u, qh, 2); /* high half >> 2 */
-    c[0] = _mm512_or_si512(_mm512_and_si512(l, nib), _mm512_and_si512(a, hi2));
-    c[1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), nib), _mm512_and_si512(b, hi2));
-}
-
-/* One limb's 64 values (lo: their low bytes, lo + lda the high ones; pc their pair sums, Q6_K
- * only) against codes c under scales k, into X and Y. */
-DS4N_INLINE void sb_bytes_step(const __m512i c, const __m512i k, const int q6, const uint8_t *lo,
-                               int64_t lda, const int16_t *pc, __m512i *X, __m512i *Y) {
-    const __m512i pl = _mm512_maddubs_epi16(_mm512_loadu_si512(lo), c);
-    const __m512i ph = _mm512_maddubs_epi16(c, _mm512_loadu_si512(lo + lda));
-    __m512i u = _mm512_unpacklo_epi16(pl, ph), v = _mm512_unpackhi_epi16(pl, ph);
-    if (q6) { /* each vector's first 16 pair sums go with u, its last 16 with v */
-        const __m512i pu = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)pc)),
-            _mm256_loadu_si256((const __m256i *)(pc + 32)), 1);
-        const __m512i pv = _mm512_inserti64x4(
-            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(pc + 16))),
-            _mm256_loadu_si256((const __m256i *)(pc + 48)), 1);
-        u = _mm512_sub_epi16(u, pu);
-        v = _mm512_sub_epi16(v, pv);
-    }
-    *X = _mm512_dpwssd_epi32(*X, u, k);
-    *Y = _mm512_dpwssd_epi32(*Y, v, k);
-}
-
-/* The even and the odd vectors' halves added: the lane sums in the order P. */
-DS4N_INLINE __m512i sb_fold(__m512i X, __m512i Y) {
-    return _mm512_add_epi32(_mm512_shuffle_i32x4(X, Y, 0x44), _mm512_shuffle_i32x4(X, Y, 0xee));
-}
-
-/* One token against one super-block in the byte form: ab is the token's limb-0 low-byte plane
- * (ds4n_xq_lo), o the group's first value. The lane sums of limb 0 in *s0, of limb 1 (nl = 2)
- * in *s1, in the order P; d, dmin, and Q4_K's mins as int32 in m's lanes of P (0..3 and
- * 8..11 hold mins 0..3 and 4..7; zero elsewhere). */
-DS4N_INLINE void sb_bytes(int type, const uint8_t *blk, const uint8_t *ab, int64_t o, int64_t lda,
-                          const int nl, __m512i *s0, __m512i *s1, float *d, float *dmin,
-                          __m512i *m) {
-    const int16_t *pc = (const int16_t *)(ab + 2 * lda) + o;
-    ab += o;
-    __m512i X0 = _mm512_setzero_si512(), Y0 = X0, X1 = X0, Y1 = X0;
-#define SB_BSTEP(j, c, k, q6)                                                                  \
-    do {                                                                                       \
-        sb_bytes_step((c), (k), (q6), ab + 64 * (j), lda, pc + 64 * (j), &X0, &Y0);            \
-        if (nl == 2)                                                                           \
-            sb_bytes_step((c), (k), (q6), ab + 4 * lda + 64 * (j), lda, pc + 2 * lda + 64 * (j), \
-                          &X1, &Y1);                                                           \
-    } while (0)
-    if (type == DS4N_Q4_K) {
-        const block_q4_K *p = (const block_q4_K *)blk;
-        uint64_t sc, mn;
-        ds4n_k_scale_min8(p->scales, &sc, &mn);
-        *d = _cvtsh_ss(p->d);
-        *dmin = _cvtsh_ss(p->dmin);
-        *m = _mm512_cvtepu8_epi32(_mm_unpacklo_epi32(_mm_cvtsi64_si128((long long)mn), _mm_setzero_si128()));
-        /* (s, 256·s) as one int32 per sub-block: s + 2^24·s (s <= 63) */
-        const __m512i s = _mm512_cvtepu8_epi32(_mm_cvtsi64_si128((long long)sc));
-        const __m512i kall = _mm512_or_si512(s, _mm512_slli_epi32(s, 24));
-        const __m512i half = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++) {
-            const __m512i k = _mm512_permutexvar_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(2 * q)), kall);
-            SB_BSTEP(q, q4k_codes64(p, q), k, 0);
-        }
-    } else { /* DS4N_Q6_K */
-        const block_q6_K *p = (const block_q6_K *)blk;
-        *d = _cvtsh_ss(p->d);
-        *dmin = 0.0f;
-        *m = _mm512_setzero_si512();
-        /* (s, 256·s) of the 16 int8 scales: the low int16 s, the high one (s & 0xff) << 8 */
-        const __m512i s = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p->scales));
-        const __m512i kall = _mm512_or_si512(_mm512_and_si512(s, _mm512_set1_epi32(0xffff)),
-                                             _mm512_slli_epi32(s, 24));
-        const __m512i quarter = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        _Pragma("GCC unroll 2") for (int h = 0; h < 2; h++) {
-            __m512i c[2];
-            q6k_codes128(p, h, c);
-            _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) {
-                const int j = 2 * h + r; /* values 64j ..: 16-groups 4j .. 4j + 3 */
-                const __m512i k = _mm512_permutexvar_epi32(_mm512_add_epi32(quarter, _mm512_set1_epi32(4 * j)), kall);
-                SB_BSTEP(j, c[r], k, 1);
-            }
-        }
-    }
-#undef SB_BSTEP
-    *s0 = sb_fold(X0, Y0);
-    *s1 = sb_fold(X1, Y1);
-}
-
-/* A group's 8 block sums (Q4_K's mins) in the lanes of P that m's mins take. */
-DS4N_INLINE __m512i asum_p(const int32_t *as) {
-    return _mm512_maskz_permutexvar_epi32(0x0f0f, _mm512_set_epi32(0, 0, 0, 0, 7, 6, 5, 4, 0, 0, 0, 0, 3, 2, 1, 0),
-                                          _mm512_maskz_loadu_epi32(0xff, as));
-}
-
-/* ds4n_sb_group_ref's float steps, in its order, on lanes in the order P: from the lane sums
- * s0, s1 and the group's block sums (asum_p) as0, as1, into acc. */
-DS4N_INLINE __m512 sb_float_p(int type, __m512i s0, __m512i s1, const int nl, float d, float dmin,
-                              __m512i m, float xs, __m512i as0, __m512i as1, __m512 acc) {
-    const __m512 third = _mm512_set1_ps(0x1p-7f);
-    __m512 f = _mm512_cvtepi32_ps(s0);
-    if (nl == 2) f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), third, f);
-    acc = _mm512_fmadd_ps(f, _mm512_set1_ps(d * xs), acc);
-    if (type == DS4N_Q4_K) {
-        __m512 mm = _mm512_cvtepi32_ps(_mm512_mullo_epi32(m, as0));
-        if (nl == 2) mm = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_mullo_epi32(m, as1)), third, mm);
-        acc = _mm512_mask3_fnmadd_ps(mm, _mm512_set1_ps(dmin * xs), acc, 0x0f0f); /* lanes 0..7 */
-    }
-    return acc;
-}
-
-/* Lanes in the order P to the format's order, or back (the same swap of the middle 128-bit
- * lanes). */
-DS4N_INLINE __m512 swap_p(__m512 acc) { return _mm512_shuffle_f32x4(acc, acc, 0xd8); }
-
-/* Decode in the byte form: R rows from R streams (stride apart) against token t of xq, which
- * has the byte planes, into y[0 .. R); sb_rows1's read order and 1 KB lead per stream (it
- * says why), and the one-token row kernel as R = 1. Each row's steps are the same whatever
- * R, so y[r] is bitwise the one-row kernel's. The group's block sums are placed in the
- * lanes of P once for the R rows. */
-DS4N_INLINE void sb_rows1_bytes(int type, const uint8_t *w, int64_t stride,
-                                const struct ds4n_xq *xq, int64_t t, float *y, const int R,
-                                const int nl) {
-    const int64_t nb = xq->nb, ng = nb / 8;
-    const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
-    const uint8_t *ab = ds4n_xq_lo(xq, t, 0);
-    const int32_t *asum = xq->asum + t * nl * nb;
-    __m512 acc[DS4N_MV_ROWS];
-    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
-        const float xs = xq->xs[t * ng + g];
-        __m512i as0 = _mm512_setzero_si512(), as1 = as0;
-        if (type == DS4N_Q4_K) {
-            as0 = asum_p(asum + 8 * g);
-            if (nl == 2) as1 = asum_p(asum + nb + 8 * g);
-        }
-#pragma GCC unroll 4
-        for (int r = 0; r < R; r++) {
-            __m512i s0, s1, m;
-            float d, dmin;
-            ds4n_prefetch_ahead(w + r * stride + g * bb, bb);
-            sb_bytes(type, w + r * stride + g * bb, ab, g * DS4N_INT_GROUP, xq->lda, nl, &s0, &s1,
-                     &d, &dmin, &m);
-            acc[r] = sb_float_p(type, s0, s1, nl, d, dmin, m, xs, as0, as1, acc[r]);
-        }
-    }
-    for (int r = 0; r < R; r++) y[r] = finish16(swap_p(acc[r]));
-}
-
 /* Groups [g0, g1) of row w against tokens t0 .. t0 + T - 1, into acc[T]. */
 DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t g0,
                            int64_t g1, int64_t t0, __m512 *acc, const int T) {
     const int nl = xq->limbs - 1;
     const int64_t nb = xq->nb, ng = nb / 8;
     const int64_t bb = type == DS4N_Q4_K ? (int64_t)sizeof(block_q4_K) : (int64_t)sizeof(block_q6_K);
-    /* Several tokens, or one in a prefill part (its xq has no byte planes): the int16
-     * products, the weights unpacked once for all. One token with the planes takes the byte
-     * form (sb_row). */
     const int chains = T == 1 ? 4 : T < 4 ? 2 : 1;
     const __m512 third = _mm512_set1_ps(0x1p-7f);
     for (int64_t g = g0; g < g1; g++) {
@@ -429,11 +237,6 @@ DS4N_INLINE void sb_groups(int type, const uint8_t *w, const struct ds4n_xq *xq,
 
 DS4N_INLINE void sb_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0,
                         float *y, int64_t ldy, const int T) {
-    if (T == 1 && xq->ab) { /* one token: the byte form, as decode's rows kernel */
-        if (xq->limbs == 2) sb_rows1_bytes(type, w, 0, xq, t0, y, 1, 1);
-        else sb_rows1_bytes(type, w, 0, xq, t0, y, 1, 2);
-        return;
-    }
     __m512 acc[DS4N_SMALL_T];
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     sb_groups(type, w, xq, 0, xq->nb / 8, t0, acc, T);
@@ -502,19 +305,10 @@ DS4N_INLINE void sb_rows1(int type, const uint8_t *w, int64_t stride, const stru
     for (int r = 0; r < R; r++) y[r] = finish16(acc[r]);
 }
 
-/* sb_rows1 (or its byte form) with R a constant as well as nl: one copy per (rows, limbs). */
+/* sb_rows1 with R a constant as well as nl: one copy per (rows, limbs). */
 DS4N_INLINE void sb_rows(int type, const uint8_t *w, int64_t stride, const struct ds4n_xq *xq,
                          float *y, int R, const int nl) {
-    if (xq->ab) {
-        switch (R) {
-        case 1: sb_rows1_bytes(type, w, stride, xq, 0, y, 1, nl); break;
-        case 2: sb_rows1_bytes(type, w, stride, xq, 0, y, 2, nl); break;
-        case 3: sb_rows1_bytes(type, w, stride, xq, 0, y, 3, nl); break;
-        default: sb_rows1_bytes(type, w, stride, xq, 0, y, 4, nl); break;
-        }
-        return;
-    }
-    switch (R) { /* an xq without the planes (not the engine's: decode's has them) */
+    switch (R) {
     case 1: sb_rows1(type, w, stride, xq, y, 1, nl); break;
     case 2: sb_rows1(type, w, stride, xq, y, 2, nl); break;
     case 3: sb_rows1(type, w, stride, xq, y, 3, nl); break;
