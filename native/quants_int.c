@@ -65,7 +65,8 @@ void ds4n_sb_panel_init(struct ds4n_sb_panel *p, void *buf, int64_t rows, int64_
     p->m = (int32_t *)b;
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar, ds4n_sb_quantize_group, ds4n_sb_split_group)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize_scalar, ds4n_int_quantize_block, ds4n_sb_quantize_group,
+                                ds4n_sb_split_group)
 
 void ds4n_xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
     active_quantize(xq, X, t0, t1);

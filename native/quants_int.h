@@ -237,11 +237,12 @@ static inline int16_t *ds4n_xq_pc(const struct ds4n_xq *xq, int64_t t, int k) {
     return (int16_t *)(ds4n_xq_lo(xq, t, k) + 2 * xq->lda);
 }
 
-/* A quantizer over ds4n_int_quantize_block, sb_group (ds4n_sb_quantize_group or a SIMD
- * version of it) and sb_split (ds4n_sb_split_group or a SIMD version), compiled in each SIMD
- * file with its flags (the steps are exact or correctly rounded, so every build gives the
- * same limbs). */
-#define DS4N_INT_DEFINE_QUANTIZE(fname, sb_group, sb_split)                                    \
+/* A quantizer over block (ds4n_int_quantize_block or a SIMD version of it), sb_group
+ * (ds4n_sb_quantize_group or a SIMD version) and sb_split (ds4n_sb_split_group, a SIMD
+ * version, or a no-op on a level whose kernels never read the byte planes), compiled in each
+ * SIMD file with its flags (the steps are exact or correctly rounded, so every build gives
+ * the same limbs). */
+#define DS4N_INT_DEFINE_QUANTIZE(fname, block, sb_group, sb_split)                             \
     void fname(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {                   \
         const int L = xq->limbs;                                                               \
         if (xq->sb) {                                                                          \
@@ -261,9 +262,8 @@ static inline int16_t *ds4n_xq_pc(const struct ds4n_xq *xq, int64_t t, int k) {
         }                                                                                      \
         for (int64_t t = t0; t < t1; t++)                                                      \
             for (int64_t b = 0; b < xq->nb; b++)                                               \
-                ds4n_int_quantize_block(X + t * xq->K + b * QK, L, xq->q + t * L * xq->K + b * QK, \
-                                        xq->K, xq->xs + t * xq->nb + b,                        \
-                                        xq->bsum + t * xq->nb + b);                            \
+                block(X + t * xq->K + b * QK, L, xq->q + t * L * xq->K + b * QK, xq->K,        \
+                      xq->xs + t * xq->nb + b, xq->bsum + t * xq->nb + b);                     \
     }
 
 /* One weight row against tokens [t0, t0 + T) of xq (T in 1..DS4N_SMALL_T): y[t*ldy]. */
@@ -563,17 +563,18 @@ struct ds4n_int_set {
     ds4n_xq_quantize_fn quantize;
 };
 
-/* A level file's set, from its kernels' shared names (int_*, rows_*, part_*, sb_tile,
- * sb_unpack, xq_quantize: static in each level's file). */
-#define DS4N_INT_DEFINE_SET(name)                                                                  \
+/* A level file's set, from its kernels' shared names (int_*, rows_*, part_*, xq_quantize:
+ * static in each level's file) and its prefill tile and unpacker (NULL, NULL: prefill on the
+ * part kernels). */
+#define DS4N_INT_DEFINE_SET(name, tile_fn, unpack_fn)                                              \
     const struct ds4n_int_set name = {                                                             \
         .row = {[DS4N_Q8_0] = int_q8_0, [DS4N_Q4_0] = int_q4_0, [DS4N_Q4_1] = int_q4_1,            \
                 [DS4N_Q4_K] = int_q4_K, [DS4N_Q6_K] = int_q6_K},                                   \
         .rows = {[DS4N_Q8_0] = rows_q8_0, [DS4N_Q4_0] = rows_q4_0, [DS4N_Q4_1] = rows_q4_1,        \
                  [DS4N_Q4_K] = rows_q4_K, [DS4N_Q6_K] = rows_q6_K},                                \
         .part = {part_q4_K, part_q6_K},                                                            \
-        .tile = sb_tile,                                                                           \
-        .unpack = sb_unpack,                                                                       \
+        .tile = tile_fn,                                                                           \
+        .unpack = unpack_fn,                                                                       \
         .quantize = xq_quantize,                                                                   \
     }
 

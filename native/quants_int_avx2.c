@@ -770,6 +770,6 @@ static void sb_split_group(const int16_t *a, uint8_t *lo, int8_t *hi, int16_t *p
     }
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group, sb_split_group)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, ds4n_int_quantize_block, sb_quantize_group, sb_split_group)
 
-DS4N_INT_DEFINE_SET(ds4n_int_avx2);
+DS4N_INT_DEFINE_SET(ds4n_int_avx2, sb_tile, sb_unpack);

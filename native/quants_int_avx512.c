@@ -557,6 +557,7 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
 #undef RN
 }
 
-static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, sb_quantize_group, ds4n_sb_split_group)
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, ds4n_int_quantize_block, sb_quantize_group,
+                                ds4n_sb_split_group)
 
-DS4N_INT_DEFINE_SET(ds4n_int_avx512);
+DS4N_INT_DEFINE_SET(ds4n_int_avx512, sb_tile, sb_unpack);

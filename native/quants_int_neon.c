@@ -318,35 +318,13 @@ static void sb_quantize_group(const float *x, int L, int16_t *a, int64_t K, floa
     *xs = ds4n_pow2f(E - 14);
 }
 
-/* ds4n_xq_quantize for this level. The byte planes (xq->ab) are left unwritten: only the x86
- * kernels read them, and an aarch64 build has none. */
-static void xq_quantize(struct ds4n_xq *xq, const float *X, int64_t t0, int64_t t1) {
-    const int L = xq->limbs;
-    if (xq->sb) {
-        const int64_t ng = xq->nb / 8;
-        for (int64_t t = t0; t < t1; t++)
-            for (int64_t g = 0; g < ng; g++) {
-                const int64_t o = g * DS4N_INT_GROUP;
-                sb_quantize_group(X + t * xq->K + o, L, xq->a + t * (L - 1) * xq->lda + o, xq->lda,
-                                  xq->xs + t * ng + g, xq->asum + t * (L - 1) * xq->nb + 8 * g, xq->nb);
-            }
-        return;
-    }
-    for (int64_t t = t0; t < t1; t++)
-        for (int64_t b = 0; b < xq->nb; b++)
-            block_quantize(X + t * xq->K + b * QK, L, xq->q + t * L * xq->K + b * QK, xq->K,
-                           xq->xs + t * xq->nb + b, xq->bsum + t * xq->nb + b);
+/* The byte planes (xq->ab) stay unwritten on this level: only the x86 kernels read them. */
+static inline void no_planes(const int16_t *a, uint8_t *lo, int8_t *hi, int16_t *pc) {
+    (void)a, (void)lo, (void)hi, (void)pc;
 }
+
+static DS4N_INT_DEFINE_QUANTIZE(xq_quantize, block_quantize, sb_quantize_group, no_planes)
 
 /* ---- the set ---------------------------------------------------------------------------- */
 
-const struct ds4n_int_set ds4n_int_neon = {
-    .row = {[DS4N_Q8_0] = int_q8_0, [DS4N_Q4_0] = int_q4_0, [DS4N_Q4_1] = int_q4_1,
-            [DS4N_Q4_K] = int_q4_K, [DS4N_Q6_K] = int_q6_K},
-    .rows = {[DS4N_Q8_0] = rows_q8_0, [DS4N_Q4_0] = rows_q4_0, [DS4N_Q4_1] = rows_q4_1,
-             [DS4N_Q4_K] = rows_q4_K, [DS4N_Q6_K] = rows_q6_K},
-    .part = {part_q4_K, part_q6_K},
-    .tile = NULL, /* prefill on the part kernels */
-    .unpack = NULL,
-    .quantize = xq_quantize,
-};
+DS4N_INT_DEFINE_SET(ds4n_int_neon, NULL, NULL); /* prefill on the part kernels */

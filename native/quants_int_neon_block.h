@@ -184,14 +184,17 @@ DS4N_INLINE void int_group(int type, const uint8_t *grp, const int n, const stru
     }
 }
 
+/* A row's accumulators before its first group. */
+DS4N_INLINE void zero_acc(float32x4_t acc[4], float32x4_t accm[2]) {
+    for (int i = 0; i < 4; i++) acc[i] = vdupq_n_f32(0.0f);
+    accm[0] = accm[1] = vdupq_n_f32(0.0f);
+}
+
 DS4N_INLINE void int_row(int type, const uint8_t *w, const struct ds4n_xq *xq, int64_t t0,
                          float *y, int64_t ldy, const int T) {
     const int64_t nb = xq->nb, gb = ds4n_int_group_bytes(type);
     float32x4_t acc[DS4N_SMALL_T][4], accm[DS4N_SMALL_T][2];
-    for (int t = 0; t < T; t++) {
-        for (int i = 0; i < 4; i++) acc[t][i] = vdupq_n_f32(0.0f);
-        accm[t][0] = accm[t][1] = vdupq_n_f32(0.0f);
-    }
+    for (int t = 0; t < T; t++) zero_acc(acc[t], accm[t]);
     for (int64_t gi = 0; gi * 8 < nb; gi++) {
         /* n < 8 only in the last group of a row */
         const int n = nb - gi * 8 < 8 ? (int)(nb - gi * 8) : 8;
@@ -207,10 +210,7 @@ DS4N_INLINE void int_rows1(int type, const uint8_t *w, int64_t stride, const str
                            float *y, const int R) {
     const int64_t nb = xq->nb, gb = ds4n_int_group_bytes(type);
     float32x4_t acc[DS4N_MV_ROWS][4], accm[DS4N_MV_ROWS][2];
-    for (int r = 0; r < R; r++) {
-        for (int i = 0; i < 4; i++) acc[r][i] = vdupq_n_f32(0.0f);
-        accm[r][0] = accm[r][1] = vdupq_n_f32(0.0f);
-    }
+    for (int r = 0; r < R; r++) zero_acc(acc[r], accm[r]);
     for (int64_t gi = 0; gi * 8 < nb; gi++) {
         const int n = nb - gi * 8 < 8 ? (int)(nb - gi * 8) : 8;
         for (int r = 0; r < R; r++) {
