@@ -1,8 +1,9 @@
 /* Paired A/B of two library builds on decode attention alone: one query row per kv head (a
  * model without grouped-query heads, as the 1.7B shape; G query heads per kv head with G > 1)
  * against an f16 KV cache of DEPTH positions in every layer, every layer's heads spread over
- * the build's own pool as decoder_attention.c spreads them (an item a head), token after token
- * with build A then B in one process over the same cache (dlopen), so both see the same
+ * the build's own pool (an item a head, as decoder_attention.c plans the decode row of a
+ * model with that many kv heads; taken in turn here, from a shared counter there), token after
+ * token with build A then B in one process over the same cache (dlopen), so both see the same
  * moments of a shared machine. The cache is LAYERS x KV_HEADS x DEPTH x HEAD_DIM x 2 (K and V)
  * halves: far above the caches, read once a token, as a decode step reads it. Prints each
  * build's median token time and GB/s and the median of the per-token ratios, and checks that
@@ -74,7 +75,8 @@ static struct build load(const char *path, int threads) {
     return b;
 }
 
-/* Random finite halves of either sign, magnitudes about 2^-5 .. 2^2. */
+/* Random finite halves of either sign, magnitudes about 2^-5 .. 2^2, in fig_weights's
+ * huge-page buffer (the halves it writes, positive and small, are drawn again here). */
 static void *halves(int64_t n) {
     uint16_t *p = fig_weights(0, n * 2, 2);
     for (int64_t i = 0; i < n; i++)
